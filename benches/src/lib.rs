@@ -1,0 +1,1 @@
+//! Criterion benchmarks for longshore live in `benches/benches/`; run them with `cargo xtask bench`.

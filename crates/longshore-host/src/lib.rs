@@ -1,0 +1,1 @@
+//! Host memory for longshore.

@@ -1,0 +1,1 @@
+//! Example training binaries for longshore live in `examples/examples/` as `[[example]]` targets.
