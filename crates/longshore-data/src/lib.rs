@@ -1,3 +1,95 @@
-//! Datasets, samplers with PyTorch's semantics, collation and memory-mapped datasets for longshore.
+//! `longshore-data` is longshore's data layer: datasets, samplers with PyTorch's
+//! semantics, collation straight into caller-provided (page-locked) buffers,
+//! memory-mapped `.npy` and record datasets, and image transforms. It knows nothing
+//! of CUDA.
 //!
-//! This crate is filled by the datasets issue; it holds no functionality yet.
+//! ```
+//! use longshore_data::{
+//!     BatchSampler, BatchedSampler, Collate, DataError, Dataset, DatasetExt, RandomSampler,
+//!     StackCollate, VecDataset,
+//! };
+//!
+//! # fn main() -> Result<(), DataError> {
+//! // A map-style dataset of (features, label) samples.
+//! let dataset = VecDataset::new((0..10).map(|i| i as f32).collect())
+//!     .map(|x: f32| ([x, x * 2.0, x * 3.0], x as i64));
+//!
+//! // Shuffled, reproducible batches of 4 (PyTorch's RandomSampler + BatchSampler).
+//! let mut batches = BatchedSampler::new(RandomSampler::new(dataset.len(), 42)?, 4, false)?;
+//! batches.set_epoch(1);
+//!
+//! let collate = StackCollate::new().with_names(["features", "label"]);
+//! for indices in batches.iter() {
+//!     let samples = indices.iter().map(|&i| dataset.get(i)).collect::<Result<Vec<_>, _>>()?;
+//!     // Ask for the size, provide any byte buffer (the loader passes pinned memory),
+//!     // and get a typed batch back that owns the buffer.
+//!     let layout = collate.layout(&samples)?;
+//!     let buffer = longshore_data::AlignedBuf::zeroed(layout.total_bytes());
+//!     let batch = collate.collate_into(&samples, layout, buffer)?;
+//!     let features: &[f32] = batch.tensor(0)?;
+//!     let labels: &[i64] = batch.tensor_by_name("label")?;
+//!     assert_eq!(batch.shape(0)?, &[indices.len(), 3]);
+//!     assert_eq!(features.len(), 3 * labels.len());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Map of the crate
+//!
+//! - Datasets ([`dataset`]): [`Dataset`] (map-style), [`IterableDataset`] (streams,
+//!   sharded by [`WorkerInfo`]), [`DirectDataset`] (writes samples straight into a
+//!   batch); combinators [`DatasetExt::map`], [`Subset`], [`ConcatDataset`], [`Zip`],
+//!   [`random_split`], [`IterableExt::chain`].
+//! - Samplers ([`sampler`]): [`Sampler`] and [`BatchSampler`] traits with resumable
+//!   [`SamplerState`]; [`SequentialSampler`], [`RandomSampler`], [`SubsetRandomSampler`],
+//!   [`WeightedRandomSampler`], [`DistributedSampler`], [`BatchedSampler`].
+//! - Collation ([`collate`]): [`Collate`] (items to [`Batch`]), [`DatasetCollate`]
+//!   (indices to [`Batch`], used by the loader), [`StackCollate`], [`PadCollate`],
+//!   [`DirectCollate`]; a [`Batch`] is typed tensors in one storage at
+//!   [`TENSOR_ALIGN`]-aligned offsets.
+//! - Samples ([`tensor`]): [`Tensor`], [`TensorRef`], the [`Field`] and [`Sample`] traits.
+//! - Files ([`mmap`], [`npy`]): [`NpyArray`], [`NpyDataset`], [`NpyShards`],
+//!   [`RecordDataset`], [`write_npy`].
+//! - Transforms ([`transform`]): [`Normalize`], [`RandomCrop`], [`RandomHorizontalFlip`];
+//!   per-worker seeded randomness in [`worker`] and [`rng`].
+//!
+//! The only `unsafe` in this crate is the one `memmap2` mapping call in [`mmap`]:
+//! mapped files must not be modified while mapped.
+#![deny(unsafe_code)]
+
+pub mod collate;
+pub mod dataset;
+pub mod dtype;
+mod error;
+pub mod mmap;
+pub mod npy;
+pub mod rng;
+pub mod sampler;
+pub mod tensor;
+pub mod transform;
+pub mod worker;
+
+pub use collate::{
+    AlignedBuf, Batch, BatchLayout, Collate, DatasetCollate, DirectCollate, FetchCollate, PadCollate,
+    StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN, TensorSpec,
+};
+pub use dataset::{
+    Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FieldSpec, FromFn, ItemIter, IterMap,
+    IterableDataset, IterableExt, Map, Sharded, Subset, Transformed, TryMap, VecDataset, Zip,
+    random_split, random_split_fractions, split_lengths,
+};
+pub use dtype::{ByteOrder, DType, Element, Shape};
+pub use error::{DataError, NpyError};
+pub use mmap::{AccessPattern, NpyArray, NpyDataset, NpyShards, RecordDataset, RecordField, RecordLayout};
+pub use npy::{NpyHeader, write_npy};
+pub use sampler::{
+    BatchIter, BatchSampler, BatchedSampler, DistributedSampler, IndexIter, RandomSampler, Sampler,
+    SamplerState, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
+};
+pub use tensor::{Field, Sample, Tensor, TensorRef};
+pub use transform::{
+    First, FnTransform, ImageLayout, Normalize, RandomCrop, RandomHorizontalFlip, Then, Transform,
+    TransformExt,
+};
+pub use worker::WorkerInfo;

@@ -1,0 +1,182 @@
+//! The error type of `longshore-data`.
+
+use std::path::PathBuf;
+
+use crate::dtype::DType;
+
+/// Everything that can go wrong while reading, sampling or collating data.
+///
+/// Messages are lowercase and carry the context a user needs: the file, byte
+/// offset, sample index or argument at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataError {
+    /// An I/O operation on a file failed.
+    #[error("i/o error on {path}: {source}")]
+    Io {
+        /// The file being read or written.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `.npy` header could not be parsed or describes something unsupported.
+    #[error("invalid .npy file {path}: {source}")]
+    Npy {
+        /// The file whose header is at fault.
+        path: PathBuf,
+        /// What is wrong with the header.
+        #[source]
+        source: NpyError,
+    },
+    /// A file is shorter than its header or layout says it must be.
+    #[error("truncated file {path}: expected at least {expected} bytes, found {actual}")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the header or layout requires.
+        expected: u64,
+        /// Bytes actually present.
+        actual: u64,
+    },
+    /// A file's size is not consistent with its record layout.
+    #[error("invalid file {path}: {reason}")]
+    InvalidFile {
+        /// The file.
+        path: PathBuf,
+        /// What is inconsistent.
+        reason: String,
+    },
+    /// An index was outside a dataset or sampler.
+    #[error("index {index} out of range for {what} of length {len}")]
+    IndexOutOfRange {
+        /// The requested index.
+        index: usize,
+        /// The length of the indexed collection.
+        len: usize,
+        /// What was indexed (`"dataset"`, `"subset"`, `"batch"`...).
+        what: &'static str,
+    },
+    /// A dataset or batch that must hold at least one element is empty.
+    #[error("{what} is empty")]
+    Empty {
+        /// What was empty.
+        what: &'static str,
+    },
+    /// An argument is outside its valid range.
+    #[error("invalid argument `{name}`: {reason}")]
+    InvalidArgument {
+        /// The argument's name, as in the API.
+        name: &'static str,
+        /// Why the value was refused.
+        reason: String,
+    },
+    /// A tensor was read as a type that does not match its dtype.
+    #[error("dtype mismatch for {what}: stored as {actual}, requested {requested}")]
+    DTypeMismatch {
+        /// What was read (tensor name or position).
+        what: String,
+        /// The stored dtype.
+        actual: DType,
+        /// The dtype of the requested Rust type.
+        requested: DType,
+    },
+    /// Samples of one batch, or shards of one dataset, disagree in shape or dtype.
+    #[error("shape mismatch: {0}")]
+    ShapeMismatch(String),
+    /// A byte slice is not aligned for the element type it is read as.
+    #[error("misaligned data for {what}: address is not a multiple of {align} bytes")]
+    Misaligned {
+        /// What was read.
+        what: String,
+        /// The alignment required.
+        align: usize,
+    },
+    /// An output buffer is smaller than the bytes to be written into it.
+    #[error("buffer too small for {what}: need {needed} bytes, got {got}")]
+    BufferTooSmall {
+        /// What was to be written.
+        what: &'static str,
+        /// Bytes required.
+        needed: usize,
+        /// Bytes available.
+        got: usize,
+    },
+    /// A size computation overflowed `usize`.
+    #[error("size overflow computing {0}")]
+    Overflow(&'static str),
+    /// Sampler state from a checkpoint does not fit this sampler.
+    #[error("cannot restore sampler state: {0}")]
+    StateMismatch(String),
+    /// An error raised by user code (a transform or a custom dataset).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl DataError {
+    /// Builds an [`DataError::InvalidArgument`].
+    pub(crate) fn arg(name: &'static str, reason: impl Into<String>) -> Self {
+        DataError::InvalidArgument {
+            name,
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds an [`DataError::IndexOutOfRange`].
+    pub(crate) fn oob(index: usize, len: usize, what: &'static str) -> Self {
+        DataError::IndexOutOfRange { index, len, what }
+    }
+}
+
+/// Why a `.npy` header was refused. Offsets are byte offsets in the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NpyError {
+    /// The file does not start with `\x93NUMPY`.
+    #[error("bad magic string at offset 0 (not a .npy file)")]
+    BadMagic,
+    /// The preamble or header ends before its declared length.
+    #[error("header truncated: need {needed} bytes, file has {actual}")]
+    Truncated {
+        /// Bytes required to read the header.
+        needed: u64,
+        /// Bytes present.
+        actual: u64,
+    },
+    /// The format version is not 1.0, 2.0 or 3.0.
+    #[error("unsupported format version {major}.{minor}")]
+    UnsupportedVersion {
+        /// Major version byte.
+        major: u8,
+        /// Minor version byte.
+        minor: u8,
+    },
+    /// The header text is not valid (ASCII for 1.0/2.0, UTF-8 for 3.0).
+    #[error("header text at offset {offset} is not valid {encoding}")]
+    BadEncoding {
+        /// Offset of the header text.
+        offset: usize,
+        /// The encoding the version requires.
+        encoding: &'static str,
+    },
+    /// The header dictionary could not be parsed.
+    #[error("header syntax error at offset {offset}: {reason}")]
+    Syntax {
+        /// Byte offset in the file.
+        offset: usize,
+        /// What was expected.
+        reason: String,
+    },
+    /// A required key (`descr`, `fortran_order`, `shape`) is absent.
+    #[error("header lacks the key '{0}'")]
+    MissingKey(&'static str),
+    /// The dtype descriptor is not one this crate reads.
+    #[error("unsupported dtype descriptor '{0}' (supported: bool, u1-u8, i1-i8, f2, f4, f8)")]
+    UnsupportedDType(String),
+    /// The array is stored in Fortran (column-major) order.
+    #[error("fortran_order arrays are not supported (shape {0:?}); save with np.ascontiguousarray")]
+    FortranOrder(Vec<usize>),
+    /// The number of bytes the shape implies overflows.
+    #[error("shape {0:?} is too large")]
+    ShapeOverflow(Vec<usize>),
+}

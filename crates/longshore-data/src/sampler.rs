@@ -1,0 +1,677 @@
+//! Samplers with PyTorch's semantics, seeded and reproducible, with resumable state.
+//!
+//! A [`Sampler`] yields the dataset indices of one epoch; a [`BatchSampler`] yields
+//! them grouped into batches. Both are object safe (`Box<dyn Sampler>`). Random
+//! samplers draw from [`crate::rng::epoch_rng`]`(seed, epoch)`: the same seed and
+//! epoch give the same order on any machine.
+//!
+//! Resuming mid-epoch: [`Sampler::state`] records the epoch and how many indices (or
+//! batches) were consumed; after [`Sampler::restore`], [`Sampler::iter_from`] yields
+//! exactly the indices that had not been consumed yet.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::DataError;
+use crate::rng::{below, epoch_rng, permutation, shuffle, unit_f64};
+
+/// Iterator over one epoch's indices.
+pub type IndexIter<'a> = Box<dyn Iterator<Item = usize> + Send + 'a>;
+
+/// Iterator over one epoch's batches of indices.
+pub type BatchIter<'a> = Box<dyn Iterator<Item = Vec<usize>> + Send + 'a>;
+
+/// Where a sampler stood: serialise it in a checkpoint to resume mid-epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SamplerState {
+    /// The epoch being iterated.
+    pub epoch: u64,
+    /// How many items of that epoch (indices for a [`Sampler`], batches for a
+    /// [`BatchSampler`]) were already consumed.
+    pub position: usize,
+    /// Items per epoch when the state was taken, checked on restore.
+    pub len: usize,
+}
+
+/// Yields the dataset indices of an epoch, like PyTorch's `Sampler`.
+pub trait Sampler: Send + Sync + fmt::Debug {
+    /// Number of indices per epoch.
+    fn len(&self) -> usize;
+
+    /// Whether an epoch yields no index.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The current epoch.
+    fn epoch(&self) -> u64;
+
+    /// Selects the epoch whose order [`Sampler::iter`] yields (random samplers reshuffle).
+    fn set_epoch(&mut self, epoch: u64);
+
+    /// The indices of the current epoch.
+    fn iter(&self) -> IndexIter<'_>;
+
+    /// The indices of the current epoch after the first `position`.
+    fn iter_from(&self, position: usize) -> IndexIter<'_> {
+        Box::new(self.iter().skip(position))
+    }
+
+    /// The state after `position` indices of the current epoch were consumed.
+    fn state(&self, position: usize) -> SamplerState {
+        SamplerState {
+            epoch: self.epoch(),
+            position,
+            len: self.len(),
+        }
+    }
+
+    /// Sets the epoch from `state` and returns the position to pass to
+    /// [`Sampler::iter_from`].
+    ///
+    /// # Errors
+    /// [`DataError::StateMismatch`] when the state's length differs from this
+    /// sampler's or its position is past the end of the epoch.
+    fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
+        check_state(state, self.len(), "indices")?;
+        self.set_epoch(state.epoch);
+        Ok(state.position)
+    }
+}
+
+fn check_state(state: &SamplerState, len: usize, what: &str) -> Result<(), DataError> {
+    if state.len != len {
+        return Err(DataError::StateMismatch(format!(
+            "state was taken with {} {what} per epoch, this sampler has {len}",
+            state.len
+        )));
+    }
+    if state.position > len {
+        return Err(DataError::StateMismatch(format!(
+            "position {} is past the end of an epoch of {len} {what}",
+            state.position
+        )));
+    }
+    Ok(())
+}
+
+impl<S: Sampler + ?Sized> Sampler for Box<S> {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn epoch(&self) -> u64 {
+        (**self).epoch()
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        (**self).set_epoch(epoch);
+    }
+    fn iter(&self) -> IndexIter<'_> {
+        (**self).iter()
+    }
+    fn iter_from(&self, position: usize) -> IndexIter<'_> {
+        (**self).iter_from(position)
+    }
+    fn state(&self, position: usize) -> SamplerState {
+        (**self).state(position)
+    }
+    fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
+        (**self).restore(state)
+    }
+}
+
+/// `0, 1, ..., len - 1`, like PyTorch's `SequentialSampler`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequentialSampler {
+    len: usize,
+    epoch: u64,
+}
+
+impl SequentialSampler {
+    /// Indices of a dataset of `len` items, in order.
+    pub fn new(len: usize) -> SequentialSampler {
+        SequentialSampler { len, epoch: 0 }
+    }
+}
+
+impl Sampler for SequentialSampler {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+    fn iter(&self) -> IndexIter<'_> {
+        Box::new(0..self.len)
+    }
+    fn iter_from(&self, position: usize) -> IndexIter<'_> {
+        Box::new(position.min(self.len)..self.len)
+    }
+}
+
+/// Random indices, like PyTorch's `RandomSampler`: a permutation (repeated whole
+/// and then truncated when `num_samples > len`) without replacement, or
+/// `num_samples` independent uniform draws with replacement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RandomSampler {
+    dataset_len: usize,
+    replacement: bool,
+    num_samples: usize,
+    seed: u64,
+    epoch: u64,
+}
+
+impl RandomSampler {
+    /// A shuffled permutation of `0..len` each epoch.
+    ///
+    /// # Errors
+    /// [`DataError::Empty`] when `len == 0` (PyTorch refuses it too).
+    pub fn new(len: usize, seed: u64) -> Result<RandomSampler, DataError> {
+        RandomSampler::with_options(len, false, None, seed)
+    }
+
+    /// The general form: `replacement`, and `num_samples` (default `len`).
+    ///
+    /// # Errors
+    /// [`DataError::Empty`] when `len == 0`; [`DataError::InvalidArgument`] when
+    /// `num_samples == Some(0)`.
+    pub fn with_options(
+        len: usize,
+        replacement: bool,
+        num_samples: Option<usize>,
+        seed: u64,
+    ) -> Result<RandomSampler, DataError> {
+        if len == 0 {
+            return Err(DataError::Empty {
+                what: "dataset given to RandomSampler",
+            });
+        }
+        let num_samples = num_samples.unwrap_or(len);
+        if num_samples == 0 {
+            return Err(DataError::arg("num_samples", "must be a positive integer, got 0"));
+        }
+        Ok(RandomSampler {
+            dataset_len: len,
+            replacement,
+            num_samples,
+            seed,
+            epoch: 0,
+        })
+    }
+}
+
+impl Sampler for RandomSampler {
+    fn len(&self) -> usize {
+        self.num_samples
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+    fn iter(&self) -> IndexIter<'_> {
+        let mut rng = epoch_rng(self.seed, self.epoch);
+        let (n, total) = (self.dataset_len, self.num_samples);
+        if self.replacement {
+            Box::new((0..total).map(move |_| below(&mut rng, n as u64) as usize))
+        } else {
+            // Whole permutations, then the head of one more, as PyTorch does.
+            let mut remaining = total;
+            Box::new(
+                std::iter::from_fn(move || {
+                    if remaining == 0 {
+                        return None;
+                    }
+                    let take = remaining.min(n);
+                    remaining -= take;
+                    let mut p = permutation(n, &mut rng);
+                    p.truncate(take);
+                    Some(p)
+                })
+                .flatten(),
+            )
+        }
+    }
+}
+
+/// A random permutation of given indices each epoch, like PyTorch's `SubsetRandomSampler`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsetRandomSampler {
+    indices: Vec<usize>,
+    seed: u64,
+    epoch: u64,
+}
+
+impl SubsetRandomSampler {
+    /// Samples `indices` in random order.
+    pub fn new(indices: Vec<usize>, seed: u64) -> SubsetRandomSampler {
+        SubsetRandomSampler {
+            indices,
+            seed,
+            epoch: 0,
+        }
+    }
+}
+
+impl Sampler for SubsetRandomSampler {
+    fn len(&self) -> usize {
+        self.indices.len()
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+    fn iter(&self) -> IndexIter<'_> {
+        let mut rng = epoch_rng(self.seed, self.epoch);
+        let perm = permutation(self.indices.len(), &mut rng);
+        Box::new(perm.into_iter().map(move |i| self.indices[i]))
+    }
+}
+
+/// Indices drawn with probability proportional to their weight, like PyTorch's
+/// `WeightedRandomSampler` (`torch.multinomial`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightedRandomSampler {
+    /// Cumulative weights, for draws with replacement.
+    cumulative: Vec<f64>,
+    weights: Vec<f64>,
+    num_samples: usize,
+    replacement: bool,
+    seed: u64,
+    epoch: u64,
+}
+
+impl WeightedRandomSampler {
+    /// Draws `num_samples` indices of `0..weights.len()`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when a weight is negative, NaN or infinite,
+    /// all weights are zero, `num_samples == 0`, or (without replacement)
+    /// `num_samples` exceeds the number of non-zero weights.
+    pub fn new(
+        weights: Vec<f64>,
+        num_samples: usize,
+        replacement: bool,
+        seed: u64,
+    ) -> Result<WeightedRandomSampler, DataError> {
+        if weights.is_empty() {
+            return Err(DataError::Empty {
+                what: "weights given to WeightedRandomSampler",
+            });
+        }
+        if let Some((i, w)) = weights
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !w.is_finite() || **w < 0.0)
+        {
+            return Err(DataError::arg(
+                "weights",
+                format!("weight at index {i} is {w}; weights must be finite and non-negative"),
+            ));
+        }
+        let nonzero = weights.iter().filter(|&&w| w > 0.0).count();
+        if nonzero == 0 {
+            return Err(DataError::arg("weights", "all weights are zero"));
+        }
+        if num_samples == 0 {
+            return Err(DataError::arg("num_samples", "must be a positive integer, got 0"));
+        }
+        if !replacement && num_samples > nonzero {
+            return Err(DataError::arg(
+                "num_samples",
+                format!(
+                    "{num_samples} samples without replacement, but only {nonzero} weights are non-zero"
+                ),
+            ));
+        }
+        let mut acc = 0.0;
+        let cumulative = weights
+            .iter()
+            .map(|w| {
+                acc += w;
+                acc
+            })
+            .collect();
+        if !acc.is_finite() {
+            return Err(DataError::arg("weights", "sum of weights overflows"));
+        }
+        Ok(WeightedRandomSampler {
+            cumulative,
+            weights,
+            num_samples,
+            replacement,
+            seed,
+            epoch: 0,
+        })
+    }
+}
+
+impl Sampler for WeightedRandomSampler {
+    fn len(&self) -> usize {
+        self.num_samples
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+    fn iter(&self) -> IndexIter<'_> {
+        let mut rng = epoch_rng(self.seed, self.epoch);
+        if self.replacement {
+            let total = self.cumulative.last().copied().unwrap_or(0.0);
+            let last = self.cumulative.len() - 1;
+            Box::new((0..self.num_samples).map(move |_| {
+                let u = unit_f64(&mut rng) * total;
+                // First index whose cumulative weight exceeds u: zero weights are never hit.
+                self.cumulative.partition_point(|&c| c <= u).min(last)
+            }))
+        } else {
+            // Efraimidis-Spirakis: key = ln(u) / w, take the largest keys. The order of
+            // decreasing keys is distributed like successive draws without replacement.
+            let mut keyed: Vec<(f64, usize)> = self
+                .weights
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| **w > 0.0)
+                .map(|(i, &w)| {
+                    // 1 - u is in (0, 1], so ln is finite or zero.
+                    let u = 1.0 - unit_f64(&mut rng);
+                    (u.ln() / w, i)
+                })
+                .collect();
+            keyed.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            keyed.truncate(self.num_samples);
+            Box::new(keyed.into_iter().map(|(_, i)| i))
+        }
+    }
+}
+
+/// Restricts loading to this replica's share of the dataset, like PyTorch's
+/// `DistributedSampler`.
+///
+/// Each epoch the indices `0..len` (shuffled by `seed + epoch` when `shuffle`) are
+/// padded by wrapping around to a multiple of `num_replicas` (or truncated to one,
+/// with `drop_last`), and replica `rank` takes every `num_replicas`-th index from
+/// position `rank`. Every replica yields the same number of indices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistributedSampler {
+    dataset_len: usize,
+    num_replicas: usize,
+    rank: usize,
+    shuffle: bool,
+    seed: u64,
+    drop_last: bool,
+    epoch: u64,
+    num_samples: usize,
+}
+
+impl DistributedSampler {
+    /// The share of replica `rank` of `num_replicas` of a dataset of `len` items.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when `num_replicas == 0` or `rank >= num_replicas`.
+    pub fn new(
+        len: usize,
+        num_replicas: usize,
+        rank: usize,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+    ) -> Result<DistributedSampler, DataError> {
+        if num_replicas == 0 {
+            return Err(DataError::arg("num_replicas", "must be at least 1"));
+        }
+        if rank >= num_replicas {
+            return Err(DataError::arg(
+                "rank",
+                format!("invalid rank {rank}, rank should be in the interval [0, {}]", num_replicas - 1),
+            ));
+        }
+        let num_samples = if drop_last && len % num_replicas != 0 {
+            // ceil((len - num_replicas) / num_replicas) == floor(len / num_replicas)
+            len / num_replicas
+        } else {
+            len.div_ceil(num_replicas)
+        };
+        Ok(DistributedSampler {
+            dataset_len: len,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            epoch: 0,
+            num_samples,
+        })
+    }
+
+    /// Indices over all replicas (`num_samples * num_replicas`).
+    pub fn total_size(&self) -> usize {
+        self.num_samples * self.num_replicas
+    }
+
+    /// The full padded (or truncated) index list of this epoch, before it is split
+    /// between replicas.
+    pub fn global_indices(&self) -> Vec<usize> {
+        let mut indices: Vec<usize> = (0..self.dataset_len).collect();
+        if self.shuffle {
+            shuffle(&mut indices, &mut epoch_rng(self.seed, self.epoch));
+        }
+        let total = self.total_size();
+        if indices.len() >= total {
+            indices.truncate(total);
+        } else if !indices.is_empty() {
+            let mut k = 0;
+            while indices.len() < total {
+                indices.push(indices[k]);
+                k += 1;
+            }
+        }
+        indices
+    }
+}
+
+impl Sampler for DistributedSampler {
+    fn len(&self) -> usize {
+        self.num_samples
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+    fn iter(&self) -> IndexIter<'_> {
+        let indices = self.global_indices();
+        Box::new(
+            indices
+                .into_iter()
+                .skip(self.rank)
+                .step_by(self.num_replicas)
+                .take(self.num_samples),
+        )
+    }
+}
+
+/// Yields an epoch's indices grouped into batches; what the loader consumes.
+pub trait BatchSampler: Send + Sync + fmt::Debug {
+    /// Batches per epoch.
+    fn len(&self) -> usize;
+
+    /// Whether an epoch yields no batch.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The (largest) batch size.
+    fn batch_size(&self) -> usize;
+
+    /// Whether a final partial batch is dropped.
+    fn drop_last(&self) -> bool;
+
+    /// The current epoch.
+    fn epoch(&self) -> u64;
+
+    /// Selects the epoch.
+    fn set_epoch(&mut self, epoch: u64);
+
+    /// The batches of the current epoch.
+    fn iter(&self) -> BatchIter<'_>;
+
+    /// The batches of the current epoch after the first `batches_done`.
+    fn iter_from(&self, batches_done: usize) -> BatchIter<'_>;
+
+    /// The state after `batches_done` batches of the current epoch were consumed.
+    fn state(&self, batches_done: usize) -> SamplerState {
+        SamplerState {
+            epoch: self.epoch(),
+            position: batches_done,
+            len: self.len(),
+        }
+    }
+
+    /// Sets the epoch from `state`; returns the batch position for [`BatchSampler::iter_from`].
+    ///
+    /// # Errors
+    /// [`DataError::StateMismatch`] when the state does not fit this sampler.
+    fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
+        check_state(state, self.len(), "batches")?;
+        self.set_epoch(state.epoch);
+        Ok(state.position)
+    }
+}
+
+/// Groups a [`Sampler`]'s indices into batches of `batch_size`, like PyTorch's
+/// `BatchSampler`; the last batch is smaller, or dropped with `drop_last`.
+#[derive(Debug, Clone)]
+pub struct BatchedSampler<S> {
+    sampler: S,
+    batch_size: usize,
+    drop_last: bool,
+}
+
+impl<S: Sampler> BatchedSampler<S> {
+    /// Batches of `batch_size` indices of `sampler`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when `batch_size == 0`.
+    pub fn new(sampler: S, batch_size: usize, drop_last: bool) -> Result<BatchedSampler<S>, DataError> {
+        if batch_size == 0 {
+            return Err(DataError::arg("batch_size", "must be a positive integer, got 0"));
+        }
+        Ok(BatchedSampler {
+            sampler,
+            batch_size,
+            drop_last,
+        })
+    }
+
+    /// The inner sampler.
+    pub fn sampler(&self) -> &S {
+        &self.sampler
+    }
+
+    /// The inner sampler, mutable.
+    pub fn sampler_mut(&mut self) -> &mut S {
+        &mut self.sampler
+    }
+}
+
+struct Chunks<'a> {
+    inner: IndexIter<'a>,
+    batch_size: usize,
+    drop_last: bool,
+    remaining: usize,
+}
+
+impl Iterator for Chunks<'_> {
+    type Item = Vec<usize>;
+    fn next(&mut self) -> Option<Vec<usize>> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let batch: Vec<usize> = self.inner.by_ref().take(self.batch_size).collect();
+        if batch.is_empty() || (self.drop_last && batch.len() < self.batch_size) {
+            self.remaining = 0;
+            return None;
+        }
+        self.remaining -= 1;
+        Some(batch)
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.remaining))
+    }
+}
+
+impl<S: Sampler> BatchSampler for BatchedSampler<S> {
+    fn len(&self) -> usize {
+        let n = self.sampler.len();
+        if self.drop_last {
+            n / self.batch_size
+        } else {
+            n.div_ceil(self.batch_size)
+        }
+    }
+    fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+    fn drop_last(&self) -> bool {
+        self.drop_last
+    }
+    fn epoch(&self) -> u64 {
+        self.sampler.epoch()
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.sampler.set_epoch(epoch);
+    }
+    fn iter(&self) -> BatchIter<'_> {
+        self.iter_from(0)
+    }
+    fn iter_from(&self, batches_done: usize) -> BatchIter<'_> {
+        let done = batches_done.min(self.len());
+        let skip = done.saturating_mul(self.batch_size);
+        Box::new(Chunks {
+            inner: self.sampler.iter_from(skip),
+            batch_size: self.batch_size,
+            drop_last: self.drop_last,
+            remaining: self.len() - done,
+        })
+    }
+}
+
+impl<S: BatchSampler + ?Sized> BatchSampler for Box<S> {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn batch_size(&self) -> usize {
+        (**self).batch_size()
+    }
+    fn drop_last(&self) -> bool {
+        (**self).drop_last()
+    }
+    fn epoch(&self) -> u64 {
+        (**self).epoch()
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        (**self).set_epoch(epoch);
+    }
+    fn iter(&self) -> BatchIter<'_> {
+        (**self).iter()
+    }
+    fn iter_from(&self, batches_done: usize) -> BatchIter<'_> {
+        (**self).iter_from(batches_done)
+    }
+    fn state(&self, batches_done: usize) -> SamplerState {
+        (**self).state(batches_done)
+    }
+    fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
+        (**self).restore(state)
+    }
+}

@@ -1,0 +1,125 @@
+//! Which worker a piece of code runs on, and that worker's seeded random generator.
+//!
+//! The loader runs workers as threads. On entering a worker thread it calls
+//! [`enter`] with that worker's [`WorkerInfo`]; from then on [`current`] returns it
+//! (PyTorch's `get_worker_info()`) and [`with_rng`] hands out the worker's generator,
+//! seeded from `WorkerInfo::seed`, which random transforms draw from.
+
+use std::cell::RefCell;
+
+use rand_chacha::rand_core::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::DataError;
+use crate::rng::Rng;
+
+/// Identity of a loader worker, handed to iterable datasets so they can shard themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// This worker's index, `0..num_workers`.
+    pub id: usize,
+    /// How many workers the loader runs.
+    pub num_workers: usize,
+    /// This worker's seed (PyTorch: `base_seed + id`).
+    pub seed: u64,
+}
+
+impl WorkerInfo {
+    /// Describes worker `id` of `num_workers`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when `num_workers == 0` or `id >= num_workers`.
+    pub fn new(id: usize, num_workers: usize, seed: u64) -> Result<WorkerInfo, DataError> {
+        if num_workers == 0 {
+            return Err(DataError::arg("num_workers", "must be at least 1"));
+        }
+        if id >= num_workers {
+            return Err(DataError::arg(
+                "id",
+                format!("worker id {id} must be less than num_workers {num_workers}"),
+            ));
+        }
+        Ok(WorkerInfo {
+            id,
+            num_workers,
+            seed,
+        })
+    }
+
+    /// The only worker of a single-threaded load (`id 0` of `1`).
+    pub fn single(seed: u64) -> WorkerInfo {
+        WorkerInfo {
+            id: 0,
+            num_workers: 1,
+            seed,
+        }
+    }
+
+    /// The indices of `0..len` this worker owns when items are dealt round-robin:
+    /// `id, id + num_workers, ...`.
+    pub fn shard(&self, len: usize) -> impl Iterator<Item = usize> + Send + use<> {
+        (self.id.min(len)..len).step_by(self.num_workers.max(1))
+    }
+}
+
+struct Context {
+    info: WorkerInfo,
+    rng: Rng,
+}
+
+thread_local! {
+    static CONTEXT: RefCell<Option<Context>> = const { RefCell::new(None) };
+    static FALLBACK_RNG: RefCell<Option<Rng>> = const { RefCell::new(None) };
+}
+
+/// Restores the previous worker context of this thread when dropped.
+#[derive(Debug)]
+#[must_use = "the worker context ends when the guard is dropped"]
+pub struct WorkerGuard {
+    previous: Option<(WorkerInfo, Rng)>,
+}
+
+impl Drop for WorkerGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take().map(|(info, rng)| Context { info, rng });
+        // `try_with` fails only during thread teardown, when there is nothing to restore.
+        let _ = CONTEXT.try_with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+/// Marks this thread as worker `info` until the guard is dropped, and seeds its
+/// generator from `info.seed`.
+pub fn enter(info: WorkerInfo) -> WorkerGuard {
+    tracing::trace!(target: "longshore::data", worker_id = info.id, worker_seed = info.seed, "enter worker");
+    let new = Context {
+        info,
+        rng: Rng::seed_from_u64(info.seed),
+    };
+    let previous = CONTEXT.with(|c| c.borrow_mut().replace(new));
+    WorkerGuard {
+        previous: previous.map(|c| (c.info, c.rng)),
+    }
+}
+
+/// The worker this thread is running as, if any (PyTorch's `get_worker_info()`).
+pub fn current() -> Option<WorkerInfo> {
+    CONTEXT.with(|c| c.borrow().as_ref().map(|c| c.info))
+}
+
+/// Runs `f` with this worker's generator. Outside a worker, a per-thread generator
+/// seeded with 0 is used, so single-threaded runs are reproducible too.
+pub fn with_rng<R>(f: impl FnOnce(&mut Rng) -> R) -> R {
+    CONTEXT.with(|c| {
+        let mut ctx = c.borrow_mut();
+        match ctx.as_mut() {
+            Some(ctx) => f(&mut ctx.rng),
+            None => {
+                drop(ctx);
+                FALLBACK_RNG.with(|r| {
+                    let mut r = r.borrow_mut();
+                    f(r.get_or_insert_with(|| Rng::seed_from_u64(0)))
+                })
+            }
+        }
+    })
+}
