@@ -17,7 +17,11 @@ fn sizes() -> Vec<usize> {
 }
 
 fn label(bytes: usize) -> String {
-    if bytes >= 1 << 20 { format!("{}MiB", bytes >> 20) } else { format!("{}KiB", bytes >> 10) }
+    if bytes >= 1 << 20 {
+        format!("{}MiB", bytes >> 20)
+    } else {
+        format!("{}KiB", bytes >> 10)
+    }
 }
 
 fn kinds() -> Vec<MemoryKind> {
@@ -36,18 +40,26 @@ fn kinds() -> Vec<MemoryKind> {
 
 fn pool_hit(c: &mut Criterion) {
     let mut g = c.benchmark_group("pool_hit");
-    g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1));
+    g.warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1));
     for kind in kinds() {
         if kind == MemoryKind::Registered {
             continue; // a pool of PageLocked already covers the hit path
         }
-        let pool = PinnedPool::new(PoolConfig::for_kind(kind).budget(1 << 30).register_above(None)).unwrap();
+        let pool = PinnedPool::new(
+            PoolConfig::for_kind(kind)
+                .budget(1 << 30)
+                .register_above(None),
+        )
+        .unwrap();
         for &size in &sizes() {
             drop(pool.alloc(size).unwrap()); // warm the cache
             g.throughput(Throughput::Elements(1));
-            g.bench_with_input(BenchmarkId::new(kind.as_str(), label(size)), &size, |b, &size| {
-                b.iter(|| black_box(pool.alloc(black_box(size)).unwrap()))
-            });
+            g.bench_with_input(
+                BenchmarkId::new(kind.as_str(), label(size)),
+                &size,
+                |b, &size| b.iter(|| black_box(pool.alloc(black_box(size)).unwrap())),
+            );
         }
     }
     g.finish();
@@ -55,12 +67,16 @@ fn pool_hit(c: &mut Criterion) {
 
 fn raw_alloc(c: &mut Criterion) {
     let mut g = c.benchmark_group("raw_alloc");
-    g.sample_size(10).warm_up_time(Duration::from_millis(200)).measurement_time(Duration::from_secs(2));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(200))
+        .measurement_time(Duration::from_secs(2));
     for kind in kinds() {
         for &size in &sizes() {
-            g.bench_with_input(BenchmarkId::new(kind.as_str(), label(size)), &size, |b, &size| {
-                b.iter(|| black_box(HostBuffer::alloc(kind, size).unwrap()))
-            });
+            g.bench_with_input(
+                BenchmarkId::new(kind.as_str(), label(size)),
+                &size,
+                |b, &size| b.iter(|| black_box(HostBuffer::alloc(kind, size).unwrap())),
+            );
         }
     }
     g.finish();

@@ -40,7 +40,11 @@ fn layout_for(kind: MemoryKind, len: usize, align: usize) -> Result<Layout> {
         return Err(HostError::ZeroSize { kind });
     }
     if len > MAX_ALLOC {
-        return Err(HostError::InvalidLayout { bytes: len, align, reason: "larger than the address space allows" });
+        return Err(HostError::InvalidLayout {
+            bytes: len,
+            align,
+            reason: "larger than the address space allows",
+        });
     }
     let cap = round_up(len, page_size().max(align)).ok_or(HostError::InvalidLayout {
         bytes: len,
@@ -113,7 +117,11 @@ impl PageableAllocator {
     /// Pageable memory aligned to `align` bytes (a power of two).
     pub fn with_align(align: usize) -> Result<Self> {
         if !align.is_power_of_two() {
-            return Err(HostError::InvalidLayout { bytes: 0, align, reason: "alignment must be a power of two" });
+            return Err(HostError::InvalidLayout {
+                bytes: 0,
+                align,
+                reason: "alignment must be a power of two",
+            });
         }
         Ok(Self { align })
     }
@@ -128,7 +136,15 @@ impl RawAllocator for PageableAllocator {
         let layout = layout_for(MemoryKind::Pageable, len, self.align)?;
         let ptr = alloc_zeroed(layout, MemoryKind::Pageable, len)?;
         // SAFETY: `ptr` owns `layout.size()` zeroed bytes, freed by `Release::Std`.
-        Ok(unsafe { HostBuffer::from_raw(ptr, len, layout.size(), MemoryKind::Pageable, Release::Std { layout }) })
+        Ok(unsafe {
+            HostBuffer::from_raw(
+                ptr,
+                len,
+                layout.size(),
+                MemoryKind::Pageable,
+                Release::Std { layout },
+            )
+        })
     }
 }
 
@@ -160,7 +176,15 @@ impl RawAllocator for LockedAllocator {
             });
         }
         // SAFETY: `ptr` owns `layout.size()` zeroed, locked bytes, released by `Release::Locked`.
-        Ok(unsafe { HostBuffer::from_raw(ptr, len, layout.size(), MemoryKind::Locked, Release::Locked { layout }) })
+        Ok(unsafe {
+            HostBuffer::from_raw(
+                ptr,
+                len,
+                layout.size(),
+                MemoryKind::Locked,
+                Release::Locked { layout },
+            )
+        })
     }
 }
 
@@ -183,18 +207,30 @@ impl RawAllocator for PageLockedAllocator {
         let layout = layout_for(MemoryKind::PageLocked, len, page_size())?;
         let ctx = crate::cuda::context(self.device)?;
         // SAFETY: `context` bound a context to this thread.
-        let ptr = unsafe { crate::cuda::mem_host_alloc(layout.size(), self.flags.alloc_bits()) }.map_err(|e| {
-            crate::cuda::driver_err(
-                "cuMemHostAlloc",
-                e,
-                format!("allocating {} bytes of page-locked memory", layout.size()),
-            )
+        let ptr = unsafe { crate::cuda::mem_host_alloc(layout.size(), self.flags.alloc_bits()) }
+            .map_err(|e| {
+                crate::cuda::driver_err(
+                    "cuMemHostAlloc",
+                    e,
+                    format!("allocating {} bytes of page-locked memory", layout.size()),
+                )
+            })?;
+        let ptr = NonNull::new(ptr).ok_or(HostError::OutOfMemory {
+            bytes: len,
+            kind: MemoryKind::PageLocked,
         })?;
-        let ptr = NonNull::new(ptr).ok_or(HostError::OutOfMemory { bytes: len, kind: MemoryKind::PageLocked })?;
         // SAFETY: the driver returned `layout.size()` writable bytes that nobody else uses yet.
         unsafe { prefault(ptr.as_ptr(), layout.size(), default_threads()) };
         // SAFETY: `ptr` owns `layout.size()` zeroed bytes from cuMemHostAlloc in `ctx`.
-        Ok(unsafe { HostBuffer::from_raw(ptr, len, layout.size(), MemoryKind::PageLocked, Release::CudaHost { ctx }) })
+        Ok(unsafe {
+            HostBuffer::from_raw(
+                ptr,
+                len,
+                layout.size(),
+                MemoryKind::PageLocked,
+                Release::CudaHost { ctx },
+            )
+        })
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -218,8 +254,15 @@ pub struct RegisteredAllocator {
 
 impl Default for RegisteredAllocator {
     fn default() -> Self {
-        let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(8);
-        Self { flags: PageLockedFlags::default(), prefault_threads: threads, device: 0 }
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(8);
+        Self {
+            flags: PageLockedFlags::default(),
+            prefault_threads: threads,
+            device: 0,
+        }
     }
 }
 
@@ -234,13 +277,17 @@ impl RawAllocator for RegisteredAllocator {
         let ctx = crate::cuda::context(self.device)?;
         // SAFETY: `layout` has a non-zero size.
         let raw = unsafe { std::alloc::alloc(layout) };
-        let ptr = NonNull::new(raw).ok_or(HostError::OutOfMemory { bytes: len, kind: MemoryKind::Registered })?;
+        let ptr = NonNull::new(raw).ok_or(HostError::OutOfMemory {
+            bytes: len,
+            kind: MemoryKind::Registered,
+        })?;
         // SAFETY: we own the fresh allocation; nobody else sees it yet.
         unsafe { prefault(ptr.as_ptr(), layout.size(), self.prefault_threads) };
         let bits = self.flags.register_bits();
         // SAFETY: the range is our allocation and stays allocated until `Release::Registered`
         // unregisters it; `context` bound a context to this thread.
-        let registered = unsafe { crate::cuda::mem_host_register(ptr.as_ptr(), layout.size(), bits) };
+        let registered =
+            unsafe { crate::cuda::mem_host_register(ptr.as_ptr(), layout.size(), bits) };
         if let Err(e) = registered {
             // SAFETY: allocated above with `layout`, registration failed, not used after.
             unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
@@ -252,7 +299,13 @@ impl RawAllocator for RegisteredAllocator {
         }
         // SAFETY: `ptr` owns `layout.size()` zeroed, registered bytes, released by `Release::Registered`.
         Ok(unsafe {
-            HostBuffer::from_raw(ptr, len, layout.size(), MemoryKind::Registered, Release::Registered { ctx, layout })
+            HostBuffer::from_raw(
+                ptr,
+                len,
+                layout.size(),
+                MemoryKind::Registered,
+                Release::Registered { ctx, layout },
+            )
         })
     }
 
@@ -264,5 +317,7 @@ impl RawAllocator for RegisteredAllocator {
 
 #[cfg(not(feature = "cuda"))]
 fn no_cuda_feature() -> HostError {
-    HostError::CudaUnavailable { reason: "longshore-host was built without the `cuda` feature".to_owned() }
+    HostError::CudaUnavailable {
+        reason: "longshore-host was built without the `cuda` feature".to_owned(),
+    }
 }

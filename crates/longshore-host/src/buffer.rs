@@ -17,10 +17,15 @@ pub(crate) enum Release {
     Locked { layout: Layout },
     /// `cuMemFreeHost`, with the context that allocated it kept alive.
     #[cfg(feature = "cuda")]
-    CudaHost { ctx: std::sync::Arc<cudarc::driver::CudaContext> },
+    CudaHost {
+        ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+    },
     /// `cuMemHostUnregister`, then `dealloc`.
     #[cfg(feature = "cuda")]
-    Registered { ctx: std::sync::Arc<cudarc::driver::CudaContext>, layout: Layout },
+    Registered {
+        ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+        layout: Layout,
+    },
 }
 
 /// An owned, aligned, zero-initialised host byte buffer that records what kind of memory it is.
@@ -70,7 +75,14 @@ impl HostBuffer {
         release: Release,
     ) -> Self {
         debug_assert!(len <= capacity);
-        Self { ptr, len, capacity, kind, release, fences: Vec::new() }
+        Self {
+            ptr,
+            len,
+            capacity,
+            kind,
+            release,
+            fences: Vec::new(),
+        }
     }
 
     /// Allocates `len` zeroed bytes of ordinary pageable memory, page-aligned.
@@ -212,12 +224,21 @@ pub(crate) fn view_err<'a, T>(
 
 pub(crate) fn view_error<T>(addr: usize, len: usize, e: bytemuck::PodCastError) -> HostError {
     let reason = match e {
-        bytemuck::PodCastError::TargetAlignmentGreaterAndInputNotAligned => "start is not aligned for the element type",
-        bytemuck::PodCastError::OutputSliceWouldHaveSlop => "length is not a multiple of the element size",
+        bytemuck::PodCastError::TargetAlignmentGreaterAndInputNotAligned => {
+            "start is not aligned for the element type"
+        }
+        bytemuck::PodCastError::OutputSliceWouldHaveSlop => {
+            "length is not a multiple of the element size"
+        }
         bytemuck::PodCastError::SizeMismatch => "size mismatch",
         bytemuck::PodCastError::AlignmentMismatch => "alignment mismatch",
     };
-    HostError::View { ty: std::any::type_name::<T>(), len, addr, reason }
+    HostError::View {
+        ty: std::any::type_name::<T>(),
+        len,
+        addr,
+        reason,
+    }
 }
 
 impl std::ops::Deref for HostBuffer {
@@ -252,7 +273,10 @@ impl fmt::Debug for HostBuffer {
             .field("len", &self.len)
             .field("capacity", &self.capacity)
             .field("kind", &self.kind)
-            .field("pending_fences", &self.fences.iter().filter(|f| !f.is_complete()).count())
+            .field(
+                "pending_fences",
+                &self.fences.iter().filter(|f| !f.is_complete()).count(),
+            )
             .finish()
     }
 }

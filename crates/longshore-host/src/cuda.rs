@@ -22,7 +22,9 @@ pub fn driver_status() -> Result<(), HostError> {
             match std::panic::catch_unwind(cudarc::driver::result::init) {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(format!("cuInit failed with {}", error_name(&e))),
-                Err(_) => Err("the CUDA driver library lacks a required symbol (driver too old?)".to_owned()),
+                Err(_) => Err(
+                    "the CUDA driver library lacks a required symbol (driver too old?)".to_owned(),
+                ),
             }
         })
         .clone()
@@ -42,18 +44,29 @@ pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>, HostError> {
     let ctxs = CTXS.get_or_init(Default::default);
     let existing = {
         let guard = ctxs.lock().unwrap_or_else(|p| p.into_inner());
-        guard.iter().find(|(o, _)| *o == ordinal).map(|(_, c)| c.clone())
+        guard
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .map(|(_, c)| c.clone())
     };
     let ctx = match existing {
         Some(c) => c,
         None => {
-            let c = CudaContext::new(ordinal)
-                .map_err(|e| driver_err("cuDevicePrimaryCtxRetain", e, format!("opening device {ordinal}")))?;
-            ctxs.lock().unwrap_or_else(|p| p.into_inner()).push((ordinal, c.clone()));
+            let c = CudaContext::new(ordinal).map_err(|e| {
+                driver_err(
+                    "cuDevicePrimaryCtxRetain",
+                    e,
+                    format!("opening device {ordinal}"),
+                )
+            })?;
+            ctxs.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((ordinal, c.clone()));
             c
         }
     };
-    ctx.bind_to_thread().map_err(|e| driver_err("cuCtxSetCurrent", e, format!("binding device {ordinal}")))?;
+    ctx.bind_to_thread()
+        .map_err(|e| driver_err("cuCtxSetCurrent", e, format!("binding device {ordinal}")))?;
     Ok(ctx)
 }
 
@@ -63,7 +76,11 @@ pub(crate) fn error_name(e: &DriverError) -> String {
 }
 
 pub(crate) fn driver_err(call: &'static str, e: DriverError, what: String) -> HostError {
-    HostError::Cuda { call, code: error_name(&e), what }
+    HostError::Cuda {
+        call,
+        code: error_name(&e),
+        what,
+    }
 }
 
 /// `cuMemHostAlloc`: `len` bytes of page-locked memory.
@@ -89,7 +106,11 @@ pub(crate) unsafe fn mem_free_host(ptr: *mut u8) -> Result<(), DriverError> {
 /// # Safety
 /// `ptr..ptr+len` is memory owned by the caller that stays allocated until
 /// [`mem_host_unregister`] is called on it; a context is current on this thread.
-pub(crate) unsafe fn mem_host_register(ptr: *mut u8, len: usize, flags: u32) -> Result<(), DriverError> {
+pub(crate) unsafe fn mem_host_register(
+    ptr: *mut u8,
+    len: usize,
+    flags: u32,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags) }.result()
 }

@@ -88,7 +88,10 @@ impl Fence for CpuFence {
 
     fn wait_timeout(&self, timeout: Duration) -> bool {
         let done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        let (done, _) = self.cv.wait_timeout_while(done, timeout, |d| !*d).unwrap_or_else(|p| p.into_inner());
+        let (done, _) = self
+            .cv
+            .wait_timeout_while(done, timeout, |d| !*d)
+            .unwrap_or_else(|p| p.into_inner());
         *done
     }
 }

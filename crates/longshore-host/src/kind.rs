@@ -63,14 +63,20 @@ pub struct PageLockedFlags {
 
 impl Default for PageLockedFlags {
     fn default() -> Self {
-        Self { portable: true, device_map: false, write_combined: false }
+        Self {
+            portable: true,
+            device_map: false,
+            write_combined: false,
+        }
     }
 }
 
 impl PageLockedFlags {
     /// Flags for `cuMemHostAlloc`.
     pub const fn alloc_bits(self) -> u32 {
-        (self.portable as u32) | ((self.device_map as u32) << 1) | ((self.write_combined as u32) << 2)
+        (self.portable as u32)
+            | ((self.device_map as u32) << 1)
+            | ((self.write_combined as u32) << 2)
     }
 
     /// Flags for `cuMemHostRegister` (write-combining does not apply).

@@ -43,7 +43,8 @@ mod pool;
 pub mod sys;
 
 pub use alloc::{
-    LockedAllocator, PageLockedAllocator, PageableAllocator, RawAllocator, RegisteredAllocator, allocator_for,
+    LockedAllocator, PageLockedAllocator, PageableAllocator, RawAllocator, RegisteredAllocator,
+    allocator_for,
 };
 pub use buffer::HostBuffer;
 #[cfg(feature = "cuda")]

@@ -45,7 +45,9 @@ pub enum BudgetPolicy {
 
 impl Default for BudgetPolicy {
     fn default() -> Self {
-        BudgetPolicy::Wait { timeout: Duration::from_secs(60) }
+        BudgetPolicy::Wait {
+            timeout: Duration::from_secs(60),
+        }
     }
 }
 
@@ -72,7 +74,11 @@ pub struct PoolConfig {
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        let kind = if crate::driver_available() { MemoryKind::PageLocked } else { MemoryKind::Pageable };
+        let kind = if crate::driver_available() {
+            MemoryKind::PageLocked
+        } else {
+            MemoryKind::Pageable
+        };
         Self::for_kind(kind)
     }
 }
@@ -87,7 +93,13 @@ impl PoolConfig {
                 budget = budget.min(limit);
             }
         }
-        Self { kind, budget, policy: BudgetPolicy::default(), max_cached_bytes: budget, register_above: Some(32 << 20) }
+        Self {
+            kind,
+            budget,
+            policy: BudgetPolicy::default(),
+            max_cached_bytes: budget,
+            register_above: Some(32 << 20),
+        }
     }
 
     /// Sets the budget (and caps the cache at it).
@@ -232,7 +244,11 @@ impl State {
         let mut taken = 0;
         while taken < bytes {
             // The oldest block of each class is at the bottom of its LIFO list.
-            let Some((&class, _)) = self.free.iter().filter(|(_, v)| !v.is_empty()).min_by_key(|(_, v)| v[0].tick)
+            let Some((&class, _)) = self
+                .free
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .min_by_key(|(_, v)| v[0].tick)
             else {
                 break;
             };
@@ -368,7 +384,10 @@ pub struct PinnedPool {
 
 impl fmt::Debug for PinnedPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedPool").field("config", &self.inner.config).field("stats", &self.stats()).finish()
+        f.debug_struct("PinnedPool")
+            .field("config", &self.inner.config)
+            .field("stats", &self.stats())
+            .finish()
     }
 }
 
@@ -380,7 +399,10 @@ impl PinnedPool {
     }
 
     /// A pool drawing from a given allocator (whose kind overrides `config.kind`).
-    pub fn with_allocator(allocator: Arc<dyn RawAllocator>, mut config: PoolConfig) -> Result<Self> {
+    pub fn with_allocator(
+        allocator: Arc<dyn RawAllocator>,
+        mut config: PoolConfig,
+    ) -> Result<Self> {
         if config.budget == 0 {
             return Err(HostError::Config("budget must be greater than zero".into()));
         }
@@ -389,9 +411,21 @@ impl PinnedPool {
             (MemoryKind::PageLocked, Some(_)) => Some(Arc::new(RegisteredAllocator::default())),
             _ => None,
         };
-        let state = State { stats: PoolStats { budget: config.budget, ..PoolStats::default() }, ..State::default() };
+        let state = State {
+            stats: PoolStats {
+                budget: config.budget,
+                ..PoolStats::default()
+            },
+            ..State::default()
+        };
         Ok(Self {
-            inner: Arc::new(Inner { config, allocator, large, state: Mutex::new(state), returned: Condvar::new() }),
+            inner: Arc::new(Inner {
+                config,
+                allocator,
+                large,
+                state: Mutex::new(state),
+                returned: Condvar::new(),
+            }),
         })
     }
 
@@ -434,7 +468,11 @@ impl PinnedPool {
             if inner.config.policy == BudgetPolicy::FallbackPageable {
                 return self.fallback(len);
             }
-            return Err(HostError::LargerThanBudget { requested: len, block: class, budget });
+            return Err(HostError::LargerThanBudget {
+                requested: len,
+                block: class,
+                budget,
+            });
         }
         let start = Instant::now();
         let mut waited = false;
@@ -472,7 +510,11 @@ impl PinnedPool {
                         st.stats.allocation_time += took;
                         st.stats.allocation_time_max = st.stats.allocation_time_max.max(took);
                         tracing::debug!(target: "longshore::host", bytes = class, kind = %alloc.kind(), took_us = took.as_micros() as u64, "pool allocated a block");
-                        let block = Block { buf, class, tick: 0 };
+                        let block = Block {
+                            buf,
+                            class,
+                            tick: 0,
+                        };
                         Ok(self.lease(st, block, len, false, waited.then(|| start.elapsed())))
                     }
                     Err(e) => {
@@ -521,7 +563,11 @@ impl PinnedPool {
                         st.stats.waits += 1;
                     }
                     // Device fences do not notify us: poll them often while some are pending.
-                    let slice = if st.pending.is_empty() { timeout - elapsed } else { Duration::from_micros(500) };
+                    let slice = if st.pending.is_empty() {
+                        timeout - elapsed
+                    } else {
+                        Duration::from_micros(500)
+                    };
                     let (st, _) = inner
                         .returned
                         .wait_timeout(st, slice.min(timeout - elapsed))
@@ -552,7 +598,12 @@ impl PinnedPool {
         }
         st.note_peaks();
         drop(st);
-        PoolBuffer { slot: Slot::Block(block), len, fences: Vec::new(), pool: Some(self.inner.clone()) }
+        PoolBuffer {
+            slot: Slot::Block(block),
+            len,
+            fences: Vec::new(),
+            pool: Some(self.inner.clone()),
+        }
     }
 
     fn fallback(&self, len: usize) -> Result<PoolBuffer> {
@@ -563,7 +614,12 @@ impl PinnedPool {
             st.stats.fallback_bytes += len as u64;
         }
         tracing::warn!(target: "longshore::host", bytes = len, "pinned budget reached: handing out pageable memory");
-        Ok(PoolBuffer { slot: Slot::Fallback(buf), len, fences: Vec::new(), pool: None })
+        Ok(PoolBuffer {
+            slot: Slot::Fallback(buf),
+            len,
+            fences: Vec::new(),
+            pool: None,
+        })
     }
 
     /// Moves freed blocks whose fences have completed back to the free lists; returns how many.
@@ -743,7 +799,10 @@ impl fmt::Debug for PoolBuffer {
             .field("capacity", &self.capacity())
             .field("kind", &self.kind())
             .field("fallback", &self.is_fallback())
-            .field("pending_fences", &self.fences.iter().filter(|f| !f.is_complete()).count())
+            .field(
+                "pending_fences",
+                &self.fences.iter().filter(|f| !f.is_complete()).count(),
+            )
             .finish()
     }
 }

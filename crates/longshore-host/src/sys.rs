@@ -26,7 +26,10 @@ pub fn physical_memory() -> Option<usize> {
 ///
 /// `mlock` fails past this limit unless the process has `CAP_IPC_LOCK`.
 pub fn memlock_limit() -> Option<usize> {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: `lim` is a valid, writable rlimit struct for the duration of the call.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
     if rc != 0 || lim.rlim_cur == libc::RLIM_INFINITY {

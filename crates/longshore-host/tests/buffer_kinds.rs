@@ -10,7 +10,10 @@ fn pageable_buffers_are_zeroed_page_aligned_and_rounded() {
         assert_eq!(buf.len(), len);
         assert_eq!(buf.as_ptr() as usize % sys::page_size(), 0, "len {len}");
         assert!(buf.capacity() >= len && buf.capacity() % sys::page_size() == 0);
-        assert!(buf.as_bytes().iter().all(|&b| b == 0), "len {len} not zeroed");
+        assert!(
+            buf.as_bytes().iter().all(|&b| b == 0),
+            "len {len} not zeroed"
+        );
     }
 }
 
@@ -19,19 +22,37 @@ fn custom_alignment_is_honoured_and_checked() {
     let buf = HostBuffer::pageable_aligned(100, 1 << 16).unwrap();
     assert_eq!(buf.as_ptr() as usize % (1 << 16), 0);
     let err = HostBuffer::pageable_aligned(100, 3).unwrap_err();
-    assert!(matches!(err, HostError::InvalidLayout { align: 3, .. }), "{err}");
+    assert!(
+        matches!(err, HostError::InvalidLayout { align: 3, .. }),
+        "{err}"
+    );
 }
 
 #[test]
 fn zero_and_absurd_sizes_are_errors_not_panics() {
     let err = HostBuffer::pageable(0).unwrap_err();
-    assert!(matches!(err, HostError::ZeroSize { kind: MemoryKind::Pageable }));
+    assert!(matches!(
+        err,
+        HostError::ZeroSize {
+            kind: MemoryKind::Pageable
+        }
+    ));
     assert!(err.to_string().contains("zero-byte pageable"));
     for len in [usize::MAX, usize::MAX / 2, isize::MAX as usize] {
         let err = HostBuffer::pageable(len).unwrap_err();
-        assert!(matches!(err, HostError::InvalidLayout { .. } | HostError::OutOfMemory { .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                HostError::InvalidLayout { .. } | HostError::OutOfMemory { .. }
+            ),
+            "{err}"
+        );
     }
-    for kind in [MemoryKind::Locked, MemoryKind::PageLocked, MemoryKind::Registered] {
+    for kind in [
+        MemoryKind::Locked,
+        MemoryKind::PageLocked,
+        MemoryKind::Registered,
+    ] {
         assert!(HostBuffer::alloc(kind, 0).is_err());
         assert!(HostBuffer::alloc(kind, usize::MAX).is_err());
     }
@@ -80,7 +101,10 @@ fn drop_waits_for_recorded_fences() {
         f2.signal();
     });
     drop(buf);
-    assert!(signalled.load(std::sync::atomic::Ordering::SeqCst), "drop returned before the fence completed");
+    assert!(
+        signalled.load(std::sync::atomic::Ordering::SeqCst),
+        "drop returned before the fence completed"
+    );
     t.join().unwrap();
 }
 

@@ -51,15 +51,26 @@ fn round_trip(stream: &Arc<CudaStream>, src: &HostBuffer, dst: &mut HostBuffer) 
     let mut dev = unsafe { stream.alloc::<u8>(n) }.unwrap();
     // SAFETY: src and dst outlive the synchronize below; no other access happens meanwhile.
     unsafe {
-        cudarc::driver::result::memcpy_htod_async(dev_ptr(&mut dev, stream), src.as_bytes(), stream.cu_stream())
-            .unwrap();
-        cudarc::driver::result::memcpy_dtoh_async(dst.as_bytes_mut(), dev_ptr(&mut dev, stream), stream.cu_stream())
-            .unwrap();
+        cudarc::driver::result::memcpy_htod_async(
+            dev_ptr(&mut dev, stream),
+            src.as_bytes(),
+            stream.cu_stream(),
+        )
+        .unwrap();
+        cudarc::driver::result::memcpy_dtoh_async(
+            dst.as_bytes_mut(),
+            dev_ptr(&mut dev, stream),
+            stream.cu_stream(),
+        )
+        .unwrap();
     }
     stream.synchronize().unwrap();
 }
 
-fn dev_ptr(dev: &mut cudarc::driver::CudaSlice<u8>, stream: &Arc<CudaStream>) -> cudarc::driver::sys::CUdeviceptr {
+fn dev_ptr(
+    dev: &mut cudarc::driver::CudaSlice<u8>,
+    stream: &Arc<CudaStream>,
+) -> cudarc::driver::sys::CUdeviceptr {
     use cudarc::driver::DevicePtrMut;
     let (p, _guard) = dev.device_ptr_mut(stream);
     p
@@ -73,7 +84,10 @@ fn page_locked_and_registered_buffers_are_driver_registered_and_round_trip() {
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.new_stream().unwrap();
     for kind in [MemoryKind::PageLocked, MemoryKind::Registered] {
-        for (i, len) in [1usize, 4095, 4096, (1 << 20) + 7, 64 << 20].into_iter().enumerate() {
+        for (i, len) in [1usize, 4095, 4096, (1 << 20) + 7, 64 << 20]
+            .into_iter()
+            .enumerate()
+        {
             let data = random_bytes(len, i as u64 + 1);
             let src = HostBuffer::from_slice(kind, &data).unwrap();
             assert_eq!(src.kind(), kind);
@@ -84,11 +98,17 @@ fn page_locked_and_registered_buffers_are_driver_registered_and_round_trip() {
             let mut dst = HostBuffer::alloc(kind, len).unwrap();
             dst.as_bytes_mut().fill(0xEE); // poison
             round_trip(&stream, &src, &mut dst);
-            assert!(dst.as_bytes() == &data[..], "{kind} round trip of {len} bytes corrupted data");
+            assert!(
+                dst.as_bytes() == &data[..],
+                "{kind} round trip of {len} bytes corrupted data"
+            );
         }
     }
     let pageable = HostBuffer::pageable(1 << 20).unwrap();
-    assert!(!longshore_host::is_driver_host_memory(pageable.as_ptr()).unwrap(), "pageable memory reported as pinned");
+    assert!(
+        !longshore_host::is_driver_host_memory(pageable.as_ptr()).unwrap(),
+        "pageable memory reported as pinned"
+    );
 }
 
 #[test]
@@ -98,7 +118,8 @@ fn pool_blocks_are_page_locked_and_reuse_waits_for_in_flight_copies() {
     }
     let ctx = CudaContext::new(0).unwrap();
     let stream = ctx.new_stream().unwrap();
-    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::PageLocked).budget(1 << 30)).unwrap();
+    let pool =
+        PinnedPool::new(PoolConfig::for_kind(MemoryKind::PageLocked).budget(1 << 30)).unwrap();
     let len = 8 << 20;
     let mut lease = pool.alloc(len).unwrap();
     assert_eq!(lease.kind(), MemoryKind::PageLocked);
@@ -125,8 +146,12 @@ fn pool_blocks_are_page_locked_and_reuse_waits_for_in_flight_copies() {
             std::ptr::null_mut(),
         )
         .unwrap();
-        cudarc::driver::result::memcpy_htod_async(dev_ptr(&mut dev, &stream), lease.as_bytes(), stream.cu_stream())
-            .unwrap();
+        cudarc::driver::result::memcpy_htod_async(
+            dev_ptr(&mut dev, &stream),
+            lease.as_bytes(),
+            stream.cu_stream(),
+        )
+        .unwrap();
     }
     let event = stream.record_event(None).unwrap();
     lease.record_fence(Arc::new(EventFence(event)));
@@ -134,7 +159,11 @@ fn pool_blocks_are_page_locked_and_reuse_waits_for_in_flight_copies() {
     assert_eq!(pool.stats().blocks_pending, 1);
 
     let other = pool.alloc(len).unwrap();
-    assert_ne!(other.as_ptr(), first_addr, "a block was handed out while its copy was in flight");
+    assert_ne!(
+        other.as_ptr(),
+        first_addr,
+        "a block was handed out while its copy was in flight"
+    );
     assert_eq!(pool.stats().misses, 2);
     drop(other);
 
@@ -144,7 +173,10 @@ fn pool_blocks_are_page_locked_and_reuse_waits_for_in_flight_copies() {
     assert_eq!(pool.stats().blocks_pending, 0);
     // Both blocks are cached now; the copy landed intact.
     let back: Vec<u8> = stream.clone_dtoh(&dev).unwrap();
-    assert!(back == data, "device data differs from what the pinned block held");
+    assert!(
+        back == data,
+        "device data differs from what the pinned block held"
+    );
     let s = pool.stats();
     assert_eq!(s.bytes_in_use, 0);
     assert_eq!(s.bytes_cached, 2 * len);
@@ -155,9 +187,12 @@ fn large_pool_blocks_use_the_registration_fast_path() {
     if !cuda_or_skip("large_pool_blocks_use_the_registration_fast_path") {
         return;
     }
-    let pool =
-        PinnedPool::new(PoolConfig::for_kind(MemoryKind::PageLocked).budget(1 << 30).register_above(Some(16 << 20)))
-            .unwrap();
+    let pool = PinnedPool::new(
+        PoolConfig::for_kind(MemoryKind::PageLocked)
+            .budget(1 << 30)
+            .register_above(Some(16 << 20)),
+    )
+    .unwrap();
     let small = pool.alloc(1 << 20).unwrap();
     let large = pool.alloc(32 << 20).unwrap();
     assert_eq!(small.kind(), MemoryKind::PageLocked);

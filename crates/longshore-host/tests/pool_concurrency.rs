@@ -14,7 +14,9 @@ fn concurrent_alloc_free_with_random_fences() {
     let pool = PinnedPool::new(
         PoolConfig::for_kind(MemoryKind::Pageable)
             .budget(budget)
-            .policy(BudgetPolicy::Wait { timeout: Duration::from_secs(20) }),
+            .policy(BudgetPolicy::Wait {
+                timeout: Duration::from_secs(20),
+            }),
     )
     .unwrap();
     // A "device" thread completes fences after random delays, out of order.
@@ -52,7 +54,10 @@ fn concurrent_alloc_free_with_random_fences() {
                     let tag = (t as u8).wrapping_mul(31).wrapping_add(i as u8);
                     b.as_bytes_mut().fill(tag);
                     std::thread::yield_now();
-                    assert!(b.as_bytes().iter().all(|&x| x == tag), "another thread wrote into our lease");
+                    assert!(
+                        b.as_bytes().iter().all(|&x| x == tag),
+                        "another thread wrote into our lease"
+                    );
                     if rng.random_bool(0.5) {
                         let f = CpuFence::new();
                         b.record_fence(f.clone());
@@ -86,7 +91,9 @@ fn wait_policy_blocks_until_a_lease_returns() {
     let pool = PinnedPool::new(
         PoolConfig::for_kind(MemoryKind::Pageable)
             .budget(4 << 20)
-            .policy(BudgetPolicy::Wait { timeout: Duration::from_secs(10) }),
+            .policy(BudgetPolicy::Wait {
+                timeout: Duration::from_secs(10),
+            }),
     )
     .unwrap();
     let first = pool.alloc(3 << 20).unwrap();
@@ -96,10 +103,16 @@ fn wait_policy_blocks_until_a_lease_returns() {
     let p2 = pool.clone();
     let waiter = std::thread::spawn(move || p2.alloc(3 << 20).map(|b| b.as_ptr() as usize));
     std::thread::sleep(Duration::from_millis(50));
-    assert!(!waiter.is_finished(), "the second request must wait for the budget");
+    assert!(
+        !waiter.is_finished(),
+        "the second request must wait for the budget"
+    );
     drop(first); // pending on the fence: still no room
     std::thread::sleep(Duration::from_millis(30));
-    assert!(!waiter.is_finished(), "a block with a pending fence is not reusable");
+    assert!(
+        !waiter.is_finished(),
+        "a block with a pending fence is not reusable"
+    );
     fence.signal();
     let got = waiter.join().unwrap().unwrap();
     assert_ne!(got, 0);
@@ -114,30 +127,43 @@ fn wait_policy_times_out_with_a_clear_error() {
     let pool = PinnedPool::new(
         PoolConfig::for_kind(MemoryKind::Pageable)
             .budget(4 << 20)
-            .policy(BudgetPolicy::Wait { timeout: Duration::from_millis(50) }),
+            .policy(BudgetPolicy::Wait {
+                timeout: Duration::from_millis(50),
+            }),
     )
     .unwrap();
     let _held = pool.alloc(3 << 20).unwrap();
     let err = pool.alloc(3 << 20).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("timed out") && msg.contains("budget 4194304"), "{msg}");
+    assert!(
+        msg.contains("timed out") && msg.contains("budget 4194304"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn error_and_fallback_policies() {
-    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(4 << 20).policy(BudgetPolicy::Error))
-        .unwrap();
+    let pool = PinnedPool::new(
+        PoolConfig::for_kind(MemoryKind::Pageable)
+            .budget(4 << 20)
+            .policy(BudgetPolicy::Error),
+    )
+    .unwrap();
     let _held = pool.alloc(3 << 20).unwrap();
     let msg = pool.alloc(3 << 20).unwrap_err().to_string();
     assert!(
-        msg.contains("requested 3145728") && msg.contains("3145728 in use") && msg.contains("budget 4194304"),
+        msg.contains("requested 3145728")
+            && msg.contains("3145728 in use")
+            && msg.contains("budget 4194304"),
         "{msg}"
     );
     let msg = pool.alloc(5 << 20).unwrap_err().to_string();
     assert!(msg.contains("larger than the whole pinned budget"), "{msg}");
 
     let pool = PinnedPool::new(
-        PoolConfig::for_kind(MemoryKind::Pageable).budget(4 << 20).policy(BudgetPolicy::FallbackPageable),
+        PoolConfig::for_kind(MemoryKind::Pageable)
+            .budget(4 << 20)
+            .policy(BudgetPolicy::FallbackPageable),
     )
     .unwrap();
     let _held = pool.alloc(3 << 20).unwrap();
@@ -154,8 +180,12 @@ fn error_and_fallback_policies() {
 
 #[test]
 fn budget_evicts_cached_blocks_of_other_classes_before_refusing() {
-    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(4 << 20).policy(BudgetPolicy::Error))
-        .unwrap();
+    let pool = PinnedPool::new(
+        PoolConfig::for_kind(MemoryKind::Pageable)
+            .budget(4 << 20)
+            .policy(BudgetPolicy::Error),
+    )
+    .unwrap();
     drop(pool.alloc(3 << 20).unwrap());
     assert_eq!(pool.stats().bytes_cached, 3 << 20);
     let b = pool.alloc(2 << 20).unwrap(); // another class: the cached 3 MiB block is freed

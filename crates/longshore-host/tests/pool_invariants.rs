@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use longshore_host::{BudgetPolicy, CpuFence, HostError, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, size_class};
+use longshore_host::{
+    BudgetPolicy, CpuFence, HostError, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, size_class,
+};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -27,7 +29,10 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn policy() -> impl Strategy<Value = BudgetPolicy> {
-    prop_oneof![Just(BudgetPolicy::Error), Just(BudgetPolicy::FallbackPageable)]
+    prop_oneof![
+        Just(BudgetPolicy::Error),
+        Just(BudgetPolicy::FallbackPageable)
+    ]
 }
 
 struct Model {
@@ -41,19 +46,36 @@ struct Model {
 impl Model {
     fn check(&self) {
         let s = self.pool.stats();
-        assert_eq!(s.bytes_in_use + s.bytes_cached + s.bytes_pending, s.bytes_held, "{s:?}");
-        assert!(s.bytes_held <= self.budget, "held {} > budget {}", s.bytes_held, self.budget);
+        assert_eq!(
+            s.bytes_in_use + s.bytes_cached + s.bytes_pending,
+            s.bytes_held,
+            "{s:?}"
+        );
+        assert!(
+            s.bytes_held <= self.budget,
+            "held {} > budget {}",
+            s.bytes_held,
+            self.budget
+        );
         assert!(s.peak_bytes_held <= self.budget);
         let pooled: Vec<&PoolBuffer> = self.live.iter().filter(|b| !b.is_fallback()).collect();
         let in_use: usize = pooled.iter().map(|b| b.capacity()).sum();
         assert_eq!(in_use, s.bytes_in_use);
         assert_eq!(pooled.len(), s.blocks_in_use);
         // No two live leases overlap.
-        let mut ranges: Vec<(usize, usize)> =
-            self.live.iter().map(|b| (b.as_ptr() as usize, b.as_ptr() as usize + b.capacity())).collect();
+        let mut ranges: Vec<(usize, usize)> = self
+            .live
+            .iter()
+            .map(|b| (b.as_ptr() as usize, b.as_ptr() as usize + b.capacity()))
+            .collect();
         ranges.sort();
         for w in ranges.windows(2) {
-            assert!(w[0].1 <= w[1].0, "leases overlap: {:?} and {:?}", w[0], w[1]);
+            assert!(
+                w[0].1 <= w[1].0,
+                "leases overlap: {:?} and {:?}",
+                w[0],
+                w[1]
+            );
         }
         // A block is never handed out while a fence on it is pending.
         let guarded: HashMap<usize, ()> = self
@@ -63,7 +85,10 @@ impl Model {
             .map(|(_, a)| (*a, ()))
             .collect();
         for b in &pooled {
-            assert!(!guarded.contains_key(&(b.as_ptr() as usize)), "a block was reused while its fence was pending");
+            assert!(
+                !guarded.contains_key(&(b.as_ptr() as usize)),
+                "a block was reused while its fence was pending"
+            );
         }
     }
 }
@@ -176,7 +201,8 @@ fn size_class_examples() {
 
 #[test]
 fn one_slow_fence_does_not_block_reuse_of_other_blocks() {
-    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20)).unwrap();
+    let pool =
+        PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20)).unwrap();
     let slow = CpuFence::new();
     let fast = CpuFence::new();
     let mut a = pool.alloc(1 << 20).unwrap();
@@ -188,7 +214,11 @@ fn one_slow_fence_does_not_block_reuse_of_other_blocks() {
     drop(b);
     fast.signal();
     let c = pool.alloc(1 << 20).unwrap();
-    assert_eq!(c.as_ptr(), b_addr, "the block whose fence completed is reused at once");
+    assert_eq!(
+        c.as_ptr(),
+        b_addr,
+        "the block whose fence completed is reused at once"
+    );
     assert_eq!(pool.stats().blocks_pending, 1);
     assert_eq!(pool.stats().hits, 1);
     slow.signal();
@@ -196,7 +226,8 @@ fn one_slow_fence_does_not_block_reuse_of_other_blocks() {
 
 #[test]
 fn lifo_reuse_keeps_caches_warm() {
-    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20)).unwrap();
+    let pool =
+        PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20)).unwrap();
     let a = pool.alloc(8192).unwrap();
     let b = pool.alloc(8192).unwrap();
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
@@ -210,8 +241,12 @@ fn lifo_reuse_keeps_caches_warm() {
 
 #[test]
 fn cache_cap_evicts_least_recently_used() {
-    let pool =
-        PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20).max_cached_bytes(3 << 20)).unwrap();
+    let pool = PinnedPool::new(
+        PoolConfig::for_kind(MemoryKind::Pageable)
+            .budget(64 << 20)
+            .max_cached_bytes(3 << 20),
+    )
+    .unwrap();
     let bufs: Vec<_> = (0..5).map(|_| pool.alloc(1 << 20).unwrap()).collect();
     drop(bufs);
     let s = pool.stats();
