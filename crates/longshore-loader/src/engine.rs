@@ -1,0 +1,276 @@
+//! The worker engine: threads that take tasks from their own queue and reply on a shared
+//! channel, with epoch generations (so a cancelled epoch's queued tasks are skipped), panic
+//! containment, and a shutdown bounded in time.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+
+use crate::error::LoaderError;
+
+/// One unit of work: a batch of indices (empty for iterable datasets) of one epoch generation.
+#[derive(Debug)]
+pub(crate) struct Task {
+    /// Epoch generation; tasks of an older generation are skipped.
+    pub(crate) generation: u64,
+    /// The epoch number (seeds derive from it).
+    pub(crate) epoch: u64,
+    /// Position of the batch in the epoch.
+    pub(crate) seq: u64,
+    /// Dataset indices of the batch.
+    pub(crate) indices: Vec<usize>,
+}
+
+/// What a worker made of a task.
+#[derive(Debug)]
+pub(crate) enum Outcome<O> {
+    /// A batch.
+    Batch(O),
+    /// Nothing to deliver (every sample skipped).
+    Empty,
+    /// An iterable dataset's stream ended for this worker.
+    Exhausted,
+    /// The task failed.
+    Failed(LoaderError),
+}
+
+/// A worker's reply.
+#[derive(Debug)]
+pub(crate) struct Reply<O> {
+    pub(crate) generation: u64,
+    pub(crate) seq: u64,
+    pub(crate) worker: usize,
+    pub(crate) outcome: Outcome<O>,
+    /// Time the worker spent on the task.
+    pub(crate) busy: Duration,
+    /// Samples skipped because they failed to load.
+    pub(crate) skipped: u64,
+}
+
+/// State shared by the engine and its workers.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub(crate) generation: AtomicU64,
+    pub(crate) shutdown: AtomicBool,
+    pub(crate) restarts: AtomicU64,
+}
+
+/// What a worker thread sees: its id, its task queue, the reply channel.
+pub(crate) struct WorkerCtx<O> {
+    pub(crate) id: usize,
+    tasks: Receiver<Task>,
+    replies: Sender<Reply<O>>,
+    shared: Arc<Shared>,
+}
+
+impl<O> WorkerCtx<O> {
+    /// The next live task; `None` when the engine shuts down.
+    pub(crate) fn next_task(&self) -> Option<Task> {
+        loop {
+            let task = self.tasks.recv().ok()?;
+            if self.shared.shutdown.load(Ordering::Acquire) {
+                return None;
+            }
+            if task.generation == self.shared.generation.load(Ordering::Acquire) {
+                return Some(task);
+            }
+            tracing::trace!(target: "longshore::loader", task_generation = task.generation, worker.id = self.id, batch.seq = task.seq, "skipping a task of a cancelled epoch");
+        }
+    }
+
+    /// Whether the task's epoch has been cancelled (checked between samples).
+    pub(crate) fn cancelled(&self, task: &Task) -> bool {
+        self.shared.shutdown.load(Ordering::Acquire)
+            || task.generation != self.shared.generation.load(Ordering::Acquire)
+    }
+
+    /// Sends a reply; false if the consumer is gone.
+    pub(crate) fn reply(&self, reply: Reply<O>) -> bool {
+        self.replies.send(reply).is_ok()
+    }
+
+    /// Notes a restart of this worker after a panic.
+    pub(crate) fn note_restart(&self) {
+        self.shared.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f`, turning a panic into its message.
+pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Result<R, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(panic_message)
+}
+
+/// The text of a panic payload.
+pub(crate) fn panic_message(payload: Box<dyn Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// The body each worker thread runs until [`WorkerCtx::next_task`] returns `None`.
+pub(crate) type WorkerBody<O> = Arc<dyn Fn(WorkerCtx<O>) + Send + Sync>;
+
+/// A set of worker threads.
+pub(crate) struct Engine<O> {
+    senders: Vec<Sender<Task>>,
+    handles: Vec<Option<JoinHandle<()>>>,
+    replies: Receiver<Reply<O>>,
+    pub(crate) shared: Arc<Shared>,
+    shutdown_timeout: Duration,
+}
+
+impl<O> std::fmt::Debug for Engine<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("workers", &self.senders.len())
+            .field("shared", &self.shared)
+            .finish()
+    }
+}
+
+impl<O: Send + 'static> Engine<O> {
+    /// Starts `n` workers running `body`.
+    pub(crate) fn start(
+        n: usize,
+        body: WorkerBody<O>,
+        shutdown_timeout: Duration,
+    ) -> Result<Self, LoaderError> {
+        let (reply_tx, replies) = unbounded();
+        let shared = Arc::new(Shared::default());
+        let mut senders = Vec::with_capacity(n);
+        let mut handles = Vec::with_capacity(n);
+        for id in 0..n {
+            let (tx, rx) = unbounded();
+            let ctx = WorkerCtx {
+                id,
+                tasks: rx,
+                replies: reply_tx.clone(),
+                shared: shared.clone(),
+            };
+            let body = body.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("longshore-worker-{id}"))
+                .spawn(move || {
+                    let span =
+                        tracing::debug_span!(target: "longshore::loader", "worker", worker.id = id);
+                    let _e = span.enter();
+                    body(ctx)
+                })
+                .map_err(|e| LoaderError::Spawn {
+                    worker: id,
+                    source: e,
+                })?;
+            senders.push(tx);
+            handles.push(Some(handle));
+        }
+        Ok(Self {
+            senders,
+            handles,
+            replies,
+            shared,
+            shutdown_timeout,
+        })
+    }
+}
+
+impl<O> Engine<O> {
+    /// The current epoch generation.
+    pub(crate) fn generation(&self) -> u64 {
+        self.shared.generation.load(Ordering::Acquire)
+    }
+
+    /// Starts a new generation: tasks of older ones are skipped, their replies ignored.
+    pub(crate) fn new_generation(&self) -> u64 {
+        let g = self.shared.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        // Drop replies of the old generation now: their batches (and pinned leases) go back.
+        while let Ok(r) = self.replies.try_recv() {
+            drop(r);
+        }
+        g
+    }
+
+    /// Queues a task on worker `w`.
+    pub(crate) fn send(&self, w: usize, task: Task) -> Result<(), LoaderError> {
+        let seq = task.seq;
+        self.senders[w]
+            .send(task)
+            .map_err(|_| LoaderError::WorkerGone {
+                worker: w,
+                batch: seq,
+            })
+    }
+
+    /// Waits for the next reply of the current generation.
+    pub(crate) fn recv(&self, timeout: Option<Duration>) -> Result<Reply<O>, RecvTimeoutError> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let r = match deadline {
+                Some(d) => self.replies.recv_deadline(d)?,
+                None => self
+                    .replies
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected)?,
+            };
+            if r.generation == self.generation() {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Number of workers whose thread has ended (they only end on shutdown or a fatal error).
+    pub(crate) fn dead_workers(&self) -> Vec<usize> {
+        self.handles
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.as_ref().is_none_or(|h| h.is_finished()))
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Stops every worker: queued tasks are dropped, running ones stop at the next sample
+    /// boundary. Waits up to the shutdown timeout, then detaches threads still stuck in user
+    /// code (they exit when that code returns) and logs a warning.
+    pub(crate) fn shutdown(&mut self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        self.senders.clear();
+        let deadline = Instant::now() + self.shutdown_timeout;
+        for (id, h) in self.handles.iter_mut().enumerate() {
+            let Some(handle) = h.take() else { continue };
+            while !handle.is_finished() && Instant::now() < deadline {
+                // Drain replies so no batch is kept alive by the channel while we wait.
+                while let Ok(r) = self.replies.try_recv() {
+                    drop(r);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if handle.is_finished() {
+                if let Err(p) = handle.join() {
+                    tracing::error!(target: "longshore::loader", panic = %panic_message(p), worker.id = id, "worker thread panicked outside a task");
+                }
+            } else {
+                tracing::warn!(target: "longshore::loader", timeout_ms = self.shutdown_timeout.as_millis() as u64, worker.id = id, "worker still busy in dataset code at shutdown; detaching it");
+            }
+        }
+        while let Ok(r) = self.replies.try_recv() {
+            drop(r);
+        }
+    }
+}
+
+impl<O> Drop for Engine<O> {
+    fn drop(&mut self) {
+        if !self.handles.iter().all(Option::is_none) {
+            self.shutdown();
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! How a worker turns a task into a batch: [`Fetch`] and its implementations for map-style
+//! datasets (collated into pooled, optionally page-locked memory), unbatched map-style
+//! datasets, and iterable datasets.
+
+use std::sync::Arc;
+
+use longshore_data::{
+    Batch, BatchLayout, Dataset, DatasetCollate, ItemIter, IterableDataset, WorkerInfo,
+};
+use longshore_host::{PinnedPool, PoolBuffer};
+
+use crate::config::SampleErrorPolicy;
+use crate::engine::{Outcome, Task};
+use crate::error::LoaderError;
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// The worker-side interface of [`Fetch`](super::Fetch), private to this crate.
+    pub trait Sealed: Send + Sync + 'static {
+        /// What the loader yields.
+        type Out: Send + 'static;
+        /// Per-worker state for one epoch (the stream of an iterable dataset).
+        type Worker<'a>
+        where
+            Self: 'a;
+        /// Whether work is dealt as index batches (`true`) or pulled from per-worker streams.
+        fn indexed(&self) -> bool;
+        /// Number of samples in the dataset (0 for iterable datasets).
+        fn dataset_len(&self) -> usize;
+        /// The state of worker `info` for a new epoch.
+        fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a>;
+        /// Loads one task; returns the outcome and how many samples were skipped.
+        fn fetch(
+            &self,
+            worker: &mut Self::Worker<'_>,
+            task: &Task,
+            cancelled: &dyn Fn() -> bool,
+        ) -> (Outcome<Self::Out>, u64);
+    }
+}
+
+/// What a loader's workers do with a task. Implemented by this crate for each dataset
+/// kind ([`CollateFetch`], [`ItemFetch`], [`IterableFetch`]); it appears in
+/// [`DataLoader`](crate::DataLoader)'s type and cannot be implemented outside this crate.
+pub trait Fetch: sealed::Sealed<Out = Self::Output> {
+    /// What the loader yields.
+    type Output: Send + 'static;
+}
+
+impl<T: sealed::Sealed> Fetch for T {
+    type Output = T::Out;
+}
+
+/// Map-style dataset, indices collated into a [`Batch`] whose storage is leased from a
+/// [`PinnedPool`] (page-locked with `pin_memory`).
+#[derive(Debug)]
+pub struct CollateFetch<D, C> {
+    pub(crate) dataset: Arc<D>,
+    pub(crate) collate: C,
+    pub(crate) pool: PinnedPool,
+    pub(crate) on_error: SampleErrorPolicy,
+}
+
+/// Finds which of `indices` fails to load (the dataset's own error), for error messages and
+/// for skipping; `None` if every sample loads on its own.
+fn find_failing<D: Dataset + ?Sized>(
+    dataset: &D,
+    indices: &[usize],
+) -> Option<(usize, longshore_data::DataError)> {
+    indices
+        .iter()
+        .find_map(|&i| dataset.get(i).err().map(|e| (i, e)))
+}
+
+impl<D, C> CollateFetch<D, C>
+where
+    D: Dataset + 'static,
+    C: DatasetCollate<D> + 'static,
+{
+    fn load(&self, task: &Task, cancelled: &dyn Fn() -> bool) -> (Outcome<Batch<PoolBuffer>>, u64) {
+        let mut indices = task.indices.clone();
+        let mut skipped = 0u64;
+        loop {
+            if cancelled() {
+                return (Outcome::Empty, skipped);
+            }
+            if indices.is_empty() {
+                return (Outcome::Empty, skipped);
+            }
+            let err = match self.try_load(task.seq, &indices) {
+                Ok(batch) => return (Outcome::Batch(batch), skipped),
+                Err(LoadErr::Memory(e)) => return (Outcome::Failed(e), skipped),
+                Err(LoadErr::Data(e)) => e,
+            };
+            // Find the sample at fault: name it, or skip it and try again.
+            match find_failing(&*self.dataset, &indices) {
+                Some((index, source)) => match self.on_error {
+                    SampleErrorPolicy::FailBatch => {
+                        return (
+                            Outcome::Failed(LoaderError::Sample {
+                                index,
+                                batch: task.seq,
+                                source,
+                            }),
+                            skipped,
+                        );
+                    }
+                    SampleErrorPolicy::Skip => {
+                        tracing::warn!(target: "longshore::loader", error = %source, sample.index = index, batch.seq = task.seq, "skipping a sample that failed to load");
+                        indices.retain(|&i| i != index);
+                        skipped += 1;
+                    }
+                },
+                None => {
+                    return (
+                        Outcome::Failed(LoaderError::Collate {
+                            batch: task.seq,
+                            source: err,
+                        }),
+                        skipped,
+                    );
+                }
+            }
+        }
+    }
+
+    fn try_load(&self, seq: u64, indices: &[usize]) -> Result<Batch<PoolBuffer>, LoadErr> {
+        let staged = self
+            .collate
+            .stage(&*self.dataset, indices)
+            .map_err(LoadErr::Data)?;
+        let layout: &BatchLayout = self.collate.staged_layout(&staged);
+        let bytes = layout.total_bytes().max(1);
+        let mut lease = self
+            .pool
+            .alloc(bytes)
+            .map_err(|source| LoadErr::Memory(LoaderError::Memory { batch: seq, source }))?;
+        let _ = lease.set_len(layout.total_bytes().max(1));
+        self.collate
+            .write(&*self.dataset, staged, lease)
+            .map_err(LoadErr::Data)
+    }
+}
+
+enum LoadErr {
+    Data(longshore_data::DataError),
+    Memory(LoaderError),
+}
+
+impl<D, C> sealed::Sealed for CollateFetch<D, C>
+where
+    D: Dataset + 'static,
+    C: DatasetCollate<D> + 'static,
+{
+    type Out = Batch<PoolBuffer>;
+    type Worker<'a> = ();
+
+    fn indexed(&self) -> bool {
+        true
+    }
+    fn dataset_len(&self) -> usize {
+        self.dataset.len()
+    }
+    fn worker(&self, _: WorkerInfo) {}
+    fn fetch(
+        &self,
+        _: &mut (),
+        task: &Task,
+        cancelled: &dyn Fn() -> bool,
+    ) -> (Outcome<Self::Out>, u64) {
+        self.load(task, cancelled)
+    }
+}
+
+/// Map-style dataset without automatic batching (PyTorch's `batch_size=None`): each task is
+/// one index and the loader yields the dataset's items as they are.
+#[derive(Debug)]
+pub struct ItemFetch<D> {
+    pub(crate) dataset: Arc<D>,
+}
+
+impl<D> sealed::Sealed for ItemFetch<D>
+where
+    D: Dataset + 'static,
+    D::Item: 'static,
+{
+    type Out = D::Item;
+    type Worker<'a> = ();
+
+    fn indexed(&self) -> bool {
+        true
+    }
+    fn dataset_len(&self) -> usize {
+        self.dataset.len()
+    }
+    fn worker(&self, _: WorkerInfo) {}
+    fn fetch(&self, _: &mut (), task: &Task, _: &dyn Fn() -> bool) -> (Outcome<D::Item>, u64) {
+        let index = task.indices[0];
+        match self.dataset.get(index) {
+            Ok(item) => (Outcome::Batch(item), 0),
+            Err(source) => (
+                Outcome::Failed(LoaderError::Sample {
+                    index,
+                    batch: task.seq,
+                    source,
+                }),
+                0,
+            ),
+        }
+    }
+}
+
+/// Iterable dataset: each worker pulls `batch_size` items from its own stream and collates
+/// them; the loader takes batches from the workers in turn, like PyTorch.
+#[derive(Debug)]
+pub struct IterableFetch<D, C> {
+    pub(crate) dataset: Arc<D>,
+    pub(crate) collate: C,
+    pub(crate) pool: PinnedPool,
+    pub(crate) batch_size: usize,
+    pub(crate) drop_last: bool,
+    pub(crate) on_error: SampleErrorPolicy,
+}
+
+/// One worker's stream for an epoch.
+#[doc(hidden)]
+#[allow(missing_debug_implementations)]
+pub struct StreamState<'a, T> {
+    iter: ItemIter<'a, T>,
+    done: bool,
+    position: usize,
+}
+
+impl<D, C> sealed::Sealed for IterableFetch<D, C>
+where
+    D: IterableDataset + 'static,
+    D::Item: 'static,
+    C: longshore_data::Collate<D::Item> + 'static,
+{
+    type Out = Batch<PoolBuffer>;
+    type Worker<'a> = StreamState<'a, D::Item>;
+
+    fn indexed(&self) -> bool {
+        false
+    }
+    fn dataset_len(&self) -> usize {
+        0
+    }
+    fn worker<'a>(&'a self, info: WorkerInfo) -> StreamState<'a, D::Item> {
+        StreamState {
+            iter: self.dataset.iter(info),
+            done: false,
+            position: 0,
+        }
+    }
+    fn fetch(
+        &self,
+        w: &mut StreamState<'_, D::Item>,
+        task: &Task,
+        cancelled: &dyn Fn() -> bool,
+    ) -> (Outcome<Self::Out>, u64) {
+        if w.done {
+            return (Outcome::Exhausted, 0);
+        }
+        let mut items = Vec::with_capacity(self.batch_size);
+        let mut skipped = 0;
+        while items.len() < self.batch_size {
+            if cancelled() {
+                return (Outcome::Empty, skipped);
+            }
+            match w.iter.next() {
+                None => {
+                    w.done = true;
+                    break;
+                }
+                Some(Ok(item)) => items.push(item),
+                Some(Err(source)) => {
+                    let index = w.position;
+                    match self.on_error {
+                        SampleErrorPolicy::FailBatch => {
+                            w.position += 1;
+                            return (
+                                Outcome::Failed(LoaderError::Sample {
+                                    index,
+                                    batch: task.seq,
+                                    source,
+                                }),
+                                skipped,
+                            );
+                        }
+                        SampleErrorPolicy::Skip => skipped += 1,
+                    }
+                }
+            }
+            w.position += 1;
+        }
+        if items.is_empty() || (self.drop_last && items.len() < self.batch_size) {
+            return (
+                if w.done {
+                    Outcome::Exhausted
+                } else {
+                    Outcome::Empty
+                },
+                skipped,
+            );
+        }
+        let out = (|| {
+            let layout = self
+                .collate
+                .layout(&items)
+                .map_err(|source| LoaderError::Collate {
+                    batch: task.seq,
+                    source,
+                })?;
+            let lease = self
+                .pool
+                .alloc(layout.total_bytes().max(1))
+                .map_err(|source| LoaderError::Memory {
+                    batch: task.seq,
+                    source,
+                })?;
+            self.collate
+                .collate_into(&items, layout, lease)
+                .map_err(|source| LoaderError::Collate {
+                    batch: task.seq,
+                    source,
+                })
+        })();
+        match out {
+            Ok(b) => (Outcome::Batch(b), skipped),
+            Err(e) => (Outcome::Failed(e), skipped),
+        }
+    }
+}

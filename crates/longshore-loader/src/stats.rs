@@ -1,0 +1,61 @@
+//! [`LoaderStats`]: who is the bottleneck, the loader or the model?
+
+use std::time::Duration;
+
+use longshore_host::PoolStats;
+
+/// Counters of a loader since it was built (or since [`DataLoader::reset_stats`](crate::DataLoader::reset_stats)).
+///
+/// The key figure is [`wait_fraction`](LoaderStats::wait_fraction): the share of the
+/// consumer's time spent blocked waiting for a batch. Near zero, the model is the bottleneck;
+/// near one, the input pipeline is.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct LoaderStats {
+    /// Batches delivered (including errors).
+    pub batches: u64,
+    /// Samples in delivered batches.
+    pub samples: u64,
+    /// Samples skipped under [`SampleErrorPolicy::Skip`](crate::SampleErrorPolicy::Skip).
+    pub skipped_samples: u64,
+    /// Errors delivered.
+    pub errors: u64,
+    /// Worker restarts after panics.
+    pub worker_restarts: u64,
+    /// Time the consumer spent blocked in `next()` waiting for data.
+    pub consumer_wait: Duration,
+    /// Time from the first `next()` of each epoch to its last, summed.
+    pub consumer_time: Duration,
+    /// Time workers spent loading and collating, summed over workers.
+    pub worker_busy: Duration,
+    /// Most batches in flight at once (sent to workers, not yet delivered).
+    pub peak_in_flight: usize,
+    /// Most finished batches held back by the reorder buffer at once.
+    pub peak_reorder: usize,
+    /// Epochs started.
+    pub epochs: u64,
+    /// The host-memory pool's counters.
+    pub pool: PoolStats,
+}
+
+impl LoaderStats {
+    /// Share of the consumer's time spent waiting for data, in `0.0..=1.0`.
+    pub fn wait_fraction(&self) -> f64 {
+        let t = self.consumer_time.as_secs_f64();
+        if t <= 0.0 {
+            0.0
+        } else {
+            (self.consumer_wait.as_secs_f64() / t).clamp(0.0, 1.0)
+        }
+    }
+
+    /// Delivered samples per second of consumer time.
+    pub fn samples_per_second(&self) -> f64 {
+        let t = self.consumer_time.as_secs_f64();
+        if t <= 0.0 {
+            0.0
+        } else {
+            self.samples as f64 / t
+        }
+    }
+}
