@@ -28,6 +28,8 @@ pub(crate) mod sealed {
         fn indexed(&self) -> bool;
         /// Number of samples in the dataset (0 for iterable datasets).
         fn dataset_len(&self) -> usize;
+        /// Samples in one output, for statistics.
+        fn output_samples(&self, out: &Self::Out) -> usize;
         /// The state of worker `info` for a new epoch.
         fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a>;
         /// Loads one task; returns the outcome and how many samples were skipped.
@@ -162,6 +164,9 @@ where
     fn dataset_len(&self) -> usize {
         self.dataset.len()
     }
+    fn output_samples(&self, out: &Self::Out) -> usize {
+        out.batch_size()
+    }
     fn worker(&self, _: WorkerInfo) {}
     fn fetch(
         &self,
@@ -193,6 +198,9 @@ where
     }
     fn dataset_len(&self) -> usize {
         self.dataset.len()
+    }
+    fn output_samples(&self, _: &D::Item) -> usize {
+        1
     }
     fn worker(&self, _: WorkerInfo) {}
     fn fetch(&self, _: &mut (), task: &Task, _: &dyn Fn() -> bool) -> (Outcome<D::Item>, u64) {
@@ -246,6 +254,9 @@ where
     }
     fn dataset_len(&self) -> usize {
         0
+    }
+    fn output_samples(&self, out: &Self::Out) -> usize {
+        out.batch_size()
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> StreamState<'a, D::Item> {
         StreamState {

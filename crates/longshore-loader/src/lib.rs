@@ -50,7 +50,7 @@ pub use config::{LoaderConfig, SampleErrorPolicy, WorkerPanicPolicy};
 pub use error::LoaderError;
 pub use fetch::{CollateFetch, Fetch, ItemFetch, IterableFetch};
 pub use loader::{
-    DataLoader, DataLoaderBuilder, IterableSource, LoaderIter, OutputLen, WorkerInit, worker_seed,
+    DataLoader, DataLoaderBuilder, IterableSource, LoaderIter, WorkerInit, worker_seed,
 };
 pub use state::LoaderState;
 pub use stats::LoaderStats;

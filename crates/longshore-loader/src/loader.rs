@@ -626,18 +626,6 @@ where
     }
 }
 
-/// Samples in one output, for statistics.
-pub trait OutputLen {
-    /// Number of samples this output holds.
-    fn samples(&self) -> usize;
-}
-
-impl<S: longshore_data::Storage> OutputLen for longshore_data::Batch<S> {
-    fn samples(&self) -> usize {
-        self.batch_size()
-    }
-}
-
 impl<F: Fetch> DataLoader<F> {
     /// The options.
     pub fn config(&self) -> LoaderConfig {
@@ -780,18 +768,12 @@ impl<F: Fetch> DataLoader<F> {
     }
 
     /// Iterates one epoch.
-    pub fn iter(&self) -> LoaderIter<F>
-    where
-        F::Output: OutputLen,
-    {
+    pub fn iter(&self) -> LoaderIter<F> {
         LoaderIter::new(self.inner.clone())
     }
 }
 
-impl<F: Fetch> IntoIterator for &DataLoader<F>
-where
-    F::Output: OutputLen,
-{
+impl<F: Fetch> IntoIterator for &DataLoader<F> {
     type Item = Result<F::Output, LoaderError>;
     type IntoIter = LoaderIter<F>;
     fn into_iter(self) -> LoaderIter<F> {
@@ -940,10 +922,7 @@ impl<F: Fetch> fmt::Debug for LoaderIter<F> {
     }
 }
 
-impl<F: Fetch> LoaderIter<F>
-where
-    F::Output: OutputLen,
-{
+impl<F: Fetch> LoaderIter<F> {
     fn new(inner: Arc<Inner<F>>) -> Self {
         let config = lock(&inner.config).clone();
         let (epoch, restored) = {
@@ -1259,10 +1238,7 @@ impl<F: Fetch> LoaderIter<F> {
     }
 }
 
-impl<F: Fetch> Iterator for LoaderIter<F>
-where
-    F::Output: OutputLen,
-{
+impl<F: Fetch> Iterator for LoaderIter<F> {
     type Item = Result<F::Output, LoaderError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -1305,7 +1281,7 @@ where
                 let mut s = lock(&self.inner.stats);
                 s.batches += 1;
                 match &item {
-                    Ok(b) => s.samples += b.samples() as u64,
+                    Ok(b) => s.samples += self.inner.fetch.output_samples(b) as u64,
                     Err(_) => s.errors += 1,
                 }
                 s.consumer_wait += end - now;
