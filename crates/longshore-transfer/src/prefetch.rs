@@ -1,0 +1,244 @@
+//! [`Prefetcher`]: keeps N host batches in flight to a device on a copy stream.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::iter::Fuse;
+
+use longshore_host::{HostBuffer, HostMemory, PoolBuffer};
+
+use crate::buffer::DeviceBuffer;
+use crate::error::{Result, TransferError};
+use crate::event::Event;
+use crate::stream::Stream;
+
+/// A host-side value that can be copied to a device: what a [`Prefetcher`] moves.
+///
+/// `to_device` enqueues the copies on `stream` and returns the device-side value *without*
+/// waiting for them; the [`Prefetcher`] records the event that covers them. The host memory
+/// must stay untouched until the copies complete: move it into the copy ([`Stream::upload`]
+/// takes it by value) and drop the returned [`Pending`](crate::Pending), which releases it (to
+/// its pool, for a lease) only after the copy.
+///
+/// The loader implements it for its batch type; a batch that owns one contiguous host storage
+/// plus typed metadata can also use [`HostBatch`] as is:
+///
+/// ```
+/// use longshore_host::{HostBuffer, MemoryKind};
+/// use longshore_transfer::{Device, DeviceBuffer, Result, Stream, ToDevice, upload_new};
+///
+/// /// Images and labels collated into one buffer: images first, then labels.
+/// struct Batch { storage: HostBuffer, images: usize }
+/// struct GpuBatch { storage: DeviceBuffer, images: usize }
+///
+/// impl ToDevice for Batch {
+///     type Output = GpuBatch;
+///     fn to_device(self, stream: &Stream) -> Result<GpuBatch> {
+///         Ok(GpuBatch { storage: upload_new(stream, self.storage)?, images: self.images })
+///     }
+/// }
+///
+/// let stream = Device::cpu().new_stream()?;
+/// let batch = Batch { storage: HostBuffer::from_slice(MemoryKind::Pageable, &[1u8; 80])?, images: 64 };
+/// let gpu = batch.to_device(&stream)?;
+/// assert_eq!((gpu.storage.len(), gpu.images), (80, 64));
+/// # Ok::<(), longshore_transfer::TransferError>(())
+/// ```
+pub trait ToDevice: Send + 'static {
+    /// The device-side value.
+    type Output: Send + 'static;
+
+    /// Enqueues the copies of `self` on `stream` and returns the device-side value.
+    fn to_device(self, stream: &Stream) -> Result<Self::Output>;
+}
+
+/// Allocates a device buffer of `src`'s length on `stream` and uploads `src` into it; `src` is
+/// released (back to its pool, for a lease) once the copy has completed.
+pub fn upload_new<S: HostMemory>(stream: &Stream, src: S) -> Result<DeviceBuffer> {
+    let mut dst = stream.alloc(src.as_bytes().len())?;
+    drop(stream.upload(src, &mut dst)?);
+    Ok(dst)
+}
+
+impl ToDevice for HostBuffer {
+    type Output = DeviceBuffer;
+    fn to_device(self, stream: &Stream) -> Result<DeviceBuffer> {
+        upload_new(stream, self)
+    }
+}
+
+impl ToDevice for PoolBuffer {
+    type Output = DeviceBuffer;
+    fn to_device(self, stream: &Stream) -> Result<DeviceBuffer> {
+        upload_new(stream, self)
+    }
+}
+
+/// Items of a fallible source (`Result<T, E>`) pass their errors through, in order.
+impl<T: ToDevice, E: Send + 'static> ToDevice for std::result::Result<T, E> {
+    type Output = std::result::Result<T::Output, E>;
+    fn to_device(self, stream: &Stream) -> Result<Self::Output> {
+        match self {
+            Ok(t) => t.to_device(stream).map(Ok),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+}
+
+/// A batch that owns one contiguous host storage plus typed metadata (shapes, labels, indices).
+#[derive(Debug)]
+pub struct HostBatch<S, M> {
+    /// The bytes to copy.
+    pub storage: S,
+    /// Metadata that stays on the host and travels with the batch.
+    pub meta: M,
+}
+
+/// The device side of a [`HostBatch`].
+#[derive(Debug)]
+pub struct DeviceBatch<M> {
+    /// The bytes, on the device.
+    pub storage: DeviceBuffer,
+    /// The batch's metadata.
+    pub meta: M,
+}
+
+impl<S: HostMemory, M: Send + 'static> ToDevice for HostBatch<S, M> {
+    type Output = DeviceBatch<M>;
+    fn to_device(self, stream: &Stream) -> Result<DeviceBatch<M>> {
+        Ok(DeviceBatch { storage: upload_new(stream, self.storage)?, meta: self.meta })
+    }
+}
+
+/// A batch handed out by a [`Prefetcher`], with the event its copies complete at.
+#[derive(Debug)]
+#[must_use = "the batch's copies may still be in flight: wait for `ready` before using it"]
+pub struct Prefetched<D> {
+    /// The device-side batch. Copies through this crate order themselves after `ready`; your
+    /// own kernels must not touch it before `ready` (use [`wait_on`](Prefetched::wait_on)).
+    pub batch: D,
+    /// Completes when the batch's copies have.
+    pub ready: Event,
+}
+
+impl<D> Prefetched<D> {
+    /// Makes `compute` wait for the batch's copies (device-side: the host does not block) and
+    /// hands the batch over. This is the stream-to-stream handoff of NVIDIA's data_prefetcher.
+    pub fn wait_on(self, compute: &Stream) -> Result<D> {
+        compute.wait_event(&self.ready)?;
+        Ok(self.batch)
+    }
+
+    /// Blocks the host until the batch's copies are done and hands the batch over.
+    pub fn wait(self) -> Result<D> {
+        self.ready.synchronize()?;
+        Ok(self.batch)
+    }
+}
+
+/// Wraps an iterator of host batches and keeps `depth` of them in flight on a copy stream.
+///
+/// Each [`next`](Iterator::next) hands back the oldest batch with the [`Event`] its copies
+/// complete at, then enqueues the copies of the next batch, so while the consumer computes on
+/// one batch, the next `depth` are being copied. A page-locked source (a pool lease) goes back
+/// to its pool only after its copy has completed.
+///
+/// ```
+/// use longshore_host::{HostBuffer, MemoryKind};
+/// use longshore_transfer::{Device, Prefetcher};
+///
+/// let dev = Device::cpu();
+/// let (copy, compute) = (dev.new_stream()?, dev.new_stream()?);
+/// let batches = (0..5u8).map(|i| HostBuffer::from_slice(MemoryKind::Pageable, &[i; 1024]).unwrap());
+/// for (i, item) in Prefetcher::new(batches, copy, 2)?.enumerate() {
+///     let batch = item?.wait_on(&compute)?; // compute waits for the copy, the host does not
+///     assert_eq!(compute.read_to_vec::<u8>(&batch)?, vec![i as u8; 1024]);
+/// }
+/// # Ok::<(), longshore_transfer::TransferError>(())
+/// ```
+pub struct Prefetcher<I>
+where
+    I: Iterator,
+    I::Item: ToDevice,
+{
+    source: Fuse<I>,
+    stream: Stream,
+    depth: usize,
+    queue: VecDeque<Result<Prefetched<<I::Item as ToDevice>::Output>>>,
+    pulled: u64,
+}
+
+impl<I> Prefetcher<I>
+where
+    I: Iterator,
+    I::Item: ToDevice,
+{
+    /// Prefetches `source` on `stream`, keeping `depth` (at least 1) batches in flight.
+    /// Nothing is pulled from `source` before the first `next`.
+    pub fn new(source: impl IntoIterator<IntoIter = I>, stream: Stream, depth: usize) -> Result<Self> {
+        if depth == 0 {
+            return Err(TransferError::Invalid("a prefetcher needs a depth of at least 1".to_owned()));
+        }
+        Ok(Self { source: source.into_iter().fuse(), stream, depth, queue: VecDeque::with_capacity(depth + 1), pulled: 0 })
+    }
+
+    /// The copy stream.
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+
+    /// The number of batches kept in flight.
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// Batches enqueued and not yet handed out.
+    pub fn in_flight(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Batches pulled from the source so far.
+    pub fn pulled(&self) -> u64 {
+        self.pulled
+    }
+
+    fn fill(&mut self) {
+        while self.queue.len() < self.depth {
+            let Some(item) = self.source.next() else { break };
+            self.pulled += 1;
+            let staged = item
+                .to_device(&self.stream)
+                .and_then(|batch| Ok(Prefetched { batch, ready: self.stream.record()? }));
+            self.queue.push_back(staged);
+        }
+    }
+}
+
+impl<I> Iterator for Prefetcher<I>
+where
+    I: Iterator,
+    I::Item: ToDevice,
+{
+    type Item = Result<Prefetched<<I::Item as ToDevice>::Output>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.fill();
+        let out = self.queue.pop_front();
+        self.fill();
+        out
+    }
+}
+
+impl<I> fmt::Debug for Prefetcher<I>
+where
+    I: Iterator,
+    I::Item: ToDevice,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prefetcher")
+            .field("stream", &self.stream)
+            .field("depth", &self.depth)
+            .field("in_flight", &self.queue.len())
+            .field("pulled", &self.pulled)
+            .finish()
+    }
+}

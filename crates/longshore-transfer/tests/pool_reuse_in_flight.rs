@@ -1,0 +1,62 @@
+//! A pool block uploaded from is not reused until its copy has completed.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolConfig};
+use longshore_transfer::Device;
+
+#[test]
+fn lease_goes_back_to_the_pool_only_after_its_copy() {
+    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20).policy(BudgetPolicy::Error)).unwrap();
+    let stream = Device::cpu().new_stream().unwrap();
+    let mut dst = stream.alloc(1 << 20).unwrap();
+
+    // Make the copy slow on purpose: the stream is blocked until we say so.
+    let (release, gate) = mpsc::channel::<()>();
+    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    let mut lease = pool.alloc(1 << 20).unwrap();
+    lease.as_bytes_mut().fill(0xAB);
+    let first_ptr = lease.as_ptr();
+    let upload = stream.upload(lease, &mut dst).unwrap();
+    let ev = upload.event().clone();
+    drop(upload); // the lease is released while the copy is still queued
+
+    std::thread::sleep(Duration::from_millis(10));
+    let mut other = pool.alloc(1 << 20).unwrap();
+    assert_ne!(other.as_ptr(), first_ptr, "the pool handed out a block an in-flight copy still reads");
+    other.as_bytes_mut().fill(0xCD); // writing the other block cannot disturb the copy
+    drop(other);
+
+    release.send(()).unwrap();
+    ev.synchronize().unwrap();
+    assert_eq!(stream.read_to_vec::<u8>(&dst).unwrap(), vec![0xAB; 1 << 20]);
+
+    // Once the copy is done the first block comes back (the drop is deferred to a helper thread).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut reused = false;
+    while Instant::now() < deadline && !reused {
+        let a = pool.alloc(1 << 20).unwrap();
+        let b = pool.alloc(1 << 20).unwrap();
+        reused = a.as_ptr() == first_ptr || b.as_ptr() == first_ptr;
+        drop((a, b));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(reused, "the block never came back to the pool");
+}
+
+#[test]
+fn host_buffer_source_is_returned_after_the_copy() {
+    let stream = Device::cpu().new_stream().unwrap();
+    let mut dst = stream.alloc(4096).unwrap();
+    let (release, gate) = mpsc::channel::<()>();
+    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    let src = longshore_host::HostBuffer::from_slice(MemoryKind::Pageable, &[1u8; 4096]).unwrap();
+    let upload = stream.upload(src, &mut dst).unwrap();
+    let upload = upload.try_take().expect_err("the source must not come back while the copy is queued");
+    release.send(()).unwrap();
+    let mut src = upload.wait().unwrap();
+    assert!(src.is_idle());
+    src.as_bytes_mut().fill(2); // free to refill now: the device copy keeps the old bytes
+    assert_eq!(stream.read_to_vec::<u8>(&dst).unwrap(), vec![1u8; 4096]);
+}

@@ -1,0 +1,86 @@
+//! The prefetcher keeps `depth` batches in flight, in order, and hands them to a compute stream.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use longshore_host::{HostBuffer, MemoryKind, PinnedPool, PoolConfig};
+use longshore_transfer::{Device, HostBatch, Prefetcher};
+
+fn batch(i: usize) -> HostBuffer {
+    HostBuffer::from_slice(MemoryKind::Pageable, &[i as u32; 256]).unwrap()
+}
+
+#[test]
+fn keeps_depth_batches_in_flight_in_order() {
+    let dev = Device::cpu();
+    let (copy, compute) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let p = pulled.clone();
+    let source = (0..10).map(move |i| {
+        p.fetch_add(1, Ordering::SeqCst);
+        batch(i)
+    });
+    let mut pf = Prefetcher::new(source, copy, 3).unwrap();
+    assert_eq!(pulled.load(Ordering::SeqCst), 0, "nothing is pulled before the first next()");
+    for i in 0..10usize {
+        let item = pf.next().unwrap().unwrap();
+        // After handing out batch i, batches i+1..=i+3 are in flight (fewer near the end).
+        let expect_pulled = (i + 1 + 3).min(10);
+        assert_eq!(pulled.load(Ordering::SeqCst), expect_pulled, "at batch {i}");
+        assert_eq!(pf.in_flight(), expect_pulled - i - 1);
+        let on_device = item.wait_on(&compute).unwrap();
+        assert_eq!(compute.read_to_vec::<u32>(&on_device).unwrap(), vec![i as u32; 256]);
+    }
+    assert!(pf.next().is_none());
+    assert_eq!(pf.pulled(), 10);
+}
+
+#[test]
+fn compute_stream_waits_for_the_copy_device_side() {
+    let dev = Device::cpu();
+    let (copy, compute) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
+    let (release, gate) = mpsc::channel::<()>();
+    copy.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    let mut pf = Prefetcher::new((0..2).map(batch), copy, 1).unwrap();
+    let first = pf.next().unwrap().unwrap();
+    let ready = first.ready.clone();
+    // Handing the batch to the compute stream must not block the host...
+    let on_device = first.wait_on(&compute).unwrap();
+    let marker = compute.record().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    // ...but the compute stream is held back until the copy ran.
+    assert!(!ready.is_complete());
+    assert!(!marker.is_complete());
+    release.send(()).unwrap();
+    marker.synchronize().unwrap();
+    assert_eq!(compute.read_to_vec::<u32>(&on_device).unwrap(), vec![0u32; 256]);
+}
+
+#[test]
+fn pool_leases_and_metadata_flow_through_and_errors_pass_in_order() {
+    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable)).unwrap();
+    let dev = Device::cpu();
+    let copy = dev.new_stream().unwrap();
+    let p = pool.clone();
+    let source = (0..6u32).map(move |i| {
+        if i == 3 {
+            return Err(format!("sample {i} is corrupt"));
+        }
+        let mut lease = p.alloc(64).unwrap();
+        lease.as_mut_slice::<u32>().unwrap().fill(i);
+        Ok(HostBatch { storage: lease, meta: (i, "label") })
+    });
+    let out: Vec<_> = Prefetcher::new(source, copy.clone(), 2).unwrap().map(|r| r.unwrap()).collect();
+    assert_eq!(out.len(), 6);
+    for (i, item) in out.into_iter().enumerate() {
+        match item.wait().unwrap() {
+            Ok(b) => {
+                assert_eq!(b.meta, (i as u32, "label"));
+                assert_eq!(copy.read_to_vec::<u32>(&b.storage).unwrap(), vec![i as u32; 16]);
+            }
+            Err(e) => assert_eq!((i, e.as_str()), (3, "sample 3 is corrupt")),
+        }
+    }
+    assert_eq!(Prefetcher::new(std::iter::empty::<HostBuffer>(), copy.clone(), 0).unwrap_err().to_string(), "invalid argument: a prefetcher needs a depth of at least 1");
+}
