@@ -92,4 +92,7 @@ pub enum LoaderError {
     /// A saved loader state does not fit this loader.
     #[error("cannot restore loader state: {0}")]
     State(String),
+    /// A copy to or from the device failed.
+    #[error(transparent)]
+    Transfer(#[from] longshore_transfer::TransferError),
 }

@@ -36,6 +36,7 @@
 //! * [`LoaderError`]: every error names its worker, batch or sample.
 
 mod config;
+mod device;
 mod engine;
 mod error;
 // The sealed worker-side trait names crate-private task types on purpose: it cannot be
@@ -47,6 +48,7 @@ mod state;
 mod stats;
 
 pub use config::{LoaderConfig, SampleErrorPolicy, WorkerPanicPolicy};
+pub use device::{DeviceBatch, DeviceIter, HostBatch};
 pub use error::LoaderError;
 pub use fetch::{CollateFetch, Fetch, ItemFetch, IterableFetch};
 pub use loader::{

@@ -1,6 +1,38 @@
-//! longshore: a data loader that keeps GPUs fed.
+//! longshore: a data loader that keeps GPUs fed — PyTorch's `DataLoader(pin_memory=True)` and
+//! `.to(device, non_blocking=True)` rebuilt in Rust, with the sharp edges removed by types.
 //!
-//! The facade re-exports each layer as a short module.
+//! A training loop, on the GPU when one is present and on the CPU otherwise:
+//!
+//! ```
+//! use longshore::prelude::*;
+//!
+//! let samples: Vec<([f32; 8], i64)> = (0..256).map(|i| ([i as f32; 8], i % 4)).collect();
+//! let loader = DataLoader::builder(VecDataset::new(samples))
+//!     .batch_size(32).shuffle(true).num_workers(2).pin_memory(true).seed(0).build()?;
+//! let device = Device::cuda(0).unwrap_or_else(|_| Device::cpu());
+//! let compute = device.new_stream()?;
+//! for epoch in 0..2 {
+//!     for batch in loader.to_device(&device, 2)? {
+//!         let batch = batch?.wait_on(&compute)?; // the compute stream waits, the host does not
+//!         assert_eq!(batch.shape(0)?, &[32, 8]); // features: [batch, 8] f32, on `device`
+//!     }
+//!     println!("epoch {epoch}: waited {:.1}% for data", 100.0 * loader.stats().wait_fraction());
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Layers
+//!
+//! * [`host`]: host memory — [`HostBuffer`](host::HostBuffer) knows whether it is pageable
+//!   or page-locked; [`PinnedPool`](host::PinnedPool) caches page-locked blocks under a budget.
+//! * [`transfer`]: devices, streams, events, asynchronous copies, the prefetcher.
+//! * [`data`]: datasets, samplers with PyTorch's semantics, collation, memory-mapped files.
+//! * [`loader`]: the multi-worker [`DataLoader`](loader::DataLoader).
+//!
+//! # Features
+//!
+//! * `cuda` (default): the CUDA backend in every layer. The driver is loaded at run time, so
+//!   this builds and runs on machines without CUDA; `Device::cuda` then returns an error.
 
 #[doc(inline)]
 pub use longshore_data as data;
@@ -10,3 +42,14 @@ pub use longshore_host as host;
 pub use longshore_loader as loader;
 #[doc(inline)]
 pub use longshore_transfer as transfer;
+
+/// What a training loop needs, in one import.
+pub mod prelude {
+    pub use longshore_data::{
+        Batch, BatchSampler, Dataset, DatasetExt, DistributedSampler, IterableDataset,
+        RandomSampler, Sampler, SequentialSampler, VecDataset, WorkerInfo,
+    };
+    pub use longshore_host::{BudgetPolicy, HostBuffer, MemoryKind, PinnedPool, PoolConfig};
+    pub use longshore_loader::{DataLoader, LoaderError, LoaderState, LoaderStats};
+    pub use longshore_transfer::{Device, DeviceBuffer, Event, Pending, Prefetcher, Stream};
+}

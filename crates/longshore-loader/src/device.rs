@@ -1,0 +1,163 @@
+//! Device delivery: [`DataLoader::to_device`] feeds the loader's batches through
+//! longshore-transfer's [`Prefetcher`], so the copy of batch `i + 1` overlaps the compute on
+//! batch `i`, and the page-locked lease of each batch goes back to the pool only once its copy
+//! has completed.
+
+use longshore_data::{Batch, BatchLayout, DType, DataError, TensorSpec};
+use longshore_host::{HostBuffer, PoolBuffer};
+use longshore_transfer::{
+    Device, DeviceBuffer, Prefetched, Prefetcher, Stream, ToDevice, upload_new,
+};
+
+use crate::error::LoaderError;
+use crate::fetch::Fetch;
+use crate::loader::{DataLoader, LoaderIter};
+
+/// A batch on a device: one [`DeviceBuffer`] holding every tensor at the offsets of its
+/// [`BatchLayout`], so the whole batch crossed PCIe in one copy.
+#[derive(Debug)]
+pub struct DeviceBatch {
+    storage: DeviceBuffer,
+    layout: BatchLayout,
+}
+
+impl DeviceBatch {
+    /// The device memory of the whole batch.
+    pub fn storage(&self) -> &DeviceBuffer {
+        &self.storage
+    }
+
+    /// The device memory, writable (for in-place transforms on the device).
+    pub fn storage_mut(&mut self) -> &mut DeviceBuffer {
+        &mut self.storage
+    }
+
+    /// Where each tensor lives in [`storage`](DeviceBatch::storage).
+    pub fn layout(&self) -> &BatchLayout {
+        &self.layout
+    }
+
+    /// Samples in the batch.
+    pub fn batch_size(&self) -> usize {
+        self.layout.batch_size()
+    }
+
+    /// The spec (dtype, shape, offset) of tensor `i`.
+    pub fn spec(&self, i: usize) -> Result<&TensorSpec, DataError> {
+        self.layout
+            .tensors()
+            .get(i)
+            .ok_or(DataError::IndexOutOfRange {
+                index: i,
+                len: self.layout.tensors().len(),
+                what: "batch tensors",
+            })
+    }
+
+    /// The shape of tensor `i`, batch dimension first.
+    pub fn shape(&self, i: usize) -> Result<&[usize], DataError> {
+        self.spec(i).map(|s| &s.shape[..])
+    }
+
+    /// The dtype of tensor `i`.
+    pub fn dtype(&self, i: usize) -> Result<DType, DataError> {
+        self.spec(i).map(|s| s.dtype)
+    }
+
+    /// The CUDA device address of tensor `i` (`None` on the Cpu device), for kernels and BLAS.
+    pub fn cuda_ptr(&self, i: usize) -> Option<u64> {
+        let off = self.spec(i).ok()?.offset as u64;
+        self.storage.cuda_device_ptr().map(|p| p + off)
+    }
+
+    /// Copies the batch back to host memory on `stream` and waits for it (for checks and
+    /// debugging; a training loop never needs this).
+    pub fn to_host(&self, stream: &Stream) -> Result<Batch<HostBuffer>, LoaderError> {
+        let host = HostBuffer::pageable(self.storage.len().max(1))?;
+        let host = stream.download(&self.storage, host)?.wait()?;
+        Ok(Batch::from_parts(self.layout.clone(), host)?)
+    }
+
+    /// The device memory and the layout.
+    pub fn into_parts(self) -> (BatchLayout, DeviceBuffer) {
+        (self.layout, self.storage)
+    }
+}
+
+/// A host batch on its way to a device.
+#[derive(Debug)]
+pub struct HostBatch(pub Batch<PoolBuffer>);
+
+impl ToDevice for HostBatch {
+    type Output = DeviceBatch;
+    fn to_device(self, stream: &Stream) -> longshore_transfer::Result<DeviceBatch> {
+        let (layout, storage) = self.0.into_parts();
+        // The lease is moved into the copy and returns to its pool once the copy completes.
+        Ok(DeviceBatch {
+            storage: upload_new(stream, storage)?,
+            layout,
+        })
+    }
+}
+
+type Source<F> = std::iter::Map<
+    LoaderIter<F>,
+    fn(Result<Batch<PoolBuffer>, LoaderError>) -> Result<HostBatch, LoaderError>,
+>;
+
+/// One epoch of a [`DataLoader`] delivered to a device; see [`DataLoader::to_device`].
+pub struct DeviceIter<F: Fetch<Output = Batch<PoolBuffer>>> {
+    inner: Prefetcher<Source<F>>,
+}
+
+impl<F: Fetch<Output = Batch<PoolBuffer>>> std::fmt::Debug for DeviceIter<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceIter")
+            .field("prefetcher", &self.inner)
+            .finish()
+    }
+}
+
+impl<F: Fetch<Output = Batch<PoolBuffer>>> DeviceIter<F> {
+    /// The copy stream.
+    pub fn copy_stream(&self) -> &Stream {
+        self.inner.stream()
+    }
+}
+
+impl<F: Fetch<Output = Batch<PoolBuffer>>> Iterator for DeviceIter<F> {
+    type Item = Result<Prefetched<DeviceBatch>, LoaderError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(match self.inner.next()? {
+            Err(e) => Err(LoaderError::from(e)),
+            Ok(Prefetched { batch: Err(e), .. }) => Err(e),
+            Ok(Prefetched {
+                batch: Ok(batch),
+                ready,
+            }) => Ok(Prefetched { batch, ready }),
+        })
+    }
+}
+
+fn wrap(r: Result<Batch<PoolBuffer>, LoaderError>) -> Result<HostBatch, LoaderError> {
+    r.map(HostBatch)
+}
+
+impl<F: Fetch<Output = Batch<PoolBuffer>>> DataLoader<F> {
+    /// Iterates one epoch with every batch copied to `device` on a dedicated copy stream,
+    /// keeping `depth` batches in flight (PyTorch: `pin_memory=True` plus
+    /// `.to(device, non_blocking=True)`, done right).
+    ///
+    /// Each item is a [`Prefetched`] batch with the event its copy completes at: call
+    /// [`wait_on`](Prefetched::wait_on) with your compute stream (the GPU waits, the host does
+    /// not) or [`wait`](Prefetched::wait). With `pin_memory` the copies are direct DMA from
+    /// the batch's page-locked lease, which returns to the pool only after its copy.
+    pub fn to_device(&self, device: &Device, depth: usize) -> Result<DeviceIter<F>, LoaderError> {
+        let stream = device.new_stream()?;
+        let source: Source<F> = self.iter().map(wrap as fn(_) -> _);
+        Ok(DeviceIter {
+            inner: Prefetcher::new(source, stream, depth.max(1))?,
+        })
+    }
+}

@@ -1,0 +1,33 @@
+//! The paths the docs tell users to write resolve through the facade.
+
+use longshore::prelude::*;
+
+#[test]
+fn documented_paths_resolve() {
+    let _: fn(usize) -> longshore::host::Result<longshore::host::HostBuffer> = longshore::host::HostBuffer::pageable;
+    let _ = longshore::host::PoolConfig::for_kind(longshore::host::MemoryKind::Pageable);
+    let _: fn() -> longshore::transfer::Device = longshore::transfer::Device::cpu;
+    let _ = longshore::data::SequentialSampler::new(3);
+    let _: Option<longshore::loader::SampleErrorPolicy> = None;
+    let _: Option<longshore::loader::DeviceBatch> = None;
+    let _: Option<LoaderState> = None;
+    let _: Option<LoaderStats> = None;
+    let _: Option<Box<dyn Sampler>> = None;
+    let _ = Device::cpu();
+    let _ = MemoryKind::PageLocked;
+    let _ = BudgetPolicy::FallbackPageable;
+}
+
+#[test]
+fn prelude_builds_a_loader_and_delivers_to_the_cpu_device() {
+    let data: Vec<([f32; 2], i64)> = (0..10).map(|i| ([i as f32; 2], i)).collect();
+    let loader = DataLoader::builder(VecDataset::new(data)).batch_size(5).build().unwrap();
+    let dev = Device::cpu();
+    let compute = dev.new_stream().unwrap();
+    let mut labels = Vec::new();
+    for b in loader.to_device(&dev, 2).unwrap() {
+        let b = b.unwrap().wait_on(&compute).unwrap();
+        labels.extend_from_slice(b.to_host(&compute).unwrap().tensor::<i64>(1).unwrap());
+    }
+    assert_eq!(labels, (0..10).collect::<Vec<i64>>());
+}
