@@ -32,7 +32,10 @@
 //!   [`LoaderIter`]; [`LoaderConfig`] holds the options.
 //! * [`SampleErrorPolicy`], [`WorkerPanicPolicy`]: what faults do.
 //! * [`LoaderState`]: `state_dict()` / `load_state_dict()` for mid-epoch resume.
-//! * [`LoaderStats`]: who is the bottleneck (`wait_fraction`).
+//! * [`LoaderStats`]: who is the bottleneck (`wait_fraction`); [`Tuner`] picks `num_workers`
+//!   and `pin_memory` by measuring.
+//! * [`DataLoader::to_device`]: batches on a device through the prefetcher ([`DeviceBatch`]);
+//!   [`DataLoader::stream`]: an async stream (feature `tokio`, on by default).
 //! * [`LoaderError`]: every error names its worker, batch or sample.
 
 mod config;
@@ -46,6 +49,9 @@ mod fetch;
 mod loader;
 mod state;
 mod stats;
+#[cfg(feature = "tokio")]
+mod stream;
+mod tuner;
 
 pub use config::{LoaderConfig, SampleErrorPolicy, WorkerPanicPolicy};
 pub use device::{DeviceBatch, DeviceIter, HostBatch};
@@ -56,3 +62,6 @@ pub use loader::{
 };
 pub use state::LoaderState;
 pub use stats::LoaderStats;
+#[cfg(feature = "tokio")]
+pub use stream::LoaderStream;
+pub use tuner::{Trial, TuneReport, Tuner};

@@ -4,7 +4,8 @@ use longshore::prelude::*;
 
 #[test]
 fn documented_paths_resolve() {
-    let _: fn(usize) -> longshore::host::Result<longshore::host::HostBuffer> = longshore::host::HostBuffer::pageable;
+    let _: fn(usize) -> longshore::host::Result<longshore::host::HostBuffer> =
+        longshore::host::HostBuffer::pageable;
     let _ = longshore::host::PoolConfig::for_kind(longshore::host::MemoryKind::Pageable);
     let _: fn() -> longshore::transfer::Device = longshore::transfer::Device::cpu;
     let _ = longshore::data::SequentialSampler::new(3);
@@ -21,7 +22,10 @@ fn documented_paths_resolve() {
 #[test]
 fn prelude_builds_a_loader_and_delivers_to_the_cpu_device() {
     let data: Vec<([f32; 2], i64)> = (0..10).map(|i| ([i as f32; 2], i)).collect();
-    let loader = DataLoader::builder(VecDataset::new(data)).batch_size(5).build().unwrap();
+    let loader = DataLoader::builder(VecDataset::new(data))
+        .batch_size(5)
+        .build()
+        .unwrap();
     let dev = Device::cpu();
     let compute = dev.new_stream().unwrap();
     let mut labels = Vec::new();
