@@ -43,6 +43,14 @@ pub use longshore_loader as loader;
 #[doc(inline)]
 pub use longshore_transfer as transfer;
 
+/// The user guide (`docs/guide.md`), whose examples are compiled and run as doctests.
+#[doc = include_str!("../../../docs/guide.md")]
+pub mod guide {}
+
+/// The architecture notes (`docs/architecture.md`).
+#[doc = include_str!("../../../docs/architecture.md")]
+pub mod architecture {}
+
 /// What a training loop needs, in one import.
 pub mod prelude {
     pub use longshore_data::{
