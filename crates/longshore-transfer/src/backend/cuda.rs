@@ -29,7 +29,11 @@ pub(crate) struct CudaDevice {
 /// Opens (once per process) the primary context of GPU `ordinal`.
 pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     if let Err(e) = longshore_host::driver_status() {
-        return Err(TransferError::CudaUnavailable { ordinal, reason: e.to_string() });
+        let reason = match e {
+            longshore_host::HostError::CudaUnavailable { reason } => reason,
+            other => other.to_string(),
+        };
+        return Err(TransferError::CudaUnavailable { ordinal, reason });
     }
     static DEVICES: OnceLock<Mutex<Vec<Arc<CudaDevice>>>> = OnceLock::new();
     let devices = DEVICES.get_or_init(Default::default);
