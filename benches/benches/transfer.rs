@@ -105,13 +105,21 @@ fn run_matrix(c: &mut Criterion, case: &Case<'_>, sources: &[Source], budget: Du
                 Some(b)
             }
             Err(e) => {
-                println!("transfer {device_label} {} {}: skipped, cannot allocate the host buffer: {e}", source.name(), mib(size));
+                println!(
+                    "transfer {device_label} {} {}: skipped, cannot allocate the host buffer: {e}",
+                    source.name(),
+                    mib(size)
+                );
                 continue;
             }
         };
         for dir in ["h2d", "d2h"] {
             if dir == "d2h" && matches!(source, Source::PageableStaged) {
-                println!("transfer {device_label} d2h {} {}: n/a (device->host copies are not staged)", source.name(), mib(size));
+                println!(
+                    "transfer {device_label} d2h {} {}: n/a (device->host copies are not staged)",
+                    source.name(),
+                    mib(size)
+                );
                 continue;
             }
             // The compact table line, from our own timing.
@@ -121,9 +129,13 @@ fn run_matrix(c: &mut Criterion, case: &Case<'_>, sources: &[Source], budget: Du
                 median_secs(budget, || engine_d2h(stream, &mut host, &dev))
             };
             let bare = if dir == "h2d" {
-                median_secs(budget, || bare_htod(stream, host.as_ref().expect("host").as_bytes(), &mut dev).expect("bare h2d"))
+                median_secs(budget, || {
+                    bare_htod(stream, host.as_ref().expect("host").as_bytes(), &mut dev).expect("bare h2d")
+                })
             } else {
-                median_secs(budget, || bare_dtoh(stream, &dev, host.as_mut().expect("host").as_bytes_mut()).expect("bare d2h"))
+                median_secs(budget, || {
+                    bare_dtoh(stream, &dev, host.as_mut().expect("host").as_bytes_mut()).expect("bare d2h")
+                })
             };
             println!(
                 "transfer {device_label} {dir} {:<16} {:>7}: engine {:7.2} GB/s, bare {:7.2} GB/s, engine/bare {:5.2}",
@@ -153,9 +165,13 @@ fn run_matrix(c: &mut Criterion, case: &Case<'_>, sources: &[Source], budget: Du
             });
             group.bench_function(BenchmarkId::new(format!("{}/bare", source.name()), mib(size)), |b| {
                 if dir == "h2d" {
-                    b.iter(|| bare_htod(stream, black_box(host.as_ref().expect("host").as_bytes()), &mut dev).expect("bare"))
+                    b.iter(|| {
+                        bare_htod(stream, black_box(host.as_ref().expect("host").as_bytes()), &mut dev).expect("bare")
+                    })
                 } else {
-                    b.iter(|| bare_dtoh(stream, &dev, black_box(host.as_mut().expect("host").as_bytes_mut())).expect("bare"))
+                    b.iter(|| {
+                        bare_dtoh(stream, &dev, black_box(host.as_mut().expect("host").as_bytes_mut())).expect("bare")
+                    })
                 }
             });
             group.finish();

@@ -39,7 +39,13 @@ fn assert_same(got: &[u8], want: &[u8], what: &str) {
     }
 }
 
-fn download_check(stream: &Stream, dev_buf: &longshore_transfer::DeviceBuffer, want: &[u8], kind: MemoryKind, what: &str) {
+fn download_check(
+    stream: &Stream,
+    dev_buf: &longshore_transfer::DeviceBuffer,
+    want: &[u8],
+    kind: MemoryKind,
+    what: &str,
+) {
     let mut out = HostBuffer::alloc(kind, want.len()).unwrap();
     out.as_bytes_mut().fill(0x5A); // poison
     let out = stream.download(dev_buf, out).unwrap().wait().unwrap();

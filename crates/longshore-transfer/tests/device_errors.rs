@@ -12,7 +12,13 @@ fn cuda_device_reports_why_it_cannot_open() {
         }
         Err(e) => {
             let msg = e.to_string();
-            assert!(matches!(e, TransferError::CudaUnavailable { ordinal: 0, .. } | TransferError::NoSuchDevice { ordinal: 0, .. }), "{msg}");
+            assert!(
+                matches!(
+                    e,
+                    TransferError::CudaUnavailable { ordinal: 0, .. } | TransferError::NoSuchDevice { ordinal: 0, .. }
+                ),
+                "{msg}"
+            );
             assert!(msg.starts_with("cannot open cuda:0: "), "{msg}");
             if !longshore_host::driver_available() {
                 let reason = longshore_host::driver_unavailable_reason().unwrap();

@@ -124,8 +124,9 @@ impl CuMem {
         let ptr = if dev.async_alloc {
             // SAFETY: the context is bound and `stream` is a live stream of it; the memory is
             // uninitialised bytes, which is fine for a byte buffer only reached through copies.
-            unsafe { result::malloc_async(stream.cu_stream(), len) }
-                .map_err(|e| err("cuMemAllocAsync", e, dev.ordinal, format!("allocating {len} bytes on stream {stream_id}")))?
+            unsafe { result::malloc_async(stream.cu_stream(), len) }.map_err(|e| {
+                err("cuMemAllocAsync", e, dev.ordinal, format!("allocating {len} bytes on stream {stream_id}"))
+            })?
         } else {
             // SAFETY: the context is bound; the memory is only reached through copies.
             unsafe { result::malloc_sync(len) }
@@ -174,7 +175,12 @@ impl CuMem {
 /// `dst..dst+len` is device memory of the stream's context; `src..src+len` stays valid and
 /// unwritten until the copy completes (for page-locked memory) or until this returns (for
 /// pageable memory, which the driver consumes before returning).
-pub(crate) unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, src: *const u8, len: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn htod(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    src: *const u8,
+    len: usize,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.cu_stream()) }.result()
 }
@@ -184,7 +190,12 @@ pub(crate) unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, src: *cons
 /// # Safety
 /// `src..src+len` is device memory of the stream's context; `dst..dst+len` stays valid and is
 /// not accessed by anyone else until the copy completes.
-pub(crate) unsafe fn dtoh(stream: &CudaStream, dst: *mut u8, src: sys::CUdeviceptr, len: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn dtoh(
+    stream: &CudaStream,
+    dst: *mut u8,
+    src: sys::CUdeviceptr,
+    len: usize,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.cu_stream()) }.result()
 }
@@ -193,7 +204,12 @@ pub(crate) unsafe fn dtoh(stream: &CudaStream, dst: *mut u8, src: sys::CUdevicep
 ///
 /// # Safety
 /// `dst..dst+len` is device memory of the stream's context.
-pub(crate) unsafe fn memset(stream: &CudaStream, dst: sys::CUdeviceptr, byte: u8, len: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn memset(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    byte: u8,
+    len: usize,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { result::memset_d8_async(dst, byte, len, stream.cu_stream()) }
 }
@@ -202,7 +218,12 @@ pub(crate) unsafe fn memset(stream: &CudaStream, dst: sys::CUdeviceptr, byte: u8
 ///
 /// # Safety
 /// Both ranges are device memory of the stream's context.
-pub(crate) unsafe fn dtod(stream: &CudaStream, dst: sys::CUdeviceptr, src: sys::CUdeviceptr, len: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn dtod(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    len: usize,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { result::memcpy_dtod_async(dst, src, len, stream.cu_stream()) }
 }
