@@ -52,9 +52,39 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     // SAFETY: this crate never uses cudarc's CudaSlice, the only user of event tracking.
     unsafe { ctx.disable_event_tracking() };
     let async_alloc = ctx.has_async_alloc();
+    if async_alloc {
+        keep_pool_memory(&ctx, ordinal);
+    }
     let dev = Arc::new(CudaDevice { ctx, ordinal, async_alloc });
     guard.push(dev.clone());
     Ok(dev)
+}
+
+/// Makes the device's default memory pool keep freed memory cached instead of returning it to
+/// the OS at every synchronisation (release threshold 0, the default), so that one device batch
+/// per step costs no `cuMemAllocAsync` round trip to the OS: the device-side twin of the pinned
+/// pool. Failure only costs speed, so it is logged.
+fn keep_pool_memory(ctx: &CudaContext, ordinal: usize) {
+    // SAFETY: `cu_device` is a device returned by the driver for this context.
+    let pool = match unsafe { result::device::get_default_mem_pool(ctx.cu_device()) } {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(target: "longshore::transfer", device = ordinal, error = ?e.0, "cannot get the default memory pool");
+            return;
+        }
+    };
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: the pool is valid and this attribute takes a pointer to a cuuint64_t.
+    let rc = unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    };
+    if let Err(e) = rc {
+        tracing::warn!(target: "longshore::transfer", device = ordinal, error = ?e.0, "cannot set the memory pool release threshold");
+    }
 }
 
 impl CudaDevice {
