@@ -34,8 +34,14 @@ pub fn bare_htod(stream: &Stream, src: &[u8], dst: &mut DeviceBuffer) -> Result<
         (StreamBackend::Cuda { dev, stream: s }, DeviceMem::Cuda(m)) => {
             dev.bind()?;
             // SAFETY: the range fits `m` (checked), and we synchronise before `src`'s borrow ends.
-            unsafe { crate::backend::cuda::htod(s, m.ptr, src.as_ptr(), src.len()) }
-                .map_err(|e| crate::backend::cuda::err("cuMemcpyHtoDAsync", e, dev.ordinal, format!("bare copy of {} bytes", src.len())))?;
+            unsafe { crate::backend::cuda::htod(s, m.ptr, src.as_ptr(), src.len()) }.map_err(|e| {
+                crate::backend::cuda::err(
+                    "cuMemcpyHtoDAsync",
+                    e,
+                    dev.ordinal,
+                    format!("bare copy of {} bytes", src.len()),
+                )
+            })?;
             s.synchronize().map_err(|e| crate::backend::cuda::err("cuStreamSynchronize", e, dev.ordinal, "bare copy"))
         }
         #[cfg(feature = "cuda")]
@@ -57,8 +63,14 @@ pub fn bare_dtoh(stream: &Stream, src: &DeviceBuffer, dst: &mut [u8]) -> Result<
         (StreamBackend::Cuda { dev, stream: s }, DeviceMem::Cuda(m)) => {
             dev.bind()?;
             // SAFETY: the range fits `m` (checked), and we synchronise before `dst`'s borrow ends.
-            unsafe { crate::backend::cuda::dtoh(s, dst.as_mut_ptr(), m.ptr, dst.len()) }
-                .map_err(|e| crate::backend::cuda::err("cuMemcpyDtoHAsync", e, dev.ordinal, format!("bare copy of {} bytes", dst.len())))?;
+            unsafe { crate::backend::cuda::dtoh(s, dst.as_mut_ptr(), m.ptr, dst.len()) }.map_err(|e| {
+                crate::backend::cuda::err(
+                    "cuMemcpyDtoHAsync",
+                    e,
+                    dev.ordinal,
+                    format!("bare copy of {} bytes", dst.len()),
+                )
+            })?;
             s.synchronize().map_err(|e| crate::backend::cuda::err("cuStreamSynchronize", e, dev.ordinal, "bare copy"))
         }
         #[cfg(feature = "cuda")]

@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use crate::backend::cpu::CpuMem;
 use crate::device::Device;
 use crate::error::{Result, TransferError};
+use crate::event::Event;
 #[cfg(feature = "cuda")]
 use crate::event::EventInner;
-use crate::event::Event;
 use crate::stream::Stream;
 
 pub(crate) enum DeviceMem {

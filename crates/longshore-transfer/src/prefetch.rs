@@ -178,7 +178,13 @@ where
         if depth == 0 {
             return Err(TransferError::Invalid("a prefetcher needs a depth of at least 1".to_owned()));
         }
-        Ok(Self { source: source.into_iter().fuse(), stream, depth, queue: VecDeque::with_capacity(depth + 1), pulled: 0 })
+        Ok(Self {
+            source: source.into_iter().fuse(),
+            stream,
+            depth,
+            queue: VecDeque::with_capacity(depth + 1),
+            pulled: 0,
+        })
     }
 
     /// The copy stream.
@@ -205,9 +211,8 @@ where
         while self.queue.len() < self.depth {
             let Some(item) = self.source.next() else { break };
             self.pulled += 1;
-            let staged = item
-                .to_device(&self.stream)
-                .and_then(|batch| Ok(Prefetched { batch, ready: self.stream.record()? }));
+            let staged =
+                item.to_device(&self.stream).and_then(|batch| Ok(Prefetched { batch, ready: self.stream.record()? }));
             self.queue.push_back(staged);
         }
     }

@@ -52,7 +52,12 @@ pub struct StagingConfig {
 impl Default for StagingConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
-        Self { chunk_bytes: 4 << 20, threads: (cores / 2).clamp(1, 8), in_flight_per_thread: 2, auto_min_bytes: 8 << 20 }
+        Self {
+            chunk_bytes: 4 << 20,
+            threads: (cores / 2).clamp(1, 8),
+            in_flight_per_thread: 2,
+            auto_min_bytes: 8 << 20,
+        }
     }
 }
 
@@ -104,11 +109,21 @@ impl Stager {
     pub fn upload(&self, stream: &Stream, src: &[u8], dst: &mut DeviceBuffer, offset: usize) -> Result<Event> {
         for (what, id) in [("the stream", stream.device().id()), ("the destination buffer", dst.device().id())] {
             if id != self.device.id() {
-                return Err(TransferError::DeviceMismatch { op: "staged upload", what, expected: self.device.id(), found: id });
+                return Err(TransferError::DeviceMismatch {
+                    op: "staged upload",
+                    what,
+                    expected: self.device.id(),
+                    found: id,
+                });
             }
         }
         if offset.checked_add(src.len()).is_none_or(|end| end > dst.len()) {
-            return Err(TransferError::OutOfBounds { op: "staged upload", bytes: src.len(), offset, capacity: dst.len() });
+            return Err(TransferError::OutOfBounds {
+                op: "staged upload",
+                bytes: src.len(),
+                offset,
+                capacity: dst.len(),
+            });
         }
         dst.before_write(stream)?;
         self.upload_raw(stream, src, dst, offset)?;

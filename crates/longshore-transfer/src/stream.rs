@@ -17,7 +17,10 @@ use crate::staging::UploadMode;
 pub(crate) enum StreamBackend {
     Cpu(CpuStream),
     #[cfg(feature = "cuda")]
-    Cuda { dev: Arc<crate::backend::cuda::CudaDevice>, stream: Arc<cudarc::driver::CudaStream> },
+    Cuda {
+        dev: Arc<crate::backend::cuda::CudaDevice>,
+        stream: Arc<cudarc::driver::CudaStream>,
+    },
 }
 
 struct StreamShared {
@@ -72,9 +75,10 @@ impl Stream {
             DeviceId::Cuda(_ordinal) => {
                 #[cfg(feature = "cuda")]
                 {
-                    let dev = device.cuda_device().cloned().ok_or_else(|| {
-                        TransferError::Invalid(format!("{} has no CUDA backend", device.id()))
-                    })?;
+                    let dev = device
+                        .cuda_device()
+                        .cloned()
+                        .ok_or_else(|| TransferError::Invalid(format!("{} has no CUDA backend", device.id())))?;
                     let stream = dev.new_stream()?;
                     StreamBackend::Cuda { dev, stream }
                 }
@@ -147,16 +151,14 @@ impl Stream {
                 }))
             }
             #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { dev, stream }, EventInner::Cuda(e)) => {
-                stream.wait(e.raw()).map_err(|err| {
-                    crate::backend::cuda::err(
-                        "cuStreamWaitEvent",
-                        err,
-                        dev.ordinal,
-                        format!("making stream {} wait on an event of stream {}", self.id(), event.stream_id()),
-                    )
-                })
-            }
+            (StreamBackend::Cuda { dev, stream }, EventInner::Cuda(e)) => stream.wait(e.raw()).map_err(|err| {
+                crate::backend::cuda::err(
+                    "cuStreamWaitEvent",
+                    err,
+                    dev.ordinal,
+                    format!("making stream {} wait on an event of stream {}", self.id(), event.stream_id()),
+                )
+            }),
             #[cfg(feature = "cuda")]
             (StreamBackend::Cuda { .. }, EventInner::Cpu(_)) => {
                 Err(self.mismatch("wait_event", "the event", event.device()))
@@ -189,7 +191,9 @@ impl Stream {
             return Err(TransferError::ZeroSize { device: self.device().id() });
         }
         match self.backend() {
-            StreamBackend::Cpu(_) => Ok(DeviceBuffer::new(DeviceMem::Cpu(CpuMem::new(len)), len, self.device().clone(), None)),
+            StreamBackend::Cpu(_) => {
+                Ok(DeviceBuffer::new(DeviceMem::Cpu(CpuMem::new(len)), len, self.device().clone(), None))
+            }
             #[cfg(feature = "cuda")]
             StreamBackend::Cuda { dev, stream } => {
                 let mem = crate::backend::cuda::CuMem::alloc(dev, stream, len, self.id())?;
@@ -221,7 +225,12 @@ impl Stream {
                 // SAFETY: `m` is a live allocation of `len` bytes in this stream's context
                 // (checked by device id above).
                 unsafe { crate::backend::cuda::memset(stream, m.ptr, byte, len) }.map_err(|e| {
-                    crate::backend::cuda::err("cuMemsetD8Async", e, dev.ordinal, format!("filling {len} bytes on stream {}", self.id()))
+                    crate::backend::cuda::err(
+                        "cuMemsetD8Async",
+                        e,
+                        dev.ordinal,
+                        format!("filling {len} bytes on stream {}", self.id()),
+                    )
                 })?;
             }
             #[cfg(feature = "cuda")]
@@ -325,7 +334,13 @@ impl Stream {
     }
 
     /// The pageable path, without tracking; `src` is consumed when this returns.
-    pub(crate) fn upload_pageable_raw(&self, src: &[u8], dst: &DeviceBuffer, offset: usize, mode: UploadMode) -> Result<()> {
+    pub(crate) fn upload_pageable_raw(
+        &self,
+        src: &[u8],
+        dst: &DeviceBuffer,
+        offset: usize,
+        mode: UploadMode,
+    ) -> Result<()> {
         if src.is_empty() {
             return Ok(());
         }
@@ -350,14 +365,16 @@ impl Stream {
                 // SAFETY: the range fits `m` (checked by the callers); `src` is borrowed for
                 // the whole call, and the driver consumes pageable memory before returning. If
                 // the slice is page-locked, we wait below until the copy is done.
-                unsafe { crate::backend::cuda::htod(stream, m.ptr + offset as u64, src.as_ptr(), src.len()) }.map_err(|e| {
-                    crate::backend::cuda::err(
-                        "cuMemcpyHtoDAsync",
-                        e,
-                        dev.ordinal,
-                        format!("copying {} pageable bytes to offset {offset} on stream {}", src.len(), self.id()),
-                    )
-                })?;
+                unsafe { crate::backend::cuda::htod(stream, m.ptr + offset as u64, src.as_ptr(), src.len()) }.map_err(
+                    |e| {
+                        crate::backend::cuda::err(
+                            "cuMemcpyHtoDAsync",
+                            e,
+                            dev.ordinal,
+                            format!("copying {} pageable bytes to offset {offset} on stream {}", src.len(), self.id()),
+                        )
+                    },
+                )?;
                 if !matches!(longshore_host::is_driver_host_memory(src.as_ptr()), Ok(false)) {
                     self.synchronize()?;
                 }
@@ -404,7 +421,11 @@ impl Stream {
                         "cuMemcpyDtoHAsync",
                         e,
                         dev.ordinal,
-                        format!("copying {len} bytes from offset {offset} into {} memory on stream {}", dst.kind(), self.id()),
+                        format!(
+                            "copying {len} bytes from offset {offset} into {} memory on stream {}",
+                            dst.kind(),
+                            self.id()
+                        ),
                     )
                 })?;
             }
@@ -418,7 +439,14 @@ impl Stream {
     }
 
     /// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`, on the device.
-    pub fn copy(&self, src: &DeviceBuffer, src_offset: usize, dst: &mut DeviceBuffer, dst_offset: usize, len: usize) -> Result<()> {
+    pub fn copy(
+        &self,
+        src: &DeviceBuffer,
+        src_offset: usize,
+        dst: &mut DeviceBuffer,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()> {
         self.check_device("copy", "the source buffer", src.device().id())?;
         self.check_device("copy", "the destination buffer", dst.device().id())?;
         bounds("copy (source)", len, src_offset, src.len())?;
@@ -426,13 +454,19 @@ impl Stream {
         src.before_read(self)?;
         dst.before_write(self)?;
         match (self.backend(), &src.mem, &dst.mem) {
-            (StreamBackend::Cpu(s), DeviceMem::Cpu(a), DeviceMem::Cpu(b)) => cpu::enqueue_dtod(s, a, src_offset, b, dst_offset, len)?,
+            (StreamBackend::Cpu(s), DeviceMem::Cpu(a), DeviceMem::Cpu(b)) => {
+                cpu::enqueue_dtod(s, a, src_offset, b, dst_offset, len)?
+            }
             #[cfg(feature = "cuda")]
             (StreamBackend::Cuda { dev, stream }, DeviceMem::Cuda(a), DeviceMem::Cuda(b)) => {
                 dev.bind()?;
                 // SAFETY: both ranges were checked against their allocations in this context.
-                unsafe { crate::backend::cuda::dtod(stream, b.ptr + dst_offset as u64, a.ptr + src_offset as u64, len) }
-                    .map_err(|e| crate::backend::cuda::err("cuMemcpyDtoDAsync", e, dev.ordinal, format!("copying {len} bytes")))?;
+                unsafe {
+                    crate::backend::cuda::dtod(stream, b.ptr + dst_offset as u64, a.ptr + src_offset as u64, len)
+                }
+                .map_err(|e| {
+                    crate::backend::cuda::err("cuMemcpyDtoDAsync", e, dev.ordinal, format!("copying {len} bytes"))
+                })?;
             }
             #[cfg(feature = "cuda")]
             _ => return Err(self.mismatch("copy", "a buffer", dst.device().id())),

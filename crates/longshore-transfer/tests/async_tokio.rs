@@ -10,7 +10,11 @@ use longshore_transfer::Device;
 async fn await_pending_download_and_upload_on_a_single_threaded_runtime() {
     let stream = Device::cpu().new_stream().unwrap();
     let (release, gate) = mpsc::channel::<()>();
-    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
     let mut dst = stream.alloc(4096).unwrap();
     let up = stream.upload(HostBuffer::from_slice(MemoryKind::Pageable, &[9u8; 4096]).unwrap(), &mut dst).unwrap();
     let down = stream.download(&dst, HostBuffer::pageable(4096).unwrap()).unwrap();

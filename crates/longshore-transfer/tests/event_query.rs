@@ -11,7 +11,11 @@ use longshore_transfer::{Device, Event};
 fn event_completes_once_the_work_before_it_has_run() {
     let stream = Device::cpu().new_stream().unwrap();
     let (release, gate) = mpsc::channel::<()>();
-    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
     let ev = stream.record().unwrap();
     let fired = Arc::new(AtomicUsize::new(0));
     let f = fired.clone();

@@ -12,7 +12,11 @@ fn pending_is_not_ready_until_the_copy_ran() {
     let data: Vec<u32> = (0..1024).collect();
     let on_device = stream.to_device(&data).unwrap();
     let (release, gate) = mpsc::channel::<()>();
-    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
     let mut out = HostBuffer::pageable(4096).unwrap();
     out.as_mut_slice::<u32>().unwrap().fill(0xDEAD_BEEF);
     let pending = stream.download(&on_device, out).unwrap();
@@ -39,7 +43,11 @@ fn dropping_a_pending_download_is_safe_while_the_copy_is_in_flight() {
     let stream = Device::cpu().new_stream().unwrap();
     let on_device = stream.to_device(&[7u8; 1 << 16]).unwrap();
     let (release, gate) = mpsc::channel::<()>();
-    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
     let pending = stream.download(&on_device, HostBuffer::pageable(1 << 16).unwrap()).unwrap();
     let ev = pending.event().clone();
     drop(pending); // must neither block nor free the buffer under the copy

@@ -8,13 +8,18 @@ use longshore_transfer::Device;
 
 #[test]
 fn lease_goes_back_to_the_pool_only_after_its_copy() {
-    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20).policy(BudgetPolicy::Error)).unwrap();
+    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20).policy(BudgetPolicy::Error))
+        .unwrap();
     let stream = Device::cpu().new_stream().unwrap();
     let mut dst = stream.alloc(1 << 20).unwrap();
 
     // Make the copy slow on purpose: the stream is blocked until we say so.
     let (release, gate) = mpsc::channel::<()>();
-    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
     let mut lease = pool.alloc(1 << 20).unwrap();
     lease.as_bytes_mut().fill(0xAB);
     let first_ptr = lease.as_ptr();
@@ -50,7 +55,11 @@ fn host_buffer_source_is_returned_after_the_copy() {
     let stream = Device::cpu().new_stream().unwrap();
     let mut dst = stream.alloc(4096).unwrap();
     let (release, gate) = mpsc::channel::<()>();
-    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
     let src = longshore_host::HostBuffer::from_slice(MemoryKind::Pageable, &[1u8; 4096]).unwrap();
     let upload = stream.upload(src, &mut dst).unwrap();
     let upload = upload.try_take().expect_err("the source must not come back while the copy is queued");

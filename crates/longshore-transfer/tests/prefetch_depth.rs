@@ -41,7 +41,10 @@ fn compute_stream_waits_for_the_copy_device_side() {
     let dev = Device::cpu();
     let (copy, compute) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
     let (release, gate) = mpsc::channel::<()>();
-    copy.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    copy.launch_host_fn(move || {
+        let _ = gate.recv();
+    })
+    .unwrap();
     let mut pf = Prefetcher::new((0..2).map(batch), copy, 1).unwrap();
     let first = pf.next().unwrap().unwrap();
     let ready = first.ready.clone();
@@ -82,5 +85,8 @@ fn pool_leases_and_metadata_flow_through_and_errors_pass_in_order() {
             Err(e) => assert_eq!((i, e.as_str()), (3, "sample 3 is corrupt")),
         }
     }
-    assert_eq!(Prefetcher::new(std::iter::empty::<HostBuffer>(), copy.clone(), 0).unwrap_err().to_string(), "invalid argument: a prefetcher needs a depth of at least 1");
+    assert_eq!(
+        Prefetcher::new(std::iter::empty::<HostBuffer>(), copy.clone(), 0).unwrap_err().to_string(),
+        "invalid argument: a prefetcher needs a depth of at least 1"
+    );
 }

@@ -15,7 +15,9 @@ fn random(len: usize, seed: u64) -> Vec<u8> {
 fn staged_upload_with_several_threads_and_odd_sizes() {
     let dev = Device::cpu();
     let stream = dev.new_stream().unwrap();
-    let stager = Stager::new(&dev, StagingConfig { chunk_bytes: 4096, threads: 4, in_flight_per_thread: 2, auto_min_bytes: 1 }).unwrap();
+    let stager =
+        Stager::new(&dev, StagingConfig { chunk_bytes: 4096, threads: 4, in_flight_per_thread: 2, auto_min_bytes: 1 })
+            .unwrap();
     for (i, len) in [1usize, 4095, 4096, 4097, 3 * 4096 + 7, 300_001].into_iter().enumerate() {
         let data = random(len, i as u64);
         let mut dst = stream.alloc(len + 13).unwrap();
@@ -34,7 +36,11 @@ fn staged_upload_with_several_threads_and_odd_sizes() {
 fn auto_direct_and_staged_modes_agree() {
     let dev = Device::cpu();
     dev.set_stager(Arc::new(
-        Stager::new(&dev, StagingConfig { chunk_bytes: 1000, threads: 3, in_flight_per_thread: 2, auto_min_bytes: 5000 }).unwrap(),
+        Stager::new(
+            &dev,
+            StagingConfig { chunk_bytes: 1000, threads: 3, in_flight_per_thread: 2, auto_min_bytes: 5000 },
+        )
+        .unwrap(),
     ))
     .unwrap();
     let stream = dev.new_stream().unwrap();
@@ -58,7 +64,10 @@ fn auto_direct_and_staged_modes_agree() {
 #[test]
 fn stager_rejects_bad_configs_and_foreign_buffers() {
     let dev = Device::cpu();
-    assert!(matches!(Stager::new(&dev, StagingConfig { threads: 0, ..StagingConfig::default() }), Err(TransferError::Invalid(_))));
+    assert!(matches!(
+        Stager::new(&dev, StagingConfig { threads: 0, ..StagingConfig::default() }),
+        Err(TransferError::Invalid(_))
+    ));
     let stager = Stager::new(&dev, StagingConfig::default()).unwrap();
     let stream = dev.new_stream().unwrap();
     let mut small = stream.alloc(8).unwrap();

@@ -11,7 +11,10 @@ fn waiting_stream_is_held_back_until_the_event() {
     let dev = Device::cpu();
     let (a, b) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
     let (release, gate) = mpsc::channel::<()>();
-    a.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    a.launch_host_fn(move || {
+        let _ = gate.recv();
+    })
+    .unwrap();
     let mut buf = a.alloc(1024).unwrap();
     drop(a.upload(HostBuffer::from_slice(MemoryKind::Pageable, &[5u8; 1024]).unwrap(), &mut buf).unwrap());
     let on_a = a.record().unwrap();
@@ -34,7 +37,10 @@ fn reads_on_another_stream_follow_the_write_without_an_explicit_wait() {
     let dev = Device::cpu();
     let (a, b) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
     let (release, gate) = mpsc::channel::<()>();
-    a.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    a.launch_host_fn(move || {
+        let _ = gate.recv();
+    })
+    .unwrap();
     let mut buf = a.alloc(64).unwrap();
     drop(a.upload(HostBuffer::from_slice(MemoryKind::Pageable, &[42u8; 64]).unwrap(), &mut buf).unwrap());
     // The buffer remembers its last write (on A): a download on B waits for it.
@@ -51,7 +57,10 @@ fn a_write_on_another_stream_waits_for_pending_reads() {
     let (a, b) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
     let mut buf = a.to_device(&[1u8; 32]).unwrap();
     let (release, gate) = mpsc::channel::<()>();
-    a.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    a.launch_host_fn(move || {
+        let _ = gate.recv();
+    })
+    .unwrap();
     let read = a.download(&buf, HostBuffer::pageable(32).unwrap()).unwrap();
     // B overwrites the buffer: it must wait for A's pending read, or the read sees 2s.
     drop(b.upload(HostBuffer::from_slice(MemoryKind::Pageable, &[2u8; 32]).unwrap(), &mut buf).unwrap());

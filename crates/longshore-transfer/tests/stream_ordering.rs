@@ -26,7 +26,11 @@ fn host_functions_and_copies_run_in_enqueue_order() {
 fn enqueue_returns_before_the_work_runs() {
     let stream = Device::cpu().new_stream().unwrap();
     let (release, gate) = mpsc::channel::<()>();
-    stream.launch_host_fn(move || { let _ = gate.recv(); }).unwrap();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
     let mut buf = stream.alloc(4096).unwrap();
     // The stream is blocked: the copy is only enqueued, and the host is not blocked.
     let upload = stream.upload(HostBuffer::from_slice(MemoryKind::Pageable, &[3u8; 4096]).unwrap(), &mut buf).unwrap();

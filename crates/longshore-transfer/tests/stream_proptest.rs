@@ -25,10 +25,20 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     let region = (0..LEN).prop_flat_map(|o| (Just(o), 1..=LEN - o));
     prop_oneof![
-        (0..STREAMS, 0..BUFS, region.clone(), any::<u8>())
-            .prop_map(|(stream, buf, (offset, len), byte)| Op::Upload { stream, buf, offset, len, byte }),
-        (0..STREAMS, 0..BUFS, region, any::<u8>())
-            .prop_map(|(stream, buf, (offset, len), byte)| Op::UploadSlice { stream, buf, offset, len, byte }),
+        (0..STREAMS, 0..BUFS, region.clone(), any::<u8>()).prop_map(|(stream, buf, (offset, len), byte)| Op::Upload {
+            stream,
+            buf,
+            offset,
+            len,
+            byte
+        }),
+        (0..STREAMS, 0..BUFS, region, any::<u8>()).prop_map(|(stream, buf, (offset, len), byte)| Op::UploadSlice {
+            stream,
+            buf,
+            offset,
+            len,
+            byte
+        }),
         (0..STREAMS, 0..BUFS, any::<u8>()).prop_map(|(stream, buf, byte)| Op::Fill { stream, buf, byte }),
         (0..STREAMS, 0..BUFS, 0..BUFS)
             .prop_filter("distinct buffers", |(_, s, d)| s != d)

@@ -29,7 +29,11 @@ pub(crate) struct CudaDevice {
 /// Opens (once per process) the primary context of GPU `ordinal`.
 pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     if let Err(e) = longshore_host::driver_status() {
-        return Err(TransferError::CudaUnavailable { ordinal, reason: e.to_string() });
+        let reason = match e {
+            longshore_host::HostError::CudaUnavailable { reason } => reason,
+            other => other.to_string(),
+        };
+        return Err(TransferError::CudaUnavailable { ordinal, reason });
     }
     static DEVICES: OnceLock<Mutex<Vec<Arc<CudaDevice>>>> = OnceLock::new();
     let devices = DEVICES.get_or_init(Default::default);
@@ -48,9 +52,39 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     // SAFETY: this crate never uses cudarc's CudaSlice, the only user of event tracking.
     unsafe { ctx.disable_event_tracking() };
     let async_alloc = ctx.has_async_alloc();
+    if async_alloc {
+        keep_pool_memory(&ctx, ordinal);
+    }
     let dev = Arc::new(CudaDevice { ctx, ordinal, async_alloc });
     guard.push(dev.clone());
     Ok(dev)
+}
+
+/// Makes the device's default memory pool keep freed memory cached instead of returning it to
+/// the OS at every synchronisation (release threshold 0, the default), so that one device batch
+/// per step costs no `cuMemAllocAsync` round trip to the OS: the device-side twin of the pinned
+/// pool. Failure only costs speed, so it is logged.
+fn keep_pool_memory(ctx: &CudaContext, ordinal: usize) {
+    // SAFETY: `cu_device` is a device returned by the driver for this context.
+    let pool = match unsafe { result::device::get_default_mem_pool(ctx.cu_device()) } {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(target: "longshore::transfer", device = ordinal, error = ?e.0, "cannot get the default memory pool");
+            return;
+        }
+    };
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: the pool is valid and this attribute takes a pointer to a cuuint64_t.
+    let rc = unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+    };
+    if let Err(e) = rc {
+        tracing::warn!(target: "longshore::transfer", device = ordinal, error = ?e.0, "cannot set the memory pool release threshold");
+    }
 }
 
 impl CudaDevice {
@@ -120,8 +154,9 @@ impl CuMem {
         let ptr = if dev.async_alloc {
             // SAFETY: the context is bound and `stream` is a live stream of it; the memory is
             // uninitialised bytes, which is fine for a byte buffer only reached through copies.
-            unsafe { result::malloc_async(stream.cu_stream(), len) }
-                .map_err(|e| err("cuMemAllocAsync", e, dev.ordinal, format!("allocating {len} bytes on stream {stream_id}")))?
+            unsafe { result::malloc_async(stream.cu_stream(), len) }.map_err(|e| {
+                err("cuMemAllocAsync", e, dev.ordinal, format!("allocating {len} bytes on stream {stream_id}"))
+            })?
         } else {
             // SAFETY: the context is bound; the memory is only reached through copies.
             unsafe { result::malloc_sync(len) }
@@ -170,7 +205,12 @@ impl CuMem {
 /// `dst..dst+len` is device memory of the stream's context; `src..src+len` stays valid and
 /// unwritten until the copy completes (for page-locked memory) or until this returns (for
 /// pageable memory, which the driver consumes before returning).
-pub(crate) unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, src: *const u8, len: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn htod(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    src: *const u8,
+    len: usize,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.cu_stream()) }.result()
 }
@@ -180,7 +220,12 @@ pub(crate) unsafe fn htod(stream: &CudaStream, dst: sys::CUdeviceptr, src: *cons
 /// # Safety
 /// `src..src+len` is device memory of the stream's context; `dst..dst+len` stays valid and is
 /// not accessed by anyone else until the copy completes.
-pub(crate) unsafe fn dtoh(stream: &CudaStream, dst: *mut u8, src: sys::CUdeviceptr, len: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn dtoh(
+    stream: &CudaStream,
+    dst: *mut u8,
+    src: sys::CUdeviceptr,
+    len: usize,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.cu_stream()) }.result()
 }
@@ -189,7 +234,12 @@ pub(crate) unsafe fn dtoh(stream: &CudaStream, dst: *mut u8, src: sys::CUdevicep
 ///
 /// # Safety
 /// `dst..dst+len` is device memory of the stream's context.
-pub(crate) unsafe fn memset(stream: &CudaStream, dst: sys::CUdeviceptr, byte: u8, len: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn memset(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    byte: u8,
+    len: usize,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { result::memset_d8_async(dst, byte, len, stream.cu_stream()) }
 }
@@ -198,7 +248,12 @@ pub(crate) unsafe fn memset(stream: &CudaStream, dst: sys::CUdeviceptr, byte: u8
 ///
 /// # Safety
 /// Both ranges are device memory of the stream's context.
-pub(crate) unsafe fn dtod(stream: &CudaStream, dst: sys::CUdeviceptr, src: sys::CUdeviceptr, len: usize) -> Result<(), DriverError> {
+pub(crate) unsafe fn dtod(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    len: usize,
+) -> Result<(), DriverError> {
     // SAFETY: guaranteed by the caller.
     unsafe { result::memcpy_dtod_async(dst, src, len, stream.cu_stream()) }
 }
