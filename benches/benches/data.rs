@@ -6,8 +6,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use longshore::data::{
-    AlignedBuf, Collate, DatasetCollate, DirectCollate, ImageLayout, NpyDataset, Normalize, StackCollate, Tensor,
-    Zip, write_npy,
+    AlignedBuf, Collate, DatasetCollate, DirectCollate, FetchCollate, ImageLayout, Normalize,
+    NpyDataset, StackCollate, Tensor, Zip, write_npy,
 };
 
 fn quick() -> bool {
@@ -57,7 +57,9 @@ fn collate_tabular(c: &mut Criterion) {
     g.bench_function(format!("stack_items_b{batch}"), |b| {
         b.iter(|| {
             let buf = storage.take().expect("storage");
-            let batch = collate.collate_into(black_box(&samples), layout.clone(), buf).expect("collate");
+            let batch = collate
+                .collate_into(black_box(&samples), layout.clone(), buf)
+                .expect("collate");
             storage = Some(batch.into_parts().1);
         })
     });
@@ -69,6 +71,16 @@ fn collate_tabular(c: &mut Criterion) {
             storage = Some(batch.into_parts().1);
         })
     });
+    // The same rows through Dataset::get (one Tensor per field per sample) + StackCollate.
+    let fetch = FetchCollate(StackCollate::new());
+    g.bench_function(format!("fetch_npy_b{batch}"), |b| {
+        b.iter(|| {
+            let staged = fetch.stage(&ds, black_box(&indices)).expect("stage");
+            let buf = storage.take().expect("storage");
+            let batch = fetch.write(&ds, staged, buf).expect("write");
+            storage = Some(batch.into_parts().1);
+        })
+    });
     g.finish();
     memcpy_bench(c, "collate_tabular", payload);
 }
@@ -77,7 +89,13 @@ fn collate_tabular(c: &mut Criterion) {
 fn collate_image(c: &mut Criterion) {
     let (batch, side) = if quick() { (8, 64) } else { (64, 224) };
     let samples: Vec<(Tensor, i64)> = (0..batch)
-        .map(|i| (Tensor::from_slice::<u8>(&[3, side, side], &vec![i as u8; 3 * side * side]).expect("t"), i as i64))
+        .map(|i| {
+            (
+                Tensor::from_slice::<u8>(&[3, side, side], &vec![i as u8; 3 * side * side])
+                    .expect("t"),
+                i as i64,
+            )
+        })
         .collect();
     let collate = StackCollate::new();
     let layout = collate.layout(&samples).expect("layout");
@@ -88,7 +106,9 @@ fn collate_image(c: &mut Criterion) {
     g.bench_function(format!("stack_b{batch}_{side}px"), |b| {
         b.iter(|| {
             let buf = storage.take().expect("storage");
-            let batch = collate.collate_into(black_box(&samples), layout.clone(), buf).expect("collate");
+            let batch = collate
+                .collate_into(black_box(&samples), layout.clone(), buf)
+                .expect("collate");
             storage = Some(batch.into_parts().1);
         })
     });
@@ -108,7 +128,10 @@ fn normalize(c: &mut Criterion) {
     for layout in [ImageLayout::Chw, ImageLayout::Hwc] {
         let norm = Normalize::imagenet(layout);
         g.bench_function(format!("{layout:?}_to_chw_{side}px"), |b| {
-            b.iter(|| norm.apply_into(black_box(&src), 3, &mut out).expect("normalize"))
+            b.iter(|| {
+                norm.apply_into(black_box(&src), 3, &mut out)
+                    .expect("normalize")
+            })
         });
     }
     g.finish();

@@ -191,7 +191,10 @@ impl RandomSampler {
         }
         let num_samples = num_samples.unwrap_or(len);
         if num_samples == 0 {
-            return Err(DataError::arg("num_samples", "must be a positive integer, got 0"));
+            return Err(DataError::arg(
+                "num_samples",
+                "must be a positive integer, got 0",
+            ));
         }
         Ok(RandomSampler {
             dataset_len: len,
@@ -320,7 +323,10 @@ impl WeightedRandomSampler {
             return Err(DataError::arg("weights", "all weights are zero"));
         }
         if num_samples == 0 {
-            return Err(DataError::arg("num_samples", "must be a positive integer, got 0"));
+            return Err(DataError::arg(
+                "num_samples",
+                "must be a positive integer, got 0",
+            ));
         }
         if !replacement && num_samples > nonzero {
             return Err(DataError::arg(
@@ -431,7 +437,10 @@ impl DistributedSampler {
         if rank >= num_replicas {
             return Err(DataError::arg(
                 "rank",
-                format!("invalid rank {rank}, rank should be in the interval [0, {}]", num_replicas - 1),
+                format!(
+                    "invalid rank {rank}, rank should be in the interval [0, {}]",
+                    num_replicas - 1
+                ),
             ));
         }
         let num_samples = if drop_last && len % num_replicas != 0 {
@@ -562,9 +571,16 @@ impl<S: Sampler> BatchedSampler<S> {
     ///
     /// # Errors
     /// [`DataError::InvalidArgument`] when `batch_size == 0`.
-    pub fn new(sampler: S, batch_size: usize, drop_last: bool) -> Result<BatchedSampler<S>, DataError> {
+    pub fn new(
+        sampler: S,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> Result<BatchedSampler<S>, DataError> {
         if batch_size == 0 {
-            return Err(DataError::arg("batch_size", "must be a positive integer, got 0"));
+            return Err(DataError::arg(
+                "batch_size",
+                "must be a positive integer, got 0",
+            ));
         }
         Ok(BatchedSampler {
             sampler,

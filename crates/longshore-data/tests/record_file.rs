@@ -1,7 +1,9 @@
 //! Fixed-size record files: layouts, byte order, and bad files.
 
 use longshore_data::mmap::AccessPattern;
-use longshore_data::{ByteOrder, DType, DataError, Dataset, DirectDataset, RecordDataset, RecordLayout};
+use longshore_data::{
+    ByteOrder, DType, DataError, Dataset, DirectDataset, RecordDataset, RecordLayout,
+};
 
 #[test]
 fn header_skip_big_endian_and_advice() {
@@ -35,15 +37,31 @@ fn header_skip_big_endian_and_advice() {
     let mut out = [0u8; 8];
     ds.get_field_into(2, 1, &mut out).unwrap();
     assert_eq!(f64::from_ne_bytes(out), 0.5);
-    assert!(matches!(ds.get_field_into(2, 2, &mut out), Err(DataError::IndexOutOfRange { .. })));
-    assert!(matches!(ds.get(5), Err(DataError::IndexOutOfRange { index: 5, len: 5, .. })));
+    assert!(matches!(
+        ds.get_field_into(2, 2, &mut out),
+        Err(DataError::IndexOutOfRange { .. })
+    ));
+    assert!(matches!(
+        ds.get(5),
+        Err(DataError::IndexOutOfRange {
+            index: 5,
+            len: 5,
+            ..
+        })
+    ));
 }
 
 #[test]
 fn bad_layouts_and_files() {
     assert!(RecordLayout::new(0).is_err());
-    let err = RecordLayout::new(8).unwrap().field("x", DType::F64, &[2], 0).unwrap_err();
-    assert!(err.to_string().contains("field 'x' spans bytes 0..16"), "{err}");
+    let err = RecordLayout::new(8)
+        .unwrap()
+        .field("x", DType::F64, &[2], 0)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("field 'x' spans bytes 0..16"),
+        "{err}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("odd.bin");
@@ -51,7 +69,10 @@ fn bad_layouts_and_files() {
     let layout = RecordLayout::packed(&[("x", DType::F32, &[2])]).unwrap();
     let err = RecordDataset::open(&p, layout.clone()).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("odd.bin") && msg.contains("5 trailing bytes at offset 16"), "{msg}");
+    assert!(
+        msg.contains("odd.bin") && msg.contains("5 trailing bytes at offset 16"),
+        "{msg}"
+    );
 
     let e = dir.path().join("empty.bin");
     std::fs::write(&e, []).unwrap();
@@ -59,5 +80,15 @@ fn bad_layouts_and_files() {
     assert!(ds.is_empty());
     assert!(ds.get(0).is_err());
     let err = RecordDataset::open(&e, layout.header_bytes(4)).unwrap_err();
-    assert!(matches!(err, DataError::Truncated { expected: 4, actual: 0, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            DataError::Truncated {
+                expected: 4,
+                actual: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

@@ -3,8 +3,8 @@
 
 use longshore_data::transform::TransformExt;
 use longshore_data::{
-    DType, Dataset, DatasetExt, First, ImageLayout, Normalize, RandomCrop, RandomHorizontalFlip, Tensor,
-    Transform, VecDataset, WorkerInfo, rng::epoch_rng, worker,
+    DType, Dataset, DatasetExt, First, ImageLayout, Normalize, RandomCrop, RandomHorizontalFlip,
+    Tensor, Transform, VecDataset, WorkerInfo, rng::epoch_rng, worker,
 };
 
 fn image_hwc(h: usize, w: usize) -> Tensor {
@@ -33,13 +33,18 @@ fn normalize_matches_the_formula_in_both_layouts() {
                 chw[(c * h + y) * w + x] = v;
                 let expect = (f32::from(v) / 255.0 - mean[c]) / std[c];
                 let got = o[(c * h + y) * w + x];
-                assert!((got - expect).abs() < 1e-5, "c{c} y{y} x{x}: {got} vs {expect}");
+                assert!(
+                    (got - expect).abs() < 1e-5,
+                    "c{c} y{y} x{x}: {got} vs {expect}"
+                );
             }
         }
     }
     // The CHW path gives the same floats.
     let chw = Tensor::from_slice::<u8>(&[3, h, w], &chw).unwrap();
-    let out2 = Normalize::imagenet(ImageLayout::Chw).apply(chw, &mut epoch_rng(0, 0)).unwrap();
+    let out2 = Normalize::imagenet(ImageLayout::Chw)
+        .apply(chw, &mut epoch_rng(0, 0))
+        .unwrap();
     for (a, b) in out2.as_slice::<f32>().unwrap().iter().zip(o) {
         assert!((a - b).abs() < 1e-5);
     }
@@ -47,7 +52,11 @@ fn normalize_matches_the_formula_in_both_layouts() {
     assert!(Normalize::new(&mean, &[0.2, 0.0, 0.2], ImageLayout::Chw).is_err());
     assert!(Normalize::new(&mean, &std[..2], ImageLayout::Chw).is_err());
     let f = Tensor::zeros(DType::F32, &[3, 2, 2]).unwrap();
-    assert!(Normalize::imagenet(ImageLayout::Chw).apply(f, &mut epoch_rng(0, 0)).is_err());
+    assert!(
+        Normalize::imagenet(ImageLayout::Chw)
+            .apply(f, &mut epoch_rng(0, 0))
+            .is_err()
+    );
 }
 
 #[test]
@@ -61,12 +70,20 @@ fn crop_and_flip_move_the_right_pixels() {
     for y in 0..3 {
         for x in 0..4 {
             for ch in 0..3 {
-                assert_eq!(got[(y * 4 + x) * 3 + ch], src[((y + 2) * 8 + x + 3) * 3 + ch]);
+                assert_eq!(
+                    got[(y * 4 + x) * 3 + ch],
+                    src[((y + 2) * 8 + x + 3) * 3 + ch]
+                );
             }
         }
     }
     assert!(crop.crop_at(&img, 4, 0).is_err());
-    assert!(RandomCrop::new(7, 1, ImageLayout::Hwc).unwrap().apply(img.clone(), &mut epoch_rng(0, 0)).is_err());
+    assert!(
+        RandomCrop::new(7, 1, ImageLayout::Hwc)
+            .unwrap()
+            .apply(img.clone(), &mut epoch_rng(0, 0))
+            .is_err()
+    );
 
     let flip = RandomHorizontalFlip::new(1.0, ImageLayout::Hwc).unwrap();
     let f = flip.apply(img.clone(), &mut epoch_rng(0, 0)).unwrap();
@@ -80,7 +97,10 @@ fn crop_and_flip_move_the_right_pixels() {
     }
     // CHW flip of an f32 image, odd width.
     let t = Tensor::from_slice::<f32>(&[1, 1, 3], &[1., 2., 3.]).unwrap();
-    let f = RandomHorizontalFlip::new(1.0, ImageLayout::Chw).unwrap().apply(t, &mut epoch_rng(0, 0)).unwrap();
+    let f = RandomHorizontalFlip::new(1.0, ImageLayout::Chw)
+        .unwrap()
+        .apply(t, &mut epoch_rng(0, 0))
+        .unwrap();
     assert_eq!(f.as_slice::<f32>().unwrap(), &[3., 2., 1.]);
     assert!(RandomHorizontalFlip::new(1.5, ImageLayout::Chw).is_err());
     let never = RandomHorizontalFlip::new(0.0, ImageLayout::Hwc).unwrap();
