@@ -623,6 +623,11 @@ impl<T: Sample> Collate<T> for PadCollate {
                 for (slot, &l) in out[lspec.range()].chunks_exact_mut(8).zip(&lengths) {
                     slot.copy_from_slice(&(l as i64).to_ne_bytes());
                 }
+                if let Some((b, &l)) = lengths.iter().enumerate().find(|(_, l)| **l > max_len) {
+                    return Err(DataError::ShapeMismatch(format!(
+                        "sample {b} has length {l}, longer than the layout's {max_len}"
+                    )));
+                }
                 for (row, &l) in out[mspec.range()]
                     .chunks_exact_mut(max_len.max(1))
                     .zip(&lengths)

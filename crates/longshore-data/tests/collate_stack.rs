@@ -196,3 +196,28 @@ fn direct_collate_matches_fetch_collate_for_npy_and_records() {
         .unwrap();
     assert_eq!(d.bytes(), a.bytes());
 }
+
+#[test]
+fn lone_scalars_and_arrays_are_samples() {
+    let labels: Vec<i64> = vec![3, 1, 4];
+    let b = StackCollate::new().collate(&labels).unwrap();
+    assert_eq!(b.tensor::<i64>(0).unwrap(), &[3, 1, 4]);
+    let rows = vec![[1u16, 2], [3, 4]];
+    let b = StackCollate::new().collate(&rows).unwrap();
+    assert_eq!(b.shape(0).unwrap(), &[2, 2]);
+    assert_eq!(b.tensor::<u16>(0).unwrap(), &[1, 2, 3, 4]);
+}
+
+#[test]
+fn pad_collate_refuses_a_layout_from_other_samples() {
+    // Layout computed for short sequences of 2-vectors, then longer 1-vectors given:
+    // same byte count, more rows than the layout's max length.
+    let short = vec![Tensor::from_slice::<f32>(&[1, 2], &[1., 2.]).unwrap()];
+    let long = vec![Tensor::from_slice::<f32>(&[2, 1], &[1., 2.]).unwrap()];
+    let c = PadCollate::new(0.0);
+    let layout = c.layout(&short).unwrap();
+    let err = c
+        .collate_into(&long, layout, AlignedBuf::zeroed(4096))
+        .unwrap_err();
+    assert!(matches!(err, DataError::ShapeMismatch(_)), "{err}");
+}
