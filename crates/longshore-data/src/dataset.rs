@@ -437,6 +437,25 @@ impl<D: Dataset> Dataset for ConcatDataset<D> {
     }
 }
 
+impl<D: DirectDataset> DirectDataset for ConcatDataset<D> {
+    /// The fields of the first dataset; writing a sample of a dataset whose fields
+    /// differ is refused.
+    fn fields(&self) -> &[FieldSpec] {
+        self.datasets[0].fields()
+    }
+    fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        let (d, i) = self.locate(index)?;
+        if self.datasets[d].fields() != self.fields() {
+            return Err(DataError::ShapeMismatch(format!(
+                "dataset {d} of the concatenation has fields {:?}, dataset 0 has {:?}",
+                self.datasets[d].fields(),
+                self.fields()
+            )));
+        }
+        self.datasets[d].get_field_into(i, field, out)
+    }
+}
+
 /// Splits `dataset` at random into non-overlapping subsets of the given lengths,
 /// like `torch.utils.data.random_split`, reproducibly for a given `seed`.
 ///

@@ -402,7 +402,9 @@ impl Sampler for WeightedRandomSampler {
 /// Restricts loading to this replica's share of the dataset, like PyTorch's
 /// `DistributedSampler`.
 ///
-/// Each epoch the indices `0..len` (shuffled by `seed + epoch` when `shuffle`) are
+/// Each epoch the indices `0..len` (shuffled by [`epoch_rng`]`(seed, epoch)` when
+/// `shuffle`, identically on every replica given the same seed; PyTorch seeds
+/// `seed + epoch`, so orders differ from PyTorch's but obey the same rules) are
 /// padded by wrapping around to a multiple of `num_replicas` (or truncated to one,
 /// with `drop_last`), and replica `rank` takes every `num_replicas`-th index from
 /// position `rank`. Every replica yields the same number of indices.
