@@ -199,10 +199,11 @@ impl<S: Storage> Batch<S> {
     /// # Errors
     /// [`DataError::IndexOutOfRange`] when there is no tensor `i`.
     pub fn spec(&self, i: usize) -> Result<&TensorSpec, DataError> {
-        self.layout
-            .tensors
-            .get(i)
-            .ok_or(DataError::oob(i, self.layout.tensors.len(), "batch tensors"))
+        self.layout.tensors.get(i).ok_or(DataError::oob(
+            i,
+            self.layout.tensors.len(),
+            "batch tensors",
+        ))
     }
 
     /// Shape of tensor `i`, batch dimension first.
@@ -267,10 +268,9 @@ impl<S: Storage> Batch<S> {
     /// # Errors
     /// [`DataError::InvalidArgument`] when no tensor has that name, else as [`Batch::tensor`].
     pub fn tensor_by_name<T: Element>(&self, name: &str) -> Result<&[T], DataError> {
-        let i = self
-            .layout
-            .position(name)
-            .ok_or_else(|| DataError::arg("name", format!("no tensor named '{name}' in the batch")))?;
+        let i = self.layout.position(name).ok_or_else(|| {
+            DataError::arg("name", format!("no tensor named '{name}' in the batch"))
+        })?;
         self.tensor(i)
     }
 }
@@ -288,7 +288,9 @@ fn check_dtype<T: Element>(spec: &TensorSpec, i: usize) -> Result<(), DataError>
 
 impl<S> fmt::Debug for Batch<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Batch").field("layout", &self.layout).finish_non_exhaustive()
+        f.debug_struct("Batch")
+            .field("layout", &self.layout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -326,7 +328,9 @@ impl DerefMut for AlignedBuf {
 
 impl fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AlignedBuf").field("len", &self.len).finish()
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .finish()
     }
 }
 
@@ -400,7 +404,10 @@ impl StackCollate {
     }
 
     /// Names the tensors in field order (`["image", "label"]`).
-    pub fn with_names<I: IntoIterator<Item = N>, N: AsRef<str>>(mut self, names: I) -> StackCollate {
+    pub fn with_names<I: IntoIterator<Item = N>, N: AsRef<str>>(
+        mut self,
+        names: I,
+    ) -> StackCollate {
         self.names = names.into_iter().map(|n| Arc::from(n.as_ref())).collect();
         self
     }
@@ -459,7 +466,11 @@ impl<T: Sample> Collate<T> for StackCollate {
         for (f, spec) in layout.tensors.iter().enumerate() {
             let per = spec.len / samples.len().max(1);
             let dst = &mut out[spec.range()];
-            for (b, (s, slot)) in samples.iter().zip(dst.chunks_exact_mut(per.max(1))).enumerate() {
+            for (b, (s, slot)) in samples
+                .iter()
+                .zip(dst.chunks_exact_mut(per.max(1)))
+                .enumerate()
+            {
                 let r = field_of(s, b, f)?;
                 if r.bytes().len() != per || r.dtype() != spec.dtype {
                     return Err(DataError::ShapeMismatch(format!(
@@ -580,7 +591,11 @@ impl<T: Sample> Collate<T> for PadCollate {
             spec.dtype.encode_f64(self.pad_value, &mut pad);
             let dst = &mut out[spec.range()];
             let mut lengths = Vec::with_capacity(bs);
-            for (b, (s, slot)) in samples.iter().zip(dst.chunks_exact_mut(per.max(1))).enumerate() {
+            for (b, (s, slot)) in samples
+                .iter()
+                .zip(dst.chunks_exact_mut(per.max(1)))
+                .enumerate()
+            {
                 let r = field_of(s, b, f)?;
                 if r.bytes().len() > per || r.dtype() != spec.dtype {
                     return Err(DataError::ShapeMismatch(format!(
@@ -595,15 +610,28 @@ impl<T: Sample> Collate<T> for PadCollate {
             }
             if spec.shape.len() >= 2 {
                 let max_len = spec.shape[1];
-                let (lspec, mspec) = match (layout.tensors.get(extra), layout.tensors.get(extra + 1)) {
-                    (Some(l), Some(m)) => (l.clone(), m.clone()),
-                    _ => return Err(DataError::ShapeMismatch("layout lacks lengths/mask tensors".into())),
-                };
+                let (lspec, mspec) =
+                    match (layout.tensors.get(extra), layout.tensors.get(extra + 1)) {
+                        (Some(l), Some(m)) => (l.clone(), m.clone()),
+                        _ => {
+                            return Err(DataError::ShapeMismatch(
+                                "layout lacks lengths/mask tensors".into(),
+                            ));
+                        }
+                    };
                 extra += 2;
                 for (slot, &l) in out[lspec.range()].chunks_exact_mut(8).zip(&lengths) {
                     slot.copy_from_slice(&(l as i64).to_ne_bytes());
                 }
-                for (row, &l) in out[mspec.range()].chunks_exact_mut(max_len.max(1)).zip(&lengths) {
+                if let Some((b, &l)) = lengths.iter().enumerate().find(|(_, l)| **l > max_len) {
+                    return Err(DataError::ShapeMismatch(format!(
+                        "sample {b} has length {l}, longer than the layout's {max_len}"
+                    )));
+                }
+                for (row, &l) in out[mspec.range()]
+                    .chunks_exact_mut(max_len.max(1))
+                    .zip(&lengths)
+                {
                     row[..l].fill(1);
                     row[l..].fill(0);
                 }
@@ -679,7 +707,12 @@ where
         &staged.layout
     }
 
-    fn write<S: Storage>(&self, _: &D, staged: Self::Staged, storage: S) -> Result<Batch<S>, DataError> {
+    fn write<S: Storage>(
+        &self,
+        _: &D,
+        staged: Self::Staged,
+        storage: S,
+    ) -> Result<Batch<S>, DataError> {
         self.0.collate_into(&staged.items, staged.layout, storage)
     }
 }
@@ -713,7 +746,10 @@ impl DirectCollate {
     }
 
     /// Names the tensors in field order.
-    pub fn with_names<I: IntoIterator<Item = N>, N: AsRef<str>>(mut self, names: I) -> DirectCollate {
+    pub fn with_names<I: IntoIterator<Item = N>, N: AsRef<str>>(
+        mut self,
+        names: I,
+    ) -> DirectCollate {
         self.names = names.into_iter().map(|n| Arc::from(n.as_ref())).collect();
         self
     }
@@ -722,7 +758,11 @@ impl DirectCollate {
     ///
     /// # Errors
     /// [`DataError::Empty`] for a zero batch size, [`DataError::Overflow`].
-    pub fn layout_for(&self, fields: &[crate::dataset::FieldSpec], batch_size: usize) -> Result<BatchLayout, DataError> {
+    pub fn layout_for(
+        &self,
+        fields: &[crate::dataset::FieldSpec],
+        batch_size: usize,
+    ) -> Result<BatchLayout, DataError> {
         if batch_size == 0 {
             return Err(DataError::Empty { what: "batch" });
         }
@@ -754,7 +794,12 @@ impl<D: DirectDataset + ?Sized> DatasetCollate<D> for DirectCollate {
         &staged.layout
     }
 
-    fn write<S: Storage>(&self, dataset: &D, staged: StagedIndices, mut storage: S) -> Result<Batch<S>, DataError> {
+    fn write<S: Storage>(
+        &self,
+        dataset: &D,
+        staged: StagedIndices,
+        mut storage: S,
+    ) -> Result<Batch<S>, DataError> {
         let StagedIndices { indices, layout } = staged;
         layout.check_storage(storage.len())?;
         let out = &mut storage[..layout.total_bytes];

@@ -171,7 +171,9 @@ pub struct Map<D, F> {
 
 impl<D: fmt::Debug, F> fmt::Debug for Map<D, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Map").field("dataset", &self.dataset).finish_non_exhaustive()
+        f.debug_struct("Map")
+            .field("dataset", &self.dataset)
+            .finish_non_exhaustive()
     }
 }
 
@@ -199,7 +201,9 @@ pub struct TryMap<D, F> {
 
 impl<D: fmt::Debug, F> fmt::Debug for TryMap<D, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TryMap").field("dataset", &self.dataset).finish_non_exhaustive()
+        f.debug_struct("TryMap")
+            .field("dataset", &self.dataset)
+            .finish_non_exhaustive()
     }
 }
 
@@ -351,10 +355,10 @@ impl<D: Dataset> Dataset for Subset<D> {
         self.indices.len()
     }
     fn get(&self, index: usize) -> Result<D::Item, DataError> {
-        let &i = self
-            .indices
-            .get(index)
-            .ok_or(DataError::oob(index, self.indices.len(), "subset"))?;
+        let &i =
+            self.indices
+                .get(index)
+                .ok_or(DataError::oob(index, self.indices.len(), "subset"))?;
         self.dataset.get(i)
     }
 }
@@ -364,10 +368,10 @@ impl<D: DirectDataset> DirectDataset for Subset<D> {
         self.dataset.fields()
     }
     fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
-        let &i = self
-            .indices
-            .get(index)
-            .ok_or(DataError::oob(index, self.indices.len(), "subset"))?;
+        let &i =
+            self.indices
+                .get(index)
+                .ok_or(DataError::oob(index, self.indices.len(), "subset"))?;
         self.dataset.get_field_into(i, field, out)
     }
 }
@@ -430,6 +434,25 @@ impl<D: Dataset> Dataset for ConcatDataset<D> {
     fn get(&self, index: usize) -> Result<D::Item, DataError> {
         let (d, i) = self.locate(index)?;
         self.datasets[d].get(i)
+    }
+}
+
+impl<D: DirectDataset> DirectDataset for ConcatDataset<D> {
+    /// The fields of the first dataset; writing a sample of a dataset whose fields
+    /// differ is refused.
+    fn fields(&self) -> &[FieldSpec] {
+        self.datasets[0].fields()
+    }
+    fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        let (d, i) = self.locate(index)?;
+        if self.datasets[d].fields() != self.fields() {
+            return Err(DataError::ShapeMismatch(format!(
+                "dataset {d} of the concatenation has fields {:?}, dataset 0 has {:?}",
+                self.datasets[d].fields(),
+                self.fields()
+            )));
+        }
+        self.datasets[d].get_field_into(i, field, out)
     }
 }
 
@@ -571,7 +594,9 @@ pub struct IterMap<D, F> {
 
 impl<D: fmt::Debug, F> fmt::Debug for IterMap<D, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IterMap").field("dataset", &self.dataset).finish_non_exhaustive()
+        f.debug_struct("IterMap")
+            .field("dataset", &self.dataset)
+            .finish_non_exhaustive()
     }
 }
 

@@ -71,8 +71,8 @@ pub mod transform;
 pub mod worker;
 
 pub use collate::{
-    AlignedBuf, Batch, BatchLayout, Collate, DatasetCollate, DirectCollate, FetchCollate, PadCollate,
-    StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN, TensorSpec,
+    AlignedBuf, Batch, BatchLayout, Collate, DatasetCollate, DirectCollate, FetchCollate,
+    PadCollate, StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN, TensorSpec,
 };
 pub use dataset::{
     Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FieldSpec, FromFn, ItemIter, IterMap,
@@ -81,7 +81,9 @@ pub use dataset::{
 };
 pub use dtype::{ByteOrder, DType, Element, Shape};
 pub use error::{DataError, NpyError};
-pub use mmap::{AccessPattern, NpyArray, NpyDataset, NpyShards, RecordDataset, RecordField, RecordLayout};
+pub use mmap::{
+    AccessPattern, NpyArray, NpyDataset, NpyShards, RecordDataset, RecordField, RecordLayout,
+};
 pub use npy::{NpyHeader, write_npy};
 pub use sampler::{
     BatchIter, BatchSampler, BatchedSampler, DistributedSampler, IndexIter, RandomSampler, Sampler,

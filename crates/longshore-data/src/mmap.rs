@@ -174,11 +174,16 @@ impl NpyArray {
         if !self.header.byte_order.is_native() {
             return Err(DataError::InvalidFile {
                 path: self.path.clone(),
-                reason: "data is not in native byte order; read it with to_tensor or a dataset".into(),
+                reason: "data is not in native byte order; read it with to_tensor or a dataset"
+                    .into(),
             });
         }
         bytemuck::try_cast_slice(self.raw_bytes()).map_err(|_| DataError::Misaligned {
-            what: format!("{} (data at offset {})", self.path.display(), self.header.data_offset),
+            what: format!(
+                "{} (data at offset {})",
+                self.path.display(),
+                self.header.data_offset
+            ),
             align: std::mem::align_of::<T>(),
         })
     }
@@ -336,7 +341,9 @@ impl NpyShards {
     /// [`DataError::Empty`] for no paths; any error opening a shard; and
     /// [`DataError::ShapeMismatch`] naming the first shard whose dtype or row shape
     /// differs from the first's.
-    pub fn open<P: AsRef<Path>>(paths: impl IntoIterator<Item = P>) -> Result<NpyShards, DataError> {
+    pub fn open<P: AsRef<Path>>(
+        paths: impl IntoIterator<Item = P>,
+    ) -> Result<NpyShards, DataError> {
         let shards = paths
             .into_iter()
             .map(NpyDataset::open)
@@ -490,9 +497,17 @@ impl RecordLayout {
     ///
     /// # Errors
     /// [`DataError::InvalidArgument`] when the field does not fit in the record.
-    pub fn field(mut self, name: &str, dtype: DType, shape: &[usize], offset: usize) -> Result<RecordLayout, DataError> {
+    pub fn field(
+        mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[usize],
+        offset: usize,
+    ) -> Result<RecordLayout, DataError> {
         let len = nbytes(shape, dtype.size(), "record field size")?;
-        let end = offset.checked_add(len).ok_or(DataError::Overflow("record field end"))?;
+        let end = offset
+            .checked_add(len)
+            .ok_or(DataError::Overflow("record field end"))?;
         if end > self.record_size {
             return Err(DataError::arg(
                 "offset",
@@ -545,7 +560,10 @@ impl RecordDataset {
     pub fn open(path: impl AsRef<Path>, layout: RecordLayout) -> Result<RecordDataset, DataError> {
         let path = path.as_ref();
         if layout.fields.is_empty() {
-            return Err(DataError::arg("layout", "a record layout needs at least one field"));
+            return Err(DataError::arg(
+                "layout",
+                "a record layout needs at least one field",
+            ));
         }
         let size = std::fs::metadata(path)
             .map_err(|source| DataError::Io {
@@ -553,7 +571,11 @@ impl RecordDataset {
                 source,
             })?
             .len();
-        let mmap = if size == 0 { None } else { Some(open_map(path)?) };
+        let mmap = if size == 0 {
+            None
+        } else {
+            Some(open_map(path)?)
+        };
         let actual = mmap.as_ref().map_or(0, |m| m.len());
         if actual < layout.header_bytes {
             return Err(DataError::Truncated {
@@ -645,11 +667,11 @@ impl DirectDataset for RecordDataset {
     }
     fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
         let rec = self.record_raw(index)?;
-        let f = self
-            .layout
-            .fields
-            .get(field)
-            .ok_or(DataError::oob(field, self.layout.fields.len(), "record fields"))?;
+        let f = self.layout.fields.get(field).ok_or(DataError::oob(
+            field,
+            self.layout.fields.len(),
+            "record fields",
+        ))?;
         let len = nbytes(&f.shape, f.dtype.size(), "record field size")?;
         if out.len() != len {
             return Err(DataError::BufferTooSmall {

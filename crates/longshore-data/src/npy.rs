@@ -350,7 +350,10 @@ pub fn encode_header(dtype: DType, shape: &[usize]) -> Vec<u8> {
         [n] => format!("({n},)"),
         dims => format!(
             "({})",
-            dims.iter().map(usize::to_string).collect::<Vec<_>>().join(", ")
+            dims.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     };
     let dict = format!(

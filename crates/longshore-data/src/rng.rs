@@ -17,9 +17,11 @@ pub fn epoch_rng(seed: u64, epoch: u64) -> Rng {
     rng
 }
 
-/// A uniform integer in `0..n` (Lemire's nearly divisionless method); `n` must be > 0.
+/// A uniform integer in `0..n` (Lemire's nearly divisionless method); 0 when `n == 0`.
 pub fn below(rng: &mut Rng, n: u64) -> u64 {
-    debug_assert!(n > 0);
+    if n == 0 {
+        return 0;
+    }
     let mut m = u128::from(rng.next_u64()) * u128::from(n);
     let mut low = m as u64;
     if low < n {

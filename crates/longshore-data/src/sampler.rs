@@ -191,7 +191,10 @@ impl RandomSampler {
         }
         let num_samples = num_samples.unwrap_or(len);
         if num_samples == 0 {
-            return Err(DataError::arg("num_samples", "must be a positive integer, got 0"));
+            return Err(DataError::arg(
+                "num_samples",
+                "must be a positive integer, got 0",
+            ));
         }
         Ok(RandomSampler {
             dataset_len: len,
@@ -320,7 +323,10 @@ impl WeightedRandomSampler {
             return Err(DataError::arg("weights", "all weights are zero"));
         }
         if num_samples == 0 {
-            return Err(DataError::arg("num_samples", "must be a positive integer, got 0"));
+            return Err(DataError::arg(
+                "num_samples",
+                "must be a positive integer, got 0",
+            ));
         }
         if !replacement && num_samples > nonzero {
             return Err(DataError::arg(
@@ -396,7 +402,9 @@ impl Sampler for WeightedRandomSampler {
 /// Restricts loading to this replica's share of the dataset, like PyTorch's
 /// `DistributedSampler`.
 ///
-/// Each epoch the indices `0..len` (shuffled by `seed + epoch` when `shuffle`) are
+/// Each epoch the indices `0..len` (shuffled by [`epoch_rng`]`(seed, epoch)` when
+/// `shuffle`, identically on every replica given the same seed; PyTorch seeds
+/// `seed + epoch`, so orders differ from PyTorch's but obey the same rules) are
 /// padded by wrapping around to a multiple of `num_replicas` (or truncated to one,
 /// with `drop_last`), and replica `rank` takes every `num_replicas`-th index from
 /// position `rank`. Every replica yields the same number of indices.
@@ -431,7 +439,10 @@ impl DistributedSampler {
         if rank >= num_replicas {
             return Err(DataError::arg(
                 "rank",
-                format!("invalid rank {rank}, rank should be in the interval [0, {}]", num_replicas - 1),
+                format!(
+                    "invalid rank {rank}, rank should be in the interval [0, {}]",
+                    num_replicas - 1
+                ),
             ));
         }
         let num_samples = if drop_last && len % num_replicas != 0 {
@@ -562,9 +573,16 @@ impl<S: Sampler> BatchedSampler<S> {
     ///
     /// # Errors
     /// [`DataError::InvalidArgument`] when `batch_size == 0`.
-    pub fn new(sampler: S, batch_size: usize, drop_last: bool) -> Result<BatchedSampler<S>, DataError> {
+    pub fn new(
+        sampler: S,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> Result<BatchedSampler<S>, DataError> {
         if batch_size == 0 {
-            return Err(DataError::arg("batch_size", "must be a positive integer, got 0"));
+            return Err(DataError::arg(
+                "batch_size",
+                "must be a positive integer, got 0",
+            ));
         }
         Ok(BatchedSampler {
             sampler,

@@ -319,8 +319,8 @@ impl Field for TensorRef<'_> {
 /// A sample made of numbered fields, each a fixed-shape numeric tensor.
 ///
 /// Implemented for tuples of up to six [`Field`]s (`(features, label)`,
-/// `([f32; 64], i64)`, `(image_tensor, label)`), for a lone [`Tensor`] and
-/// for `Vec<Tensor>`.
+/// `([f32; 64], i64)`, `(image_tensor, label)`), for a lone [`Tensor`], scalar or
+/// array, and for `Vec<Tensor>`.
 pub trait Sample {
     /// Number of fields.
     fn num_fields(&self) -> usize;
@@ -352,6 +352,26 @@ impl Sample for Vec<Tensor> {
     }
     fn field(&self, i: usize) -> Option<TensorRef<'_>> {
         self.get(i).map(Tensor::view)
+    }
+}
+
+/// A lone scalar is a one-field sample.
+impl<T: Element> Sample for T {
+    fn num_fields(&self) -> usize {
+        1
+    }
+    fn field(&self, i: usize) -> Option<TensorRef<'_>> {
+        (i == 0).then(|| self.tensor_ref())
+    }
+}
+
+/// A lone array is a one-field sample.
+impl<T: Element, const N: usize> Sample for [T; N] {
+    fn num_fields(&self) -> usize {
+        1
+    }
+    fn field(&self, i: usize) -> Option<TensorRef<'_>> {
+        (i == 0).then(|| self.tensor_ref())
     }
 }
 

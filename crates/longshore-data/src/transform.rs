@@ -126,11 +126,22 @@ impl Normalize {
         if mean.is_empty() || mean.len() != std.len() {
             return Err(DataError::arg(
                 "std",
-                format!("{} means and {} stds; need one of each per channel", mean.len(), std.len()),
+                format!(
+                    "{} means and {} stds; need one of each per channel",
+                    mean.len(),
+                    std.len()
+                ),
             ));
         }
-        if let Some((c, s)) = std.iter().enumerate().find(|(_, s)| !(s.is_finite() && **s > 0.0)) {
-            return Err(DataError::arg("std", format!("std of channel {c} is {s}; must be positive")));
+        if let Some((c, s)) = std
+            .iter()
+            .enumerate()
+            .find(|(_, s)| !(s.is_finite() && **s > 0.0))
+        {
+            return Err(DataError::arg(
+                "std",
+                format!("std of channel {c} is {s}; must be positive"),
+            ));
         }
         Ok(Normalize {
             layout,
@@ -143,7 +154,10 @@ impl Normalize {
     pub fn imagenet(layout: ImageLayout) -> Normalize {
         Normalize {
             layout,
-            scale: [0.229f32, 0.224, 0.225].iter().map(|s| 1.0 / (255.0 * s)).collect(),
+            scale: [0.229f32, 0.224, 0.225]
+                .iter()
+                .map(|s| 1.0 / (255.0 * s))
+                .collect(),
             bias: [(0.485f32, 0.229f32), (0.456, 0.224), (0.406, 0.225)]
                 .iter()
                 .map(|(m, s)| -m / s)
@@ -156,8 +170,17 @@ impl Normalize {
     ///
     /// # Errors
     /// [`DataError::ShapeMismatch`] when the lengths or channel count disagree.
-    pub fn apply_into(&self, src: &[u8], channels: usize, out: &mut [f32]) -> Result<(), DataError> {
-        if channels != self.scale.len() || channels == 0 || src.len() % channels != 0 || out.len() != src.len() {
+    pub fn apply_into(
+        &self,
+        src: &[u8],
+        channels: usize,
+        out: &mut [f32],
+    ) -> Result<(), DataError> {
+        if channels != self.scale.len()
+            || channels == 0
+            || src.len() % channels != 0
+            || out.len() != src.len()
+        {
             return Err(DataError::ShapeMismatch(format!(
                 "normalise {} bytes with {channels} channels into {} floats; transform has {} channels",
                 src.len(),
@@ -170,7 +193,12 @@ impl Normalize {
             ImageLayout::Chw => {
                 for c in 0..channels {
                     let range = c * plane..(c + 1) * plane;
-                    normalize_plane(&src[range.clone()], &mut out[range], self.scale[c], self.bias[c]);
+                    normalize_plane(
+                        &src[range.clone()],
+                        &mut out[range],
+                        self.scale[c],
+                        self.bias[c],
+                    );
                 }
             }
             ImageLayout::Hwc if channels == 3 => {
@@ -178,6 +206,9 @@ impl Normalize {
                 let (g, b) = rest.split_at_mut(plane);
                 let (s0, s1, s2) = (self.scale[0], self.scale[1], self.scale[2]);
                 let (b0, b1, b2) = (self.bias[0], self.bias[1], self.bias[2]);
+                // Strided (deinterleaving) reads limit this path to ~1/3 of the CHW
+                // path's speed on a baseline x86-64 target; two blocked variants measured
+                // no better (docs/benchmarks.md), so the plain loop stays.
                 for (((px, r), g), b) in src.chunks_exact(3).zip(r).zip(g).zip(b) {
                     *r = f32::from(px[0]) * s0 + b0;
                     *g = f32::from(px[1]) * s1 + b1;
@@ -243,9 +274,16 @@ impl RandomCrop {
     /// [`DataError::InvalidArgument`] for a zero size.
     pub fn new(height: usize, width: usize, layout: ImageLayout) -> Result<RandomCrop, DataError> {
         if height == 0 || width == 0 {
-            return Err(DataError::arg("size", format!("crop size {height}x{width} must be positive")));
+            return Err(DataError::arg(
+                "size",
+                format!("crop size {height}x{width} must be positive"),
+            ));
         }
-        Ok(RandomCrop { height, width, layout })
+        Ok(RandomCrop {
+            height,
+            width,
+            layout,
+        })
     }
 
     /// Crops the window whose top-left corner is `(top, left)`.
@@ -318,7 +356,10 @@ impl RandomHorizontalFlip {
     /// [`DataError::InvalidArgument`] when `p` is not within `[0, 1]`.
     pub fn new(p: f64, layout: ImageLayout) -> Result<RandomHorizontalFlip, DataError> {
         if !(0.0..=1.0).contains(&p) {
-            return Err(DataError::arg("p", format!("probability {p} is not within [0, 1]")));
+            return Err(DataError::arg(
+                "p",
+                format!("probability {p} is not within [0, 1]"),
+            ));
         }
         Ok(RandomHorizontalFlip { p, layout })
     }

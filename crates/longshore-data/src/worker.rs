@@ -81,7 +81,10 @@ pub struct WorkerGuard {
 
 impl Drop for WorkerGuard {
     fn drop(&mut self) {
-        let previous = self.previous.take().map(|(info, rng)| Context { info, rng });
+        let previous = self
+            .previous
+            .take()
+            .map(|(info, rng)| Context { info, rng });
         // `try_with` fails only during thread teardown, when there is nothing to restore.
         let _ = CONTEXT.try_with(|c| *c.borrow_mut() = previous);
     }
@@ -108,18 +111,20 @@ pub fn current() -> Option<WorkerInfo> {
 
 /// Runs `f` with this worker's generator. Outside a worker, a per-thread generator
 /// seeded with 0 is used, so single-threaded runs are reproducible too.
+///
+/// The generator is taken out of the thread's context while `f` runs, so a nested
+/// call (a transform that reads another transformed dataset) does not panic: it
+/// draws from the per-thread fallback generator instead.
 pub fn with_rng<R>(f: impl FnOnce(&mut Rng) -> R) -> R {
-    CONTEXT.with(|c| {
-        let mut ctx = c.borrow_mut();
-        match ctx.as_mut() {
-            Some(ctx) => f(&mut ctx.rng),
-            None => {
-                drop(ctx);
-                FALLBACK_RNG.with(|r| {
-                    let mut r = r.borrow_mut();
-                    f(r.get_or_insert_with(|| Rng::seed_from_u64(0)))
-                })
-            }
-        }
-    })
+    if let Some(mut ctx) = CONTEXT.with(|c| c.borrow_mut().take()) {
+        let out = f(&mut ctx.rng);
+        CONTEXT.with(|c| *c.borrow_mut() = Some(ctx));
+        return out;
+    }
+    let mut rng = FALLBACK_RNG
+        .with(|r| r.borrow_mut().take())
+        .unwrap_or_else(|| Rng::seed_from_u64(0));
+    let out = f(&mut rng);
+    FALLBACK_RNG.with(|r| *r.borrow_mut() = Some(rng));
+    out
 }

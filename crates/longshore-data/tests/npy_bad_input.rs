@@ -3,7 +3,9 @@
 use std::path::Path;
 
 use longshore_data::npy::{encode_header, encode_npy};
-use longshore_data::{DType, DataError, Dataset, NpyArray, NpyDataset, NpyError, NpyShards, write_npy};
+use longshore_data::{
+    DType, DataError, Dataset, NpyArray, NpyDataset, NpyError, NpyShards, write_npy,
+};
 
 fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
     let p = dir.join(name);
@@ -15,7 +17,10 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
 fn missing_file_names_the_path() {
     let err = NpyArray::open("/nonexistent/longshore/x.npy").unwrap_err();
     assert!(matches!(err, DataError::Io { .. }));
-    assert!(err.to_string().contains("/nonexistent/longshore/x.npy"), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent/longshore/x.npy"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -25,7 +30,9 @@ fn truncated_data_reports_expected_and_actual() {
     let p = write(dir.path(), "trunc.npy", &full[..full.len() - 7]);
     let err = NpyArray::open(&p).unwrap_err();
     match &err {
-        DataError::Truncated { expected, actual, .. } => {
+        DataError::Truncated {
+            expected, actual, ..
+        } => {
             assert_eq!(*expected, full.len() as u64);
             assert_eq!(*actual, full.len() as u64 - 7);
         }
@@ -59,8 +66,10 @@ fn truncated_header() {
         assert!(
             matches!(
                 err,
-                DataError::Npy { source: NpyError::Truncated { .. } | NpyError::BadMagic, .. }
-                    | DataError::Io { .. }
+                DataError::Npy {
+                    source: NpyError::Truncated { .. } | NpyError::BadMagic,
+                    ..
+                } | DataError::Io { .. }
             ),
             "cut {cut}: {err}"
         );
@@ -82,7 +91,13 @@ fn unknown_dtype_and_bad_magic_and_version() {
     let mut magic = good.clone();
     magic[1] = b'X';
     let p = write(dir.path(), "magic.npy", &magic);
-    assert!(matches!(NpyArray::open(&p), Err(DataError::Npy { source: NpyError::BadMagic, .. })));
+    assert!(matches!(
+        NpyArray::open(&p),
+        Err(DataError::Npy {
+            source: NpyError::BadMagic,
+            ..
+        })
+    ));
 
     let mut version = good.clone();
     version[6] = 9;
@@ -108,11 +123,25 @@ fn misaligned_data_is_an_error_not_ub() {
     let p = write(dir.path(), "mis.npy", &bytes);
     let a = NpyArray::open(&p).unwrap();
     let err = a.as_slice::<f32>().unwrap_err();
-    assert!(matches!(err, DataError::Misaligned { align: 4, .. }), "{err}");
+    assert!(
+        matches!(err, DataError::Misaligned { align: 4, .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("mis.npy"), "{err}");
     // Copying reads still work.
-    assert_eq!(a.to_tensor().unwrap().as_slice::<f32>().unwrap(), &[1.5, 2.5]);
-    assert_eq!(NpyDataset::open(&p).unwrap().get(1).unwrap().as_slice::<f32>().unwrap(), &[2.5]);
+    assert_eq!(
+        a.to_tensor().unwrap().as_slice::<f32>().unwrap(),
+        &[1.5, 2.5]
+    );
+    assert_eq!(
+        NpyDataset::open(&p)
+            .unwrap()
+            .get(1)
+            .unwrap()
+            .as_slice::<f32>()
+            .unwrap(),
+        &[2.5]
+    );
 }
 
 #[test]
@@ -122,10 +151,20 @@ fn dtype_mismatch_and_index_out_of_range() {
     write_npy(&p, &[3, 2], &[1i32, 2, 3, 4, 5, 6]).unwrap();
     let a = NpyArray::open(&p).unwrap();
     let err = a.as_slice::<f32>().unwrap_err();
-    assert!(matches!(err, DataError::DTypeMismatch { actual: DType::I32, requested: DType::F32, .. }));
+    assert!(matches!(
+        err,
+        DataError::DTypeMismatch {
+            actual: DType::I32,
+            requested: DType::F32,
+            ..
+        }
+    ));
     let ds = NpyDataset::open(&p).unwrap();
     let err = ds.get(3).unwrap_err();
-    assert_eq!(err.to_string(), "index 3 out of range for npy dataset of length 3");
+    assert_eq!(
+        err.to_string(),
+        "index 3 out of range for npy dataset of length 3"
+    );
 }
 
 #[test]
@@ -141,10 +180,23 @@ fn shards_must_agree_and_concatenate() {
     assert_eq!(s.len(), 5);
     for i in 0..5 {
         let row = s.get(i).unwrap();
-        assert_eq!(row.as_slice::<f32>().unwrap(), &[2.0 * i as f32, 2.0 * i as f32 + 1.0]);
+        assert_eq!(
+            row.as_slice::<f32>().unwrap(),
+            &[2.0 * i as f32, 2.0 * i as f32 + 1.0]
+        );
     }
-    assert!(matches!(s.get(5), Err(DataError::IndexOutOfRange { index: 5, len: 5, .. })));
+    assert!(matches!(
+        s.get(5),
+        Err(DataError::IndexOutOfRange {
+            index: 5,
+            len: 5,
+            ..
+        })
+    ));
     let err = NpyShards::open([&a, &c]).unwrap_err();
     assert!(err.to_string().contains("c.npy"), "{err}");
-    assert!(matches!(NpyShards::open(Vec::<&Path>::new()), Err(DataError::Empty { .. })));
+    assert!(matches!(
+        NpyShards::open(Vec::<&Path>::new()),
+        Err(DataError::Empty { .. })
+    ));
 }

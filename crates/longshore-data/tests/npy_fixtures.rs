@@ -10,23 +10,75 @@ use longshore_data::{
 };
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// The fixture's values as f64, converting through the dtype.
 fn values_f64(t: &longshore_data::Tensor) -> Vec<f64> {
     match t.dtype() {
         DType::Bool => t.bytes().iter().map(|&b| f64::from(b)).collect(),
-        DType::U8 => t.as_slice::<u8>().unwrap().iter().map(|&v| f64::from(v)).collect(),
-        DType::I8 => t.as_slice::<i8>().unwrap().iter().map(|&v| f64::from(v)).collect(),
-        DType::U16 => t.as_slice::<u16>().unwrap().iter().map(|&v| f64::from(v)).collect(),
-        DType::I16 => t.as_slice::<i16>().unwrap().iter().map(|&v| f64::from(v)).collect(),
-        DType::U32 => t.as_slice::<u32>().unwrap().iter().map(|&v| f64::from(v)).collect(),
-        DType::I32 => t.as_slice::<i32>().unwrap().iter().map(|&v| f64::from(v)).collect(),
-        DType::U64 => t.as_slice::<u64>().unwrap().iter().map(|&v| v as f64).collect(),
-        DType::I64 => t.as_slice::<i64>().unwrap().iter().map(|&v| v as f64).collect(),
-        DType::F16 => t.as_slice::<half::f16>().unwrap().iter().map(|v| v.to_f64()).collect(),
-        DType::F32 => t.as_slice::<f32>().unwrap().iter().map(|&v| f64::from(v)).collect(),
+        DType::U8 => t
+            .as_slice::<u8>()
+            .unwrap()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        DType::I8 => t
+            .as_slice::<i8>()
+            .unwrap()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        DType::U16 => t
+            .as_slice::<u16>()
+            .unwrap()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        DType::I16 => t
+            .as_slice::<i16>()
+            .unwrap()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        DType::U32 => t
+            .as_slice::<u32>()
+            .unwrap()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        DType::I32 => t
+            .as_slice::<i32>()
+            .unwrap()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
+        DType::U64 => t
+            .as_slice::<u64>()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect(),
+        DType::I64 => t
+            .as_slice::<i64>()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect(),
+        DType::F16 => t
+            .as_slice::<half::f16>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_f64())
+            .collect(),
+        DType::F32 => t
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect(),
         DType::F64 => t.as_slice::<f64>().unwrap().to_vec(),
         other => panic!("unexpected dtype {other}"),
     }
@@ -54,7 +106,13 @@ fn every_little_endian_dtype_reads_as_arange() {
         assert_eq!(a.shape(), &[3, 4], "{name}");
         let t = a.to_tensor().unwrap();
         let expect: Vec<f64> = (0..12)
-            .map(|i| if dtype == DType::Bool { f64::from(i % 2) } else { f64::from(i) })
+            .map(|i| {
+                if dtype == DType::Bool {
+                    f64::from(i % 2)
+                } else {
+                    f64::from(i)
+                }
+            })
             .collect();
         assert_eq!(values_f64(&t), expect, "{name}");
         // Rows through the dataset.
@@ -82,13 +140,20 @@ fn big_endian_is_converted_on_read() {
         let expect: Vec<f64> = (0..12).map(f64::from).collect();
         assert_eq!(values_f64(&a.to_tensor().unwrap()), expect, "{name}");
         let ds = NpyDataset::open(fixture(name)).unwrap();
-        assert_eq!(values_f64(&ds.get(1).unwrap()), expect[4..8].to_vec(), "{name}");
+        assert_eq!(
+            values_f64(&ds.get(1).unwrap()),
+            expect[4..8].to_vec(),
+            "{name}"
+        );
         // The direct path converts too.
         let mut out = vec![0u8; 4 * dtype.size()];
         ds.get_field_into(1, 0, &mut out).unwrap();
         assert_eq!(out, ds.get(1).unwrap().bytes(), "{name}");
         // Zero-copy typed views refuse foreign byte order rather than lie.
-        assert!(matches!(a.as_slice::<u16>(), Err(DataError::InvalidFile { .. }) | Err(DataError::DTypeMismatch { .. })));
+        assert!(matches!(
+            a.as_slice::<u16>(),
+            Err(DataError::InvalidFile { .. }) | Err(DataError::DTypeMismatch { .. })
+        ));
     }
 }
 
@@ -96,7 +161,10 @@ fn big_endian_is_converted_on_read() {
 fn versions_two_and_three() {
     let a = NpyArray::open(fixture("v2_f4.npy")).unwrap();
     assert_eq!(a.header().version, (2, 0));
-    assert_eq!(a.as_slice::<f32>().unwrap(), &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+    assert_eq!(
+        a.as_slice::<f32>().unwrap(),
+        &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    );
     let b = NpyArray::open(fixture("v3_i2.npy")).unwrap();
     assert_eq!(b.header().version, (3, 0));
     assert_eq!(b.as_slice::<i16>().unwrap(), &[0, 1, 2, 3, 4]);
@@ -114,14 +182,27 @@ fn scalar_and_empty_arrays() {
     assert_eq!(e.len(), 0);
     assert!(e.is_empty());
     let err = e.get(0).unwrap_err();
-    assert!(matches!(err, DataError::IndexOutOfRange { index: 0, len: 0, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            DataError::IndexOutOfRange {
+                index: 0,
+                len: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn fortran_order_is_refused_unless_one_dimensional() {
     let err = NpyArray::open(fixture("fortran_f4.npy")).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("fortran_order") && msg.contains("fortran_f4.npy"), "{msg}");
+    assert!(
+        msg.contains("fortran_order") && msg.contains("fortran_f4.npy"),
+        "{msg}"
+    );
     assert!(matches!(
         err,
         DataError::Npy {
@@ -139,7 +220,13 @@ fn unsupported_dtypes_are_named() {
     for name in ["structured.npy", "complex.npy"] {
         let err = NpyArray::open(fixture(name)).unwrap_err();
         assert!(
-            matches!(&err, DataError::Npy { source: NpyError::UnsupportedDType(_), .. }),
+            matches!(
+                &err,
+                DataError::Npy {
+                    source: NpyError::UnsupportedDType(_),
+                    ..
+                }
+            ),
             "{name}: {err}"
         );
         assert!(err.to_string().contains(name), "{err}");
@@ -187,8 +274,15 @@ fn round_trip_through_numpy_when_installed() {
         ours.display(),
         dir.path().join("theirs.npy").display()
     );
-    let out = Command::new("python3").args(["-c", &script]).output().unwrap();
-    assert!(out.status.success(), "numpy failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "numpy failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // NumPy -> ours (big endian f4).
     let ds = NpyDataset::open(dir.path().join("theirs.npy")).unwrap();
     assert_eq!(ds.len(), 5);

@@ -1,8 +1,8 @@
 //! PyTorch's sampler semantics on deterministic cases, and argument errors.
 
 use longshore_data::{
-    BatchSampler, BatchedSampler, DataError, DistributedSampler, RandomSampler, Sampler, SamplerState,
-    SequentialSampler, SubsetRandomSampler, WeightedRandomSampler, split_lengths,
+    BatchSampler, BatchedSampler, DataError, DistributedSampler, RandomSampler, Sampler,
+    SamplerState, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler, split_lengths,
 };
 
 fn ranks(len: usize, replicas: usize, drop_last: bool) -> Vec<Vec<usize>> {
@@ -23,14 +23,25 @@ fn distributed_without_shuffle_pads_by_wrapping_like_pytorch() {
         vec![vec![0, 3, 6, 9], vec![1, 4, 7, 0], vec![2, 5, 8, 1]]
     );
     // Padding longer than the dataset wraps repeatedly: len 2 over 5 replicas.
-    assert_eq!(ranks(2, 5, false), vec![vec![0], vec![1], vec![0], vec![1], vec![0]]);
+    assert_eq!(
+        ranks(2, 5, false),
+        vec![vec![0], vec![1], vec![0], vec![1], vec![0]]
+    );
 }
 
 #[test]
 fn distributed_drop_last_truncates_like_pytorch() {
-    assert_eq!(ranks(10, 3, true), vec![vec![0, 3, 6], vec![1, 4, 7], vec![2, 5, 8]]);
+    assert_eq!(
+        ranks(10, 3, true),
+        vec![vec![0, 3, 6], vec![1, 4, 7], vec![2, 5, 8]]
+    );
     for r in 0..3 {
-        assert_eq!(DistributedSampler::new(10, 3, r, true, 0, true).unwrap().len(), 3);
+        assert_eq!(
+            DistributedSampler::new(10, 3, r, true, 0, true)
+                .unwrap()
+                .len(),
+            3
+        );
     }
     // Divisible length: drop_last changes nothing.
     assert_eq!(ranks(9, 3, true), ranks(9, 3, false));
@@ -41,10 +52,19 @@ fn distributed_drop_last_truncates_like_pytorch() {
 #[test]
 fn distributed_rejects_bad_rank_and_replicas() {
     let err = DistributedSampler::new(10, 3, 3, false, 0, false).unwrap_err();
-    assert!(matches!(err, DataError::InvalidArgument { name: "rank", .. }));
+    assert!(matches!(
+        err,
+        DataError::InvalidArgument { name: "rank", .. }
+    ));
     assert!(err.to_string().contains("rank 3"), "{err}");
     let err = DistributedSampler::new(10, 0, 0, false, 0, false).unwrap_err();
-    assert!(matches!(err, DataError::InvalidArgument { name: "num_replicas", .. }));
+    assert!(matches!(
+        err,
+        DataError::InvalidArgument {
+            name: "num_replicas",
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -60,7 +80,16 @@ fn batch_sampler_lengths_and_contents() {
     assert_eq!(b.iter().count(), 3);
     assert_eq!(b.iter_from(2).collect::<Vec<_>>(), vec![vec![6, 7, 8]]);
     let err = BatchedSampler::new(SequentialSampler::new(10), 0, false).unwrap_err();
-    assert!(matches!(err, DataError::InvalidArgument { name: "batch_size", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            DataError::InvalidArgument {
+                name: "batch_size",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -68,7 +97,10 @@ fn random_split_fraction_rounding_matches_pytorch() {
     // floor each, then hand out the remainder round-robin from the first split.
     assert_eq!(split_lengths(10, &[0.3, 0.3, 0.4]).unwrap(), vec![3, 3, 4]);
     assert_eq!(split_lengths(11, &[0.5, 0.5]).unwrap(), vec![6, 5]);
-    assert_eq!(split_lengths(5, &[0.25, 0.25, 0.25, 0.25]).unwrap(), vec![2, 1, 1, 1]);
+    assert_eq!(
+        split_lengths(5, &[0.25, 0.25, 0.25, 0.25]).unwrap(),
+        vec![2, 1, 1, 1]
+    );
     assert_eq!(split_lengths(7, &[0.1, 0.1, 0.8]).unwrap(), vec![1, 1, 5]);
     assert_eq!(split_lengths(0, &[0.5, 0.5]).unwrap(), vec![0, 0]);
     assert!(split_lengths(10, &[0.5, 0.6]).is_err());
@@ -78,10 +110,16 @@ fn random_split_fraction_rounding_matches_pytorch() {
 
 #[test]
 fn argument_errors_name_the_argument() {
-    assert!(matches!(RandomSampler::new(0, 1), Err(DataError::Empty { .. })));
+    assert!(matches!(
+        RandomSampler::new(0, 1),
+        Err(DataError::Empty { .. })
+    ));
     assert!(matches!(
         RandomSampler::with_options(5, true, Some(0), 1),
-        Err(DataError::InvalidArgument { name: "num_samples", .. })
+        Err(DataError::InvalidArgument {
+            name: "num_samples",
+            ..
+        })
     ));
     for (weights, what) in [
         (vec![1.0, -1.0], "index 1 is -1"),
@@ -93,18 +131,42 @@ fn argument_errors_name_the_argument() {
         assert!(err.to_string().contains(what), "{err} lacks {what}");
     }
     let err = WeightedRandomSampler::new(vec![1.0, 0.0, 2.0], 3, false, 0).unwrap_err();
-    assert!(err.to_string().contains("only 2 weights are non-zero"), "{err}");
-    assert!(matches!(WeightedRandomSampler::new(vec![], 1, true, 0), Err(DataError::Empty { .. })));
+    assert!(
+        err.to_string().contains("only 2 weights are non-zero"),
+        "{err}"
+    );
+    assert!(matches!(
+        WeightedRandomSampler::new(vec![], 1, true, 0),
+        Err(DataError::Empty { .. })
+    ));
 }
 
 #[test]
 fn restore_rejects_foreign_state() {
     let mut s = RandomSampler::new(10, 1).unwrap();
-    let state = SamplerState { epoch: 3, position: 11, len: 10 };
-    assert!(matches!(s.restore(&state), Err(DataError::StateMismatch(_))));
-    let state = SamplerState { epoch: 3, position: 4, len: 12 };
-    assert!(matches!(s.restore(&state), Err(DataError::StateMismatch(_))));
-    let state = SamplerState { epoch: 3, position: 4, len: 10 };
+    let state = SamplerState {
+        epoch: 3,
+        position: 11,
+        len: 10,
+    };
+    assert!(matches!(
+        s.restore(&state),
+        Err(DataError::StateMismatch(_))
+    ));
+    let state = SamplerState {
+        epoch: 3,
+        position: 4,
+        len: 12,
+    };
+    assert!(matches!(
+        s.restore(&state),
+        Err(DataError::StateMismatch(_))
+    ));
+    let state = SamplerState {
+        epoch: 3,
+        position: 4,
+        len: 10,
+    };
     assert_eq!(s.restore(&state).unwrap(), 4);
     assert_eq!(s.epoch(), 3);
 }

@@ -45,6 +45,9 @@ fn without_replacement_first_draw_follows_weights() {
         let p = weights[i] / 10.0;
         let expected = p * trials as f64;
         let sd = (trials as f64 * p * (1.0 - p)).sqrt();
-        assert!((c as f64 - expected).abs() <= 6.0 * sd, "index {i}: {c} vs {expected}");
+        assert!(
+            (c as f64 - expected).abs() <= 6.0 * sd,
+            "index {i}: {c} vs {expected}"
+        );
     }
 }
