@@ -70,16 +70,35 @@ struct Case<'a> {
 }
 
 /// One engine H2D copy of `host` into `dev`, synchronised.
-fn engine_h2d(stream: &Stream, source: Source, host: &mut Option<HostBuffer>, dev: &mut DeviceBuffer) {
+fn engine_h2d(
+    stream: &Stream,
+    source: Source,
+    host: &mut Option<HostBuffer>,
+    dev: &mut DeviceBuffer,
+) {
     match source {
         Source::PageableDirect | Source::PageableStaged => {
-            let mode = if matches!(source, Source::PageableDirect) { UploadMode::Direct } else { UploadMode::Staged };
+            let mode = if matches!(source, Source::PageableDirect) {
+                UploadMode::Direct
+            } else {
+                UploadMode::Staged
+            };
             let src = host.as_ref().expect("source present");
-            stream.upload_slice(src.as_bytes(), dev, 0, mode).expect("upload").synchronize().expect("sync");
+            stream
+                .upload_slice(src.as_bytes(), dev, 0, mode)
+                .expect("upload")
+                .synchronize()
+                .expect("sync");
         }
         Source::PageLocked | Source::Registered => {
             let src = host.take().expect("source present");
-            *host = Some(stream.upload(src, dev).expect("upload").wait().expect("wait"));
+            *host = Some(
+                stream
+                    .upload(src, dev)
+                    .expect("upload")
+                    .wait()
+                    .expect("wait"),
+            );
         }
     }
 }
@@ -87,11 +106,21 @@ fn engine_h2d(stream: &Stream, source: Source, host: &mut Option<HostBuffer>, de
 /// One engine D2H copy of `dev` into `host`, synchronised.
 fn engine_d2h(stream: &Stream, host: &mut Option<HostBuffer>, dev: &DeviceBuffer) {
     let dst = host.take().expect("destination present");
-    *host = Some(stream.download(dev, dst).expect("download").wait().expect("wait"));
+    *host = Some(
+        stream
+            .download(dev, dst)
+            .expect("download")
+            .wait()
+            .expect("wait"),
+    );
 }
 
 fn run_matrix(c: &mut Criterion, case: &Case<'_>, sources: &[Source], budget: Duration) {
-    let Case { stream, device_label, size } = *case;
+    let Case {
+        stream,
+        device_label,
+        size,
+    } = *case;
     let mut dev = stream.alloc(size).expect("device alloc");
     stream.memset(&mut dev, 1).expect("memset");
     stream.synchronize().expect("sync");
@@ -101,7 +130,10 @@ fn run_matrix(c: &mut Criterion, case: &Case<'_>, sources: &[Source], budget: Du
     for &source in sources {
         let mut host = match HostBuffer::alloc(source.kind(), size) {
             Ok(mut b) => {
-                b.as_bytes_mut().iter_mut().enumerate().for_each(|(i, x)| *x = i as u8);
+                b.as_bytes_mut()
+                    .iter_mut()
+                    .enumerate()
+                    .for_each(|(i, x)| *x = i as u8);
                 Some(b)
             }
             Err(e) => {
@@ -130,11 +162,13 @@ fn run_matrix(c: &mut Criterion, case: &Case<'_>, sources: &[Source], budget: Du
             };
             let bare = if dir == "h2d" {
                 median_secs(budget, || {
-                    bare_htod(stream, host.as_ref().expect("host").as_bytes(), &mut dev).expect("bare h2d")
+                    bare_htod(stream, host.as_ref().expect("host").as_bytes(), &mut dev)
+                        .expect("bare h2d")
                 })
             } else {
                 median_secs(budget, || {
-                    bare_dtoh(stream, &dev, host.as_mut().expect("host").as_bytes_mut()).expect("bare d2h")
+                    bare_dtoh(stream, &dev, host.as_mut().expect("host").as_bytes_mut())
+                        .expect("bare d2h")
                 })
             };
             println!(
@@ -156,24 +190,40 @@ fn run_matrix(c: &mut Criterion, case: &Case<'_>, sources: &[Source], budget: Du
             // The same cases under criterion.
             let mut group = c.benchmark_group(format!("transfer/{device_label}/{dir}"));
             group.throughput(Throughput::Bytes(size as u64));
-            group.bench_function(BenchmarkId::new(format!("{}/engine", source.name()), mib(size)), |b| {
-                if dir == "h2d" {
-                    b.iter(|| engine_h2d(stream, source, &mut host, &mut dev))
-                } else {
-                    b.iter(|| engine_d2h(stream, &mut host, &dev))
-                }
-            });
-            group.bench_function(BenchmarkId::new(format!("{}/bare", source.name()), mib(size)), |b| {
-                if dir == "h2d" {
-                    b.iter(|| {
-                        bare_htod(stream, black_box(host.as_ref().expect("host").as_bytes()), &mut dev).expect("bare")
-                    })
-                } else {
-                    b.iter(|| {
-                        bare_dtoh(stream, &dev, black_box(host.as_mut().expect("host").as_bytes_mut())).expect("bare")
-                    })
-                }
-            });
+            group.bench_function(
+                BenchmarkId::new(format!("{}/engine", source.name()), mib(size)),
+                |b| {
+                    if dir == "h2d" {
+                        b.iter(|| engine_h2d(stream, source, &mut host, &mut dev))
+                    } else {
+                        b.iter(|| engine_d2h(stream, &mut host, &dev))
+                    }
+                },
+            );
+            group.bench_function(
+                BenchmarkId::new(format!("{}/bare", source.name()), mib(size)),
+                |b| {
+                    if dir == "h2d" {
+                        b.iter(|| {
+                            bare_htod(
+                                stream,
+                                black_box(host.as_ref().expect("host").as_bytes()),
+                                &mut dev,
+                            )
+                            .expect("bare")
+                        })
+                    } else {
+                        b.iter(|| {
+                            bare_dtoh(
+                                stream,
+                                &dev,
+                                black_box(host.as_mut().expect("host").as_bytes_mut()),
+                            )
+                            .expect("bare")
+                        })
+                    }
+                },
+            );
             group.finish();
         }
     }
@@ -195,18 +245,37 @@ fn main() {
         .warm_up_time(Duration::from_millis(if quick { 200 } else { 1000 }))
         .measurement_time(Duration::from_millis(if quick { 500 } else { 3000 }))
         .configure_from_args();
-    let sizes: &[usize] = if quick { &[1 << 20, 16 << 20] } else { &[1 << 20, 16 << 20, 256 << 20] };
+    let sizes: &[usize] = if quick {
+        &[1 << 20, 16 << 20]
+    } else {
+        &[1 << 20, 16 << 20, 256 << 20]
+    };
     let budget = Duration::from_millis(if quick { 150 } else { 600 });
 
     let (device, label, sources): (Device, String, Vec<Source>) = match Device::cuda(0) {
         Ok(d) => {
             let label = d.id().to_string();
             println!("transfer: measuring on {}", d.name());
-            (d, label, vec![Source::PageableDirect, Source::PageableStaged, Source::PageLocked, Source::Registered])
+            (
+                d,
+                label,
+                vec![
+                    Source::PageableDirect,
+                    Source::PageableStaged,
+                    Source::PageLocked,
+                    Source::Registered,
+                ],
+            )
         }
         Err(e) => {
-            println!("transfer: no CUDA device ({e}); measuring the Cpu backend's copy throughput instead");
-            (Device::cpu(), "cpu".to_owned(), vec![Source::PageableDirect, Source::PageableStaged])
+            println!(
+                "transfer: no CUDA device ({e}); measuring the Cpu backend's copy throughput instead"
+            );
+            (
+                Device::cpu(),
+                "cpu".to_owned(),
+                vec![Source::PageableDirect, Source::PageableStaged],
+            )
         }
     };
     if let Ok(stager) = device.stager() {
@@ -214,7 +283,16 @@ fn main() {
     }
     let stream = device.new_stream().expect("stream");
     for &size in sizes {
-        run_matrix(&mut c, &Case { stream: &stream, device_label: &label, size }, &sources, budget);
+        run_matrix(
+            &mut c,
+            &Case {
+                stream: &stream,
+                device_label: &label,
+                size,
+            },
+            &sources,
+            budget,
+        );
     }
     c.final_summary();
 }

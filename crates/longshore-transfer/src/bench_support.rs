@@ -15,7 +15,12 @@ fn check(stream: &Stream, buf: &DeviceBuffer, bytes: usize) -> Result<()> {
         });
     }
     if bytes > buf.len() {
-        return Err(TransferError::OutOfBounds { op: "bare copy", bytes, offset: 0, capacity: buf.len() });
+        return Err(TransferError::OutOfBounds {
+            op: "bare copy",
+            bytes,
+            offset: 0,
+            capacity: buf.len(),
+        });
     }
     Ok(())
 }
@@ -34,18 +39,24 @@ pub fn bare_htod(stream: &Stream, src: &[u8], dst: &mut DeviceBuffer) -> Result<
         (StreamBackend::Cuda { dev, stream: s }, DeviceMem::Cuda(m)) => {
             dev.bind()?;
             // SAFETY: the range fits `m` (checked), and we synchronise before `src`'s borrow ends.
-            unsafe { crate::backend::cuda::htod(s, m.ptr, src.as_ptr(), src.len()) }.map_err(|e| {
-                crate::backend::cuda::err(
-                    "cuMemcpyHtoDAsync",
-                    e,
-                    dev.ordinal,
-                    format!("bare copy of {} bytes", src.len()),
-                )
-            })?;
-            s.synchronize().map_err(|e| crate::backend::cuda::err("cuStreamSynchronize", e, dev.ordinal, "bare copy"))
+            unsafe { crate::backend::cuda::htod(s, m.ptr, src.as_ptr(), src.len()) }.map_err(
+                |e| {
+                    crate::backend::cuda::err(
+                        "cuMemcpyHtoDAsync",
+                        e,
+                        dev.ordinal,
+                        format!("bare copy of {} bytes", src.len()),
+                    )
+                },
+            )?;
+            s.synchronize().map_err(|e| {
+                crate::backend::cuda::err("cuStreamSynchronize", e, dev.ordinal, "bare copy")
+            })
         }
         #[cfg(feature = "cuda")]
-        _ => Err(TransferError::Invalid("stream and buffer backends differ".to_owned())),
+        _ => Err(TransferError::Invalid(
+            "stream and buffer backends differ".to_owned(),
+        )),
     }
 }
 
@@ -63,17 +74,23 @@ pub fn bare_dtoh(stream: &Stream, src: &DeviceBuffer, dst: &mut [u8]) -> Result<
         (StreamBackend::Cuda { dev, stream: s }, DeviceMem::Cuda(m)) => {
             dev.bind()?;
             // SAFETY: the range fits `m` (checked), and we synchronise before `dst`'s borrow ends.
-            unsafe { crate::backend::cuda::dtoh(s, dst.as_mut_ptr(), m.ptr, dst.len()) }.map_err(|e| {
-                crate::backend::cuda::err(
-                    "cuMemcpyDtoHAsync",
-                    e,
-                    dev.ordinal,
-                    format!("bare copy of {} bytes", dst.len()),
-                )
-            })?;
-            s.synchronize().map_err(|e| crate::backend::cuda::err("cuStreamSynchronize", e, dev.ordinal, "bare copy"))
+            unsafe { crate::backend::cuda::dtoh(s, dst.as_mut_ptr(), m.ptr, dst.len()) }.map_err(
+                |e| {
+                    crate::backend::cuda::err(
+                        "cuMemcpyDtoHAsync",
+                        e,
+                        dev.ordinal,
+                        format!("bare copy of {} bytes", dst.len()),
+                    )
+                },
+            )?;
+            s.synchronize().map_err(|e| {
+                crate::backend::cuda::err("cuStreamSynchronize", e, dev.ordinal, "bare copy")
+            })
         }
         #[cfg(feature = "cuda")]
-        _ => Err(TransferError::Invalid("stream and buffer backends differ".to_owned())),
+        _ => Err(TransferError::Invalid(
+            "stream and buffer backends differ".to_owned(),
+        )),
     }
 }

@@ -45,8 +45,21 @@ pub struct DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    pub(crate) fn new(mem: DeviceMem, len: usize, device: Device, allocated: Option<Event>) -> Self {
-        Self { mem, len, device, track: Mutex::new(Track { write: allocated, reads: Vec::new() }) }
+    pub(crate) fn new(
+        mem: DeviceMem,
+        len: usize,
+        device: Device,
+        allocated: Option<Event>,
+    ) -> Self {
+        Self {
+            mem,
+            len,
+            device,
+            track: Mutex::new(Track {
+                write: allocated,
+                reads: Vec::new(),
+            }),
+        }
     }
 
     /// Length in bytes.
@@ -119,7 +132,8 @@ impl DeviceBuffer {
 
     pub(crate) fn after_read(&self, ev: &Event) {
         let mut t = self.lock();
-        t.reads.retain(|e| !e.is_complete() && e.stream_id() != ev.stream_id());
+        t.reads
+            .retain(|e| !e.is_complete() && e.stream_id() != ev.stream_id());
         t.reads.push(ev.clone());
     }
 }
@@ -135,7 +149,10 @@ fn wait_foreign(stream: &Stream, deps: &[Event]) -> Result<()> {
 
 impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DeviceBuffer").field("device", &self.device.id()).field("len", &self.len).finish()
+        f.debug_struct("DeviceBuffer")
+            .field("device", &self.device.id())
+            .field("len", &self.len)
+            .finish()
     }
 }
 

@@ -107,7 +107,10 @@ impl Device {
             if longshore_host::driver_status().is_err() {
                 return 0;
             }
-            cudarc::driver::result::device::get_count().ok().and_then(|c| usize::try_from(c).ok()).unwrap_or(0)
+            cudarc::driver::result::device::get_count()
+                .ok()
+                .and_then(|c| usize::try_from(c).ok())
+                .unwrap_or(0)
         }
         #[cfg(not(feature = "cuda"))]
         {

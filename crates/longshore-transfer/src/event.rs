@@ -59,7 +59,11 @@ pub struct Event {
 
 impl Event {
     pub(crate) fn new(inner: EventInner, device: DeviceId, stream: u64) -> Self {
-        Self { inner, device, stream }
+        Self {
+            inner,
+            device,
+            stream,
+        }
     }
 
     /// An event on the `Cpu` device that is already complete.
@@ -129,7 +133,10 @@ impl Event {
 
     /// A future that resolves when the event completes (same as `event.clone().await`).
     pub fn completion(&self) -> EventFuture {
-        EventFuture { event: self.clone(), slot: None }
+        EventFuture {
+            event: self.clone(),
+            slot: None,
+        }
     }
 }
 
@@ -171,13 +178,19 @@ impl WakerSlot {
 }
 
 /// Polls `event`, registering `cx`'s waker with it once (later polls only refresh the waker).
-pub(crate) fn poll_event(event: &Event, slot: &mut Option<Arc<WakerSlot>>, cx: &mut Context<'_>) -> Poll<()> {
+pub(crate) fn poll_event(
+    event: &Event,
+    slot: &mut Option<Arc<WakerSlot>>,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
     if event.is_complete() {
         return Poll::Ready(());
     }
     match slot {
         None => {
-            let s = Arc::new(WakerSlot { waker: Mutex::new(Some(cx.waker().clone())) });
+            let s = Arc::new(WakerSlot {
+                waker: Mutex::new(Some(cx.waker().clone())),
+            });
             *slot = Some(s.clone());
             event.on_complete(move || s.fire());
         }
@@ -189,7 +202,11 @@ pub(crate) fn poll_event(event: &Event, slot: &mut Option<Arc<WakerSlot>>, cx: &
             }
         }
     }
-    if event.is_complete() { Poll::Ready(()) } else { Poll::Pending }
+    if event.is_complete() {
+        Poll::Ready(())
+    } else {
+        Poll::Pending
+    }
 }
 
 /// The future of an [`Event`]; resolves to the result of the work before it.
@@ -218,7 +235,10 @@ impl IntoFuture for Event {
     type IntoFuture = EventFuture;
 
     fn into_future(self) -> EventFuture {
-        EventFuture { event: self, slot: None }
+        EventFuture {
+            event: self,
+            slot: None,
+        }
     }
 }
 

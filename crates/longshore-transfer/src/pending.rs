@@ -69,7 +69,11 @@ impl<T: Send + 'static> Pending<T> {
     ///
     /// Safe code can build one, but only the copies of this crate make it meaningful.
     pub fn new(value: Box<T>, event: Event) -> Self {
-        Self { value: Some(value), event, slot: None }
+        Self {
+            value: Some(value),
+            event,
+            slot: None,
+        }
     }
 
     /// The event the value waits for.
@@ -90,7 +94,11 @@ impl<T: Send + 'static> Pending<T> {
 
     /// The value if the copy has completed, otherwise `self` back.
     pub fn try_take(mut self) -> std::result::Result<T, Self> {
-        if self.event.is_complete() { Ok(*self.take()) } else { Err(self) }
+        if self.event.is_complete() {
+            Ok(*self.take())
+        } else {
+            Err(self)
+        }
     }
 
     fn take(&mut self) -> Box<T> {
@@ -120,7 +128,8 @@ impl<T: Send + 'static> Drop for Pending<T> {
             if self.event.is_complete() {
                 drop(v);
             } else {
-                self.event.on_complete(move || crate::backend::reaper::drop_later(v));
+                self.event
+                    .on_complete(move || crate::backend::reaper::drop_later(v));
             }
         }
     }

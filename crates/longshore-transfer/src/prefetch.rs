@@ -105,7 +105,10 @@ pub struct DeviceBatch<M> {
 impl<S: HostMemory, M: Send + 'static> ToDevice for HostBatch<S, M> {
     type Output = DeviceBatch<M>;
     fn to_device(self, stream: &Stream) -> Result<DeviceBatch<M>> {
-        Ok(DeviceBatch { storage: upload_new(stream, self.storage)?, meta: self.meta })
+        Ok(DeviceBatch {
+            storage: upload_new(stream, self.storage)?,
+            meta: self.meta,
+        })
     }
 }
 
@@ -174,9 +177,15 @@ where
 {
     /// Prefetches `source` on `stream`, keeping `depth` (at least 1) batches in flight.
     /// Nothing is pulled from `source` before the first `next`.
-    pub fn new(source: impl IntoIterator<IntoIter = I>, stream: Stream, depth: usize) -> Result<Self> {
+    pub fn new(
+        source: impl IntoIterator<IntoIter = I>,
+        stream: Stream,
+        depth: usize,
+    ) -> Result<Self> {
         if depth == 0 {
-            return Err(TransferError::Invalid("a prefetcher needs a depth of at least 1".to_owned()));
+            return Err(TransferError::Invalid(
+                "a prefetcher needs a depth of at least 1".to_owned(),
+            ));
         }
         Ok(Self {
             source: source.into_iter().fuse(),
@@ -209,10 +218,16 @@ where
 
     fn fill(&mut self) {
         while self.queue.len() < self.depth {
-            let Some(item) = self.source.next() else { break };
+            let Some(item) = self.source.next() else {
+                break;
+            };
             self.pulled += 1;
-            let staged =
-                item.to_device(&self.stream).and_then(|batch| Ok(Prefetched { batch, ready: self.stream.record()? }));
+            let staged = item.to_device(&self.stream).and_then(|batch| {
+                Ok(Prefetched {
+                    batch,
+                    ready: self.stream.record()?,
+                })
+            });
             self.queue.push_back(staged);
         }
     }

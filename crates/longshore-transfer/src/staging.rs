@@ -51,7 +51,9 @@ pub struct StagingConfig {
 
 impl Default for StagingConfig {
     fn default() -> Self {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
         Self {
             chunk_bytes: 4 << 20,
             threads: (cores / 2).clamp(1, 8),
@@ -78,15 +80,30 @@ impl Stager {
                 "staging needs a non-zero chunk size, thread count and depth, got {config:?}"
             )));
         }
-        let kind = if device.is_cpu() { MemoryKind::Pageable } else { MemoryKind::PageLocked };
-        let in_flight = config.threads.saturating_mul(config.in_flight_per_thread).saturating_mul(config.chunk_bytes);
+        let kind = if device.is_cpu() {
+            MemoryKind::Pageable
+        } else {
+            MemoryKind::PageLocked
+        };
+        let in_flight = config
+            .threads
+            .saturating_mul(config.in_flight_per_thread)
+            .saturating_mul(config.chunk_bytes);
         let pool = PinnedPool::new(
             PoolConfig::for_kind(kind)
-                .budget(in_flight.saturating_mul(2).max(config.chunk_bytes.saturating_mul(2)))
+                .budget(
+                    in_flight
+                        .saturating_mul(2)
+                        .max(config.chunk_bytes.saturating_mul(2)),
+                )
                 .policy(BudgetPolicy::FallbackPageable)
                 .register_above(None),
         )?;
-        Ok(Self { device: device.clone(), config, pool })
+        Ok(Self {
+            device: device.clone(),
+            config,
+            pool,
+        })
     }
 
     /// The device this stager uploads to.
@@ -106,8 +123,17 @@ impl Stager {
 
     /// Stages `src` into `dst` at `offset` on `stream`; returns the event of the last chunk.
     /// When this returns, `src` has been consumed.
-    pub fn upload(&self, stream: &Stream, src: &[u8], dst: &mut DeviceBuffer, offset: usize) -> Result<Event> {
-        for (what, id) in [("the stream", stream.device().id()), ("the destination buffer", dst.device().id())] {
+    pub fn upload(
+        &self,
+        stream: &Stream,
+        src: &[u8],
+        dst: &mut DeviceBuffer,
+        offset: usize,
+    ) -> Result<Event> {
+        for (what, id) in [
+            ("the stream", stream.device().id()),
+            ("the destination buffer", dst.device().id()),
+        ] {
             if id != self.device.id() {
                 return Err(TransferError::DeviceMismatch {
                     op: "staged upload",
@@ -117,7 +143,10 @@ impl Stager {
                 });
             }
         }
-        if offset.checked_add(src.len()).is_none_or(|end| end > dst.len()) {
+        if offset
+            .checked_add(src.len())
+            .is_none_or(|end| end > dst.len())
+        {
             return Err(TransferError::OutOfBounds {
                 op: "staged upload",
                 bytes: src.len(),
@@ -133,7 +162,13 @@ impl Stager {
     }
 
     /// The staging loop, without checks or tracking.
-    pub(crate) fn upload_raw(&self, stream: &Stream, src: &[u8], dst: &DeviceBuffer, offset: usize) -> Result<()> {
+    pub(crate) fn upload_raw(
+        &self,
+        stream: &Stream,
+        src: &[u8],
+        dst: &DeviceBuffer,
+        offset: usize,
+    ) -> Result<()> {
         let chunk = self.config.chunk_bytes;
         let n = src.len().div_ceil(chunk);
         let threads = self.config.threads.min(n).max(1);
@@ -143,7 +178,10 @@ impl Stager {
         let failure: Mutex<Option<TransferError>> = Mutex::new(None);
         let fail = |e: TransferError| {
             stop.store(true, Ordering::Relaxed);
-            failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
         };
         let work = || {
             let mut in_flight: VecDeque<Event> = VecDeque::with_capacity(depth);
@@ -188,10 +226,19 @@ impl Stager {
         }
     }
 
-    fn stage_chunk(&self, stream: &Stream, src: &[u8], dst: &DeviceBuffer, offset: usize) -> Result<Event> {
+    fn stage_chunk(
+        &self,
+        stream: &Stream,
+        src: &[u8],
+        dst: &DeviceBuffer,
+        offset: usize,
+    ) -> Result<Event> {
         let mut lease = self.pool.alloc(src.len())?;
         lease.as_bytes_mut().copy_from_slice(src);
-        let ptr = HostPtr { ptr: lease.as_bytes().as_ptr(), len: src.len() };
+        let ptr = HostPtr {
+            ptr: lease.as_bytes().as_ptr(),
+            len: src.len(),
+        };
         // SAFETY: the lease is dropped below only after the copy's event has been recorded on
         // it, and the pool (or, for a pageable fallback, HostBuffer's drop) neither reuses nor
         // frees a block before its fences complete; nobody writes it in between.

@@ -63,7 +63,12 @@ fn next_stream_id() -> u64 {
 fn bounds(op: &'static str, bytes: usize, offset: usize, capacity: usize) -> Result<()> {
     match offset.checked_add(bytes) {
         Some(end) if end <= capacity => Ok(()),
-        _ => Err(TransferError::OutOfBounds { op, bytes, offset, capacity }),
+        _ => Err(TransferError::OutOfBounds {
+            op,
+            bytes,
+            offset,
+            capacity,
+        }),
     }
 }
 
@@ -75,10 +80,9 @@ impl Stream {
             DeviceId::Cuda(_ordinal) => {
                 #[cfg(feature = "cuda")]
                 {
-                    let dev = device
-                        .cuda_device()
-                        .cloned()
-                        .ok_or_else(|| TransferError::Invalid(format!("{} has no CUDA backend", device.id())))?;
+                    let dev = device.cuda_device().cloned().ok_or_else(|| {
+                        TransferError::Invalid(format!("{} has no CUDA backend", device.id()))
+                    })?;
                     let stream = dev.new_stream()?;
                     StreamBackend::Cuda { dev, stream }
                 }
@@ -86,13 +90,20 @@ impl Stream {
                 {
                     return Err(TransferError::CudaUnavailable {
                         ordinal: _ordinal,
-                        reason: "longshore-transfer was built without the `cuda` feature".to_owned(),
+                        reason: "longshore-transfer was built without the `cuda` feature"
+                            .to_owned(),
                     });
                 }
             }
         };
         tracing::debug!(target: "longshore::transfer", stream_id = id, device = %device.id(), "stream created");
-        Ok(Stream { shared: Arc::new(StreamShared { device: device.clone(), id, backend }) })
+        Ok(Stream {
+            shared: Arc::new(StreamShared {
+                device: device.clone(),
+                id,
+                backend,
+            }),
+        })
     }
 
     /// The device the stream runs on.
@@ -112,14 +123,24 @@ impl Stream {
     fn check_device(&self, op: &'static str, what: &'static str, found: DeviceId) -> Result<()> {
         let expected = self.device().id();
         if expected != found {
-            return Err(TransferError::DeviceMismatch { op, what, expected, found });
+            return Err(TransferError::DeviceMismatch {
+                op,
+                what,
+                expected,
+                found,
+            });
         }
         Ok(())
     }
 
     #[cfg(feature = "cuda")]
     fn mismatch(&self, op: &'static str, what: &'static str, found: DeviceId) -> TransferError {
-        TransferError::DeviceMismatch { op, what, expected: self.device().id(), found }
+        TransferError::DeviceMismatch {
+            op,
+            what,
+            expected: self.device().id(),
+            found,
+        }
     }
 
     /// Records an event behind all the work enqueued so far.
@@ -151,14 +172,20 @@ impl Stream {
                 }))
             }
             #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { dev, stream }, EventInner::Cuda(e)) => stream.wait(e.raw()).map_err(|err| {
-                crate::backend::cuda::err(
-                    "cuStreamWaitEvent",
-                    err,
-                    dev.ordinal,
-                    format!("making stream {} wait on an event of stream {}", self.id(), event.stream_id()),
-                )
-            }),
+            (StreamBackend::Cuda { dev, stream }, EventInner::Cuda(e)) => {
+                stream.wait(e.raw()).map_err(|err| {
+                    crate::backend::cuda::err(
+                        "cuStreamWaitEvent",
+                        err,
+                        dev.ordinal,
+                        format!(
+                            "making stream {} wait on an event of stream {}",
+                            self.id(),
+                            event.stream_id()
+                        ),
+                    )
+                })
+            }
             #[cfg(feature = "cuda")]
             (StreamBackend::Cuda { .. }, EventInner::Cpu(_)) => {
                 Err(self.mismatch("wait_event", "the event", event.device()))
@@ -178,7 +205,9 @@ impl Stream {
         match self.backend() {
             StreamBackend::Cpu(s) => s.enqueue(Box::new(f)),
             #[cfg(feature = "cuda")]
-            StreamBackend::Cuda { dev, stream } => crate::backend::cuda::launch_host_fn(dev, stream, Box::new(f)),
+            StreamBackend::Cuda { dev, stream } => {
+                crate::backend::cuda::launch_host_fn(dev, stream, Box::new(f))
+            }
         }
     }
 
@@ -188,12 +217,17 @@ impl Stream {
     /// The contents are unspecified (zero on `Cpu`); see [`alloc_zeroed`](Stream::alloc_zeroed).
     pub fn alloc(&self, len: usize) -> Result<DeviceBuffer> {
         if len == 0 {
-            return Err(TransferError::ZeroSize { device: self.device().id() });
+            return Err(TransferError::ZeroSize {
+                device: self.device().id(),
+            });
         }
         match self.backend() {
-            StreamBackend::Cpu(_) => {
-                Ok(DeviceBuffer::new(DeviceMem::Cpu(CpuMem::new(len)), len, self.device().clone(), None))
-            }
+            StreamBackend::Cpu(_) => Ok(DeviceBuffer::new(
+                DeviceMem::Cpu(CpuMem::new(len)),
+                len,
+                self.device().clone(),
+                None,
+            )),
             #[cfg(feature = "cuda")]
             StreamBackend::Cuda { dev, stream } => {
                 let mem = crate::backend::cuda::CuMem::alloc(dev, stream, len, self.id())?;
@@ -258,7 +292,12 @@ impl Stream {
     ///   [`upload_slice`](Stream::upload_slice) with [`UploadMode::Auto`]; the call returns once
     ///   the source has been consumed, so the `Pending` is ready (or nearly) at once.
     /// * On `Cpu` every copy is asynchronous: the worker thread reads `src` when it gets there.
-    pub fn upload_at<S: HostMemory>(&self, src: S, dst: &mut DeviceBuffer, offset: usize) -> Result<Pending<S>> {
+    pub fn upload_at<S: HostMemory>(
+        &self,
+        src: S,
+        dst: &mut DeviceBuffer,
+        offset: usize,
+    ) -> Result<Pending<S>> {
         self.check_device("upload", "the destination buffer", dst.device().id())?;
         let len = src.as_bytes().len();
         bounds("upload", len, offset, dst.len())?;
@@ -268,7 +307,10 @@ impl Stream {
         if pageable_cuda {
             self.upload_pageable_raw(src.as_bytes(), dst, offset, UploadMode::Auto)?;
         } else {
-            let ptr = HostPtr { ptr: src.as_bytes().as_ptr(), len };
+            let ptr = HostPtr {
+                ptr: src.as_bytes().as_ptr(),
+                len,
+            };
             // SAFETY: `src` is boxed (its bytes do not move) and owned by the returned Pending,
             // which gives no access to it until an event recorded after this copy completes and
             // defers its drop until then; `HostMemory` memory stays valid while it is alive.
@@ -286,21 +328,35 @@ impl Stream {
     /// # Safety
     /// The memory behind `src` stays valid and unwritten until an event recorded on this stream
     /// after this call completes. `dst` is on this stream's device and the range fits.
-    pub(crate) unsafe fn enqueue_htod_raw(&self, src: HostPtr, dst: &DeviceBuffer, offset: usize) -> Result<()> {
+    pub(crate) unsafe fn enqueue_htod_raw(
+        &self,
+        src: HostPtr,
+        dst: &DeviceBuffer,
+        offset: usize,
+    ) -> Result<()> {
         match (self.backend(), &dst.mem) {
             // SAFETY: forwarded from the caller.
-            (StreamBackend::Cpu(s), DeviceMem::Cpu(m)) => unsafe { cpu::enqueue_htod(s, m, offset, src) },
+            (StreamBackend::Cpu(s), DeviceMem::Cpu(m)) => unsafe {
+                cpu::enqueue_htod(s, m, offset, src)
+            },
             #[cfg(feature = "cuda")]
             (StreamBackend::Cuda { dev, stream }, DeviceMem::Cuda(m)) => {
                 dev.bind()?;
                 // SAFETY: the destination range is inside `m` (checked by the caller) in this
                 // stream's context; the source stays valid until the copy completes (caller).
-                unsafe { crate::backend::cuda::htod(stream, m.ptr + offset as u64, src.ptr, src.len) }.map_err(|e| {
+                unsafe {
+                    crate::backend::cuda::htod(stream, m.ptr + offset as u64, src.ptr, src.len)
+                }
+                .map_err(|e| {
                     crate::backend::cuda::err(
                         "cuMemcpyHtoDAsync",
                         e,
                         dev.ordinal,
-                        format!("copying {} bytes to offset {offset} on stream {}", src.len, self.id()),
+                        format!(
+                            "copying {} bytes to offset {offset} on stream {}",
+                            src.len,
+                            self.id()
+                        ),
                     )
                 })
             }
@@ -323,7 +379,13 @@ impl Stream {
     /// * [`UploadMode::Auto`] stages from the stager's `auto_min_bytes` up.
     ///
     /// [`Stager`]: crate::Stager
-    pub fn upload_slice(&self, src: &[u8], dst: &mut DeviceBuffer, offset: usize, mode: UploadMode) -> Result<Event> {
+    pub fn upload_slice(
+        &self,
+        src: &[u8],
+        dst: &mut DeviceBuffer,
+        offset: usize,
+        mode: UploadMode,
+    ) -> Result<Event> {
         self.check_device("upload_slice", "the destination buffer", dst.device().id())?;
         bounds("upload_slice", src.len(), offset, dst.len())?;
         dst.before_write(self)?;
@@ -357,7 +419,9 @@ impl Stream {
                 // The job owns a copy of the bytes, so `src` is free when this returns.
                 let owned = src.to_vec();
                 let m = m.clone();
-                s.enqueue(Box::new(move || m.lock()[offset..offset + owned.len()].copy_from_slice(&owned)))
+                s.enqueue(Box::new(move || {
+                    m.lock()[offset..offset + owned.len()].copy_from_slice(&owned)
+                }))
             }
             #[cfg(feature = "cuda")]
             (StreamBackend::Cuda { dev, stream }, DeviceMem::Cuda(m)) => {
@@ -365,17 +429,30 @@ impl Stream {
                 // SAFETY: the range fits `m` (checked by the callers); `src` is borrowed for
                 // the whole call, and the driver consumes pageable memory before returning. If
                 // the slice is page-locked, we wait below until the copy is done.
-                unsafe { crate::backend::cuda::htod(stream, m.ptr + offset as u64, src.as_ptr(), src.len()) }.map_err(
-                    |e| {
-                        crate::backend::cuda::err(
-                            "cuMemcpyHtoDAsync",
-                            e,
-                            dev.ordinal,
-                            format!("copying {} pageable bytes to offset {offset} on stream {}", src.len(), self.id()),
-                        )
-                    },
-                )?;
-                if !matches!(longshore_host::is_driver_host_memory(src.as_ptr()), Ok(false)) {
+                unsafe {
+                    crate::backend::cuda::htod(
+                        stream,
+                        m.ptr + offset as u64,
+                        src.as_ptr(),
+                        src.len(),
+                    )
+                }
+                .map_err(|e| {
+                    crate::backend::cuda::err(
+                        "cuMemcpyHtoDAsync",
+                        e,
+                        dev.ordinal,
+                        format!(
+                            "copying {} pageable bytes to offset {offset} on stream {}",
+                            src.len(),
+                            self.id()
+                        ),
+                    )
+                })?;
+                if !matches!(
+                    longshore_host::is_driver_host_memory(src.as_ptr()),
+                    Ok(false)
+                ) {
                     self.synchronize()?;
                 }
                 Ok(())
@@ -397,13 +474,21 @@ impl Stream {
     /// once. Into pageable memory on CUDA the driver copies through a bounce buffer and
     /// `cuMemcpyDtoHAsync` returns only when the copy is done (it blocks the calling thread
     /// until the stream's earlier work and the copy have run); prefer page-locked destinations.
-    pub fn download_at<D: HostMemory>(&self, src: &DeviceBuffer, offset: usize, dst: D) -> Result<Pending<D>> {
+    pub fn download_at<D: HostMemory>(
+        &self,
+        src: &DeviceBuffer,
+        offset: usize,
+        dst: D,
+    ) -> Result<Pending<D>> {
         self.check_device("download", "the source buffer", src.device().id())?;
         let mut dst = Box::new(dst);
         let len = dst.as_bytes().len();
         bounds("download", len, offset, src.len())?;
         src.before_read(self)?;
-        let out = HostPtrMut { ptr: dst.as_bytes_mut().as_mut_ptr(), len };
+        let out = HostPtrMut {
+            ptr: dst.as_bytes_mut().as_mut_ptr(),
+            len,
+        };
         match (self.backend(), &src.mem) {
             (StreamBackend::Cpu(s), DeviceMem::Cpu(m)) => {
                 // SAFETY: `dst` is boxed and owned by the returned Pending, which gives no
@@ -462,10 +547,20 @@ impl Stream {
                 dev.bind()?;
                 // SAFETY: both ranges were checked against their allocations in this context.
                 unsafe {
-                    crate::backend::cuda::dtod(stream, b.ptr + dst_offset as u64, a.ptr + src_offset as u64, len)
+                    crate::backend::cuda::dtod(
+                        stream,
+                        b.ptr + dst_offset as u64,
+                        a.ptr + src_offset as u64,
+                        len,
+                    )
                 }
                 .map_err(|e| {
-                    crate::backend::cuda::err("cuMemcpyDtoDAsync", e, dev.ordinal, format!("copying {len} bytes"))
+                    crate::backend::cuda::err(
+                        "cuMemcpyDtoDAsync",
+                        e,
+                        dev.ordinal,
+                        format!("copying {len} bytes"),
+                    )
                 })?;
             }
             #[cfg(feature = "cuda")]
@@ -489,7 +584,11 @@ impl Stream {
     /// Copies the whole buffer back as a `Vec<T>`, blocking until the copy is done.
     pub fn read_to_vec<T: bytemuck::Pod>(&self, src: &DeviceBuffer) -> Result<Vec<T>> {
         let n = src.len_of::<T>()?;
-        let kind = if self.device().is_cpu() { MemoryKind::Pageable } else { pinned_or_pageable() };
+        let kind = if self.device().is_cpu() {
+            MemoryKind::Pageable
+        } else {
+            pinned_or_pageable()
+        };
         let host = HostBuffer::alloc(kind, src.len())?;
         let host = self.download(src, host)?.wait()?;
         let mut out = vec![T::zeroed(); n];
@@ -499,12 +598,19 @@ impl Stream {
 }
 
 fn pinned_or_pageable() -> MemoryKind {
-    if longshore_host::driver_available() { MemoryKind::PageLocked } else { MemoryKind::Pageable }
+    if longshore_host::driver_available() {
+        MemoryKind::PageLocked
+    } else {
+        MemoryKind::Pageable
+    }
 }
 
 impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Stream").field("device", &self.device().id()).field("id", &self.id()).finish()
+        f.debug_struct("Stream")
+            .field("device", &self.device().id())
+            .field("id", &self.id())
+            .finish()
     }
 }
 

@@ -35,7 +35,12 @@ fn assert_same(got: &[u8], want: &[u8], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if got != want {
         let i = got.iter().zip(want).position(|(a, b)| a != b).unwrap();
-        panic!("{what}: first difference at byte {i} of {} ({:#04x} != {:#04x})", want.len(), got[i], want[i]);
+        panic!(
+            "{what}: first difference at byte {i} of {} ({:#04x} != {:#04x})",
+            want.len(),
+            got[i],
+            want[i]
+        );
     }
 }
 
@@ -49,7 +54,11 @@ fn download_check(
     let mut out = HostBuffer::alloc(kind, want.len()).unwrap();
     out.as_bytes_mut().fill(0x5A); // poison
     let out = stream.download(dev_buf, out).unwrap().wait().unwrap();
-    assert_same(out.as_bytes(), want, &format!("{what}, downloaded into {kind}"));
+    assert_same(
+        out.as_bytes(),
+        want,
+        &format!("{what}, downloaded into {kind}"),
+    );
 }
 
 #[test]
@@ -59,7 +68,11 @@ fn round_trips_every_kind_and_size() {
     for (i, &len) in SIZES.iter().enumerate() {
         let mut data = vec![0u8; len];
         fill_random(&mut data, i as u64 + 1);
-        for kind in [MemoryKind::PageLocked, MemoryKind::Registered, MemoryKind::Pageable] {
+        for kind in [
+            MemoryKind::PageLocked,
+            MemoryKind::Registered,
+            MemoryKind::Pageable,
+        ] {
             let mut dst = stream.alloc(len).unwrap();
             stream.memset(&mut dst, 0xA5).unwrap(); // poison the device side
             let src = HostBuffer::from_slice(kind, &data).unwrap();
@@ -70,7 +83,11 @@ fn round_trips_every_kind_and_size() {
             download_check(&stream, &dst, &data, MemoryKind::PageLocked, &what);
             download_check(&stream, &dst, &data, MemoryKind::Pageable, &what);
             let src = upload.wait().unwrap();
-            assert_same(src.as_bytes(), &data, &format!("{what}: source after the copy"));
+            assert_same(
+                src.as_bytes(),
+                &data,
+                &format!("{what}: source after the copy"),
+            );
         }
     }
 }
@@ -93,7 +110,11 @@ fn pageable_direct_and_staged_paths() {
             let mut out = HostBuffer::page_locked(len + 3).unwrap();
             out.as_bytes_mut().fill(0x5A);
             let out = stream.download(&dst, out).unwrap().wait().unwrap();
-            assert_same(&out.as_bytes()[..3], &[0xA5; 3], &format!("{mode:?} {len}: prefix"));
+            assert_same(
+                &out.as_bytes()[..3],
+                &[0xA5; 3],
+                &format!("{mode:?} {len}: prefix"),
+            );
             assert_same(&out.as_bytes()[3..], &data, &format!("{mode:?} {len}"));
         }
     }
@@ -105,7 +126,10 @@ fn pageable_direct_and_staged_paths() {
 #[test]
 fn pool_leases_round_trip_and_are_reused_after_their_copies() {
     let Some(dev) = gpu() else { return };
-    let pool = longshore_host::PinnedPool::new(longshore_host::PoolConfig::for_kind(MemoryKind::PageLocked)).unwrap();
+    let pool = longshore_host::PinnedPool::new(longshore_host::PoolConfig::for_kind(
+        MemoryKind::PageLocked,
+    ))
+    .unwrap();
     let stream = dev.new_stream().unwrap();
     let mut dst = stream.alloc(1 << 20).unwrap();
     for round in 0..20u64 {
@@ -113,7 +137,13 @@ fn pool_leases_round_trip_and_are_reused_after_their_copies() {
         fill_random(lease.as_bytes_mut(), round);
         let want = lease.as_bytes().to_vec();
         drop(stream.upload(lease, &mut dst).unwrap()); // released to the pool after the copy
-        download_check(&stream, &dst, &want, MemoryKind::PageLocked, &format!("lease round {round}"));
+        download_check(
+            &stream,
+            &dst,
+            &want,
+            MemoryKind::PageLocked,
+            &format!("lease round {round}"),
+        );
     }
     assert!(pool.stats().hits > 0);
 }

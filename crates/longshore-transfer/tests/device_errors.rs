@@ -8,21 +8,29 @@ fn cuda_device_reports_why_it_cannot_open() {
         Ok(dev) => {
             assert!(longshore_host::driver_available());
             assert_eq!(dev.id(), DeviceId::Cuda(0));
-            assert_eq!(Device::cuda(0).unwrap(), dev, "opening twice gives the same device");
+            assert_eq!(
+                Device::cuda(0).unwrap(),
+                dev,
+                "opening twice gives the same device"
+            );
         }
         Err(e) => {
             let msg = e.to_string();
             assert!(
                 matches!(
                     e,
-                    TransferError::CudaUnavailable { ordinal: 0, .. } | TransferError::NoSuchDevice { ordinal: 0, .. }
+                    TransferError::CudaUnavailable { ordinal: 0, .. }
+                        | TransferError::NoSuchDevice { ordinal: 0, .. }
                 ),
                 "{msg}"
             );
             assert!(msg.starts_with("cannot open cuda:0: "), "{msg}");
             if !longshore_host::driver_available() {
                 let reason = longshore_host::driver_unavailable_reason().unwrap();
-                assert!(msg.contains(&reason), "{msg} does not name the cause {reason}");
+                assert!(
+                    msg.contains(&reason),
+                    "{msg} does not name the cause {reason}"
+                );
                 assert_eq!(Device::cuda_count(), 0);
             }
         }
@@ -32,7 +40,13 @@ fn cuda_device_reports_why_it_cannot_open() {
 #[test]
 fn absurd_ordinal_is_an_error_not_a_panic() {
     let e = Device::cuda(100_000).unwrap_err();
-    assert!(matches!(e, TransferError::CudaUnavailable { .. } | TransferError::NoSuchDevice { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            TransferError::CudaUnavailable { .. } | TransferError::NoSuchDevice { .. }
+        ),
+        "{e}"
+    );
 }
 
 #[test]

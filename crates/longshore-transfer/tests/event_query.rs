@@ -60,7 +60,9 @@ fn later_events_complete_after_earlier_ones() {
     let stream = Device::cpu().new_stream().unwrap();
     let events: Vec<Event> = (0..50)
         .map(|_| {
-            stream.launch_host_fn(|| std::thread::sleep(Duration::from_micros(200))).unwrap();
+            stream
+                .launch_host_fn(|| std::thread::sleep(Duration::from_micros(200)))
+                .unwrap();
             stream.record().unwrap()
         })
         .collect();
@@ -69,13 +71,18 @@ fn later_events_complete_after_earlier_ones() {
     // While the stream runs, completion is monotone in record order.
     let events: Vec<Event> = (0..20)
         .map(|_| {
-            stream.launch_host_fn(|| std::thread::sleep(Duration::from_micros(500))).unwrap();
+            stream
+                .launch_host_fn(|| std::thread::sleep(Duration::from_micros(500)))
+                .unwrap();
             stream.record().unwrap()
         })
         .collect();
     for _ in 0..20 {
         let done: Vec<bool> = events.iter().map(Event::is_complete).collect();
-        assert!(done.windows(2).all(|w| w[0] || !w[1]), "a later event completed before an earlier one: {done:?}");
+        assert!(
+            done.windows(2).all(|w| w[0] || !w[1]),
+            "a later event completed before an earlier one: {done:?}"
+        );
         std::thread::sleep(Duration::from_micros(300));
     }
 }

@@ -8,8 +8,12 @@ use longshore_transfer::Device;
 
 #[test]
 fn lease_goes_back_to_the_pool_only_after_its_copy() {
-    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(64 << 20).policy(BudgetPolicy::Error))
-        .unwrap();
+    let pool = PinnedPool::new(
+        PoolConfig::for_kind(MemoryKind::Pageable)
+            .budget(64 << 20)
+            .policy(BudgetPolicy::Error),
+    )
+    .unwrap();
     let stream = Device::cpu().new_stream().unwrap();
     let mut dst = stream.alloc(1 << 20).unwrap();
 
@@ -29,7 +33,11 @@ fn lease_goes_back_to_the_pool_only_after_its_copy() {
 
     std::thread::sleep(Duration::from_millis(10));
     let mut other = pool.alloc(1 << 20).unwrap();
-    assert_ne!(other.as_ptr(), first_ptr, "the pool handed out a block an in-flight copy still reads");
+    assert_ne!(
+        other.as_ptr(),
+        first_ptr,
+        "the pool handed out a block an in-flight copy still reads"
+    );
     other.as_bytes_mut().fill(0xCD); // writing the other block cannot disturb the copy
     drop(other);
 
@@ -62,7 +70,9 @@ fn host_buffer_source_is_returned_after_the_copy() {
         .unwrap();
     let src = longshore_host::HostBuffer::from_slice(MemoryKind::Pageable, &[1u8; 4096]).unwrap();
     let upload = stream.upload(src, &mut dst).unwrap();
-    let upload = upload.try_take().expect_err("the source must not come back while the copy is queued");
+    let upload = upload
+        .try_take()
+        .expect_err("the source must not come back while the copy is queued");
     release.send(()).unwrap();
     let mut src = upload.wait().unwrap();
     assert!(src.is_idle());

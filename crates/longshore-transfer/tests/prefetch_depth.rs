@@ -22,7 +22,11 @@ fn keeps_depth_batches_in_flight_in_order() {
         batch(i)
     });
     let mut pf = Prefetcher::new(source, copy, 3).unwrap();
-    assert_eq!(pulled.load(Ordering::SeqCst), 0, "nothing is pulled before the first next()");
+    assert_eq!(
+        pulled.load(Ordering::SeqCst),
+        0,
+        "nothing is pulled before the first next()"
+    );
     for i in 0..10usize {
         let item = pf.next().unwrap().unwrap();
         // After handing out batch i, batches i+1..=i+3 are in flight (fewer near the end).
@@ -30,7 +34,10 @@ fn keeps_depth_batches_in_flight_in_order() {
         assert_eq!(pulled.load(Ordering::SeqCst), expect_pulled, "at batch {i}");
         assert_eq!(pf.in_flight(), expect_pulled - i - 1);
         let on_device = item.wait_on(&compute).unwrap();
-        assert_eq!(compute.read_to_vec::<u32>(&on_device).unwrap(), vec![i as u32; 256]);
+        assert_eq!(
+            compute.read_to_vec::<u32>(&on_device).unwrap(),
+            vec![i as u32; 256]
+        );
     }
     assert!(pf.next().is_none());
     assert_eq!(pf.pulled(), 10);
@@ -57,7 +64,10 @@ fn compute_stream_waits_for_the_copy_device_side() {
     assert!(!marker.is_complete());
     release.send(()).unwrap();
     marker.synchronize().unwrap();
-    assert_eq!(compute.read_to_vec::<u32>(&on_device).unwrap(), vec![0u32; 256]);
+    assert_eq!(
+        compute.read_to_vec::<u32>(&on_device).unwrap(),
+        vec![0u32; 256]
+    );
 }
 
 #[test]
@@ -72,21 +82,32 @@ fn pool_leases_and_metadata_flow_through_and_errors_pass_in_order() {
         }
         let mut lease = p.alloc(64).unwrap();
         lease.as_mut_slice::<u32>().unwrap().fill(i);
-        Ok(HostBatch { storage: lease, meta: (i, "label") })
+        Ok(HostBatch {
+            storage: lease,
+            meta: (i, "label"),
+        })
     });
-    let out: Vec<_> = Prefetcher::new(source, copy.clone(), 2).unwrap().map(|r| r.unwrap()).collect();
+    let out: Vec<_> = Prefetcher::new(source, copy.clone(), 2)
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
     assert_eq!(out.len(), 6);
     for (i, item) in out.into_iter().enumerate() {
         match item.wait().unwrap() {
             Ok(b) => {
                 assert_eq!(b.meta, (i as u32, "label"));
-                assert_eq!(copy.read_to_vec::<u32>(&b.storage).unwrap(), vec![i as u32; 16]);
+                assert_eq!(
+                    copy.read_to_vec::<u32>(&b.storage).unwrap(),
+                    vec![i as u32; 16]
+                );
             }
             Err(e) => assert_eq!((i, e.as_str()), (3, "sample 3 is corrupt")),
         }
     }
     assert_eq!(
-        Prefetcher::new(std::iter::empty::<HostBuffer>(), copy.clone(), 0).unwrap_err().to_string(),
+        Prefetcher::new(std::iter::empty::<HostBuffer>(), copy.clone(), 0)
+            .unwrap_err()
+            .to_string(),
         "invalid argument: a prefetcher needs a depth of at least 1"
     );
 }

@@ -15,10 +15,20 @@ fn random(len: usize, seed: u64) -> Vec<u8> {
 fn staged_upload_with_several_threads_and_odd_sizes() {
     let dev = Device::cpu();
     let stream = dev.new_stream().unwrap();
-    let stager =
-        Stager::new(&dev, StagingConfig { chunk_bytes: 4096, threads: 4, in_flight_per_thread: 2, auto_min_bytes: 1 })
-            .unwrap();
-    for (i, len) in [1usize, 4095, 4096, 4097, 3 * 4096 + 7, 300_001].into_iter().enumerate() {
+    let stager = Stager::new(
+        &dev,
+        StagingConfig {
+            chunk_bytes: 4096,
+            threads: 4,
+            in_flight_per_thread: 2,
+            auto_min_bytes: 1,
+        },
+    )
+    .unwrap();
+    for (i, len) in [1usize, 4095, 4096, 4097, 3 * 4096 + 7, 300_001]
+        .into_iter()
+        .enumerate()
+    {
         let data = random(len, i as u64);
         let mut dst = stream.alloc(len + 13).unwrap();
         stream.memset(&mut dst, 0x5A).unwrap();
@@ -38,7 +48,12 @@ fn auto_direct_and_staged_modes_agree() {
     dev.set_stager(Arc::new(
         Stager::new(
             &dev,
-            StagingConfig { chunk_bytes: 1000, threads: 3, in_flight_per_thread: 2, auto_min_bytes: 5000 },
+            StagingConfig {
+                chunk_bytes: 1000,
+                threads: 3,
+                in_flight_per_thread: 2,
+                auto_min_bytes: 5000,
+            },
         )
         .unwrap(),
     ))
@@ -49,7 +64,10 @@ fn auto_direct_and_staged_modes_agree() {
             let data = random(len, len as u64);
             let mut dst = stream.alloc(len).unwrap();
             stream.upload_slice(&data, &mut dst, 0, mode).unwrap();
-            assert!(stream.read_to_vec::<u8>(&dst).unwrap() == data, "{mode:?} at {len}");
+            assert!(
+                stream.read_to_vec::<u8>(&dst).unwrap() == data,
+                "{mode:?} at {len}"
+            );
         }
     }
     // An owned pageable source goes through the same paths.
@@ -65,11 +83,20 @@ fn auto_direct_and_staged_modes_agree() {
 fn stager_rejects_bad_configs_and_foreign_buffers() {
     let dev = Device::cpu();
     assert!(matches!(
-        Stager::new(&dev, StagingConfig { threads: 0, ..StagingConfig::default() }),
+        Stager::new(
+            &dev,
+            StagingConfig {
+                threads: 0,
+                ..StagingConfig::default()
+            }
+        ),
         Err(TransferError::Invalid(_))
     ));
     let stager = Stager::new(&dev, StagingConfig::default()).unwrap();
     let stream = dev.new_stream().unwrap();
     let mut small = stream.alloc(8).unwrap();
-    assert!(matches!(stager.upload(&stream, &[0u8; 9], &mut small, 0), Err(TransferError::OutOfBounds { .. })));
+    assert!(matches!(
+        stager.upload(&stream, &[0u8; 9], &mut small, 0),
+        Err(TransferError::OutOfBounds { .. })
+    ));
 }

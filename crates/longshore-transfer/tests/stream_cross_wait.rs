@@ -16,7 +16,13 @@ fn waiting_stream_is_held_back_until_the_event() {
     })
     .unwrap();
     let mut buf = a.alloc(1024).unwrap();
-    drop(a.upload(HostBuffer::from_slice(MemoryKind::Pageable, &[5u8; 1024]).unwrap(), &mut buf).unwrap());
+    drop(
+        a.upload(
+            HostBuffer::from_slice(MemoryKind::Pageable, &[5u8; 1024]).unwrap(),
+            &mut buf,
+        )
+        .unwrap(),
+    );
     let on_a = a.record().unwrap();
 
     // B waits on A, then runs a marker: enqueuing both must not block the host.
@@ -25,7 +31,10 @@ fn waiting_stream_is_held_back_until_the_event() {
     let marker = b.record().unwrap();
     assert!(t.elapsed() < Duration::from_millis(500));
     std::thread::sleep(Duration::from_millis(20));
-    assert!(!marker.is_complete(), "B ran past its wait while A was blocked");
+    assert!(
+        !marker.is_complete(),
+        "B ran past its wait while A was blocked"
+    );
 
     release.send(()).unwrap();
     marker.synchronize().unwrap();
@@ -42,7 +51,13 @@ fn reads_on_another_stream_follow_the_write_without_an_explicit_wait() {
     })
     .unwrap();
     let mut buf = a.alloc(64).unwrap();
-    drop(a.upload(HostBuffer::from_slice(MemoryKind::Pageable, &[42u8; 64]).unwrap(), &mut buf).unwrap());
+    drop(
+        a.upload(
+            HostBuffer::from_slice(MemoryKind::Pageable, &[42u8; 64]).unwrap(),
+            &mut buf,
+        )
+        .unwrap(),
+    );
     // The buffer remembers its last write (on A): a download on B waits for it.
     let pending = b.download(&buf, HostBuffer::pageable(64).unwrap()).unwrap();
     std::thread::sleep(Duration::from_millis(20));
@@ -63,7 +78,13 @@ fn a_write_on_another_stream_waits_for_pending_reads() {
     .unwrap();
     let read = a.download(&buf, HostBuffer::pageable(32).unwrap()).unwrap();
     // B overwrites the buffer: it must wait for A's pending read, or the read sees 2s.
-    drop(b.upload(HostBuffer::from_slice(MemoryKind::Pageable, &[2u8; 32]).unwrap(), &mut buf).unwrap());
+    drop(
+        b.upload(
+            HostBuffer::from_slice(MemoryKind::Pageable, &[2u8; 32]).unwrap(),
+            &mut buf,
+        )
+        .unwrap(),
+    );
     std::thread::sleep(Duration::from_millis(10));
     release.send(()).unwrap();
     assert_eq!(read.wait().unwrap().as_bytes(), &[1u8; 32]);

@@ -13,33 +13,70 @@ const LEN: usize = 64;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Upload { stream: usize, buf: usize, offset: usize, len: usize, byte: u8 },
-    UploadSlice { stream: usize, buf: usize, offset: usize, len: usize, byte: u8 },
-    Fill { stream: usize, buf: usize, byte: u8 },
-    Copy { stream: usize, src: usize, dst: usize },
-    Download { stream: usize, buf: usize },
-    Wait { waiter: usize, on: usize },
-    Stall { stream: usize, micros: u64 },
+    Upload {
+        stream: usize,
+        buf: usize,
+        offset: usize,
+        len: usize,
+        byte: u8,
+    },
+    UploadSlice {
+        stream: usize,
+        buf: usize,
+        offset: usize,
+        len: usize,
+        byte: u8,
+    },
+    Fill {
+        stream: usize,
+        buf: usize,
+        byte: u8,
+    },
+    Copy {
+        stream: usize,
+        src: usize,
+        dst: usize,
+    },
+    Download {
+        stream: usize,
+        buf: usize,
+    },
+    Wait {
+        waiter: usize,
+        on: usize,
+    },
+    Stall {
+        stream: usize,
+        micros: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     let region = (0..LEN).prop_flat_map(|o| (Just(o), 1..=LEN - o));
     prop_oneof![
-        (0..STREAMS, 0..BUFS, region.clone(), any::<u8>()).prop_map(|(stream, buf, (offset, len), byte)| Op::Upload {
+        (0..STREAMS, 0..BUFS, region.clone(), any::<u8>()).prop_map(
+            |(stream, buf, (offset, len), byte)| Op::Upload {
+                stream,
+                buf,
+                offset,
+                len,
+                byte
+            }
+        ),
+        (0..STREAMS, 0..BUFS, region, any::<u8>()).prop_map(
+            |(stream, buf, (offset, len), byte)| Op::UploadSlice {
+                stream,
+                buf,
+                offset,
+                len,
+                byte
+            }
+        ),
+        (0..STREAMS, 0..BUFS, any::<u8>()).prop_map(|(stream, buf, byte)| Op::Fill {
             stream,
             buf,
-            offset,
-            len,
             byte
         }),
-        (0..STREAMS, 0..BUFS, region, any::<u8>()).prop_map(|(stream, buf, (offset, len), byte)| Op::UploadSlice {
-            stream,
-            buf,
-            offset,
-            len,
-            byte
-        }),
-        (0..STREAMS, 0..BUFS, any::<u8>()).prop_map(|(stream, buf, byte)| Op::Fill { stream, buf, byte }),
         (0..STREAMS, 0..BUFS, 0..BUFS)
             .prop_filter("distinct buffers", |(_, s, d)| s != d)
             .prop_map(|(stream, src, dst)| Op::Copy { stream, src, dst }),

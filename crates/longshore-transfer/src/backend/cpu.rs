@@ -93,7 +93,9 @@ pub(crate) struct CpuEvent {
 
 impl std::fmt::Debug for CpuEvent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuEvent").field("complete", &self.is_complete()).finish()
+        f.debug_struct("CpuEvent")
+            .field("complete", &self.is_complete())
+            .finish()
     }
 }
 
@@ -125,7 +127,10 @@ impl CpuEvent {
 
     pub(crate) fn wait_timeout(&self, timeout: Duration) -> bool {
         let st = lock(&self.state);
-        let (st, _) = self.cv.wait_timeout_while(st, timeout, |s| !s.done).unwrap_or_else(|p| p.into_inner());
+        let (st, _) = self
+            .cv
+            .wait_timeout_while(st, timeout, |s| !s.done)
+            .unwrap_or_else(|p| p.into_inner());
         st.done
     }
 
@@ -150,7 +155,9 @@ pub(crate) struct CpuMem {
 
 impl CpuMem {
     pub(crate) fn new(len: usize) -> Arc<Self> {
-        Arc::new(Self { bytes: Mutex::new(vec![0u8; len]) })
+        Arc::new(Self {
+            bytes: Mutex::new(vec![0u8; len]),
+        })
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
@@ -184,7 +191,12 @@ unsafe impl Send for HostPtrMut {}
 /// # Safety
 /// `src.ptr..src.ptr+src.len` stays valid and is not written by anyone until the job has run
 /// (until an event recorded after this call completes).
-pub(crate) unsafe fn enqueue_htod(stream: &CpuStream, mem: &Arc<CpuMem>, offset: usize, src: HostPtr) -> Result<()> {
+pub(crate) unsafe fn enqueue_htod(
+    stream: &CpuStream,
+    mem: &Arc<CpuMem>,
+    offset: usize,
+    src: HostPtr,
+) -> Result<()> {
     let mem = mem.clone();
     stream.enqueue(Box::new(move || {
         let src = src;
@@ -199,7 +211,12 @@ pub(crate) unsafe fn enqueue_htod(stream: &CpuStream, mem: &Arc<CpuMem>, offset:
 /// # Safety
 /// `dst.ptr..dst.ptr+dst.len` stays valid and is neither read nor written by anyone else until
 /// the job has run (until an event recorded after this call completes).
-pub(crate) unsafe fn enqueue_dtoh(stream: &CpuStream, mem: &Arc<CpuMem>, offset: usize, dst: HostPtrMut) -> Result<()> {
+pub(crate) unsafe fn enqueue_dtoh(
+    stream: &CpuStream,
+    mem: &Arc<CpuMem>,
+    offset: usize,
+    dst: HostPtrMut,
+) -> Result<()> {
     let mem = mem.clone();
     stream.enqueue(Box::new(move || {
         let dst = dst;
@@ -210,9 +227,17 @@ pub(crate) unsafe fn enqueue_dtoh(stream: &CpuStream, mem: &Arc<CpuMem>, offset:
 }
 
 /// Enqueues a fill of `mem[offset..offset+len]` with `byte`.
-pub(crate) fn enqueue_memset(stream: &CpuStream, mem: &Arc<CpuMem>, offset: usize, len: usize, byte: u8) -> Result<()> {
+pub(crate) fn enqueue_memset(
+    stream: &CpuStream,
+    mem: &Arc<CpuMem>,
+    offset: usize,
+    len: usize,
+    byte: u8,
+) -> Result<()> {
     let mem = mem.clone();
-    stream.enqueue(Box::new(move || mem.lock()[offset..offset + len].fill(byte)))
+    stream.enqueue(Box::new(move || {
+        mem.lock()[offset..offset + len].fill(byte)
+    }))
 }
 
 /// Enqueues a device -> device copy.
@@ -227,7 +252,8 @@ pub(crate) fn enqueue_dtod(
     let (src, dst) = (src.clone(), dst.clone());
     stream.enqueue(Box::new(move || {
         if Arc::ptr_eq(&src, &dst) {
-            dst.lock().copy_within(src_offset..src_offset + len, dst_offset);
+            dst.lock()
+                .copy_within(src_offset..src_offset + len, dst_offset);
         } else {
             let tmp = src.lock()[src_offset..src_offset + len].to_vec();
             dst.lock()[dst_offset..dst_offset + len].copy_from_slice(&tmp);

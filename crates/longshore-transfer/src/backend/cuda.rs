@@ -14,8 +14,18 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result, sy
 use crate::device::DeviceId;
 use crate::error::{Result, TransferError};
 
-pub(crate) fn err(call: &'static str, e: DriverError, ordinal: usize, what: impl Into<String>) -> TransferError {
-    TransferError::Cuda { call, code: format!("{:?}", e.0), device: DeviceId::Cuda(ordinal), what: what.into() }
+pub(crate) fn err(
+    call: &'static str,
+    e: DriverError,
+    ordinal: usize,
+    what: impl Into<String>,
+) -> TransferError {
+    TransferError::Cuda {
+        call,
+        code: format!("{:?}", e.0),
+        device: DeviceId::Cuda(ordinal),
+        what: what.into(),
+    }
 }
 
 /// One opened GPU: its primary context and whether it has stream-ordered allocation.
@@ -41,13 +51,20 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     if let Some(d) = guard.iter().find(|d| d.ordinal == ordinal) {
         return Ok(d.clone());
     }
-    let count = result::device::get_count().map_err(|e| err("cuDeviceGetCount", e, ordinal, "counting devices"))?;
+    let count = result::device::get_count()
+        .map_err(|e| err("cuDeviceGetCount", e, ordinal, "counting devices"))?;
     let count = usize::try_from(count).unwrap_or(0);
     if ordinal >= count {
         return Err(TransferError::NoSuchDevice { ordinal, count });
     }
-    let ctx = CudaContext::new(ordinal)
-        .map_err(|e| err("cuDevicePrimaryCtxRetain", e, ordinal, format!("opening device {ordinal}")))?;
+    let ctx = CudaContext::new(ordinal).map_err(|e| {
+        err(
+            "cuDevicePrimaryCtxRetain",
+            e,
+            ordinal,
+            format!("opening device {ordinal}"),
+        )
+    })?;
     // We order all work with our own events; cudarc's per-slice event tracking is not used.
     // SAFETY: this crate never uses cudarc's CudaSlice, the only user of event tracking.
     unsafe { ctx.disable_event_tracking() };
@@ -55,7 +72,11 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
     if async_alloc {
         keep_pool_memory(&ctx, ordinal);
     }
-    let dev = Arc::new(CudaDevice { ctx, ordinal, async_alloc });
+    let dev = Arc::new(CudaDevice {
+        ctx,
+        ordinal,
+        async_alloc,
+    });
     guard.push(dev.clone());
     Ok(dev)
 }
@@ -89,11 +110,15 @@ fn keep_pool_memory(ctx: &CudaContext, ordinal: usize) {
 
 impl CudaDevice {
     pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| err("cuCtxSetCurrent", e, self.ordinal, "binding the context"))
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| err("cuCtxSetCurrent", e, self.ordinal, "binding the context"))
     }
 
     pub(crate) fn new_stream(&self) -> Result<Arc<CudaStream>> {
-        self.ctx.new_stream().map_err(|e| err("cuStreamCreate", e, self.ordinal, "creating a stream"))
+        self.ctx
+            .new_stream()
+            .map_err(|e| err("cuStreamCreate", e, self.ordinal, "creating a stream"))
     }
 
     pub(crate) fn name(&self) -> Option<String> {
@@ -110,10 +135,18 @@ pub(crate) struct CuEvent {
 
 impl CuEvent {
     pub(crate) fn record(dev: &CudaDevice, stream: &CudaStream, stream_id: u64) -> Result<Self> {
-        let ev = stream
-            .record_event(None)
-            .map_err(|e| err("cuEventRecord", e, dev.ordinal, format!("recording an event on stream {stream_id}")))?;
-        Ok(Self { ev, ordinal: dev.ordinal })
+        let ev = stream.record_event(None).map_err(|e| {
+            err(
+                "cuEventRecord",
+                e,
+                dev.ordinal,
+                format!("recording an event on stream {stream_id}"),
+            )
+        })?;
+        Ok(Self {
+            ev,
+            ordinal: dev.ordinal,
+        })
     }
 
     pub(crate) fn raw(&self) -> &CudaEvent {
@@ -133,7 +166,14 @@ impl CuEvent {
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
-        self.ev.synchronize().map_err(|e| err("cuEventSynchronize", e, self.ordinal, "waiting for an event"))
+        self.ev.synchronize().map_err(|e| {
+            err(
+                "cuEventSynchronize",
+                e,
+                self.ordinal,
+                "waiting for an event",
+            )
+        })
     }
 }
 
@@ -149,20 +189,42 @@ pub(crate) struct CuMem {
 }
 
 impl CuMem {
-    pub(crate) fn alloc(dev: &Arc<CudaDevice>, stream: &Arc<CudaStream>, len: usize, stream_id: u64) -> Result<Self> {
+    pub(crate) fn alloc(
+        dev: &Arc<CudaDevice>,
+        stream: &Arc<CudaStream>,
+        len: usize,
+        stream_id: u64,
+    ) -> Result<Self> {
         dev.bind()?;
         let ptr = if dev.async_alloc {
             // SAFETY: the context is bound and `stream` is a live stream of it; the memory is
             // uninitialised bytes, which is fine for a byte buffer only reached through copies.
             unsafe { result::malloc_async(stream.cu_stream(), len) }.map_err(|e| {
-                err("cuMemAllocAsync", e, dev.ordinal, format!("allocating {len} bytes on stream {stream_id}"))
+                err(
+                    "cuMemAllocAsync",
+                    e,
+                    dev.ordinal,
+                    format!("allocating {len} bytes on stream {stream_id}"),
+                )
             })?
         } else {
             // SAFETY: the context is bound; the memory is only reached through copies.
-            unsafe { result::malloc_sync(len) }
-                .map_err(|e| err("cuMemAlloc", e, dev.ordinal, format!("allocating {len} bytes")))?
+            unsafe { result::malloc_sync(len) }.map_err(|e| {
+                err(
+                    "cuMemAlloc",
+                    e,
+                    dev.ordinal,
+                    format!("allocating {len} bytes"),
+                )
+            })?
         };
-        Ok(Self { ptr, len, dev: dev.clone(), stream: stream.clone(), freed: false })
+        Ok(Self {
+            ptr,
+            len,
+            dev: dev.clone(),
+            stream: stream.clone(),
+            freed: false,
+        })
     }
 
     /// Frees the memory once every event in `last_uses` has completed: stream-ordered (no host
@@ -274,11 +336,18 @@ pub(crate) fn launch_host_fn(dev: &CudaDevice, stream: &CudaStream, f: HostFn) -
     let arg = Box::into_raw(Box::new(f));
     // SAFETY: the trampoline matches the driver's callback signature and reclaims `arg` once;
     // `f` is 'static + Send, so running it later on a driver thread is sound.
-    let rc = unsafe { result::stream::launch_host_function(stream.cu_stream(), host_fn_trampoline, arg.cast()) };
+    let rc = unsafe {
+        result::stream::launch_host_function(stream.cu_stream(), host_fn_trampoline, arg.cast())
+    };
     if let Err(e) = rc {
         // SAFETY: the launch failed, so the driver never saw `arg`: reclaim it here.
         drop(unsafe { Box::from_raw(arg) });
-        return Err(err("cuLaunchHostFunc", e, dev.ordinal, "launching a host function"));
+        return Err(err(
+            "cuLaunchHostFunc",
+            e,
+            dev.ordinal,
+            "launching a host function",
+        ));
     }
     Ok(())
 }
@@ -334,7 +403,11 @@ fn watch_loop(rx: Receiver<Watch>) {
         if list.is_empty() {
             continue;
         }
-        idle_rounds = if fired { 0 } else { idle_rounds.saturating_add(1) };
+        idle_rounds = if fired {
+            0
+        } else {
+            idle_rounds.saturating_add(1)
+        };
         // Back off from 5 us to 100 us between queries while nothing completes; a new
         // registration wakes the loop at once.
         let nap = Duration::from_micros((5u64 << idle_rounds.min(5)).min(100));
@@ -354,7 +427,10 @@ pub(crate) fn on_complete(event: &Arc<CuEvent>, callback: HostFn) {
     }
     match watcher() {
         Some(tx) => {
-            if let Err(e) = tx.send(Watch { event: event.clone(), callback }) {
+            if let Err(e) = tx.send(Watch {
+                event: event.clone(),
+                callback,
+            }) {
                 // The watcher is gone: fall back to waiting here.
                 let w = e.into_inner();
                 let _ = w.event.synchronize();
