@@ -54,9 +54,9 @@
 //! - Transforms ([`transform`]): [`Normalize`], [`RandomCrop`], [`RandomHorizontalFlip`];
 //!   per-worker seeded randomness in [`worker`] and [`rng`].
 //!
-//! The only `unsafe` in this crate is the one `memmap2` mapping call in [`mmap`]:
-//! mapped files must not be modified while mapped.
-#![deny(unsafe_code)]
+//! This crate has no `unsafe` code: the one memory-mapping call it needs is
+//! `longshore_host::file::map_readonly`. Mapped files must not be modified while mapped.
+#![forbid(unsafe_code)]
 
 pub mod collate;
 pub mod dataset;

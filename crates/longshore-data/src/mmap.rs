@@ -19,14 +19,8 @@ use crate::npy::{NpyHeader, parse_header};
 use crate::tensor::Tensor;
 
 /// Maps `file` (opened read-only from `path`) into memory.
-#[allow(unsafe_code)]
 fn map_file(file: &File, path: &Path) -> Result<Mmap, DataError> {
-    // SAFETY: `Mmap::map` is unsafe because the mapped bytes may change or vanish if
-    // the file is modified by anyone while mapped. The file was opened read-only by
-    // us, we never write through the map, and the crate documents (module docs above)
-    // that mapped files must not be modified or truncated while in use. Lengths are
-    // checked against the file size right after mapping, so reads stay in bounds.
-    unsafe { Mmap::map(file) }.map_err(|source| DataError::Io {
+    longshore_host::file::map_readonly(file).map_err(|source| DataError::Io {
         path: path.to_owned(),
         source,
     })

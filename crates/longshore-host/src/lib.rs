@@ -37,6 +37,7 @@ mod buffer;
 mod cuda;
 mod error;
 mod fence;
+pub mod file;
 mod kind;
 mod memory;
 mod pool;

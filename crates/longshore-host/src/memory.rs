@@ -10,7 +10,19 @@ use crate::{HostBuffer, PoolBuffer};
 /// records the fence of every copy it enqueues on the memory, and the memory then refuses to
 /// be freed or reused until that fence completes: a `HostBuffer` waits in `drop`, a pool
 /// lease goes back to the pool's pending list and is reused only once its fences complete.
-pub trait HostMemory: Send + 'static {
+///
+/// # Safety
+///
+/// The transfer layer hands the address of these bytes to a device copy that runs after the
+/// call returns, while the value may be moved. Implementors guarantee:
+///
+/// * while the transfer layer holds the value, [`as_bytes`](HostMemory::as_bytes) and
+///   [`as_bytes_mut`](HostMemory::as_bytes_mut) return
+///   the same address and length on every call, and that address does not change when the
+///   value is moved (the bytes live on the heap or elsewhere, never inline in the value);
+/// * after [`record_fence`](HostMemory::record_fence), the memory is neither freed nor handed
+///   to anyone else (reused) until the fence has completed, even if the value is dropped.
+pub unsafe trait HostMemory: Send + 'static {
     /// What kind of memory this is (decides the copy path).
     fn kind(&self) -> MemoryKind;
     /// The bytes.
@@ -21,7 +33,9 @@ pub trait HostMemory: Send + 'static {
     fn record_fence(&mut self, fence: SharedFence);
 }
 
-impl HostMemory for HostBuffer {
+// SAFETY: a HostBuffer owns a heap allocation whose address and length never change, and
+// its `Drop` waits for every recorded fence before freeing it.
+unsafe impl HostMemory for HostBuffer {
     fn kind(&self) -> MemoryKind {
         HostBuffer::kind(self)
     }
@@ -36,7 +50,10 @@ impl HostMemory for HostBuffer {
     }
 }
 
-impl HostMemory for PoolBuffer {
+// SAFETY: a lease's block is a HostBuffer (stable heap memory) owned by the lease; on drop it
+// goes to the pool's pending list and is not handed out again until its fences complete (a
+// pageable fallback buffer is freed by HostBuffer's drop, which waits for the fences).
+unsafe impl HostMemory for PoolBuffer {
     fn kind(&self) -> MemoryKind {
         PoolBuffer::kind(self)
     }
