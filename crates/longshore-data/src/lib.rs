@@ -60,6 +60,7 @@
 
 pub mod collate;
 pub mod dataset;
+pub mod dist;
 pub mod dtype;
 mod error;
 pub mod mmap;
@@ -79,6 +80,7 @@ pub use dataset::{
     IterableDataset, IterableExt, Map, Sharded, Subset, Transformed, TryMap, VecDataset, Zip,
     random_split, random_split_fractions, split_lengths,
 };
+pub use dist::{DistEnv, Launcher};
 pub use dtype::{ByteOrder, DType, Element, Shape};
 pub use error::{DataError, NpyError};
 pub use mmap::{

@@ -40,6 +40,7 @@
 
 mod config;
 mod device;
+pub mod dist;
 mod engine;
 mod error;
 // The sealed worker-side trait names crate-private task types on purpose: it cannot be
