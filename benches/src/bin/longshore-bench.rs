@@ -423,7 +423,7 @@ fn pool(ctx: &mut Ctx) -> Result<()> {
             ctx.results.push("pool", format!("{kind} {size} pool hit"), hit, "ns", p("hit"));
             ctx.results.push("pool", format!("{kind} {size} raw alloc"), raw, "ns", p("raw"));
             ctx.results.push("pool", format!("{kind} {size} raw/hit"), raw / hit, "x", p("ratio"));
-            rows.push(vec![kind.to_string(), size, ns_label(hit), ns_label(raw), format!("{:.0}x", raw / hit)]);
+            rows.push(vec![kind.to_string(), size, ns_label(hit), ns_label(raw), format!("{:.1}x", raw / hit)]);
         }
     }
     print_table(
