@@ -244,7 +244,7 @@ fn bandwidth_sizes(quick: bool) -> Vec<usize> {
 /// (samples, copies per sample) for a copy of `bytes`.
 fn bandwidth_reps(quick: bool, bytes: usize) -> (usize, usize) {
     let per = (16 * MIB / bytes).clamp(1, 16);
-    let samples = if bytes >= 256 * MIB { 5 } else if quick { 5 } else { 11 };
+    let samples = if bytes >= 256 * MIB { 5 } else if quick { 9 } else { 11 };
     (samples, per)
 }
 
