@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use longshore::data::{
-    Batch, BatchLayout, DType, DataError, DatasetCollate, Dataset, ImageLayout, Normalize, NpyDataset,
-    Storage,
+    Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, ImageLayout, Normalize,
+    NpyDataset, Storage,
 };
 
 /// Collates rows of a `u8` [`NpyDataset`] of `[N, C, H, W]` images into one `f32` tensor
@@ -22,7 +22,11 @@ impl NormalizeCollate {
     /// ImageNet's mean and std for CHW images with `channels` channels (3), like the PyTorch
     /// baseline script.
     pub fn imagenet(channels: usize) -> NormalizeCollate {
-        NormalizeCollate { normalize: Normalize::imagenet(ImageLayout::Chw), channels, name: Arc::from("image") }
+        NormalizeCollate {
+            normalize: Normalize::imagenet(ImageLayout::Chw),
+            channels,
+            name: Arc::from("image"),
+        }
     }
 }
 
@@ -37,7 +41,9 @@ impl DatasetCollate<NpyDataset> for NormalizeCollate {
     type Staged = StagedImages;
 
     fn stage(&self, dataset: &NpyDataset, indices: &[usize]) -> Result<StagedImages, DataError> {
-        if dataset.array().dtype() != DType::U8 || dataset.row_shape().first() != Some(&self.channels) {
+        if dataset.array().dtype() != DType::U8
+            || dataset.row_shape().first() != Some(&self.channels)
+        {
             return Err(DataError::ShapeMismatch(format!(
                 "normalising collate needs u8 rows of shape [{}, H, W], got {} rows of shape {:?}",
                 self.channels,
@@ -47,26 +53,39 @@ impl DatasetCollate<NpyDataset> for NormalizeCollate {
         }
         let len = dataset.len();
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
-            return Err(DataError::IndexOutOfRange { index, len, what: "image dataset" });
+            return Err(DataError::IndexOutOfRange {
+                index,
+                len,
+                what: "image dataset",
+            });
         }
         let mut shape = vec![indices.len()];
         shape.extend_from_slice(dataset.row_shape());
         let mut layout = BatchLayout::new(indices.len());
         layout.push(Some(self.name.clone()), DType::F32, shape)?;
-        Ok(StagedImages { indices: indices.to_vec(), layout })
+        Ok(StagedImages {
+            indices: indices.to_vec(),
+            layout,
+        })
     }
 
     fn staged_layout<'a>(&self, staged: &'a StagedImages) -> &'a BatchLayout {
         &staged.layout
     }
 
-    fn write<S: Storage>(&self, dataset: &NpyDataset, staged: StagedImages, storage: S) -> Result<Batch<S>, DataError> {
+    fn write<S: Storage>(
+        &self,
+        dataset: &NpyDataset,
+        staged: StagedImages,
+        storage: S,
+    ) -> Result<Batch<S>, DataError> {
         let StagedImages { indices, layout } = staged;
         let per = dataset.row_bytes();
         let mut batch = Batch::from_parts(layout, storage)?;
         let out = batch.tensor_mut::<f32>(0)?;
         for (&i, slot) in indices.iter().zip(out.chunks_exact_mut(per)) {
-            self.normalize.apply_into(dataset.row_raw(i)?, self.channels, slot)?;
+            self.normalize
+                .apply_into(dataset.row_raw(i)?, self.channels, slot)?;
         }
         Ok(batch)
     }

@@ -10,7 +10,11 @@ pub fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 /// Runs `f` once and returns how long it took, with its result.
@@ -22,12 +26,16 @@ pub fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
 
 /// Bytes per second as GB/s (10^9 bytes).
 pub fn gbps(bytes: usize, secs: f64) -> f64 {
-    if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 }
+    if secs > 0.0 {
+        bytes as f64 / secs / 1e9
+    } else {
+        0.0
+    }
 }
 
 /// A size as `1 KiB`, `16 MiB`, `1 GiB`.
 pub fn size_label(bytes: usize) -> String {
-    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
     } else if bytes >= 1 << 20 {
         format!("{} MiB", bytes >> 20)
@@ -76,7 +84,10 @@ pub fn print_table(title: &str, header: &[&str], rows: &[Vec<String>]) {
     };
     println!("\n== {title}");
     println!("{}", line(header.iter().map(|h| (*h).to_owned()).collect()));
-    println!("{}", "-".repeat(width.iter().sum::<usize>() + 2 * cols.saturating_sub(1)));
+    println!(
+        "{}",
+        "-".repeat(width.iter().sum::<usize>() + 2 * cols.saturating_sub(1))
+    );
     for r in rows {
         println!("{}", line(r.clone()));
     }

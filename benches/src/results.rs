@@ -74,18 +74,34 @@ pub struct Note {
 
 impl Results {
     /// Adds a figure.
-    pub fn push(&mut self, section: &str, case: impl Into<String>, value: f64, unit: &str, params: Value) {
+    pub fn push(
+        &mut self,
+        section: &str,
+        case: impl Into<String>,
+        value: f64,
+        unit: &str,
+        params: Value,
+    ) {
         let params = match params {
             Value::Object(m) => m,
             _ => Map::new(),
         };
-        self.figures.push(Figure { section: section.to_owned(), case: case.into(), value, unit: unit.to_owned(), params });
+        self.figures.push(Figure {
+            section: section.to_owned(),
+            case: case.into(),
+            value,
+            unit: unit.to_owned(),
+            params,
+        });
     }
 
     /// Adds a note and prints it.
     pub fn note(&mut self, section: &str, text: impl Into<String>) {
         let text = text.into();
         println!("  note ({section}): {text}");
-        self.notes.push(Note { section: section.to_owned(), text });
+        self.notes.push(Note {
+            section: section.to_owned(),
+            text,
+        });
     }
 }

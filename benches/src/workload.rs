@@ -61,15 +61,28 @@ impl SplitMix64 {
 /// Whether `path` holds an array of `dtype` with rows of `row` and at least `rows` rows.
 fn usable(path: &Path, dtype: DType, row: &[usize], rows: usize) -> bool {
     match NpyArray::open(path) {
-        Ok(a) => a.dtype() == dtype && a.shape().len() == row.len() + 1 && &a.shape()[1..] == row && a.shape()[0] >= rows,
+        Ok(a) => {
+            a.dtype() == dtype
+                && a.shape().len() == row.len() + 1
+                && &a.shape()[1..] == row
+                && a.shape()[0] >= rows
+        }
         Err(_) => false,
     }
 }
 
 /// Writes a `.npy` of `dtype` and `shape` whose data bytes come from `fill(chunk)` in chunks,
 /// with a progress bar; the file is written under a temporary name and renamed when complete.
-fn write_chunked(path: &Path, dtype: DType, shape: &[usize], mut fill: impl FnMut(&mut [u8])) -> Result<()> {
-    anyhow::ensure!(cfg!(target_endian = "little"), "workload generation assumes a little-endian host");
+fn write_chunked(
+    path: &Path,
+    dtype: DType,
+    shape: &[usize],
+    mut fill: impl FnMut(&mut [u8]),
+) -> Result<()> {
+    anyhow::ensure!(
+        cfg!(target_endian = "little"),
+        "workload generation assumes a little-endian host"
+    );
     let total: usize = shape.iter().product::<usize>() * dtype.size();
     let tmp = path.with_extension("npy.partial");
     let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
@@ -77,24 +90,32 @@ fn write_chunked(path: &Path, dtype: DType, shape: &[usize], mut fill: impl FnMu
     w.write_all(&encode_header(dtype, shape))?;
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
-        ProgressStyle::with_template("  {msg:>16} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
-            .context("progress template")?
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "  {msg:>16} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .context("progress template")?
+        .progress_chars("=> "),
     );
-    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    bar.set_message(
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
     // Chunks are a multiple of every element size we write.
     let mut chunk = vec![0u8; 8 << 20];
     let mut left = total;
     while left > 0 {
         let n = left.min(chunk.len());
         fill(&mut chunk[..n]);
-        w.write_all(&chunk[..n]).with_context(|| format!("writing {}", tmp.display()))?;
+        w.write_all(&chunk[..n])
+            .with_context(|| format!("writing {}", tmp.display()))?;
         bar.inc(n as u64);
         left -= n;
     }
     w.into_inner().map_err(|e| e.into_error())?.sync_data()?;
     bar.finish_and_clear();
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     Ok(())
 }
 
@@ -136,12 +157,17 @@ pub fn ensure(dir: &Path, images: usize, tabular: usize) -> Result<Workloads> {
     };
     if !(x_ok && y_ok && same_len) {
         let mut rng = SplitMix64::new(0x5678);
-        write_chunked(&w.tabular_x, DType::F32, &[tabular, TABULAR_FEATURES], |c| {
-            for v in c.chunks_exact_mut(4) {
-                let x = (rng.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32);
-                v.copy_from_slice(&x.to_le_bytes());
-            }
-        })?;
+        write_chunked(
+            &w.tabular_x,
+            DType::F32,
+            &[tabular, TABULAR_FEATURES],
+            |c| {
+                for v in c.chunks_exact_mut(4) {
+                    let x = (rng.next_u64() >> 40) as f32 * (1.0 / (1u64 << 24) as f32);
+                    v.copy_from_slice(&x.to_le_bytes());
+                }
+            },
+        )?;
         write_chunked(&w.tabular_y, DType::I64, &[tabular], |c| {
             for v in c.chunks_exact_mut(8) {
                 v.copy_from_slice(&((rng.next_u64() % 1000) as i64).to_le_bytes());

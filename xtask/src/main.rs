@@ -82,15 +82,36 @@ fn cargo() -> String {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Cmd::Bench { quick, only, criterion: true, .. } => criterion(quick, only),
-        Cmd::Bench { quick, only, json, out, data_dir, bench_bin, criterion: false } => {
+        Cmd::Bench {
+            quick,
+            only,
+            criterion: true,
+            ..
+        } => criterion(quick, only),
+        Cmd::Bench {
+            quick,
+            only,
+            json,
+            out,
+            data_dir,
+            bench_bin,
+            criterion: false,
+        } => {
             let root = root();
             let out = out.unwrap_or_else(|| root.join("target/longshore-bench"));
             let mut cmd = match &bench_bin {
                 Some(bin) => Command::new(bin),
                 None => {
                     let mut c = Command::new(cargo());
-                    c.args(["run", "--release", "-p", "longshore-benches", "--bin", "longshore-bench", "--"]);
+                    c.args([
+                        "run",
+                        "--release",
+                        "-p",
+                        "longshore-benches",
+                        "--bin",
+                        "longshore-bench",
+                        "--",
+                    ]);
                     c
                 }
             };
@@ -120,7 +141,12 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Report { results, out } => {
-            let out = out.unwrap_or_else(|| results.parent().map(Path::to_path_buf).unwrap_or_else(|| ".".into()));
+            let out = out.unwrap_or_else(|| {
+                results
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| ".".into())
+            });
             for p in report::render(&results, &out)? {
                 println!("wrote {}", p.display());
             }
@@ -132,7 +158,8 @@ fn main() -> Result<()> {
 /// `cargo bench -p longshore-benches`, quick with short measurement times.
 fn criterion(quick: bool, only: Option<String>) -> Result<()> {
     let mut cmd = Command::new(cargo());
-    cmd.current_dir(root()).args(["bench", "-p", "longshore-benches"]);
+    cmd.current_dir(root())
+        .args(["bench", "-p", "longshore-benches"]);
     if quick {
         cmd.env("LONGSHORE_BENCH_QUICK", "1");
     }

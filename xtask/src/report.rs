@@ -67,7 +67,11 @@ impl Figure {
 }
 
 fn size_label(bytes: u64) -> String {
-    if bytes >= 1 << 20 { format!("{} MiB", bytes >> 20) } else { format!("{} KiB", bytes >> 10) }
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else {
+        format!("{} KiB", bytes >> 10)
+    }
 }
 
 fn fmt_value(v: f64, unit: &str) -> String {
@@ -97,24 +101,37 @@ fn table(md: &mut String, header: &[&str], rows: &[Vec<String>]) {
 
 /// Reads `results` and writes `report.md` and the plots into `out`; returns the files written.
 pub(crate) fn render(results: &Path, out: &Path) -> Result<Vec<PathBuf>> {
-    let text = std::fs::read_to_string(results).with_context(|| format!("reading {}", results.display()))?;
-    let r: Results = serde_json::from_str(&text).with_context(|| format!("parsing {}", results.display()))?;
+    let text = std::fs::read_to_string(results)
+        .with_context(|| format!("reading {}", results.display()))?;
+    let r: Results =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", results.display()))?;
     std::fs::create_dir_all(out)?;
     let mut written = Vec::new();
     let mut md = String::new();
     let m = &r.machine;
-    let _ = writeln!(md, "# longshore benchmark report{}\n", if m.quick { " (--quick)" } else { "" });
+    let _ = writeln!(
+        md,
+        "# longshore benchmark report{}\n",
+        if m.quick { " (--quick)" } else { "" }
+    );
     table(
         &mut md,
         &["machine", ""],
         &[
             vec!["date (UTC)".into(), m.date_utc.clone()],
             vec!["CPU".into(), format!("{} ({} cores)", m.cpu, m.cores)],
-            vec!["RAM".into(), format!("{:.1} GiB", m.ram_bytes as f64 / (1u64 << 30) as f64)],
+            vec![
+                "RAM".into(),
+                format!("{:.1} GiB", m.ram_bytes as f64 / (1u64 << 30) as f64),
+            ],
             vec!["GPU".into(), m.gpu.clone().unwrap_or_else(|| "none".into())],
             vec![
                 "CUDA driver".into(),
-                if m.cuda_available { "available".into() } else { format!("unavailable: {}", m.cuda_reason.clone().unwrap_or_default()) },
+                if m.cuda_available {
+                    "available".into()
+                } else {
+                    format!("unavailable: {}", m.cuda_reason.clone().unwrap_or_default())
+                },
             ],
             vec!["OS".into(), m.os.clone()],
             vec!["longshore".into(), m.longshore_version.clone()],
@@ -129,7 +146,9 @@ pub(crate) fn render(results: &Path, out: &Path) -> Result<Vec<PathBuf>> {
                 // (dir, kind, bytes) -> (longshore, bare, ratio)
                 let mut rows: BTreeMap<(String, String, u64), [Option<f64>; 3]> = BTreeMap::new();
                 for f in by_section(&r, "bandwidth") {
-                    let (Some(dir), Some(kind), Some(bytes), Some(path)) = (f.s("dir"), f.s("kind"), f.u("bytes"), f.s("path")) else {
+                    let (Some(dir), Some(kind), Some(bytes), Some(path)) =
+                        (f.s("dir"), f.s("kind"), f.u("bytes"), f.s("path"))
+                    else {
                         continue;
                     };
                     let slot = rows.entry((dir.into(), kind.into(), bytes)).or_default();
@@ -139,12 +158,27 @@ pub(crate) fn render(results: &Path, out: &Path) -> Result<Vec<PathBuf>> {
                         _ => slot[2] = Some(f.value),
                     }
                 }
-                let fmt = |v: Option<f64>, unit: &str| v.map_or_else(|| "-".into(), |v| fmt_value(v, unit));
+                let fmt = |v: Option<f64>, unit: &str| {
+                    v.map_or_else(|| "-".into(), |v| fmt_value(v, unit))
+                };
                 let rows: Vec<Vec<String>> = rows
                     .into_iter()
-                    .map(|((d, k, b), v)| vec![d, k, size_label(b), fmt(v[0], "GB/s"), fmt(v[1], "GB/s"), fmt(v[2], "x")])
+                    .map(|((d, k, b), v)| {
+                        vec![
+                            d,
+                            k,
+                            size_label(b),
+                            fmt(v[0], "GB/s"),
+                            fmt(v[1], "GB/s"),
+                            fmt(v[2], "x"),
+                        ]
+                    })
                     .collect();
-                table(&mut md, &["dir", "kind", "size", "longshore", "bare", "ratio"], &rows);
+                table(
+                    &mut md,
+                    &["dir", "kind", "size", "longshore", "bare", "ratio"],
+                    &rows,
+                );
                 for dir in ["H2D", "D2H"] {
                     let name = format!("bandwidth_{}.svg", dir.to_lowercase());
                     if plot_bandwidth(&r, dir, &out.join(&name))? {
@@ -157,10 +191,21 @@ pub(crate) fn render(results: &Path, out: &Path) -> Result<Vec<PathBuf>> {
                 let mut rows: BTreeMap<(String, u64, bool), [Option<f64>; 2]> = BTreeMap::new();
                 let mut best = Vec::new();
                 for f in by_section(&r, "loader") {
-                    let (Some(w), Some(nw), Some(pin)) = (f.s("workload"), f.u("num_workers"), f.b("pin_memory")) else { continue };
+                    let (Some(w), Some(nw), Some(pin)) =
+                        (f.s("workload"), f.u("num_workers"), f.b("pin_memory"))
+                    else {
+                        continue;
+                    };
                     match f.s("what") {
-                        Some("best") => best.push(vec![w.to_owned(), nw.to_string(), pin.to_string(), fmt_value(f.value, &f.unit)]),
-                        Some("wait") => rows.entry((w.into(), nw, pin)).or_default()[1] = Some(f.value),
+                        Some("best") => best.push(vec![
+                            w.to_owned(),
+                            nw.to_string(),
+                            pin.to_string(),
+                            fmt_value(f.value, &f.unit),
+                        ]),
+                        Some("wait") => {
+                            rows.entry((w.into(), nw, pin)).or_default()[1] = Some(f.value)
+                        }
                         _ => rows.entry((w.into(), nw, pin)).or_default()[0] = Some(f.value),
                     }
                 }
@@ -176,10 +221,24 @@ pub(crate) fn render(results: &Path, out: &Path) -> Result<Vec<PathBuf>> {
                         ]
                     })
                     .collect();
-                table(&mut md, &["workload", "num_workers", "pin_memory", "samples/s", "consumer waited"], &rows);
+                table(
+                    &mut md,
+                    &[
+                        "workload",
+                        "num_workers",
+                        "pin_memory",
+                        "samples/s",
+                        "consumer waited",
+                    ],
+                    &rows,
+                );
                 if !best.is_empty() {
                     md.push_str("Tuner pick (best of the sweep):\n\n");
-                    table(&mut md, &["workload", "num_workers", "pin_memory", "throughput"], &best);
+                    table(
+                        &mut md,
+                        &["workload", "num_workers", "pin_memory", "throughput"],
+                        &best,
+                    );
                 }
                 for w in ["images", "tabular"] {
                     let name = format!("loader_{w}.svg");
@@ -190,7 +249,9 @@ pub(crate) fn render(results: &Path, out: &Path) -> Result<Vec<PathBuf>> {
                 }
             }
             s => {
-                let rows: Vec<Vec<String>> = by_section(&r, s).map(|f| vec![f.case.clone(), fmt_value(f.value, &f.unit)]).collect();
+                let rows: Vec<Vec<String>> = by_section(&r, s)
+                    .map(|f| vec![f.case.clone(), fmt_value(f.value, &f.unit)])
+                    .collect();
                 if !rows.is_empty() {
                     table(&mut md, &["case", "value"], &rows);
                 }
@@ -202,7 +263,8 @@ pub(crate) fn render(results: &Path, out: &Path) -> Result<Vec<PathBuf>> {
         md.push('\n');
     }
     let path = out.join("report.md");
-    std::fs::write(&path, md.trim_end().to_owned() + "\n").with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(&path, md.trim_end().to_owned() + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
     written.insert(0, path);
     Ok(written)
 }
@@ -211,7 +273,14 @@ const COLORS: [RGBColor; 6] = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK];
 
 type Series = Vec<(String, Vec<(f64, f64)>)>;
 
-fn draw(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series, x_fmt: &dyn Fn(&f64) -> String) -> Result<()> {
+fn draw(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &Series,
+    x_fmt: &dyn Fn(&f64) -> String,
+) -> Result<()> {
     let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0f64);
     for (_, pts) in series {
         for &(x, y) in pts {
@@ -246,7 +315,9 @@ fn draw(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series, x
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?
             .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -265,9 +336,16 @@ fn draw(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &Series, x
 /// GB/s against log2(size) per memory kind (longshore's path), one plot per direction.
 fn plot_bandwidth(r: &Results, dir: &str, path: &Path) -> Result<bool> {
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for f in r.figures.iter().filter(|f| f.section == "bandwidth" && f.s("dir") == Some(dir) && f.s("path") == Some("longshore")) {
-        let (Some(kind), Some(bytes)) = (f.s("kind"), f.u("bytes")) else { continue };
-        series.entry(kind.to_owned()).or_default().push(((bytes as f64).log2(), f.value));
+    for f in r.figures.iter().filter(|f| {
+        f.section == "bandwidth" && f.s("dir") == Some(dir) && f.s("path") == Some("longshore")
+    }) {
+        let (Some(kind), Some(bytes)) = (f.s("kind"), f.u("bytes")) else {
+            continue;
+        };
+        series
+            .entry(kind.to_owned())
+            .or_default()
+            .push(((bytes as f64).log2(), f.value));
     }
     if series.is_empty() {
         return Ok(false);
@@ -277,16 +355,33 @@ fn plot_bandwidth(r: &Results, dir: &str, path: &Path) -> Result<bool> {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     let fmt = |x: &f64| size_label(2f64.powf(x.round()) as u64);
-    draw(path, &format!("{dir} bandwidth by memory kind ({})", r.machine.gpu.as_deref().unwrap_or("Cpu backend")), "transfer size", "GB/s", &series, &fmt)?;
+    draw(
+        path,
+        &format!(
+            "{dir} bandwidth by memory kind ({})",
+            r.machine.gpu.as_deref().unwrap_or("Cpu backend")
+        ),
+        "transfer size",
+        "GB/s",
+        &series,
+        &fmt,
+    )?;
     Ok(true)
 }
 
 /// samples/s against num_workers per pin_memory setting for one workload.
 fn plot_loader(r: &Results, workload: &str, path: &Path) -> Result<bool> {
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for f in r.figures.iter().filter(|f| f.section == "loader" && f.s("workload") == Some(workload) && f.s("what").is_none()) {
-        let (Some(nw), Some(pin)) = (f.u("num_workers"), f.b("pin_memory")) else { continue };
-        series.entry(format!("pin_memory={pin}")).or_default().push((nw as f64, f.value));
+    for f in r.figures.iter().filter(|f| {
+        f.section == "loader" && f.s("workload") == Some(workload) && f.s("what").is_none()
+    }) {
+        let (Some(nw), Some(pin)) = (f.u("num_workers"), f.b("pin_memory")) else {
+            continue;
+        };
+        series
+            .entry(format!("pin_memory={pin}"))
+            .or_default()
+            .push((nw as f64, f.value));
     }
     if series.is_empty() {
         return Ok(false);
@@ -296,6 +391,13 @@ fn plot_loader(r: &Results, workload: &str, path: &Path) -> Result<bool> {
         pts.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     let fmt = |x: &f64| format!("{x:.0}");
-    draw(path, &format!("loader throughput, {workload}"), "num_workers", "samples/s", &series, &fmt)?;
+    draw(
+        path,
+        &format!("loader throughput, {workload}"),
+        "num_workers",
+        "samples/s",
+        &series,
+        &fmt,
+    )?;
     Ok(true)
 }

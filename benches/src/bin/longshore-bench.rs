@@ -43,7 +43,13 @@ enum Section {
 }
 
 impl Section {
-    const ALL: [Section; 5] = [Section::Bandwidth, Section::Pool, Section::Loader, Section::Overlap, Section::Pytorch];
+    const ALL: [Section; 5] = [
+        Section::Bandwidth,
+        Section::Pool,
+        Section::Loader,
+        Section::Overlap,
+        Section::Pytorch,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -57,7 +63,10 @@ impl Section {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "longshore-bench", about = "Measure what longshore does on this machine; writes results.json")]
+#[command(
+    name = "longshore-bench",
+    about = "Measure what longshore does on this machine; writes results.json"
+)]
 struct Args {
     /// Small sizes and few repetitions: proves every section runs (CI).
     #[arg(long)]
@@ -107,10 +116,20 @@ impl Ctx {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let sections: Vec<Section> =
-        if args.only.is_empty() { Section::ALL.to_vec() } else { Section::ALL.into_iter().filter(|s| args.only.contains(s)).collect() };
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    let data_dir = args.data_dir.clone().unwrap_or_else(|| args.out.join("data"));
+    let sections: Vec<Section> = if args.only.is_empty() {
+        Section::ALL.to_vec()
+    } else {
+        Section::ALL
+            .into_iter()
+            .filter(|s| args.only.contains(s))
+            .collect()
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| args.out.join("data"));
 
     let (cuda, cuda_reason) = match Device::cuda(0) {
         Ok(d) => (Some(d), None),
@@ -134,7 +153,13 @@ fn main() -> Result<()> {
         out: args.out.clone(),
         data_dir,
         cuda,
-        results: Results { schema: SCHEMA, machine, sections: Vec::new(), figures: Vec::new(), notes: Vec::new() },
+        results: Results {
+            schema: SCHEMA,
+            machine,
+            sections: Vec::new(),
+            figures: Vec::new(),
+            notes: Vec::new(),
+        },
         best: BTreeMap::new(),
         args,
     };
@@ -157,7 +182,11 @@ fn main() -> Result<()> {
         println!("  ({} took {:.1} s)", s.name(), t0.elapsed().as_secs_f64());
         ctx.save()?;
     }
-    println!("\nwrote {} in {:.1} s", ctx.out.join("results.json").display(), started.elapsed().as_secs_f64());
+    println!(
+        "\nwrote {} in {:.1} s",
+        ctx.out.join("results.json").display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -168,7 +197,11 @@ fn machine(quick: bool, cuda: Option<&Device>, cuda_reason: Option<String>) -> M
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo
         .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_owned()))
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown".to_owned());
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let ram_kib: u64 = meminfo
@@ -179,7 +212,9 @@ fn machine(quick: bool, cuda: Option<&Device>, cuda_reason: Option<String>) -> M
         .unwrap_or(0);
     Machine {
         cpu,
-        cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
         ram_bytes: ram_kib * 1024,
         gpu: cuda.map(Device::name),
         cuda_available: longshore::host::driver_available(),
@@ -193,7 +228,10 @@ fn machine(quick: bool, cuda: Option<&Device>, cuda_reason: Option<String>) -> M
 
 /// Now as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days, Howard Hinnant's algorithm).
 fn utc_now() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -204,14 +242,23 @@ fn utc_now() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
 // Timing helpers.
 
 /// Median seconds per call of `f`, over `samples` samples of `per_sample` calls each.
-fn median_secs(samples: usize, per_sample: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+fn median_secs(
+    samples: usize,
+    per_sample: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     let mut v = Vec::with_capacity(samples);
     for _ in 0..samples {
         let t0 = Instant::now();
@@ -238,19 +285,37 @@ fn median_ns_calibrated(budget: Duration, mut f: impl FnMut() -> Result<()>) -> 
 // bandwidth
 
 fn bandwidth_sizes(quick: bool) -> Vec<usize> {
-    if quick { vec![MIB, 16 * MIB] } else { vec![MIB, 16 * MIB, 256 * MIB] }
+    if quick {
+        vec![MIB, 16 * MIB]
+    } else {
+        vec![MIB, 16 * MIB, 256 * MIB]
+    }
 }
 
 /// (samples, copies per sample) for a copy of `bytes`.
 fn bandwidth_reps(quick: bool, bytes: usize) -> (usize, usize) {
     let per = (16 * MIB / bytes).clamp(1, 16);
-    let samples = if bytes >= 256 * MIB { 5 } else if quick { 9 } else { 11 };
+    let samples = if bytes >= 256 * MIB {
+        5
+    } else if quick {
+        9
+    } else {
+        11
+    };
     (samples, per)
 }
 
 /// Records one (ours, bare) pair and returns its table row.
 #[allow(clippy::too_many_arguments)]
-fn bw_record(ctx: &mut Ctx, dir: &str, kind: &str, bytes: usize, ours_s: f64, bare_s: f64, bare_name: &str) -> Vec<String> {
+fn bw_record(
+    ctx: &mut Ctx,
+    dir: &str,
+    kind: &str,
+    bytes: usize,
+    ours_s: f64,
+    bare_s: f64,
+    bare_name: &str,
+) -> Vec<String> {
     let (ours, bare) = (gbps(bytes, ours_s), gbps(bytes, bare_s));
     let ratio = if bare > 0.0 { ours / bare } else { 0.0 };
     let size = size_label(bytes);
@@ -260,10 +325,35 @@ fn bw_record(ctx: &mut Ctx, dir: &str, kind: &str, bytes: usize, ours_s: f64, ba
         p["path"] = json!(path);
         p
     };
-    ctx.results.push("bandwidth", format!("{dir} {kind} {size} longshore"), ours, "GB/s", with("longshore"));
-    ctx.results.push("bandwidth", format!("{dir} {kind} {size} {bare_name}"), bare, "GB/s", with("bare"));
-    ctx.results.push("bandwidth", format!("{dir} {kind} {size} ratio"), ratio, "x", with("ratio"));
-    vec![dir.to_owned(), kind.to_owned(), size, format!("{ours:.2}"), format!("{bare:.2}"), format!("{ratio:.2}x")]
+    ctx.results.push(
+        "bandwidth",
+        format!("{dir} {kind} {size} longshore"),
+        ours,
+        "GB/s",
+        with("longshore"),
+    );
+    ctx.results.push(
+        "bandwidth",
+        format!("{dir} {kind} {size} {bare_name}"),
+        bare,
+        "GB/s",
+        with("bare"),
+    );
+    ctx.results.push(
+        "bandwidth",
+        format!("{dir} {kind} {size} ratio"),
+        ratio,
+        "x",
+        with("ratio"),
+    );
+    vec![
+        dir.to_owned(),
+        kind.to_owned(),
+        size,
+        format!("{ours:.2}"),
+        format!("{bare:.2}"),
+        format!("{ratio:.2}x"),
+    ]
 }
 
 fn bandwidth(ctx: &mut Ctx) -> Result<()> {
@@ -271,7 +361,12 @@ fn bandwidth(ctx: &mut Ctx) -> Result<()> {
     match ctx.cuda.clone() {
         Some(dev) => bandwidth_cuda(ctx, &dev, &sizes),
         None => {
-            let why = ctx.results.machine.cuda_reason.clone().unwrap_or_else(|| "no CUDA device".to_owned());
+            let why = ctx
+                .results
+                .machine
+                .cuda_reason
+                .clone()
+                .unwrap_or_else(|| "no CUDA device".to_owned());
             ctx.results.note(
                 "bandwidth",
                 format!("CUDA matrix skipped ({why}); measured the Cpu backend against a plain copy_from_slice instead"),
@@ -292,45 +387,115 @@ fn bandwidth_cuda(ctx: &mut Ctx, dev: &Device, sizes: &[usize]) -> Result<()> {
         {
             let mut src = HostBuffer::pageable(bytes)?;
             src.as_bytes_mut().fill(1);
-            let bare = median_secs(samples, per, || Ok(bare_htod(&stream, src.as_bytes(), &mut d)?))?;
+            let bare = median_secs(samples, per, || {
+                Ok(bare_htod(&stream, src.as_bytes(), &mut d)?)
+            })?;
             let direct = median_secs(samples, per, || {
-                stream.upload_slice(src.as_bytes(), &mut d, 0, UploadMode::Direct)?.synchronize()?;
+                stream
+                    .upload_slice(src.as_bytes(), &mut d, 0, UploadMode::Direct)?
+                    .synchronize()?;
                 Ok(())
             })?;
             let staged = median_secs(samples, per, || {
-                stream.upload_slice(src.as_bytes(), &mut d, 0, UploadMode::Staged)?.synchronize()?;
+                stream
+                    .upload_slice(src.as_bytes(), &mut d, 0, UploadMode::Staged)?
+                    .synchronize()?;
                 Ok(())
             })?;
-            rows.push(bw_record(ctx, "H2D", "pageable direct", bytes, direct, bare, "bare"));
-            rows.push(bw_record(ctx, "H2D", "pageable staged", bytes, staged, bare, "bare"));
+            rows.push(bw_record(
+                ctx,
+                "H2D",
+                "pageable direct",
+                bytes,
+                direct,
+                bare,
+                "bare",
+            ));
+            rows.push(bw_record(
+                ctx,
+                "H2D",
+                "pageable staged",
+                bytes,
+                staged,
+                bare,
+                "bare",
+            ));
             let mut dst = Some(HostBuffer::pageable(bytes)?);
-            let bare = median_secs(samples, per, || Ok(bare_dtoh(&stream, &d, dst.as_mut().expect("dst").as_bytes_mut())?))?;
+            let bare = median_secs(samples, per, || {
+                Ok(bare_dtoh(
+                    &stream,
+                    &d,
+                    dst.as_mut().expect("dst").as_bytes_mut(),
+                )?)
+            })?;
             let ours = median_secs(samples, per, || {
                 dst = Some(stream.download(&d, dst.take().expect("dst"))?.wait()?);
                 Ok(())
             })?;
-            rows.push(bw_record(ctx, "D2H", "pageable direct", bytes, ours, bare, "bare"));
+            rows.push(bw_record(
+                ctx,
+                "D2H",
+                "pageable direct",
+                bytes,
+                ours,
+                bare,
+                "bare",
+            ));
         }
         for kind in [MemoryKind::PageLocked, MemoryKind::Registered] {
             let mut buf = Some(HostBuffer::alloc(kind, bytes)?);
-            let bare = median_secs(samples, per, || Ok(bare_htod(&stream, buf.as_ref().expect("buf").as_bytes(), &mut d)?))?;
+            let bare = median_secs(samples, per, || {
+                Ok(bare_htod(
+                    &stream,
+                    buf.as_ref().expect("buf").as_bytes(),
+                    &mut d,
+                )?)
+            })?;
             let ours = median_secs(samples, per, || {
                 buf = Some(stream.upload(buf.take().expect("buf"), &mut d)?.wait()?);
                 Ok(())
             })?;
-            rows.push(bw_record(ctx, "H2D", kind.as_str(), bytes, ours, bare, "bare"));
-            let bare = median_secs(samples, per, || Ok(bare_dtoh(&stream, &d, buf.as_mut().expect("buf").as_bytes_mut())?))?;
+            rows.push(bw_record(
+                ctx,
+                "H2D",
+                kind.as_str(),
+                bytes,
+                ours,
+                bare,
+                "bare",
+            ));
+            let bare = median_secs(samples, per, || {
+                Ok(bare_dtoh(
+                    &stream,
+                    &d,
+                    buf.as_mut().expect("buf").as_bytes_mut(),
+                )?)
+            })?;
             let ours = median_secs(samples, per, || {
                 buf = Some(stream.download(&d, buf.take().expect("buf"))?.wait()?);
                 Ok(())
             })?;
-            rows.push(bw_record(ctx, "D2H", kind.as_str(), bytes, ours, bare, "bare"));
+            rows.push(bw_record(
+                ctx,
+                "D2H",
+                kind.as_str(),
+                bytes,
+                ours,
+                bare,
+                "bare",
+            ));
         }
     }
-    ctx.results.note("bandwidth", "D2H has no staged path: pageable downloads go through the driver (\"pageable direct\")");
+    ctx.results.note(
+        "bandwidth",
+        "D2H has no staged path: pageable downloads go through the driver (\"pageable direct\")",
+    );
     rows.sort_by(|a, b| a[0].cmp(&b[0]).then(a[1].cmp(&b[1])));
     print_table(
-        &format!("bandwidth on {} (median GB/s; bare = cuMemcpy*Async + sync on the same buffer)", dev.name()),
+        &format!(
+            "bandwidth on {} (median GB/s; bare = cuMemcpy*Async + sync on the same buffer)",
+            dev.name()
+        ),
         &["dir", "kind", "size", "longshore", "bare", "ratio"],
         &rows,
     );
@@ -357,11 +522,15 @@ fn bandwidth_cpu(ctx: &mut Ctx, sizes: &[usize]) -> Result<()> {
             Ok(())
         })?;
         let direct = median_secs(samples, per, || {
-            stream.upload_slice(&src_vec, &mut d, 0, UploadMode::Direct)?.synchronize()?;
+            stream
+                .upload_slice(&src_vec, &mut d, 0, UploadMode::Direct)?
+                .synchronize()?;
             Ok(())
         })?;
         let staged = median_secs(samples, per, || {
-            stream.upload_slice(&src_vec, &mut d, 0, UploadMode::Staged)?.synchronize()?;
+            stream
+                .upload_slice(&src_vec, &mut d, 0, UploadMode::Staged)?
+                .synchronize()?;
             Ok(())
         })?;
         let mut dst = Some(HostBuffer::pageable(bytes)?);
@@ -369,12 +538,47 @@ fn bandwidth_cpu(ctx: &mut Ctx, sizes: &[usize]) -> Result<()> {
             dst = Some(stream.download(&d, dst.take().expect("dst"))?.wait()?);
             Ok(())
         })?;
-        rows.push(bw_record(ctx, "H2D", "pageable upload", bytes, owned, plain, "copy_from_slice"));
-        rows.push(bw_record(ctx, "H2D", "pageable direct", bytes, direct, plain, "copy_from_slice"));
-        rows.push(bw_record(ctx, "H2D", "pageable staged", bytes, staged, plain, "copy_from_slice"));
-        rows.push(bw_record(ctx, "D2H", "pageable download", bytes, down, plain, "copy_from_slice"));
+        rows.push(bw_record(
+            ctx,
+            "H2D",
+            "pageable upload",
+            bytes,
+            owned,
+            plain,
+            "copy_from_slice",
+        ));
+        rows.push(bw_record(
+            ctx,
+            "H2D",
+            "pageable direct",
+            bytes,
+            direct,
+            plain,
+            "copy_from_slice",
+        ));
+        rows.push(bw_record(
+            ctx,
+            "H2D",
+            "pageable staged",
+            bytes,
+            staged,
+            plain,
+            "copy_from_slice",
+        ));
+        rows.push(bw_record(
+            ctx,
+            "D2H",
+            "pageable download",
+            bytes,
+            down,
+            plain,
+            "copy_from_slice",
+        ));
     }
-    ctx.results.note("bandwidth", "page-locked and registered kinds need a CUDA driver: skipped");
+    ctx.results.note(
+        "bandwidth",
+        "page-locked and registered kinds need a CUDA driver: skipped",
+    );
     rows.sort_by(|a, b| a[0].cmp(&b[0]).then(a[1].cmp(&b[1])));
     print_table(
         "bandwidth on the Cpu backend (median GB/s; bare = copy_from_slice between two Vecs)",
@@ -396,12 +600,23 @@ fn pool(ctx: &mut Ctx) -> Result<()> {
     if longshore::host::driver_available() {
         kinds.extend([MemoryKind::PageLocked, MemoryKind::Registered]);
     } else {
-        ctx.results.note("pool", "no CUDA driver: page-locked and registered kinds skipped");
+        ctx.results.note(
+            "pool",
+            "no CUDA driver: page-locked and registered kinds skipped",
+        );
     }
-    let budget = if ctx.quick { Duration::from_millis(60) } else { Duration::from_millis(300) };
+    let budget = if ctx.quick {
+        Duration::from_millis(60)
+    } else {
+        Duration::from_millis(300)
+    };
     let mut rows = Vec::new();
     for kind in kinds {
-        let pool = match PinnedPool::new(PoolConfig::for_kind(kind).budget(1 << 30).register_above(None)) {
+        let pool = match PinnedPool::new(
+            PoolConfig::for_kind(kind)
+                .budget(1 << 30)
+                .register_above(None),
+        ) {
             Ok(p) => p,
             Err(e) => {
                 ctx.results.note("pool", format!("no {kind} pool: {e}"));
@@ -420,10 +635,34 @@ fn pool(ctx: &mut Ctx) -> Result<()> {
             })?;
             let size = size_label(bytes);
             let p = |what: &str| json!({"kind": kind.as_str(), "bytes": bytes, "what": what});
-            ctx.results.push("pool", format!("{kind} {size} pool hit"), hit, "ns", p("hit"));
-            ctx.results.push("pool", format!("{kind} {size} raw alloc"), raw, "ns", p("raw"));
-            ctx.results.push("pool", format!("{kind} {size} raw/hit"), raw / hit, "x", p("ratio"));
-            rows.push(vec![kind.to_string(), size, ns_label(hit), ns_label(raw), format!("{:.1}x", raw / hit)]);
+            ctx.results.push(
+                "pool",
+                format!("{kind} {size} pool hit"),
+                hit,
+                "ns",
+                p("hit"),
+            );
+            ctx.results.push(
+                "pool",
+                format!("{kind} {size} raw alloc"),
+                raw,
+                "ns",
+                p("raw"),
+            );
+            ctx.results.push(
+                "pool",
+                format!("{kind} {size} raw/hit"),
+                raw / hit,
+                "x",
+                p("ratio"),
+            );
+            rows.push(vec![
+                kind.to_string(),
+                size,
+                ns_label(hit),
+                ns_label(raw),
+                format!("{:.1}x", raw / hit),
+            ]);
         }
     }
     print_table(
@@ -496,33 +735,35 @@ fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
             }
             compute_stream.synchronize()?;
         }
-        None => {
-            'epochs: loop {
-                let mut any = false;
-                for item in loader {
-                    any = true;
-                    let batch = item?;
-                    let bytes = batch.bytes();
-                    black_box(bytes.first().copied().unwrap_or(0) ^ bytes.last().copied().unwrap_or(0));
-                    let n = batch.batch_size();
-                    drop(batch);
-                    if let Some(t) = compute {
-                        std::thread::sleep(t);
-                    }
-                    step(n, &mut seen, &mut samples, &mut t0);
-                    if seen >= target {
-                        break 'epochs;
-                    }
+        None => 'epochs: loop {
+            let mut any = false;
+            for item in loader {
+                any = true;
+                let batch = item?;
+                let bytes = batch.bytes();
+                black_box(bytes.first().copied().unwrap_or(0) ^ bytes.last().copied().unwrap_or(0));
+                let n = batch.batch_size();
+                drop(batch);
+                if let Some(t) = compute {
+                    std::thread::sleep(t);
                 }
-                if !any {
-                    bail!("the loader yields no batch");
+                step(n, &mut seen, &mut samples, &mut t0);
+                if seen >= target {
+                    break 'epochs;
                 }
             }
-        }
+            if !any {
+                bail!("the loader yields no batch");
+            }
+        },
     }
     let secs = t0.elapsed().as_secs_f64();
     let stats = loader.stats();
-    Ok(Run { samples_per_s: samples as f64 / secs.max(1e-9), wait_fraction: stats.wait_fraction(), batches })
+    Ok(Run {
+        samples_per_s: samples as f64 / secs.max(1e-9),
+        wait_fraction: stats.wait_fraction(),
+        batches,
+    })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -592,7 +833,10 @@ fn run_workload(
             drive(&loader, device, batches, compute)
         }
         Workload::Tabular => {
-            let ds = Zip::direct(NpyDataset::open(&files.tabular_x)?, NpyDataset::open(&files.tabular_y)?)?;
+            let ds = Zip::direct(
+                NpyDataset::open(&files.tabular_x)?,
+                NpyDataset::open(&files.tabular_y)?,
+            )?;
             let loader = DataLoader::builder(ds)
                 .collate(DirectCollate::new().with_names(["x", "y"]))
                 .batch_size(w.batch_size())
@@ -616,18 +860,32 @@ fn ensure_data(ctx: &mut Ctx) -> Result<workload::Workloads> {
     if files.generated.is_empty() {
         println!("  reusing workloads in {}", ctx.data_dir.display());
     } else {
-        println!("  generated {} file(s) in {}", files.generated.len(), ctx.data_dir.display());
+        println!(
+            "  generated {} file(s) in {}",
+            files.generated.len(),
+            ctx.data_dir.display()
+        );
     }
     Ok(files)
 }
 
 fn loader(ctx: &mut Ctx) -> Result<()> {
     let files = ensure_data(ctx)?;
-    let workers: Vec<usize> = if ctx.quick { vec![0, 2] } else { vec![0, 4, 8, 16] };
+    let workers: Vec<usize> = if ctx.quick {
+        vec![0, 2]
+    } else {
+        vec![0, 4, 8, 16]
+    };
     let device = ctx.cuda.clone();
-    let target = device.as_ref().map_or_else(|| "consumed on the CPU".to_owned(), |d| format!("delivered to {}", d.name()));
+    let target = device.as_ref().map_or_else(
+        || "consumed on the CPU".to_owned(),
+        |d| format!("delivered to {}", d.name()),
+    );
     if device.is_none() {
-        ctx.results.note("loader", "no GPU: batches are consumed on the CPU, and pin_memory falls back to pageable memory");
+        ctx.results.note(
+            "loader",
+            "no GPU: batches are consumed on the CPU, and pin_memory falls back to pageable memory",
+        );
     }
     if ctx.quick {
         ctx.results.note("loader", "quick: 256 images make one batch per epoch, so each image batch includes an epoch start");
@@ -639,12 +897,24 @@ fn loader(ctx: &mut Ctx) -> Result<()> {
             for pin in [false, true] {
                 let r = run_workload(w, &files, nw, pin, device.as_ref(), batches, None)?;
                 let p = json!({"workload": w.name(), "num_workers": nw, "pin_memory": pin, "batch_size": w.batch_size(), "batches": r.batches});
-                ctx.results.push("loader", format!("{} workers={nw} pin={pin}", w.name()), r.samples_per_s, "samples/s", p.clone());
-                ctx.results.push("loader", format!("{} workers={nw} pin={pin} wait", w.name()), r.wait_fraction, "fraction", {
-                    let mut p = p;
-                    p["what"] = json!("wait");
-                    p
-                });
+                ctx.results.push(
+                    "loader",
+                    format!("{} workers={nw} pin={pin}", w.name()),
+                    r.samples_per_s,
+                    "samples/s",
+                    p.clone(),
+                );
+                ctx.results.push(
+                    "loader",
+                    format!("{} workers={nw} pin={pin} wait", w.name()),
+                    r.wait_fraction,
+                    "fraction",
+                    {
+                        let mut p = p;
+                        p["what"] = json!("wait");
+                        p
+                    },
+                );
                 rows.push(vec![
                     w.name().to_owned(),
                     nw.to_string(),
@@ -652,15 +922,25 @@ fn loader(ctx: &mut Ctx) -> Result<()> {
                     format!("{:.0}", r.samples_per_s),
                     format!("{:.1}%", 100.0 * r.wait_fraction),
                 ]);
-                let best = ctx.best.entry(w.name()).or_insert(Best { samples_per_s: 0.0, num_workers: nw, pin_memory: pin });
+                let best = ctx.best.entry(w.name()).or_insert(Best {
+                    samples_per_s: 0.0,
+                    num_workers: nw,
+                    pin_memory: pin,
+                });
                 if r.samples_per_s > best.samples_per_s {
-                    *best = Best { samples_per_s: r.samples_per_s, num_workers: nw, pin_memory: pin };
+                    *best = Best {
+                        samples_per_s: r.samples_per_s,
+                        num_workers: nw,
+                        pin_memory: pin,
+                    };
                 }
             }
         }
     }
     print_table(
-        &format!("loader: shuffled, {target}; samples/s over a fixed number of batches after one warm-up batch"),
+        &format!(
+            "loader: shuffled, {target}; samples/s over a fixed number of batches after one warm-up batch"
+        ),
         &["workload", "workers", "pin", "samples/s", "waited"],
         &rows,
     );
@@ -673,9 +953,18 @@ fn loader(ctx: &mut Ctx) -> Result<()> {
             "samples/s",
             json!({"workload": name, "num_workers": b.num_workers, "pin_memory": b.pin_memory, "what": "best"}),
         );
-        best_rows.push(vec![(*name).to_owned(), b.num_workers.to_string(), b.pin_memory.to_string(), format!("{:.0}", b.samples_per_s)]);
+        best_rows.push(vec![
+            (*name).to_owned(),
+            b.num_workers.to_string(),
+            b.pin_memory.to_string(),
+            format!("{:.0}", b.samples_per_s),
+        ]);
     }
-    print_table("loader: tuner pick (best of the sweep)", &["workload", "workers", "pin", "samples/s"], &best_rows);
+    print_table(
+        "loader: tuner pick (best of the sweep)",
+        &["workload", "workers", "pin", "samples/s"],
+        &best_rows,
+    );
     Ok(())
 }
 
@@ -690,7 +979,10 @@ fn overlap(ctx: &mut Ctx) -> Result<()> {
     if !ctx.quick {
         workloads.push(Workload::Images);
     } else {
-        ctx.results.note("overlap", "quick: tabular only (the quick image file holds one batch per epoch)");
+        ctx.results.note(
+            "overlap",
+            "quick: tabular only (the quick image file holds one batch per epoch)",
+        );
     }
     let mut rows = Vec::new();
     for w in workloads {
@@ -706,22 +998,55 @@ fn overlap(ctx: &mut Ctx) -> Result<()> {
         let t = Duration::from_secs_f64((1.5 * per_batch).max(2e-3));
         let r = run_workload(w, &files, nw, true, device.as_ref(), batches, Some(t))?;
         let p = json!({"workload": w.name(), "num_workers": nw, "pin_memory": true, "compute_ms": t.as_secs_f64() * 1e3, "data_ms": per_batch * 1e3});
-        ctx.results.push("overlap", format!("{} wait fraction", w.name()), r.wait_fraction, "fraction", p.clone());
-        ctx.results.push("overlap", format!("{} compute per batch", w.name()), t.as_secs_f64() * 1e3, "ms", p.clone());
-        ctx.results.push("overlap", format!("{} data per batch (unloaded)", w.name()), per_batch * 1e3, "ms", p);
+        ctx.results.push(
+            "overlap",
+            format!("{} wait fraction", w.name()),
+            r.wait_fraction,
+            "fraction",
+            p.clone(),
+        );
+        ctx.results.push(
+            "overlap",
+            format!("{} compute per batch", w.name()),
+            t.as_secs_f64() * 1e3,
+            "ms",
+            p.clone(),
+        );
+        ctx.results.push(
+            "overlap",
+            format!("{} data per batch (unloaded)", w.name()),
+            per_batch * 1e3,
+            "ms",
+            p,
+        );
         rows.push(vec![
             w.name().to_owned(),
             nw.to_string(),
             format!("{:.2}", per_batch * 1e3),
             format!("{:.2}", t.as_secs_f64() * 1e3),
             format!("{:.2}%", 100.0 * r.wait_fraction),
-            if r.wait_fraction < 0.02 { "yes".to_owned() } else { "NO".to_owned() },
+            if r.wait_fraction < 0.02 {
+                "yes".to_owned()
+            } else {
+                "NO".to_owned()
+            },
         ]);
     }
-    let how = if device.is_some() { "compute = host fn sleeping on the compute stream" } else { "compute = sleep on the consumer thread" };
+    let how = if device.is_some() {
+        "compute = host fn sleeping on the compute stream"
+    } else {
+        "compute = sleep on the consumer thread"
+    };
     print_table(
         &format!("overlap: consumer wait when compute per batch > data time ({how}; target < 2%)"),
-        &["workload", "workers", "data ms/batch", "compute ms", "waited", "< 2%"],
+        &[
+            "workload",
+            "workers",
+            "data ms/batch",
+            "compute ms",
+            "waited",
+            "< 2%",
+        ],
         &rows,
     );
     Ok(())
@@ -736,51 +1061,94 @@ fn pytorch_script(ctx: &Ctx) -> Option<PathBuf> {
     }
     let rel = Path::new("xtask/pytorch/dataloader_bench.py");
     let from_manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
-    [rel.to_path_buf(), from_manifest].into_iter().find(|p| p.is_file())
+    [rel.to_path_buf(), from_manifest]
+        .into_iter()
+        .find(|p| p.is_file())
 }
 
 fn pytorch(ctx: &mut Ctx) -> Result<()> {
     let py = ctx.args.python.clone();
-    let probe = Command::new(&py).args(["-c", "import torch; print(torch.__version__)"]).output();
+    let probe = Command::new(&py)
+        .args(["-c", "import torch; print(torch.__version__)"])
+        .output();
     let version = match probe {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
         Ok(o) => {
             let err = String::from_utf8_lossy(&o.stderr);
-            let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("import failed");
-            ctx.results.note("pytorch", format!("skipped: `{py} -c \"import torch\"` failed: {}", last.trim()));
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("import failed");
+            ctx.results.note(
+                "pytorch",
+                format!(
+                    "skipped: `{py} -c \"import torch\"` failed: {}",
+                    last.trim()
+                ),
+            );
             return Ok(());
         }
         Err(e) => {
-            ctx.results.note("pytorch", format!("skipped: cannot run {py}: {e}"));
+            ctx.results
+                .note("pytorch", format!("skipped: cannot run {py}: {e}"));
             return Ok(());
         }
     };
     let Some(script) = pytorch_script(ctx) else {
-        ctx.results.note("pytorch", "skipped: xtask/pytorch/dataloader_bench.py not found (pass --pytorch-script)");
+        ctx.results.note(
+            "pytorch",
+            "skipped: xtask/pytorch/dataloader_bench.py not found (pass --pytorch-script)",
+        );
         return Ok(());
     };
     ensure_data(ctx)?;
     let mut cmd = Command::new(&py);
     cmd.arg(&script).arg("--dir").arg(&ctx.data_dir);
     if ctx.quick {
-        cmd.args(["--workers", "0,2", "--max-batches-images", "10", "--max-batches-tabular", "30"]);
+        cmd.args([
+            "--workers",
+            "0,2",
+            "--max-batches-images",
+            "10",
+            "--max-batches-tabular",
+            "30",
+        ]);
     }
     println!("  running PyTorch {version}: {cmd:?}");
-    let out = cmd.stderr(Stdio::inherit()).output().with_context(|| format!("running {}", script.display()))?;
+    let out = cmd
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
-        ctx.results.note("pytorch", format!("the baseline script failed: {}", out.status));
+        ctx.results.note(
+            "pytorch",
+            format!("the baseline script failed: {}", out.status),
+        );
         return Ok(());
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().rev().find(|l| l.trim_start().starts_with('{')).context("no JSON line from the PyTorch script")?;
-    let v: serde_json::Value = serde_json::from_str(line).context("parsing the PyTorch script's JSON")?;
-    let on = if v["cuda"].as_bool() == Some(true) { "to cuda" } else { "on the CPU" };
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("no JSON line from the PyTorch script")?;
+    let v: serde_json::Value =
+        serde_json::from_str(line).context("parsing the PyTorch script's JSON")?;
+    let on = if v["cuda"].as_bool() == Some(true) {
+        "to cuda"
+    } else {
+        "on the CPU"
+    };
     let mut best: BTreeMap<String, (f64, i64, bool)> = BTreeMap::new();
     let mut rows = Vec::new();
     for r in v["results"].as_array().cloned().unwrap_or_default() {
-        let (Some(w), Some(nw), Some(pin), Some(sps)) =
-            (r["workload"].as_str(), r["num_workers"].as_i64(), r["pin_memory"].as_bool(), r["samples_per_s"].as_f64())
-        else {
+        let (Some(w), Some(nw), Some(pin), Some(sps)) = (
+            r["workload"].as_str(),
+            r["num_workers"].as_i64(),
+            r["pin_memory"].as_bool(),
+            r["samples_per_s"].as_f64(),
+        ) else {
             continue;
         };
         ctx.results.push(
@@ -790,13 +1158,22 @@ fn pytorch(ctx: &mut Ctx) -> Result<()> {
             "samples/s",
             json!({"workload": w, "num_workers": nw, "pin_memory": pin, "torch": version}),
         );
-        rows.push(vec![w.to_owned(), nw.to_string(), pin.to_string(), format!("{sps:.0}")]);
+        rows.push(vec![
+            w.to_owned(),
+            nw.to_string(),
+            pin.to_string(),
+            format!("{sps:.0}"),
+        ]);
         let b = best.entry(w.to_owned()).or_insert((0.0, nw, pin));
         if sps > b.0 {
             *b = (sps, nw, pin);
         }
     }
-    print_table(&format!("pytorch {version} DataLoader ({on})"), &["workload", "workers", "pin", "samples/s"], &rows);
+    print_table(
+        &format!("pytorch {version} DataLoader ({on})"),
+        &["workload", "workers", "pin", "samples/s"],
+        &rows,
+    );
     let mut ratio_rows = Vec::new();
     for (w, (sps, nw, pin)) in &best {
         let target = if w == "images" { 10.0 } else { 30.0 };
@@ -823,7 +1200,11 @@ fn pytorch(ctx: &mut Ctx) -> Result<()> {
         }
     }
     if !ratio_rows.is_empty() {
-        print_table("longshore vs PyTorch, best vs best", &["workload", "longshore", "pytorch", "ratio", "target"], &ratio_rows);
+        print_table(
+            "longshore vs PyTorch, best vs best",
+            &["workload", "longshore", "pytorch", "ratio", "target"],
+            &ratio_rows,
+        );
     }
     Ok(())
 }
