@@ -98,7 +98,12 @@ fn main() -> Result<()> {
             criterion: false,
         } => {
             let root = root();
-            let out = out.unwrap_or_else(|| root.join("target/longshore-bench"));
+            // The binary runs in the workspace root: make the caller's relative paths absolute.
+            let abs = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+            let out = out
+                .map(abs)
+                .unwrap_or_else(|| root.join("target/longshore-bench"));
+            let (data_dir, bench_bin) = (data_dir.map(abs), bench_bin.map(abs));
             let mut cmd = match &bench_bin {
                 Some(bin) => Command::new(bin),
                 None => {
