@@ -35,7 +35,7 @@ pub fn gbps(bytes: usize, secs: f64) -> f64 {
 
 /// A size as `1 KiB`, `16 MiB`, `1 GiB`.
 pub fn size_label(bytes: usize) -> String {
-    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
+    if bytes >= 1 << 30 && bytes & ((1 << 30) - 1) == 0 {
         format!("{} GiB", bytes >> 30)
     } else if bytes >= 1 << 20 {
         format!("{} MiB", bytes >> 20)
