@@ -67,9 +67,12 @@ def run(ds, batch, workers, pin, max_batches, device):
     first = next(it)
     n = 0
     t0 = time.perf_counter()
-    for k, b in enumerate(it):
-        if k >= max_batches:
-            break
+    for k in range(max_batches):
+        try:
+            b = next(it)
+        except StopIteration:  # small (quick) files: go on with the next epoch, as the Rust side does
+            it = iter(dl)
+            b = next(it)
         if device is not None:
             if isinstance(b, (list, tuple)):
                 b = [t.to(device, non_blocking=True) for t in b]

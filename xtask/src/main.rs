@@ -1,48 +1,181 @@
 //! `cargo xtask`: project automation for longshore.
+//!
+//! * `cargo xtask bench [--quick] [--only S,...] [--json] [--out DIR] [--data-dir DIR]
+//!   [--bench-bin PATH]`: builds and runs the release `longshore-bench` binary (or runs a
+//!   prebuilt one), then renders `results.json` into `report.md` and SVG plots.
+//! * `cargo xtask bench --criterion [--quick] [--only FILTER]`: the criterion benches
+//!   (`cargo bench -p longshore-benches`).
+//! * `cargo xtask report --results FILE --out DIR`: only renders (after a run elsewhere).
+//!
+//! `cargo xtask` is a debug build, so this crate only drives: every measurement happens in the
+//! release binary.
 
-use anyhow::Result;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(name = "cargo xtask", about = "longshore project automation")]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Cmd,
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {
-    /// Run the criterion benchmarks of the workspace (`cargo bench -p longshore-benches`).
+enum Cmd {
+    /// Measure longshore on this machine: results.json, report.md and plots under --out.
     Bench {
-        /// Small sizes and short measurement times, to prove the benchmarks run.
+        /// Small sizes and few repetitions, to prove every section runs (CI).
         #[arg(long)]
         quick: bool,
-        /// Only run benchmarks whose name contains this string.
+        /// Only these sections (bandwidth,pool,loader,overlap,pytorch); with --criterion, a
+        /// criterion filter.
         #[arg(long)]
         only: Option<String>,
+        /// Print results.json on stdout (the tables go to stderr).
+        #[arg(long)]
+        json: bool,
+        /// Output folder (default: `target/longshore-bench` in the workspace).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Where the loader workloads are generated and reused (default: `<out>/data`).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Run this prebuilt `longshore-bench` binary instead of building it with cargo.
+        #[arg(long)]
+        bench_bin: Option<PathBuf>,
+        /// Run the criterion benches instead (`cargo bench -p longshore-benches`).
+        #[arg(long)]
+        criterion: bool,
     },
+    /// Render a results.json into report.md and SVG plots.
+    Report {
+        /// The results.json to render.
+        #[arg(long)]
+        results: PathBuf,
+        /// Output folder (default: the folder of --results).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
+/// The workspace root when run through cargo, else the current folder (a prebuilt xtask is
+/// run from the repository root).
+fn root() -> PathBuf {
+    match std::env::var_os("CARGO_MANIFEST_DIR") {
+        Some(dir) => {
+            let dir = PathBuf::from(dir);
+            dir.parent().map(Path::to_path_buf).unwrap_or(dir)
+        }
+        None => PathBuf::from("."),
+    }
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Bench { quick, only } => {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = std::process::Command::new(cargo);
-            cmd.args(["bench", "-p", "longshore-benches"]);
+        Cmd::Bench {
+            quick,
+            only,
+            criterion: true,
+            ..
+        } => criterion(quick, only),
+        Cmd::Bench {
+            quick,
+            only,
+            json,
+            out,
+            data_dir,
+            bench_bin,
+            criterion: false,
+        } => {
+            let root = root();
+            // The binary runs in the workspace root: make the caller's relative paths absolute.
+            let abs = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+            let out = out
+                .map(abs)
+                .unwrap_or_else(|| root.join("target/longshore-bench"));
+            let (data_dir, bench_bin) = (data_dir.map(abs), bench_bin.map(abs));
+            let mut cmd = match &bench_bin {
+                Some(bin) => Command::new(bin),
+                None => {
+                    let mut c = Command::new(cargo());
+                    c.args([
+                        "run",
+                        "--release",
+                        "-p",
+                        "longshore-benches",
+                        "--bin",
+                        "longshore-bench",
+                        "--",
+                    ]);
+                    c
+                }
+            };
+            cmd.current_dir(&root).arg("--out").arg(&out);
             if quick {
-                cmd.env("LONGSHORE_BENCH_QUICK", "1");
+                cmd.arg("--quick");
             }
-            cmd.arg("--");
-            if let Some(filter) = only {
-                cmd.arg(filter);
+            if let Some(only) = &only {
+                cmd.args(["--only", only]);
             }
-            if quick {
-                cmd.args(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);
+            if let Some(dir) = &data_dir {
+                cmd.arg("--data-dir").arg(dir);
             }
-            let status = cmd.status()?;
-            anyhow::ensure!(status.success(), "cargo bench failed: {status}");
+            if json {
+                cmd.stdout(std::io::stderr());
+            }
+            let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+            anyhow::ensure!(status.success(), "longshore-bench failed: {status}");
+            let results = out.join("results.json");
+            let written = report::render(&results, &out)?;
+            for p in &written {
+                eprintln!("wrote {}", p.display());
+            }
+            if json {
+                print!("{}", std::fs::read_to_string(&results)?);
+            }
+            Ok(())
+        }
+        Cmd::Report { results, out } => {
+            let out = out.unwrap_or_else(|| {
+                results
+                    .parent()
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|| ".".into())
+            });
+            for p in report::render(&results, &out)? {
+                println!("wrote {}", p.display());
+            }
             Ok(())
         }
     }
+}
+
+/// `cargo bench -p longshore-benches`, quick with short measurement times.
+fn criterion(quick: bool, only: Option<String>) -> Result<()> {
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(root())
+        .args(["bench", "-p", "longshore-benches"]);
+    if quick {
+        cmd.env("LONGSHORE_BENCH_QUICK", "1");
+    }
+    cmd.arg("--");
+    if let Some(filter) = only {
+        cmd.arg(filter);
+    }
+    if quick {
+        cmd.args(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);
+    }
+    let status = cmd.status()?;
+    anyhow::ensure!(status.success(), "cargo bench failed: {status}");
+    Ok(())
 }
