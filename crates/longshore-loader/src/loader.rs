@@ -1067,9 +1067,10 @@ impl<F: Fetch> LoaderIter<F> {
     }
 
     fn absorb(&mut self, r: Reply<F::Output>) {
+        // The worker is free for more; the batch still counts as in flight (it holds a lease)
+        // until it is yielded, as PyTorch counts outstanding tasks.
         if let Some(w) = self.sent_to.remove(&r.seq) {
             self.outstanding[w] -= 1;
-            self.in_flight -= 1;
         }
         if matches!(r.outcome, Outcome::Exhausted) {
             self.active[r.worker] = false;
@@ -1186,6 +1187,7 @@ impl<F: Fetch> LoaderIter<F> {
                 let &seq = self.order.front()?;
                 if let Some(o) = self.reorder.remove(&seq) {
                     self.order.pop_front();
+                    self.in_flight -= 1;
                     return Some((seq, o));
                 }
                 if let Err(e) = self.wait_reply(Some(seq)) {
@@ -1195,6 +1197,7 @@ impl<F: Fetch> LoaderIter<F> {
                 if let Some((&seq, _)) = self.reorder.iter().next() {
                     let o = self.reorder.remove(&seq).expect("present");
                     self.order.retain(|s| *s != seq);
+                    self.in_flight -= 1;
                     return Some((seq, o));
                 }
                 if self.in_flight == 0 {

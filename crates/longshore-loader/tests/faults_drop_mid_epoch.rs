@@ -11,6 +11,12 @@ use longshore_loader::DataLoader;
 
 #[test]
 fn dropping_the_iterator_mid_epoch_stops_workers_and_returns_every_lease() {
+    // With pin_memory on a CUDA host the first page-locked allocation initialises the driver,
+    // which starts threads of its own for the life of the process: start it before counting.
+    drop(
+        longshore_host::PinnedPool::new(longshore_host::PoolConfig::default())
+            .and_then(|p| p.alloc(4096)),
+    );
     let before = thread_count();
     for persistent in [false, true] {
         let mut p = Probe::new(10_000);
