@@ -693,16 +693,23 @@ fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
     batches: usize,
     compute: Option<Duration>,
 ) -> Result<Run> {
-    let target = batches + 1;
+    // Batches excluded from the measurement: the first (worker start-up) and, when simulating
+    // compute, the pipeline fill (one batch per worker), so the overlap figure is steady state.
+    let warmup = if compute.is_some() {
+        loader.config().num_workers.max(1)
+    } else {
+        1
+    };
+    let target = batches + warmup;
     let mut seen = 0usize;
     let mut samples = 0usize;
     let mut t0 = Instant::now();
     let step = |n: usize, seen: &mut usize, samples: &mut usize, t0: &mut Instant| {
         *seen += 1;
-        if *seen == 1 {
+        if *seen == warmup {
             loader.reset_stats();
             *t0 = Instant::now();
-        } else {
+        } else if *seen > warmup {
             *samples += n;
         }
     };
@@ -990,7 +997,8 @@ fn overlap(ctx: &mut Ctx) -> Result<()> {
         let batches = match (w, ctx.quick) {
             (Workload::Tabular, true) => 40,
             (Workload::Tabular, false) => 200,
-            (Workload::Images, _) => 30,
+            // One epoch holds 32 image batches: measure within it, after the pipeline fill.
+            (Workload::Images, _) => 32 - nw.max(1) - 1,
         };
         // Calibrate: how long the loader (and copy) takes per batch with nothing else to do.
         let cal = run_workload(w, &files, nw, true, device.as_ref(), batches.min(20), None)?;
