@@ -224,9 +224,13 @@ fn main() -> Result<()> {
             v.sort();
             Ok(v[10])
         };
-        let fresh = median(&mut || Ok(drop(HostBuffer::alloc(pool_kind, len)?)))?;
+        let fresh = median(&mut || {
+            HostBuffer::alloc(pool_kind, len)
+                .map(drop)
+                .map_err(Into::into)
+        })?;
         drop(pool.alloc(len)?);
-        let hit = median(&mut || Ok(drop(pool.alloc(len)?)))?;
+        let hit = median(&mut || pool.alloc(len).map(drop).map_err(Into::into))?;
         println!(
             "   {:>2} MiB: fresh allocation {:>9.1} us, pool hit {:>6.2} us ({:.0}x)",
             mib,
