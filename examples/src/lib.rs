@@ -1,1 +1,119 @@
-//! Example training binaries for longshore live in `examples/examples/` as `[[example]]` targets.
+//! Shared code of longshore's examples (`examples/examples/`): where generated data lives,
+//! which device to use, progress bars, and the training loop of the `train` example (here so
+//! `tests/train_loss_falls.rs` can run it).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use longshore::transfer::{Device, ops};
+use rand::Rng;
+
+pub mod train;
+
+/// Which device an example runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceChoice {
+    /// CUDA device 0 when it and the ops libraries work, else the Cpu device.
+    Auto,
+    /// The Cpu backend (host memory, streams on threads).
+    Cpu,
+    /// CUDA device 0; an error if it is not usable.
+    Cuda,
+}
+
+/// Opens the device for `choice`. With `Auto`, a GPU that cannot be used is reported in the
+/// returned note and the Cpu device is used instead.
+pub fn pick_device(choice: DeviceChoice) -> Result<(Device, Option<String>)> {
+    let cuda = || -> Result<Device> {
+        let d = Device::cuda(0)?;
+        ops::available(&d)?;
+        Ok(d)
+    };
+    match choice {
+        DeviceChoice::Cpu => Ok((Device::cpu(), None)),
+        DeviceChoice::Cuda => Ok((cuda().context("--device cuda")?, None)),
+        DeviceChoice::Auto => match cuda() {
+            Ok(d) => Ok((d, None)),
+            Err(e) => Ok((
+                Device::cpu(),
+                Some(format!("no usable GPU ({e:#}); using the cpu device")),
+            )),
+        },
+    }
+}
+
+/// Where examples keep generated data: `--data-dir` if given, else
+/// `$CARGO_TARGET_DIR/longshore-examples`, else `target/longshore-examples` of this workspace
+/// (or of the current directory when the workspace is not there).
+pub fn data_root(explicit: Option<&Path>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.to_owned();
+    }
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(t).join("longshore-examples");
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = workspace.canonicalize().unwrap_or(workspace);
+    if workspace.join("Cargo.toml").is_file() {
+        return workspace.join("target").join("longshore-examples");
+    }
+    PathBuf::from("target").join("longshore-examples")
+}
+
+/// Writes `path` through a temporary file and a rename, so an interrupted run never leaves a
+/// truncated file that a later run would reuse.
+pub fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let dir = path
+        .parent()
+        .context("a data file needs a parent directory")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = path.with_extension("tmp");
+    write(&tmp)?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    Ok(())
+}
+
+/// Whether `path` is a `.npy` file with exactly this shape (a reusable earlier download).
+pub fn npy_has_shape(path: &Path, shape: &[usize]) -> bool {
+    longshore::data::NpyArray::open(path).is_ok_and(|a| a.shape() == shape)
+}
+
+/// A standard normal sample (Box-Muller).
+pub fn gaussian(rng: &mut impl Rng) -> f32 {
+    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
+    let u2: f64 = rng.random();
+    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+}
+
+/// A progress bar over `total` items (hidden when `show` is false, e.g. in tests).
+pub fn progress(total: u64, unit: &str, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    let template = format!(
+        "{{spinner}} [{{elapsed_precise}}] {{wide_bar}} {{pos}}/{{len}} {unit} ({{per_sec}}) {{msg}}"
+    );
+    if let Ok(style) = ProgressStyle::with_template(&template) {
+        pb.set_style(style);
+    }
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
+}
+
+/// Fails with a readable message when a batch tensor is not what the example expects.
+pub fn expect_tensor(
+    what: &str,
+    dtype: longshore::data::DType,
+    want: longshore::data::DType,
+    shape: &[usize],
+    inner: &[usize],
+) -> Result<()> {
+    if dtype != want || shape.get(1..) != Some(inner) {
+        bail!("{what}: expected {want} with per-sample shape {inner:?}, got {dtype} {shape:?}");
+    }
+    Ok(())
+}

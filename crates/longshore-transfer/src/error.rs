@@ -72,6 +72,18 @@ pub enum TransferError {
     /// An argument is invalid (a zero depth, a zero chunk size, ...).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A CUDA library an operation needs (cuBLAS, NVRTC) could not be loaded or initialised.
+    #[error("{op} on {device}: {library} is not available: {reason}")]
+    LibraryUnavailable {
+        /// The operation, e.g. `gemm`.
+        op: &'static str,
+        /// The library, e.g. `cuBLAS`.
+        library: &'static str,
+        /// The device the operation was for.
+        device: DeviceId,
+        /// Why it could not be used.
+        reason: String,
+    },
     /// A `Cpu` stream's worker thread is gone (it could not be spawned, or it panicked).
     #[error("stream {stream} on {device} is closed: {reason}")]
     StreamClosed {

@@ -36,6 +36,8 @@
 //! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostBatch`], [`DeviceBatch`]: keep N batches
 //!   in flight on a copy stream and hand them to a compute stream.
 //! * [`TransferError`]: what can fail, with the CUDA error name and what was being done.
+//! * `ops` (feature `ops`): safe f32 operations on device buffers (gemm, bias + ReLU, softmax
+//!   cross-entropy, SGD, u8 normalisation) on both backends, enough to train a small model.
 //!
 //! # Backends
 //!
@@ -54,6 +56,8 @@ mod buffer;
 mod device;
 mod error;
 pub mod event;
+#[cfg(feature = "ops")]
+pub mod ops;
 mod pending;
 mod prefetch;
 mod staging;

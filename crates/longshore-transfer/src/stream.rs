@@ -27,6 +27,9 @@ struct StreamShared {
     device: Device,
     id: u64,
     backend: StreamBackend,
+    /// Per-stream state of the `ops` module (a cuBLAS handle bound to this stream).
+    #[cfg(feature = "ops")]
+    ops: crate::ops::StreamOps,
 }
 
 /// An ordered queue of work on a device: copies, fills, host functions, event records and
@@ -102,6 +105,8 @@ impl Stream {
                 device: device.clone(),
                 id,
                 backend,
+                #[cfg(feature = "ops")]
+                ops: Default::default(),
             }),
         })
     }
@@ -118,6 +123,11 @@ impl Stream {
 
     pub(crate) fn backend(&self) -> &StreamBackend {
         &self.shared.backend
+    }
+
+    #[cfg(feature = "ops")]
+    pub(crate) fn ops_state(&self) -> &crate::ops::StreamOps {
+        &self.shared.ops
     }
 
     fn check_device(&self, op: &'static str, what: &'static str, found: DeviceId) -> Result<()> {
