@@ -43,6 +43,10 @@ pub use longshore_loader as loader;
 #[doc(inline)]
 pub use longshore_transfer as transfer;
 
+/// The README, whose example is compiled and run as a doctest.
+#[doc = include_str!("../../../README.md")]
+pub mod readme {}
+
 /// The user guide (`docs/guide.md`), whose examples are compiled and run as doctests.
 #[doc = include_str!("../../../docs/guide.md")]
 pub mod guide {}
