@@ -84,6 +84,20 @@ pub enum TransferError {
         /// Why it could not be used.
         reason: String,
     },
+    /// A collective operation (e.g. an all-reduce) or the set-up of a communicator failed: a
+    /// rank left or timed out, ranks disagreed on sizes, the rendezvous failed, or NCCL
+    /// reported an error.
+    #[error("{op} on rank {rank} of {world_size}: {reason}")]
+    Collective {
+        /// The operation, e.g. `all_reduce_sum` or `nccl bootstrap`.
+        op: &'static str,
+        /// This process's (or thread's) rank.
+        rank: usize,
+        /// The number of ranks.
+        world_size: usize,
+        /// What went wrong, naming the ranks involved.
+        reason: String,
+    },
     /// A `Cpu` stream's worker thread is gone (it could not be spawned, or it panicked).
     #[error("stream {stream} on {device} is closed: {reason}")]
     StreamClosed {

@@ -38,6 +38,8 @@
 //! * [`TransferError`]: what can fail, with the CUDA error name and what was being done.
 //! * `ops` (feature `ops`): safe f32 operations on device buffers (gemm, bias + ReLU, softmax
 //!   cross-entropy, SGD, u8 normalisation) on both backends, enough to train a small model.
+//! * `collective` (feature `nccl`): a `Communicator` with an in-place f32 all-reduce, as
+//!   threads on the Cpu device (`CpuGroup`) or over NCCL on CUDA, for data-parallel training.
 //!
 //! # Backends
 //!
@@ -53,6 +55,8 @@ mod backend;
 #[doc(hidden)]
 pub mod bench_support;
 mod buffer;
+#[cfg(feature = "nccl")]
+pub mod collective;
 mod device;
 mod error;
 pub mod event;

@@ -96,6 +96,12 @@ extern "C" __global__ void ls_sgd_momentum(float* w, float* v, const float* g, u
     }
 }
 
+extern "C" __global__ void ls_scale(float* x, u64 n, float alpha) {
+    GRID_LOOP(i, n) {
+        x[i] *= alpha;
+    }
+}
+
 extern "C" __global__ void ls_normalize_u8(float* out, const unsigned char* in, const float* params,
                                            u64 n, u64 channels, u64 hw) {
     GRID_LOOP(i, n) {
@@ -114,6 +120,7 @@ struct Kernels {
     softmax_xent: CudaFunction,
     sgd: CudaFunction,
     normalize_u8: CudaFunction,
+    scale: CudaFunction,
 }
 
 fn unavailable(
@@ -215,6 +222,7 @@ fn kernels(op: &'static str, dev: &CudaDevice) -> Result<Arc<Kernels>> {
         softmax_xent: f("ls_softmax_xent")?,
         sgd: f("ls_sgd_momentum")?,
         normalize_u8: f("ls_normalize_u8")?,
+        scale: f("ls_scale")?,
         _module: module,
     });
     map.insert(dev.ordinal, k.clone());
@@ -439,6 +447,21 @@ pub(crate) fn sgd(stream: &Stream, [p, v, g]: [u64; 3], len: usize, sgd: Sgd) ->
         .arg(&sgd.weight_decay);
     // SAFETY: `p`, `v` and `g` each hold `len` f32 (checked on the host), in distinct buffers;
     // the kernel indexes below `len`. Types match.
+    unsafe { l.launch(grid(len)) }
+        .map(drop)
+        .map_err(launch_err(OP, dev.ordinal, stream))
+}
+
+pub(crate) fn scale(stream: &Stream, x: u64, len: usize, alpha: f32) -> Result<()> {
+    const OP: &str = "scale";
+    let (dev, cs) = parts(stream)?;
+    let k = kernels(OP, dev)?;
+    let n = len as u64;
+    dev.bind()?;
+    let mut l = cs.launch_builder(&k.scale);
+    l.arg(&x).arg(&n).arg(&alpha);
+    // SAFETY: `x` holds `len` f32 (checked on the host); the kernel indexes below `len`.
+    // Types match.
     unsafe { l.launch(grid(len)) }
         .map(drop)
         .map_err(launch_err(OP, dev.ordinal, stream))

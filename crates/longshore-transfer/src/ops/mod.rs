@@ -26,6 +26,7 @@
 //! * [`softmax_cross_entropy`]: loss, gradient, and per-batch loss sum and correct count
 //!   accumulated into a small device buffer ([`CrossEntropyStats`]), so a training loop reads
 //!   the device only once per epoch.
+//! * [`scale`]: `x *= alpha` in place.
 //! * [`sgd_momentum`]: PyTorch's `SGD(momentum, weight_decay)` update.
 //! * [`normalize_u8`] with [`NormalizeU8`]: `u8` CHW images to normalised `f32` on the device.
 //!
@@ -91,8 +92,8 @@ impl<'a> From<&'a DeviceBuffer> for View<'a> {
 /// A writable region of a device buffer: the buffer and a byte offset into it.
 #[derive(Debug)]
 pub struct ViewMut<'a> {
-    buf: &'a mut DeviceBuffer,
-    offset: usize,
+    pub(crate) buf: &'a mut DeviceBuffer,
+    pub(crate) offset: usize,
 }
 
 impl<'a> ViewMut<'a> {
@@ -333,7 +334,7 @@ pub(crate) struct Region {
     pub(crate) bytes: usize,
 }
 
-fn check(
+pub(crate) fn check(
     op: &'static str,
     what: &'static str,
     stream: &Stream,
@@ -370,7 +371,7 @@ fn check(
     }
 }
 
-fn nonzero(op: &'static str, dims: &[(&str, usize)]) -> Result<()> {
+pub(crate) fn nonzero(op: &'static str, dims: &[(&str, usize)]) -> Result<()> {
     for (name, v) in dims {
         if *v == 0 {
             return Err(TransferError::Invalid(format!("{op}: {name} is 0")));
@@ -384,7 +385,7 @@ fn product(op: &'static str, a: usize, b: usize) -> Result<usize> {
         .ok_or_else(|| TransferError::Invalid(format!("{op}: {a} x {b} elements overflow")))
 }
 
-fn cpu_mem(buf: &DeviceBuffer) -> Result<std::sync::Arc<CpuMem>> {
+pub(crate) fn cpu_mem(buf: &DeviceBuffer) -> Result<std::sync::Arc<CpuMem>> {
     match &buf.mem {
         DeviceMem::Cpu(m) => Ok(m.clone()),
         #[cfg(feature = "cuda")]
@@ -395,7 +396,7 @@ fn cpu_mem(buf: &DeviceBuffer) -> Result<std::sync::Arc<CpuMem>> {
     }
 }
 
-fn cuda_ptr(buf: &DeviceBuffer, r: Region) -> Result<u64> {
+pub(crate) fn cuda_ptr(buf: &DeviceBuffer, r: Region) -> Result<u64> {
     buf.cuda_device_ptr()
         .map(|p| p + r.offset as u64)
         .ok_or_else(|| {
@@ -408,7 +409,7 @@ fn cuda_ptr(buf: &DeviceBuffer, r: Region) -> Result<u64> {
 
 /// Orders an operation after the buffers' earlier uses on other streams, runs `enqueue`, and
 /// records the operation as their latest use.
-fn tracked(
+pub(crate) fn tracked(
     stream: &Stream,
     reads: &[&DeviceBuffer],
     writes: &[&DeviceBuffer],
@@ -691,6 +692,22 @@ pub fn sgd_momentum(
                 sgd,
             ),
         }
+    })
+}
+
+/// Enqueues `x[i] *= alpha` over `len` f32 values, in place (e.g. the `1 / world_size` of a
+/// gradient average after an all-reduce sum).
+pub fn scale(stream: &Stream, x: ViewMut<'_>, len: usize, alpha: f32) -> Result<()> {
+    const OP: &str = "scale";
+    nonzero(OP, &[("len", len)])?;
+    let rx = check(OP, "x", stream, x.buf, x.offset, len, 4)?;
+    let x_buf: &DeviceBuffer = x.buf;
+    tracked(stream, &[], &[x_buf], || match stream.backend() {
+        StreamBackend::Cpu(s) => {
+            let mx = cpu_mem(x_buf)?;
+            s.enqueue(Box::new(move || cpu::scale(&mx, rx, alpha)))
+        }
+        StreamBackend::Cuda { .. } => cuda::scale(stream, cuda_ptr(x_buf, rx)?, len, alpha),
     })
 }
 

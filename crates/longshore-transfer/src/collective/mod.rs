@@ -1,0 +1,226 @@
+//! Collective operations across ranks (feature `nccl`): a [`Communicator`] whose
+//! [`all_reduce_sum`](Communicator::all_reduce_sum) adds an f32 region of a device buffer
+//! across every rank, in place, enqueued on a stream like any operation of [`ops`](crate::ops).
+//!
+//! ```
+//! use longshore_transfer::Device;
+//! use longshore_transfer::collective::CpuGroup;
+//! use longshore_transfer::ops::ViewMut;
+//!
+//! // Two ranks as two threads, each with its own Cpu-device stream.
+//! let group = CpuGroup::new(2)?;
+//! let sums = std::thread::scope(|s| {
+//!     let handles: Vec<_> = (0..2)
+//!         .map(|rank| {
+//!             let group = group.clone();
+//!             s.spawn(move || {
+//!                 let comm = group.join(rank)?;
+//!                 let stream = Device::cpu().new_stream()?;
+//!                 let mut grad = stream.to_device(&[rank as f32 + 1.0, 10.0])?;
+//!                 comm.all_reduce_sum(&stream, ViewMut::from(&mut grad), 2)?;
+//!                 let sum = stream.read_to_vec::<f32>(&grad)?;
+//!                 comm.check()?;
+//!                 Ok::<_, longshore_transfer::TransferError>(sum)
+//!             })
+//!         })
+//!         .collect();
+//!     handles.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
+//! })?;
+//! assert_eq!(sums, vec![vec![3.0, 20.0], vec![3.0, 20.0]]);
+//! # Ok::<(), longshore_transfer::TransferError>(())
+//! ```
+//!
+//! # Backends
+//!
+//! * **Cpu** ([`CpuGroup`]): N ranks in one process, as N threads each driving its own
+//!   Cpu-device stream. The all-reduce is a job on each rank's stream thread: it deposits its
+//!   values, the last rank to arrive adds every deposit **in rank order** (so every rank gets
+//!   bit-identical results, whatever the arrival order), and every rank copies the sum back.
+//!   A rank that drops its communicator (or whose thread ends) while others still wait makes
+//!   them fail with an error naming it; a rank that does not arrive within the group's timeout
+//!   makes every rank fail, naming the missing ranks. Nothing waits forever. This backend lets
+//!   data-parallel training be tested without GPUs.
+//! * **CUDA** ([`Communicator::nccl`]): NCCL's `ncclAllReduce` (sum, f32, in place) on the
+//!   stream's `CUstream`, one process (or thread) per GPU. libnccl is loaded at run time; when
+//!   it cannot be, [`nccl_available`] and every constructor return an error naming the library,
+//!   never a panic. The ranks share NCCL's [`UniqueId`] through a [`Rendezvous`]: over TCP
+//!   (rank 0 listens, the others connect with retries) or through a shared file.
+//!
+//! # Launchers
+//!
+//! Under torchrun (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), use
+//! [`Rendezvous::torchrun`]: the unique id travels over `MASTER_ADDR:(MASTER_PORT + 1)`, because
+//! torchrun's own TCP store already listens on `MASTER_PORT`. Where that port is not free, or
+//! the ranks share a file system but not a network, use [`Rendezvous::File`] (the `train`
+//! example reads `LONGSHORE_NCCL_ID_FILE`). Reading the launcher's variables lives above this
+//! crate (`longshore_data::DistEnv`), so this module takes rank, world size and address as
+//! arguments.
+//!
+//! # Ordering and errors
+//!
+//! An all-reduce takes part in the buffer's cross-stream tracking like an operation of
+//! [`ops`](crate::ops) (it writes the buffer). Every rank must issue the same all-reduces, with
+//! the same lengths, in the same order. A failure of an enqueued all-reduce cannot be returned
+//! by the call that enqueued it: it is kept on the communicator and returned by the next call,
+//! and by [`check`](Communicator::check) (call it after synchronising the stream). After a
+//! failure the buffer holds this rank's own values, not a sum.
+
+mod bootstrap;
+mod cpu;
+mod nccl;
+
+use crate::buffer::DeviceBuffer;
+use crate::device::DeviceId;
+use crate::error::{Result, TransferError};
+use crate::ops::{ViewMut, check, cpu_mem, cuda_ptr, nonzero, tracked};
+use crate::stream::{Stream, StreamBackend};
+
+pub use bootstrap::{Rendezvous, share_unique_id};
+pub use cpu::CpuGroup;
+pub use nccl::{UniqueId, nccl_available};
+
+/// One rank's handle on a group of ranks that run collective operations together.
+///
+/// Made by [`CpuGroup::join`] (ranks as threads on the Cpu device) or [`Communicator::nccl`]
+/// / [`Communicator::nccl_rendezvous`] (one GPU per rank). `Send + Sync`; calls from several
+/// threads are serialised.
+#[derive(Debug)]
+pub struct Communicator {
+    inner: Inner,
+}
+
+#[derive(Debug)]
+enum Inner {
+    Cpu(cpu::CpuRank),
+    Nccl(nccl::NcclComm),
+}
+
+impl Communicator {
+    /// This rank, `0..world_size`.
+    pub fn rank(&self) -> usize {
+        match &self.inner {
+            Inner::Cpu(c) => c.rank(),
+            Inner::Nccl(c) => c.rank,
+        }
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        match &self.inner {
+            Inner::Cpu(c) => c.world_size(),
+            Inner::Nccl(c) => c.world,
+        }
+    }
+
+    /// The device whose streams and buffers this communicator works on.
+    pub fn device(&self) -> DeviceId {
+        match &self.inner {
+            Inner::Cpu(_) => DeviceId::Cpu,
+            Inner::Nccl(c) => DeviceId::Cuda(c.ordinal()),
+        }
+    }
+
+    /// A communicator over NCCL for `rank` of `world_size`, on `stream`'s CUDA device, from a
+    /// [`UniqueId`] that rank 0 made with [`UniqueId::new`] and shared with every rank (see
+    /// [`share_unique_id`]). Blocks until every rank has called it (`ncclCommInitRank`).
+    pub fn nccl(stream: &Stream, rank: usize, world_size: usize, id: &UniqueId) -> Result<Self> {
+        let dev = match stream.backend() {
+            StreamBackend::Cuda { dev, .. } => dev.clone(),
+            StreamBackend::Cpu(_) => {
+                return Err(TransferError::Invalid(
+                    "an NCCL communicator needs a CUDA stream; on the Cpu device use CpuGroup"
+                        .to_owned(),
+                ));
+            }
+        };
+        validate_rank("nccl init", rank, world_size)?;
+        Ok(Self {
+            inner: Inner::Nccl(nccl::NcclComm::init(dev, rank, world_size, id)?),
+        })
+    }
+
+    /// [`nccl`](Communicator::nccl) with the unique id made by rank 0 and shared through
+    /// `rendezvous` ([`share_unique_id`]). With [`Rendezvous::File`], rank 0 removes the file
+    /// once every rank has joined.
+    pub fn nccl_rendezvous(
+        stream: &Stream,
+        rank: usize,
+        world_size: usize,
+        rendezvous: &Rendezvous,
+    ) -> Result<Self> {
+        validate_rank("nccl init", rank, world_size)?;
+        let DeviceId::Cuda(ordinal) = stream.device().id() else {
+            return Err(TransferError::Invalid(
+                "an NCCL communicator needs a CUDA stream; on the Cpu device use CpuGroup"
+                    .to_owned(),
+            ));
+        };
+        // Fail before the rendezvous (which other ranks wait on) when NCCL is missing here.
+        nccl::require(ordinal)?;
+        let id = share_unique_id(rank, world_size, rendezvous, UniqueId::new)?;
+        let comm = Self::nccl(stream, rank, world_size, &id)?;
+        if rank == 0 {
+            rendezvous.cleanup();
+        }
+        Ok(comm)
+    }
+
+    /// Enqueues on `stream` the sum over every rank of `len_f32` f32 values of `buf`, written
+    /// back into `buf` on every rank (in place).
+    ///
+    /// Checked on the host before anything is enqueued: the region fits the buffer and is
+    /// 4-byte aligned, the stream and the buffer are on this communicator's device. A failure
+    /// while the all-reduce runs (a rank left, timed out, or had another length) is returned by
+    /// the next call and by [`check`](Communicator::check); see the [module docs](self).
+    pub fn all_reduce_sum(&self, stream: &Stream, buf: ViewMut<'_>, len_f32: usize) -> Result<()> {
+        const OP: &str = "all_reduce_sum";
+        self.check()?;
+        nonzero(OP, &[("len_f32", len_f32)])?;
+        let expected = self.device();
+        let found = stream.device().id();
+        if expected != found {
+            return Err(TransferError::DeviceMismatch {
+                op: OP,
+                what: "the stream",
+                expected,
+                found,
+            });
+        }
+        let r = check(OP, "buf", stream, buf.buf, buf.offset, len_f32, 4)?;
+        let b: &DeviceBuffer = buf.buf;
+        tracked(stream, &[], &[b], || match (&self.inner, stream.backend()) {
+            (Inner::Cpu(c), StreamBackend::Cpu(s)) => c.enqueue(s, cpu_mem(b)?, r),
+            (Inner::Nccl(c), StreamBackend::Cuda { stream: cs, .. }) => {
+                c.all_reduce(cs, cuda_ptr(b, r)?, len_f32, stream.id())
+            }
+            _ => Err(TransferError::DeviceMismatch {
+                op: OP,
+                what: "the stream",
+                expected,
+                found,
+            }),
+        })
+    }
+
+    /// The first error of an all-reduce that has already run (Cpu), or NCCL's asynchronous
+    /// error of the communicator (CUDA). Synchronise the stream first to cover everything
+    /// enqueued.
+    pub fn check(&self) -> Result<()> {
+        match &self.inner {
+            Inner::Cpu(c) => c.check(),
+            Inner::Nccl(c) => c.check(),
+        }
+    }
+}
+
+fn validate_rank(op: &'static str, rank: usize, world_size: usize) -> Result<()> {
+    if world_size == 0 || rank >= world_size {
+        return Err(TransferError::Collective {
+            op,
+            rank,
+            world_size,
+            reason: format!("rank {rank} is not in 0..{world_size}"),
+        });
+    }
+    Ok(())
+}
