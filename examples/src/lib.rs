@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use longshore::transfer::{Device, ops};
 use rand::Rng;
 
+pub mod dist;
 pub mod train;
 
 /// Which device an example runs on.
@@ -69,7 +70,13 @@ pub fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> Result<()>) ->
         .parent()
         .context("a data file needs a parent directory")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = path.with_extension("tmp");
+    // Unique per process and thread: the ranks of a distributed run may generate the same
+    // (identical) file at once, and the last rename wins.
+    let tmp = path.with_extension(format!(
+        "tmp-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     write(&tmp)?;
     std::fs::rename(&tmp, path)
         .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;

@@ -2,17 +2,25 @@
 //! momentum on a generated, learnable dataset memory-mapped from `.npy` files, fed by a
 //! `DataLoader` (workers, pinned memory, shuffling) through `to_device`, with all the math in
 //! `longshore::transfer::ops` on the chosen device: the same code on the Cpu device and a GPU.
+//!
+//! Data-parallel training ([`train_distributed`]): each rank loads its share through a
+//! `DistributedSampler` (rank `r` of `W` gets positions `r, r + W, ...` of the epoch's
+//! permutation) with a per-rank batch of `batch_size / W`, so the k-th batches of all ranks
+//! together are exactly the k-th batch of a single process with the same (global) batch size;
+//! gradients are summed across ranks and scaled by `1 / W` ([`DataParallel`]), so every rank
+//! applies the single process's update, up to float summation order.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
-use longshore::data::{DType, DirectCollate, NpyDataset, Zip, write_npy};
+use longshore::data::{DType, DirectCollate, DistributedSampler, NpyDataset, Zip, write_npy};
 use longshore::loader::DataLoader;
 use longshore::transfer::ops::{
     self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
 };
+use longshore::transfer::collective::Communicator;
 use longshore::transfer::{Device, DeviceBuffer, Event, Stream};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -32,8 +40,14 @@ pub struct TrainConfig {
     pub epochs: usize,
     /// Samples in the generated dataset.
     pub samples: usize,
-    /// Samples per batch.
+    /// Samples per batch, over all ranks: each rank loads `batch_size / world_size`.
     pub batch_size: usize,
+    /// This process's (or thread's) rank, `0..world_size`.
+    pub rank: usize,
+    /// Ranks training together (1: single-process training).
+    pub world_size: usize,
+    /// Print one JSON line per epoch (rank 0 only) instead of the human-readable line.
+    pub json_epochs: bool,
     /// Loader worker threads.
     pub workers: usize,
     /// Hidden layer width.
@@ -61,6 +75,9 @@ impl TrainConfig {
             epochs: 5,
             samples: 65_536,
             batch_size: 256,
+            rank: 0,
+            world_size: 1,
+            json_epochs: false,
             workers: 2,
             hidden: 256,
             lr: 0.05,
@@ -83,16 +100,28 @@ pub struct Summary {
     pub epochs: usize,
     /// Samples per epoch.
     pub samples: usize,
-    /// Batch size.
+    /// Batch size (global: over all ranks).
     pub batch_size: usize,
-    /// Loader workers.
+    /// This rank.
+    pub rank: usize,
+    /// Ranks that trained together.
+    pub world_size: usize,
+    /// Loader workers (per rank).
     pub workers: usize,
-    /// Mean training loss of each epoch.
+    /// Mean training loss of each epoch (over all ranks).
     pub epoch_loss: Vec<f64>,
-    /// Training accuracy of each epoch.
+    /// Training accuracy of each epoch (over all ranks).
     pub epoch_accuracy: Vec<f64>,
-    /// Samples trained per second (all epochs, excluding data generation).
+    /// Samples trained in each epoch, over all ranks (`drop_last` leaves out the tail that does
+    /// not split evenly across ranks).
+    pub epoch_samples: Vec<usize>,
+    /// Wall time of each epoch on this rank.
+    pub epoch_seconds: Vec<f64>,
+    /// Samples trained per second by all ranks together (all epochs, excluding data
+    /// generation).
     pub samples_per_sec: f64,
+    /// Samples trained per second by this rank.
+    pub rank_samples_per_sec: f64,
     /// Share of the training loop's time spent waiting for data (`LoaderStats::wait_fraction`).
     pub wait_fraction: f64,
     /// Wall time of the training loop.
@@ -160,7 +189,52 @@ pub fn make_dataset(root: &Path, samples: usize, seed: u64) -> Result<(PathBuf, 
 pub trait GradientHook {
     /// Transforms the gradients in place (e.g. all-reduce and divide by the world size).
     fn after_backward(&mut self, stream: &Stream, grads: &mut Gradients) -> Result<()>;
+
+    /// Called at the end of each epoch with this rank's totals, 4 f32 on the training device:
+    /// loss sum, correct count, invalid labels, samples. A data-parallel hook sums them across
+    /// ranks in place so every rank reports the global figures. The default leaves them.
+    fn reduce_epoch_totals(&mut self, _stream: &Stream, _totals: &mut DeviceBuffer) -> Result<()> {
+        Ok(())
+    }
 }
+
+/// The hook of data-parallel training: sums every gradient across the ranks of `comm` and
+/// scales it by `1 / world_size` (the mean over the global batch, as one process would
+/// compute it), and sums the epoch totals.
+#[derive(Debug)]
+pub struct DataParallel<'a> {
+    comm: &'a Communicator,
+}
+
+impl<'a> DataParallel<'a> {
+    /// The hook over `comm`.
+    pub fn new(comm: &'a Communicator) -> Self {
+        Self { comm }
+    }
+}
+
+impl GradientHook for DataParallel<'_> {
+    fn after_backward(&mut self, stream: &Stream, grads: &mut Gradients) -> Result<()> {
+        let world = self.comm.world_size();
+        for (buf, len) in grads.buffers_mut() {
+            self.comm
+                .all_reduce_sum(stream, ViewMut::from(&mut *buf), len)?;
+            if world > 1 {
+                ops::scale(stream, ViewMut::from(buf), len, 1.0 / world as f32)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reduce_epoch_totals(&mut self, stream: &Stream, totals: &mut DeviceBuffer) -> Result<()> {
+        self.comm
+            .all_reduce_sum(stream, ViewMut::from(totals), EPOCH_TOTALS)?;
+        Ok(())
+    }
+}
+
+/// f32 values handed to [`GradientHook::reduce_epoch_totals`].
+pub const EPOCH_TOTALS: usize = 4;
 
 /// The hook of single-device training: leaves the gradients as they are.
 #[derive(Debug, Default, Clone, Copy)]
@@ -437,6 +511,22 @@ pub fn train(cfg: &TrainConfig, device: &Device) -> Result<Summary> {
     train_with_hook(cfg, device, &mut NoHook)
 }
 
+/// Data-parallel training: this rank's share of the data on `device`, gradients and epoch
+/// totals summed across `comm`'s ranks (see [`DataParallel`]). `cfg.rank` and
+/// `cfg.world_size` are taken from `comm`; `cfg.batch_size` is the global batch.
+pub fn train_distributed(
+    cfg: &TrainConfig,
+    device: &Device,
+    comm: &Communicator,
+) -> Result<Summary> {
+    let mut cfg = cfg.clone();
+    cfg.rank = comm.rank();
+    cfg.world_size = comm.world_size();
+    let summary = train_with_hook(&cfg, device, &mut DataParallel::new(comm))?;
+    comm.check()?;
+    Ok(summary)
+}
+
 /// Trains on `device`, calling `hook` between each step's backward pass and its update.
 pub fn train_with_hook(
     cfg: &TrainConfig,
@@ -447,13 +537,38 @@ pub fn train_with_hook(
         cfg.epochs > 0 && cfg.samples > 0 && cfg.batch_size > 0,
         "epochs, samples and batch size must be positive"
     );
+    ensure!(
+        cfg.world_size > 0 && cfg.rank < cfg.world_size,
+        "rank {} is not in 0..{}",
+        cfg.rank,
+        cfg.world_size
+    );
+    ensure!(
+        cfg.batch_size % cfg.world_size == 0,
+        "the global batch size {} does not split evenly over {} ranks",
+        cfg.batch_size,
+        cfg.world_size
+    );
+    ensure!(
+        cfg.samples >= cfg.world_size,
+        "{} samples cannot be shared by {} ranks",
+        cfg.samples,
+        cfg.world_size
+    );
+    let rank_batch = cfg.batch_size / cfg.world_size;
+    let leader = cfg.rank == 0;
     let (features, labels) =
         make_dataset(&cfg.data_dir, cfg.samples, cfg.seed).context("generating the dataset")?;
     let ds = Zip::direct(NpyDataset::open(&features)?, NpyDataset::open(&labels)?)?;
+    // The same sampler with one rank or many (PyTorch's DistributedSampler: one permutation per
+    // epoch from the seed, rank r takes positions r, r + W, ...; drop_last leaves out the tail
+    // that does not split evenly), so a single process and W ranks see the same global batches.
+    let sampler =
+        DistributedSampler::new(cfg.samples, cfg.world_size, cfg.rank, true, cfg.seed, true)?;
     let mut builder = DataLoader::builder(ds)
         .collate(DirectCollate::new())
-        .batch_size(cfg.batch_size)
-        .shuffle(true)
+        .batch_size(rank_batch)
+        .sampler(sampler)
         .seed(cfg.seed)
         .num_workers(cfg.workers)
         .pin_memory(true);
@@ -468,15 +583,25 @@ pub fn train_with_hook(
         momentum: cfg.momentum,
         weight_decay: cfg.weight_decay,
     };
-    let mut model = Mlp::new(&compute, cfg.hidden, cfg.batch_size, sgd, cfg.seed)?;
+    // Every rank draws the same initial weights from the same seed.
+    let mut model = Mlp::new(&compute, cfg.hidden, rank_batch, sgd, cfg.seed)?;
     let mut stats = compute.alloc_zeroed(CrossEntropyStats::LEN * 4)?;
 
-    let pb = crate::progress((cfg.epochs * cfg.samples) as u64, "samples", cfg.progress);
+    let rank_samples = cfg.samples / cfg.world_size;
+    let pb = crate::progress(
+        (cfg.epochs * rank_samples) as u64,
+        "samples",
+        cfg.progress && leader && !cfg.json_epochs,
+    );
     let (mut epoch_loss, mut epoch_accuracy) = (Vec::new(), Vec::new());
+    let (mut epoch_samples, mut epoch_seconds) = (Vec::new(), Vec::new());
+    let mut rank_seen = 0usize;
     let mut in_flight: VecDeque<Event> = VecDeque::new();
     loader.reset_stats();
     let start = Instant::now();
     for epoch in 0..cfg.epochs {
+        let epoch_start = Instant::now();
+        loader.set_epoch(epoch as u64);
         compute.memset(&mut stats, 0)?;
         let mut seen = 0usize;
         for item in loader.to_device(device, cfg.prefetch_depth)? {
@@ -511,19 +636,49 @@ pub fn train_with_hook(
             seen += b;
             pb.inc(b as u64);
         }
-        let st = CrossEntropyStats::from_slice(&compute.read_to_vec::<f32>(&stats)?)?;
-        in_flight.clear();
         if seen == 0 {
-            bail!("epoch {epoch} delivered no samples");
+            bail!("epoch {epoch} delivered no samples to rank {}", cfg.rank);
         }
+        rank_seen += seen;
+        // This rank's totals, summed over the ranks by the hook.
+        let mut local = compute.read_to_vec::<f32>(&stats)?;
+        local.truncate(CrossEntropyStats::LEN);
+        local.push(seen as f32);
+        let mut totals = compute.to_device(&local)?;
+        hook.reduce_epoch_totals(&compute, &mut totals)?;
+        let all = compute.read_to_vec::<f32>(&totals)?;
+        let st = CrossEntropyStats::from_slice(&all)?;
+        let samples = all[CrossEntropyStats::LEN] as usize;
+        in_flight.clear();
         ensure!(
             st.invalid_labels == 0,
             "{} labels were outside 0..{CLASSES}",
             st.invalid_labels
         );
-        let (loss, acc) = (st.loss_sum / seen as f64, st.correct as f64 / seen as f64);
+        let (loss, acc) = (
+            st.loss_sum / samples as f64,
+            st.correct as f64 / samples as f64,
+        );
+        let secs = epoch_start.elapsed().as_secs_f64();
         epoch_loss.push(loss);
         epoch_accuracy.push(acc);
+        epoch_samples.push(samples);
+        epoch_seconds.push(secs);
+        if !leader {
+            continue;
+        }
+        if cfg.json_epochs {
+            let line = serde_json::json!({
+                "epoch": epoch + 1,
+                "loss": loss,
+                "accuracy": acc,
+                "samples": samples,
+                "seconds": secs,
+                "world_size": cfg.world_size,
+            });
+            println!("{line}");
+            continue;
+        }
         let line = format!(
             "epoch {:>2}: loss {loss:.4}  accuracy {:.1}%",
             epoch + 1,
@@ -539,18 +694,24 @@ pub fn train_with_hook(
     compute.synchronize()?;
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
-    let trained = cfg.epochs * cfg.samples;
+    let trained: usize = epoch_samples.iter().sum();
     Ok(Summary {
         device: device.name(),
         epochs: cfg.epochs,
         samples: cfg.samples,
         batch_size: cfg.batch_size,
+        rank: cfg.rank,
+        world_size: cfg.world_size,
         workers: cfg.workers,
         epoch_loss,
         epoch_accuracy,
+        epoch_samples,
+        epoch_seconds,
         samples_per_sec: trained as f64 / seconds,
+        rank_samples_per_sec: rank_seen as f64 / seconds,
         wait_fraction: loader.stats().wait_fraction(),
         seconds,
         data_dir: cfg.data_dir.clone(),
     })
 }
+

@@ -33,6 +33,13 @@
 //!
 //! * `cuda` (default): the CUDA backend in every layer. The driver is loaded at run time, so
 //!   this builds and runs on machines without CUDA; `Device::cuda` then returns an error.
+//! * `ops`: `longshore::transfer::ops`, safe f32 operations on device buffers (cuBLAS and
+//!   NVRTC on CUDA, loaded at run time), enough to train a small model.
+//! * `nccl` (implies `ops`): `longshore::transfer::collective`, a `Communicator` whose
+//!   `all_reduce_sum` adds a buffer across ranks in place: NCCL on CUDA (libnccl loaded at run
+//!   time; a missing library is an error naming it), or ranks as threads on the Cpu device
+//!   (`CpuGroup`) so data-parallel training is testable without GPUs. Pair it with
+//!   `DistributedSampler::from_env` and `longshore::loader::dist::local_device` under torchrun.
 
 #[doc(inline)]
 pub use longshore_data as data;
