@@ -17,10 +17,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail, ensure};
 use longshore::data::{DType, DirectCollate, DistributedSampler, NpyDataset, Zip, write_npy};
 use longshore::loader::DataLoader;
+use longshore::transfer::collective::Communicator;
 use longshore::transfer::ops::{
     self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
 };
-use longshore::transfer::collective::Communicator;
 use longshore::transfer::{Device, DeviceBuffer, Event, Stream};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -506,6 +506,19 @@ impl Mlp {
 /// has finished, so the loader's wait figure reflects the device's pace.
 const LAG: usize = 2;
 
+/// The sampler of `cfg.rank`: PyTorch's `DistributedSampler(shuffle=True, seed, drop_last=True)`
+/// over the generated dataset, also for a single process (one rank of one).
+pub fn rank_sampler(cfg: &TrainConfig) -> Result<DistributedSampler> {
+    Ok(DistributedSampler::new(
+        cfg.samples,
+        cfg.world_size,
+        cfg.rank,
+        true,
+        cfg.seed,
+        true,
+    )?)
+}
+
 /// Trains on `device` as configured; see [`train_with_hook`].
 pub fn train(cfg: &TrainConfig, device: &Device) -> Result<Summary> {
     train_with_hook(cfg, device, &mut NoHook)
@@ -563,8 +576,7 @@ pub fn train_with_hook(
     // The same sampler with one rank or many (PyTorch's DistributedSampler: one permutation per
     // epoch from the seed, rank r takes positions r, r + W, ...; drop_last leaves out the tail
     // that does not split evenly), so a single process and W ranks see the same global batches.
-    let sampler =
-        DistributedSampler::new(cfg.samples, cfg.world_size, cfg.rank, true, cfg.seed, true)?;
+    let sampler = rank_sampler(cfg)?;
     let mut builder = DataLoader::builder(ds)
         .collate(DirectCollate::new())
         .batch_size(rank_batch)
@@ -714,4 +726,3 @@ pub fn train_with_hook(
         data_dir: cfg.data_dir.clone(),
     })
 }
-

@@ -12,10 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// Runs `f(rank, group)` on `world` threads and returns their results in rank order.
-fn on_ranks<T: Send>(
-    group: &CpuGroup,
-    f: impl Fn(usize, &CpuGroup) -> T + Sync,
-) -> Vec<T> {
+fn on_ranks<T: Send>(group: &CpuGroup, f: impl Fn(usize, &CpuGroup) -> T + Sync) -> Vec<T> {
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..group.world_size())
             .map(|r| {
@@ -51,7 +48,10 @@ fn sums_are_exact_rank_order_sums_with_identical_bits_on_every_rank() {
                         .iter()
                         .map(|&(len, off, slack)| {
                             (0..(off + slack) / 4 + len)
-                                .map(|_| rng.random_range(-1.0f32..1.0) * 10f32.powi(rng.random_range(-3..4)))
+                                .map(|_| {
+                                    rng.random_range(-1.0f32..1.0)
+                                        * 10f32.powi(rng.random_range(-3..4))
+                                })
                                 .collect()
                         })
                         .collect()
@@ -125,7 +125,11 @@ fn a_rank_that_drops_makes_the_others_fail_naming_it() {
             .unwrap();
         stream.synchronize().unwrap();
         let first_round = stream.read_to_vec::<f32>(&buf).unwrap();
-        assert_eq!(first_round, vec![3.0; 8], "a failed round leaves the rank's own values");
+        assert_eq!(
+            first_round,
+            vec![3.0; 8],
+            "a failed round leaves the rank's own values"
+        );
         let err = comm.check().unwrap_err();
         // Later calls fail at once too.
         let again = comm
@@ -134,7 +138,10 @@ fn a_rank_that_drops_makes_the_others_fail_naming_it() {
         assert_eq!(collective_reason(&again), collective_reason(&err));
         Err(err)
     });
-    assert!(start.elapsed() < Duration::from_secs(20), "waited for the timeout");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "waited for the timeout"
+    );
     assert_eq!(results[2].as_ref().unwrap(), &vec![3.0; 8]);
     for r in &results[..2] {
         let reason = collective_reason(r.as_ref().unwrap_err());
@@ -197,8 +204,14 @@ fn bad_arguments_fail_before_anything_is_enqueued() {
         comm.all_reduce_sum(&stream, ViewMut::from(&mut buf), 5),
         Err(TransferError::OutOfBounds { .. })
     ));
-    assert!(comm.all_reduce_sum(&stream, ViewMut::new(&mut buf, 2), 1).is_err());
-    assert!(comm.all_reduce_sum(&stream, ViewMut::from(&mut buf), 0).is_err());
+    assert!(
+        comm.all_reduce_sum(&stream, ViewMut::new(&mut buf, 2), 1)
+            .is_err()
+    );
+    assert!(
+        comm.all_reduce_sum(&stream, ViewMut::from(&mut buf), 0)
+            .is_err()
+    );
     // A world of one: the sum is the buffer itself.
     comm.all_reduce_sum(&stream, ViewMut::new(&mut buf, 4), 3)
         .unwrap();
@@ -215,7 +228,9 @@ fn free_port() -> u16 {
 }
 
 fn some_id(seed: u8) -> UniqueId {
-    let bytes: Vec<u8> = (0..UniqueId::LEN as u8).map(|i| i.wrapping_mul(seed)).collect();
+    let bytes: Vec<u8> = (0..UniqueId::LEN as u8)
+        .map(|i| i.wrapping_mul(seed))
+        .collect();
     UniqueId::from_bytes(&bytes).unwrap()
 }
 
@@ -262,7 +277,10 @@ fn a_missing_rank_zero_or_world_mismatch_is_an_error_not_a_hang() {
         timeout: Duration::from_millis(500),
     };
     let e = share_unique_id(1, 2, &rv, || Ok(some_id(3))).unwrap_err();
-    assert!(e.to_string().contains("could not get the id from rank 0"), "{e}");
+    assert!(
+        e.to_string().contains("could not get the id from rank 0"),
+        "{e}"
+    );
     // Rank 0 waiting for a rank that never comes.
     let e = share_unique_id(0, 2, &rv, || Ok(some_id(3))).unwrap_err();
     assert!(e.to_string().contains("rank(s) [1] did not connect"), "{e}");

@@ -18,12 +18,18 @@ fn required() -> bool {
 /// The number of GPUs to use, or `None` (skip) with the reason printed.
 fn gpus(test: &str) -> Option<usize> {
     if let Err(e) = Device::cuda(0) {
-        assert!(!required(), "LONGSHORE_REQUIRE_CUDA=1 but no CUDA device: {e}");
+        assert!(
+            !required(),
+            "LONGSHORE_REQUIRE_CUDA=1 but no CUDA device: {e}"
+        );
         eprintln!("skipping {test}: {e}");
         return None;
     }
     if let Err(reason) = nccl_available() {
-        assert!(!required(), "LONGSHORE_REQUIRE_CUDA=1 but NCCL is unavailable: {reason}");
+        assert!(
+            !required(),
+            "LONGSHORE_REQUIRE_CUDA=1 but NCCL is unavailable: {reason}"
+        );
         eprintln!("skipping {test}: {reason}");
         return None;
     }

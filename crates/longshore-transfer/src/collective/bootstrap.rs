@@ -255,7 +255,9 @@ fn fetch(rank: usize, world: usize, addr: &str, port: u16, timeout: Duration) ->
             return Err(fail(
                 rank,
                 world,
-                format!("could not get the id from rank 0 at {addr}:{port} within {timeout:?}: {last}"),
+                format!(
+                    "could not get the id from rank 0 at {addr}:{port} within {timeout:?}: {last}"
+                ),
             ));
         }
         std::thread::sleep(RETRY);

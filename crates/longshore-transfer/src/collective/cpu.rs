@@ -228,11 +228,10 @@ impl Member {
                 let reason = timed_out(&st);
                 return Err(self.poison(&mut st, reason));
             }
-            st = g
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st =
+                g.cv.wait_timeout(st, deadline - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
         }
         if let Some(p) = &st.poison {
             return Err(p.clone());
@@ -279,11 +278,10 @@ impl Member {
                 let reason = timed_out(&st);
                 return Err(self.poison(&mut st, reason));
             }
-            st = g
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st =
+                g.cv.wait_timeout(st, deadline - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
         }
     }
 }

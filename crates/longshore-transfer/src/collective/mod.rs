@@ -188,17 +188,19 @@ impl Communicator {
         }
         let r = check(OP, "buf", stream, buf.buf, buf.offset, len_f32, 4)?;
         let b: &DeviceBuffer = buf.buf;
-        tracked(stream, &[], &[b], || match (&self.inner, stream.backend()) {
-            (Inner::Cpu(c), StreamBackend::Cpu(s)) => c.enqueue(s, cpu_mem(b)?, r),
-            (Inner::Nccl(c), StreamBackend::Cuda { stream: cs, .. }) => {
-                c.all_reduce(cs, cuda_ptr(b, r)?, len_f32, stream.id())
+        tracked(stream, &[], &[b], || {
+            match (&self.inner, stream.backend()) {
+                (Inner::Cpu(c), StreamBackend::Cpu(s)) => c.enqueue(s, cpu_mem(b)?, r),
+                (Inner::Nccl(c), StreamBackend::Cuda { stream: cs, .. }) => {
+                    c.all_reduce(cs, cuda_ptr(b, r)?, len_f32, stream.id())
+                }
+                _ => Err(TransferError::DeviceMismatch {
+                    op: OP,
+                    what: "the stream",
+                    expected,
+                    found,
+                }),
             }
-            _ => Err(TransferError::DeviceMismatch {
-                op: OP,
-                what: "the stream",
-                expected,
-                found,
-            }),
         })
     }
 

@@ -29,10 +29,12 @@ pub fn nccl_available() -> std::result::Result<i32, String> {
             // SAFETY: `is_culib_present` only tries to open the library by its candidate names.
             let present = catch_unwind(|| unsafe { ns::is_culib_present() }).unwrap_or(false);
             if !present {
-                return Err("libnccl could not be loaded: cudarc looks for libnccl.so (not \
+                return Err(
+                    "libnccl could not be loaded: cudarc looks for libnccl.so (not \
                             NCCL's soname libnccl.so.2); put a libnccl.so symlink to \
                             libnccl.so.2 in a folder on LD_LIBRARY_PATH"
-                    .to_owned());
+                        .to_owned(),
+                );
             }
             catch_unwind(nr::get_nccl_version)
                 .map_err(|_| "libnccl loaded but ncclGetVersion is missing".to_owned())?
@@ -171,7 +173,11 @@ impl NcclComm {
         require(dev.ordinal)?;
         let (nranks, r) = match (c_int::try_from(world), c_int::try_from(rank)) {
             (Ok(n), Ok(r)) => (n, r),
-            _ => return Err(TransferError::Invalid(format!("world size {world} too large"))),
+            _ => {
+                return Err(TransferError::Invalid(format!(
+                    "world size {world} too large"
+                )));
+            }
         };
         // NCCL uses the calling thread's current device: this GPU's primary context.
         dev.bind()?;

@@ -279,7 +279,9 @@ pub(crate) fn sgd(
 
 pub(crate) fn scale(x: &Arc<CpuMem>, rx: Region, alpha: f32) {
     with_mems(&[], &[x], |_, dst| {
-        with_f32_mut(region_mut(dst[0], rx), |x| x.iter_mut().for_each(|v| *v *= alpha))
+        with_f32_mut(region_mut(dst[0], rx), |x| {
+            x.iter_mut().for_each(|v| *v *= alpha)
+        })
     });
 }
 
