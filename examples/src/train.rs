@@ -557,7 +557,7 @@ pub fn train_with_hook(
         cfg.world_size
     );
     ensure!(
-        cfg.batch_size % cfg.world_size == 0,
+        (cfg.batch_size / cfg.world_size) * cfg.world_size == cfg.batch_size,
         "the global batch size {} does not split evenly over {} ranks",
         cfg.batch_size,
         cfg.world_size

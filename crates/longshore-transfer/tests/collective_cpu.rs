@@ -320,3 +320,15 @@ fn a_missing_libnccl_is_an_error_naming_it_not_a_panic() {
         }
     }
 }
+
+#[test]
+fn scale_divides_a_summed_gradient_in_place() {
+    let stream = Device::cpu().new_stream().unwrap();
+    let mut buf = stream.to_device(&[2.0f32, 4.0, 6.0, 8.0]).unwrap();
+    longshore_transfer::ops::scale(&stream, ViewMut::new(&mut buf, 4), 2, 0.5).unwrap();
+    assert_eq!(
+        stream.read_to_vec::<f32>(&buf).unwrap(),
+        vec![2.0, 2.0, 3.0, 8.0]
+    );
+    assert!(longshore_transfer::ops::scale(&stream, ViewMut::new(&mut buf, 4), 4, 0.5).is_err());
+}
