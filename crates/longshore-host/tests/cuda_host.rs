@@ -128,12 +128,14 @@ fn pool_blocks_are_page_locked_and_reuse_waits_for_in_flight_copies() {
     lease.as_bytes_mut().copy_from_slice(&data);
     let first_addr = lease.as_ptr();
 
-    // Hold the stream on a host callback so the copy is certainly still pending.
-    static GATE: AtomicBool = AtomicBool::new(false);
-    unsafe extern "C" fn block_until_open(_: *mut std::ffi::c_void) {
-        while !GATE.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_micros(100));
-        }
+    // Hold the stream on a host callback for a bounded time so the copy is still pending when
+    // the lease is dropped and the next block is requested. (It must not wait for this thread:
+    // cuMemHostAlloc/cuMemHostRegister may synchronise with running streams, which deadlocked
+    // an earlier version of this test that released the callback only after the allocation.)
+    static SLEPT: AtomicBool = AtomicBool::new(false);
+    unsafe extern "C" fn hold_the_stream(_: *mut std::ffi::c_void) {
+        std::thread::sleep(Duration::from_millis(500));
+        SLEPT.store(true, Ordering::Release);
     }
     // SAFETY: the uninitialised device memory is fully written by the copy before it is read.
     let mut dev = unsafe { stream.alloc::<u8>(len) }.unwrap();
@@ -142,7 +144,7 @@ fn pool_blocks_are_page_locked_and_reuse_waits_for_in_flight_copies() {
     unsafe {
         cudarc::driver::result::stream::launch_host_function(
             stream.cu_stream(),
-            block_until_open,
+            hold_the_stream,
             std::ptr::null_mut(),
         )
         .unwrap();
@@ -158,6 +160,7 @@ fn pool_blocks_are_page_locked_and_reuse_waits_for_in_flight_copies() {
     drop(lease);
     assert_eq!(pool.stats().blocks_pending, 1);
 
+    let copy_was_pending = !SLEPT.load(Ordering::Acquire);
     let other = pool.alloc(len).unwrap();
     assert_ne!(
         other.as_ptr(),
@@ -167,7 +170,10 @@ fn pool_blocks_are_page_locked_and_reuse_waits_for_in_flight_copies() {
     assert_eq!(pool.stats().misses, 2);
     drop(other);
 
-    GATE.store(true, Ordering::Release);
+    assert!(
+        copy_was_pending,
+        "the host callback finished before the test could observe the pending copy"
+    );
     stream.synchronize().unwrap();
     pool.collect();
     assert_eq!(pool.stats().blocks_pending, 0);
