@@ -826,6 +826,8 @@ fn worker_body<F: Fetch>(
                 }
                 epoch = Some(task.epoch);
             }
+            let span = tracing::trace_span!(target: "longshore::loader", "batch", epoch = task.epoch, seq = task.seq, samples = task.indices.len());
+            let _entered = span.enter();
             let t0 = Instant::now();
             let (outcome, skipped) = if let Some(m) = &init_failed {
                 (
