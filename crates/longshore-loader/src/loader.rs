@@ -1024,7 +1024,10 @@ impl<F: Fetch> LoaderIter<F> {
         };
         let indexed = self.inner.fetch.indexed();
         let n = self.outstanding.len();
-        while self.in_flight < self.capacity() {
+        // Batches held back in the reorder buffer count against the bound too (as PyTorch's
+        // outstanding tasks do): otherwise sent-but-undelivered batches, and their pool
+        // memory, could reach twice `num_workers * prefetch_factor`.
+        while self.in_flight + self.reorder.len() < self.capacity() {
             let (seq, indices) = if indexed {
                 match self.to_send.pop_front() {
                     Some(t) => t,

@@ -183,18 +183,15 @@ impl Dataset for Chaos {
     }
 }
 
-/// The sample indices of a batch from a [`Chaos`] dataset, checking every value. A batch may
-/// only hold ragged samples (4 features) when it holds nothing else: a batch of one.
-pub fn chaos_ids(batch: &longshore_data::Batch<longshore_host::PoolBuffer>) -> Vec<usize> {
+/// The sample indices of a batch from a [`Chaos`] dataset and its feature width, checking
+/// every value. The width is 3, or 4 when every sample of the batch is a ragged one (ragged
+/// samples agree with each other, so a batch of only them stacks).
+pub fn chaos_ids(batch: &longshore_data::Batch<longshore_host::PoolBuffer>) -> (Vec<usize>, usize) {
     let ids = batch.tensor::<u32>(0).expect("u32 ids");
     let feats = batch.tensor::<f32>(1).expect("f32 features");
     let width = feats.len() / ids.len().max(1);
     assert_eq!(feats.len(), ids.len() * width);
-    assert!(
-        width == 3 || (width == 4 && ids.len() == 1),
-        "a batch of {} samples with {width} features each",
-        ids.len()
-    );
+    assert!(width == 3 || width == 4, "{width} features per sample");
     for (k, &i) in ids.iter().enumerate() {
         assert!(
             feats[width * k..width * (k + 1)]
@@ -203,5 +200,15 @@ pub fn chaos_ids(batch: &longshore_data::Batch<longshore_host::PoolBuffer>) -> V
             "features of sample {i} corrupted"
         );
     }
-    ids.iter().map(|&i| i as usize).collect()
+    (ids.iter().map(|&i| i as usize).collect(), width)
+}
+
+/// Whether a stacked batch of `ids` with `width` features is consistent with the ragged set:
+/// all ragged (width 4) or none (width 3).
+pub fn ragged_consistent(ids: &[usize], width: usize, ragged: &HashSet<usize>) -> bool {
+    if width == 4 {
+        ids.iter().all(|i| ragged.contains(i))
+    } else {
+        ids.iter().all(|i| !ragged.contains(i))
+    }
 }

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{Chaos, chaos_ids, eventually, thread_count, watchdog};
+use common::{Chaos, chaos_ids, eventually, ragged_consistent, thread_count, watchdog};
 use longshore_loader::{DataLoader, LoaderError, WorkerPanicPolicy};
 use proptest::prelude::*;
 
@@ -79,7 +79,7 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             _ => ds.sleep_on.insert(i),
         };
     }
-    // Samples no good batch may hold (a ragged sample may, alone in a batch of one).
+    // Samples no good batch may hold (ragged ones may, in a batch of only ragged ones).
     let bad: BTreeSet<usize> = ds.fail.iter().chain(&ds.panic_on).copied().collect();
     let ragged = ds.ragged.clone();
     let mut b = DataLoader::builder(ds)
@@ -106,11 +106,11 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             match it.next() {
                 None => break,
                 Some(Ok(batch)) => {
-                    let got = chaos_ids(&batch);
+                    let (got, width) = chaos_ids(&batch);
                     prop_assert!(!got.is_empty());
                     prop_assert!(got.len() <= c.batch_size);
                     prop_assert!(got.iter().all(|i| !bad.contains(i)), "bad sample delivered");
-                    prop_assert!(got.len() == 1 || got.iter().all(|i| !ragged.contains(i)));
+                    prop_assert!(ragged_consistent(&got, width, &ragged));
                     held.push(batch);
                 }
                 Some(Err(
@@ -147,8 +147,8 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         answers += 1;
         match r {
             Ok(b) => {
-                let got = chaos_ids(&b);
-                prop_assert!(got.len() == 1 || got.iter().all(|i| !ragged.contains(i)));
+                let (got, width) = chaos_ids(&b);
+                prop_assert!(ragged_consistent(&got, width, &ragged));
                 for i in got {
                     prop_assert!(seen.insert(i), "sample {i} twice");
                 }

@@ -448,3 +448,38 @@ fn persistent_workers_return_leases_of_batches_finished_after_a_drop() {
         assert_eq!(n, 64);
     });
 }
+
+/// Regression: in order, batches held back in the reorder buffer were not counted against the
+/// `num_workers * prefetch_factor` bound, so behind one slow batch the loader kept sending
+/// work and sent-but-undelivered batches (each holding a pool block) went past the bound.
+#[test]
+fn batches_held_back_for_order_count_against_the_prefetch_bound() {
+    watchdog(20, "reorder bound", || {
+        let mut ds = Chaos::new(96);
+        ds.sleep_on.insert(0);
+        ds.sleep = Duration::from_millis(100);
+        let loader = DataLoader::builder(ds)
+            .batch_size(4)
+            .num_workers(2)
+            .prefetch_factor(4)
+            .build()
+            .unwrap();
+        let mut n = 0;
+        for b in &loader {
+            n += ids(&b.unwrap()).len();
+            // A consumer slower than the workers: whatever is sent gets loaded meanwhile.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(n, 96);
+        let cap = 2 * 4;
+        let s = loader.stats();
+        // Every block in use at once: the bound, plus the batch the consumer holds.
+        assert!(
+            s.pool.peak_bytes_in_use <= (cap + 1) * PAGE_BATCH,
+            "{} blocks in use at once, bound {cap} + 1 (peak reorder {}, peak in flight {})",
+            s.pool.peak_bytes_in_use / PAGE_BATCH,
+            s.peak_reorder,
+            s.peak_in_flight
+        );
+    });
+}
