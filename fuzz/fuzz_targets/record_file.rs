@@ -14,8 +14,15 @@ fn scratch() -> std::path::PathBuf {
 fn layout(spec: &[u8]) -> Option<RecordLayout> {
     let record_size = u16::from_le_bytes([spec[0], spec[1]]) as usize % 300;
     let header = spec[2] as usize % 64;
-    let order = if spec[3] & 1 == 1 { ByteOrder::Big } else { ByteOrder::Little };
-    let mut l = RecordLayout::new(record_size).ok()?.header_bytes(header).byte_order(order);
+    let order = if spec[3] & 1 == 1 {
+        ByteOrder::Big
+    } else {
+        ByteOrder::Little
+    };
+    let mut l = RecordLayout::new(record_size)
+        .ok()?
+        .header_bytes(header)
+        .byte_order(order);
     let nfields = 1 + spec[3] as usize / 64;
     for f in 0..nfields {
         let b = &spec[4 + 4 * f..8 + 4 * f];
@@ -42,14 +49,17 @@ fuzz_target!(|bytes: &[u8]| {
     let Some(layout) = layout(spec) else { return };
     let path = scratch();
     std::fs::write(&path, file).expect("write the scratch file");
-    let Ok(ds) = RecordDataset::open(&path, layout) else { return };
+    let Ok(ds) = RecordDataset::open(&path, layout) else {
+        return;
+    };
     let fields = ds.fields().to_vec();
     for i in 0..ds.len().min(4096) {
         let tensors = ds.get(i).expect("an in-range record reads");
         assert_eq!(tensors.len(), fields.len());
         for (f, (t, spec)) in tensors.iter().zip(&fields).enumerate() {
             let mut out = vec![0u8; spec.nbytes().expect("field size")];
-            ds.get_field_into(i, f, &mut out).expect("an in-range field writes");
+            ds.get_field_into(i, f, &mut out)
+                .expect("an in-range field writes");
             assert_eq!(&out[..], t.bytes(), "record {i} field {f}");
         }
     }

@@ -89,6 +89,8 @@ pub fn watchdog<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> T {
+    // Under Miri everything runs some hundred times slower: the bound is for hangs, not speed.
+    let secs = if cfg!(miri) { secs * 30 } else { secs };
     let (tx, rx) = std::sync::mpsc::channel();
     let handle = std::thread::Builder::new()
         .name(format!("watchdog-{what}"))
