@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::{Chaos, chaos_ids, eventually, ragged_consistent, thread_count};
 use longshore_data::{BatchSampler, BatchedSampler, RandomSampler, SequentialSampler};
-use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
+use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolConfig};
 use longshore_loader::{DataLoader, LoaderError, SampleErrorPolicy, WorkerPanicPolicy};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -60,6 +60,8 @@ struct Opts {
 #[derive(Debug, Default)]
 struct Totals {
     loaders: u64,
+    tight_loaders: u64,
+    reloaded: u64,
     epochs: u64,
     epochs_cut: u64,
     good_batches: u64,
@@ -248,6 +250,7 @@ fn soak_one(o: &Opts, ds: Chaos, pool: &PinnedPool, t: &mut Totals) {
             }
         }
     }
+    t.reloaded += loader.stats().reloaded;
     drop(loader);
     assert!(
         eventually(Duration::from_secs(3), || pool.stats().bytes_in_use == 0),
@@ -289,6 +292,17 @@ fn soak() {
     let worker = std::thread::spawn(move || {
         let mut rng = StdRng::seed_from_u64(seed);
         let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable)).unwrap();
+        // A quarter of the loaders share a pool of three blocks under `Wait` instead: far less
+        // than their batches in flight, so workers block on the budget all the time.
+        let block = longshore_host::size_class(1).unwrap();
+        let tight = PinnedPool::new(
+            PoolConfig::for_kind(MemoryKind::Pageable)
+                .budget(3 * block)
+                .policy(BudgetPolicy::Wait {
+                    timeout: Duration::from_secs(30),
+                }),
+        )
+        .unwrap();
         let mut t = Totals::default();
         let start = Instant::now();
         let total = Duration::from_secs(secs);
@@ -307,6 +321,16 @@ fn soak() {
         let mut held_after = 0usize;
         while start.elapsed() < total {
             let (o, ds) = draw(&mut rng);
+            if rng.random_bool(0.25) {
+                soak_one(&o, ds, &tight, &mut t);
+                t.tight_loaders += 1;
+                let s = tight.stats();
+                assert!(
+                    s.peak_bytes_held <= 3 * block,
+                    "tight pool past budget: {s:?}"
+                );
+                continue;
+            }
             soak_one(&o, ds, &pool, &mut t);
             let s = pool.stats();
             match warm_peak {
@@ -333,7 +357,8 @@ fn soak() {
         println!(
             "soak: {:.1} s, {} loaders, {} epochs ({} cut short by a panic or timeout), {} good batches, \
              {} failed batches, {} samples, {} faults injected; pool peak held {} B (warm-up peak {:?}), \
-             held after warm-up at most {} B, {} allocations, {} hits",
+             held after warm-up at most {} B, {} allocations, {} hits; {} loaders on a 3-block Wait \
+             pool ({} waits, {} batches given back by the reorder buffer)",
             start.elapsed().as_secs_f64(),
             t.loaders,
             t.epochs,
@@ -346,7 +371,10 @@ fn soak() {
             warm_peak,
             held_after,
             s.allocations,
-            s.hits
+            s.hits,
+            t.tight_loaders,
+            tight.stats().waits,
+            t.reloaded
         );
         assert!(t.epochs > 0);
         let _ = tx.send(());
