@@ -172,6 +172,9 @@ pub struct PoolStats {
     pub blocks_cached: usize,
     /// Blocks awaiting fences now.
     pub blocks_pending: usize,
+    /// Requests blocked under [`BudgetPolicy::Wait`] right now (a gauge): a consumer holding
+    /// leases can tell that someone is starved of budget.
+    pub waiting: usize,
 }
 
 /// The size class a request of `len` bytes rounds up to.
@@ -568,10 +571,12 @@ impl PinnedPool {
                     } else {
                         Duration::from_micros(500)
                     };
-                    let (st, _) = inner
+                    st.stats.waiting += 1;
+                    let (mut st, _) = inner
                         .returned
                         .wait_timeout(st, slice.min(timeout - elapsed))
                         .unwrap_or_else(|p| p.into_inner());
+                    st.stats.waiting -= 1;
                     drop(st);
                 }
             }

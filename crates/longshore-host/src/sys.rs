@@ -14,6 +14,10 @@ pub fn page_size() -> usize {
 
 /// Physical RAM of the host in bytes, or `None` if the OS does not say.
 pub fn physical_memory() -> Option<usize> {
+    // Miri does not implement `sysconf(_SC_PHYS_PAGES)`; callers already handle "unknown".
+    if cfg!(miri) {
+        return None;
+    }
     // SAFETY: sysconf has no preconditions.
     let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
     if pages <= 0 {

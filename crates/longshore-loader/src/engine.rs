@@ -4,8 +4,8 @@
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,17 @@ pub(crate) struct Shared {
     pub(crate) generation: AtomicU64,
     pub(crate) shutdown: AtomicBool,
     pub(crate) restarts: AtomicU64,
+    /// Held by a worker while it checks its reply's generation and sends it, and by the
+    /// consumer while it starts a new generation and drains the replies of the old one: a
+    /// reply of a cancelled epoch is then either drained or never sent, and cannot sit in the
+    /// channel holding a pooled lease (persistent workers park the channel between epochs).
+    reply_gate: Mutex<()>,
+}
+
+impl Shared {
+    fn gate(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reply_gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// What a worker thread sees: its id, its task queue, the reply channel.
@@ -89,9 +100,18 @@ impl<O> WorkerCtx<O> {
             || task.generation != self.shared.generation.load(Ordering::Acquire)
     }
 
-    /// Sends a reply; false if the consumer is gone.
+    /// Sends a reply; false if the consumer is gone. The reply of a cancelled epoch is
+    /// dropped here (its batch's lease goes back to the pool) instead of being sent.
     pub(crate) fn reply(&self, reply: Reply<O>) -> bool {
-        self.replies.send(reply).is_ok()
+        let gate = self.shared.gate();
+        if reply.generation != self.shared.generation.load(Ordering::Acquire) {
+            drop(gate);
+            drop(reply);
+            return true;
+        }
+        let sent = self.replies.send(reply).is_ok();
+        drop(gate);
+        sent
     }
 
     /// Notes a restart of this worker after a panic.
@@ -190,11 +210,12 @@ impl<O> Engine<O> {
 
     /// Starts a new generation: tasks of older ones are skipped, their replies ignored.
     pub(crate) fn new_generation(&self) -> u64 {
+        let gate = self.shared.gate();
         let g = self.shared.generation.fetch_add(1, Ordering::AcqRel) + 1;
         // Drop replies of the old generation now: their batches (and pinned leases) go back.
-        while let Ok(r) = self.replies.try_recv() {
-            drop(r);
-        }
+        let stale: Vec<_> = self.replies.try_iter().collect();
+        drop(gate);
+        drop(stale);
         g
     }
 
@@ -241,7 +262,10 @@ impl<O> Engine<O> {
     /// code (they exit when that code returns) and logs a warning.
     pub(crate) fn shutdown(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
-        self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        {
+            let _gate = self.shared.gate();
+            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+        }
         self.senders.clear();
         let deadline = Instant::now() + self.shutdown_timeout;
         for (id, h) in self.handles.iter_mut().enumerate() {

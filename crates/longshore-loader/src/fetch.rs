@@ -30,6 +30,8 @@ pub(crate) mod sealed {
         fn dataset_len(&self) -> usize;
         /// Samples in one output, for statistics.
         fn output_samples(&self, out: &Self::Out) -> usize;
+        /// Pool bytes one output holds (0 when it holds none).
+        fn output_bytes(&self, out: &Self::Out) -> usize;
         /// The state of worker `info` for a new epoch.
         fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a>;
         /// Loads one task; returns the outcome and how many samples were skipped.
@@ -167,6 +169,13 @@ where
     fn output_samples(&self, out: &Self::Out) -> usize {
         out.batch_size()
     }
+    fn output_bytes(&self, out: &Self::Out) -> usize {
+        if out.storage().is_fallback() {
+            0
+        } else {
+            out.storage().capacity()
+        }
+    }
     fn worker(&self, _: WorkerInfo) {}
     fn fetch(
         &self,
@@ -201,6 +210,9 @@ where
     }
     fn output_samples(&self, _: &D::Item) -> usize {
         1
+    }
+    fn output_bytes(&self, _: &D::Item) -> usize {
+        0
     }
     fn worker(&self, _: WorkerInfo) {}
     fn fetch(&self, _: &mut (), task: &Task, _: &dyn Fn() -> bool) -> (Outcome<D::Item>, u64) {
@@ -257,6 +269,13 @@ where
     }
     fn output_samples(&self, out: &Self::Out) -> usize {
         out.batch_size()
+    }
+    fn output_bytes(&self, out: &Self::Out) -> usize {
+        if out.storage().is_fallback() {
+            0
+        } else {
+            out.storage().capacity()
+        }
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> StreamState<'a, D::Item> {
         StreamState {

@@ -899,6 +899,9 @@ pub struct LoaderIter<F: Fetch> {
     /// Positions sent, in delivery order (in-order mode).
     order: VecDeque<u64>,
     sent_to: HashMap<u64, usize>,
+    /// In-order mode: the indices of batches sent and not yet delivered, so a finished batch
+    /// held in the reorder buffer can be given back to a starved pool and loaded again.
+    indices_of: HashMap<u64, Vec<usize>>,
     outstanding: Vec<usize>,
     in_flight: usize,
     reorder: BTreeMap<u64, Outcome<F::Output>>,
@@ -966,6 +969,7 @@ impl<F: Fetch> LoaderIter<F> {
             to_send,
             order: VecDeque::new(),
             sent_to: HashMap::new(),
+            indices_of: HashMap::new(),
             outstanding: vec![0; threads],
             in_flight: 0,
             reorder: BTreeMap::new(),
@@ -1022,6 +1026,9 @@ impl<F: Fetch> LoaderIter<F> {
         };
         let indexed = self.inner.fetch.indexed();
         let n = self.outstanding.len();
+        // `in_flight` counts every batch sent and not yet yielded, including those held back in
+        // the reorder buffer (as PyTorch's outstanding tasks do): otherwise sent-but-undelivered
+        // batches, and their pool memory, could reach twice `num_workers * prefetch_factor`.
         while self.in_flight < self.capacity() {
             let (seq, indices) = if indexed {
                 match self.to_send.pop_front() {
@@ -1049,6 +1056,9 @@ impl<F: Fetch> LoaderIter<F> {
                     .min_by_key(|&w| (self.outstanding[w], (w + n - self.rr % n) % n))
                     .unwrap_or(0)
             };
+            if self.config.in_order && indexed {
+                self.indices_of.insert(seq, indices.clone());
+            }
             engine.send(
                 w,
                 Task {
@@ -1089,15 +1099,23 @@ impl<F: Fetch> LoaderIter<F> {
 
     /// Waits for a reply, bounded by the timeout; detects dead workers instead of hanging.
     fn wait_reply(&mut self, awaited: Option<u64>) -> Result<(), LoaderError> {
-        let Some(engine) = &self.engine else {
+        if self.engine.is_none() {
             return Ok(());
-        };
+        }
         let t0 = Instant::now();
         loop {
-            let slice = Duration::from_millis(200);
+            // With finished batches held back, check often whether they starve the pool.
+            let slice = if self.reorder.is_empty() {
+                Duration::from_millis(200)
+            } else {
+                Duration::from_millis(20)
+            };
             let wait = match self.config.timeout {
                 Some(t) => (t.saturating_sub(t0.elapsed())).min(slice),
                 None => slice,
+            };
+            let Some(engine) = &self.engine else {
+                return Ok(());
             };
             match engine.recv(Some(wait)) {
                 Ok(r) => {
@@ -1125,6 +1143,7 @@ impl<F: Fetch> LoaderIter<F> {
                             .map_or(seq, |(s, _)| *s);
                         return Err(LoaderError::WorkerGone { worker: w, batch });
                     }
+                    self.relieve_budget()?;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let seq = awaited.unwrap_or(0);
@@ -1135,6 +1154,48 @@ impl<F: Fetch> LoaderIter<F> {
                 }
             }
         }
+    }
+
+    /// In-order mode, while the awaited batch does not come: if the pool has requests blocked
+    /// on its budget and the reorder buffer holds later batches in pool memory, those batches
+    /// may be what starves the awaited one (its worker waits for budget they hold: a deadlock
+    /// until the pool's wait timeout). Gives the latest such batch back to the pool and loads
+    /// it again later.
+    fn relieve_budget(&mut self) -> Result<(), LoaderError> {
+        if !self.config.in_order || self.inner.pool.stats().waiting == 0 {
+            return Ok(());
+        }
+        let fetch = &self.inner.fetch;
+        let Some(seq) = self.reorder.iter().rev().find_map(|(&s, o)| match o {
+            Outcome::Batch(b) if fetch.output_bytes(b) > 0 && self.indices_of.contains_key(&s) => {
+                Some(s)
+            }
+            _ => None,
+        }) else {
+            return Ok(());
+        };
+        let Some(engine) = &self.engine else {
+            return Ok(());
+        };
+        drop(self.reorder.remove(&seq));
+        let indices = self.indices_of.get(&seq).cloned().unwrap_or_default();
+        let n = self.outstanding.len();
+        let w = (0..n).min_by_key(|&w| self.outstanding[w]).unwrap_or(0);
+        tracing::debug!(target: "longshore::loader", reloaded = true, batch.seq = seq, worker.id = w, "pool budget starved: reloading a held-back batch later");
+        engine.send(
+            w,
+            Task {
+                generation: self.generation,
+                epoch: self.epoch,
+                seq,
+                indices,
+            },
+        )?;
+        // The batch was already counted in `in_flight` (it is sent and not yielded).
+        self.outstanding[w] += 1;
+        self.sent_to.insert(seq, w);
+        lock(&self.inner.stats).reloaded += 1;
+        Ok(())
     }
 
     /// Loads the next batch on the calling thread (`num_workers == 0`).
@@ -1190,6 +1251,7 @@ impl<F: Fetch> LoaderIter<F> {
                 if let Some(o) = self.reorder.remove(&seq) {
                     self.order.pop_front();
                     self.in_flight -= 1;
+                    self.indices_of.remove(&seq);
                     return Some((seq, o));
                 }
                 if let Err(e) = self.wait_reply(Some(seq)) {
@@ -1218,6 +1280,7 @@ impl<F: Fetch> LoaderIter<F> {
         self.broken |= broken;
         self.to_send.clear();
         self.order.clear();
+        self.indices_of.clear();
         self.release_engine();
     }
 }

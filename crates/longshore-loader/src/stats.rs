@@ -34,6 +34,9 @@ pub struct LoaderStats {
     pub peak_reorder: usize,
     /// Epochs started.
     pub epochs: u64,
+    /// Finished batches given back to a starved pool by the reorder buffer and loaded again
+    /// (in-order mode under [`BudgetPolicy::Wait`](longshore_host::BudgetPolicy::Wait)).
+    pub reloaded: u64,
     /// The host-memory pool's counters.
     pub pool: PoolStats,
 }
