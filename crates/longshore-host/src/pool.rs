@@ -200,6 +200,8 @@ struct Block {
 }
 
 struct Pending {
+    /// Identifies the entry across a reclaim that queries fences without the lock.
+    id: u64,
     block: Block,
     fences: Vec<SharedFence>,
 }
@@ -210,6 +212,7 @@ struct State {
     pending: Vec<Pending>,
     reserved: usize,
     tick: u64,
+    next_pending: u64,
     stats: PoolStats,
 }
 
@@ -283,34 +286,46 @@ impl Inner {
     }
 
     /// Moves pending blocks whose fences have all completed to the free lists.
-    /// Fences are queried without the lock held.
+    ///
+    /// Fences are queried without the lock held (a `cuEventQuery` each), but the pending
+    /// blocks stay in the list meanwhile: a thread that finds the list empty while another is
+    /// querying would otherwise see the budget full of blocks it cannot reach, and fall back or
+    /// fail for nothing. Whoever relocks first moves a completed block; by the time any call
+    /// returns, every block whose fences it saw complete is in the free lists (or leased).
     fn reclaim(&self) -> usize {
-        let mut pending: Vec<Pending> = {
-            let mut st = self.lock();
+        let checks: Vec<(u64, Vec<SharedFence>)> = {
+            let st = self.lock();
             if st.pending.is_empty() {
                 return 0;
             }
-            std::mem::take(&mut st.pending)
+            st.pending
+                .iter()
+                .map(|p| (p.id, p.fences.clone()))
+                .collect()
         };
-        let mut done = Vec::new();
-        let mut still = Vec::with_capacity(pending.len());
-        for mut p in pending.drain(..) {
-            p.fences.retain(|f| !f.is_complete());
-            if p.fences.is_empty() {
-                done.push(p.block);
+        let mut done: Vec<u64> = checks
+            .into_iter()
+            .filter(|(_, fences)| fences.iter().all(|f| f.is_complete()))
+            .map(|(id, _)| id)
+            .collect();
+        if done.is_empty() {
+            return 0;
+        }
+        done.sort_unstable();
+        let mut n = 0;
+        let mut st = self.lock();
+        let mut i = 0;
+        while i < st.pending.len() {
+            if done.binary_search(&st.pending[i].id).is_ok() {
+                let p = st.pending.swap_remove(i);
+                st.stats.bytes_pending -= p.block.class;
+                st.stats.blocks_pending -= 1;
+                st.put_free(p.block);
+                n += 1;
             } else {
-                still.push(p);
+                i += 1;
             }
         }
-        let mut pending = still;
-        let n = done.len();
-        let mut st = self.lock();
-        for block in done {
-            st.stats.bytes_pending -= block.class;
-            st.stats.blocks_pending -= 1;
-            st.put_free(block);
-        }
-        st.pending.append(&mut pending);
         drop(st);
         if n > 0 {
             self.returned.notify_all();
@@ -337,7 +352,9 @@ impl Inner {
             } else {
                 st.stats.bytes_pending += block.class;
                 st.stats.blocks_pending += 1;
-                st.pending.push(Pending { block, fences });
+                st.next_pending += 1;
+                let id = st.next_pending;
+                st.pending.push(Pending { id, block, fences });
             }
             let cap = self.config.max_cached_bytes;
             if st.stats.bytes_cached > cap {
@@ -456,16 +473,7 @@ impl PinnedPool {
     /// call); otherwise allocated, within the budget, following the pool's [`BudgetPolicy`].
     pub fn alloc(&self, len: usize) -> Result<PoolBuffer> {
         let inner = &self.inner;
-        let kind = inner.config.kind;
-        let class = size_class(len).ok_or(if len == 0 {
-            HostError::ZeroSize { kind }
-        } else {
-            HostError::InvalidLayout {
-                bytes: len,
-                align: sys::page_size(),
-                reason: "larger than the address space allows",
-            }
-        })?;
+        let class = self.class_of(len)?;
         let budget = inner.config.budget;
         if class > budget {
             if inner.config.policy == BudgetPolicy::FallbackPageable {
@@ -485,8 +493,9 @@ impl PinnedPool {
             if let Some(block) = st.take_free(class) {
                 return Ok(self.lease(st, block, len, true, waited.then(|| start.elapsed())));
             }
-            let has_pending = !st.pending.is_empty();
-            if has_pending {
+            // Counts blocks put in the free lists; tells below whether any came back meanwhile.
+            let returned_before = st.tick;
+            if !st.pending.is_empty() {
                 drop(st);
                 inner.reclaim();
                 st = inner.lock();
@@ -536,6 +545,11 @@ impl PinnedPool {
                 free_blocks(evicted);
                 continue;
             }
+            // Blocks came back during this attempt but other threads leased them first: look
+            // again rather than fail or fall back while the pool is still turning over.
+            if st.tick != returned_before {
+                continue;
+            }
             match inner.config.policy {
                 BudgetPolicy::Error => {
                     return Err(HostError::BudgetExceeded {
@@ -580,6 +594,82 @@ impl PinnedPool {
                     drop(st);
                 }
             }
+        }
+    }
+
+    /// The size class serving `len` bytes, or the error naming why there is none.
+    fn class_of(&self, len: usize) -> Result<usize> {
+        size_class(len).ok_or(if len == 0 {
+            HostError::ZeroSize {
+                kind: self.inner.config.kind,
+            }
+        } else {
+            HostError::InvalidLayout {
+                bytes: len,
+                align: sys::page_size(),
+                reason: "larger than the address space allows",
+            }
+        })
+    }
+
+    /// Allocates ahead of need so that at least `count` blocks of `len`'s size class are
+    /// cached: the first `count` leases of that size then make no driver call (a
+    /// `cuMemHostAlloc` of a few MiB costs milliseconds).
+    ///
+    /// Stays within the budget and [`max_cached_bytes`](PoolConfig::max_cached_bytes), and
+    /// never waits, evicts or falls back to pageable memory: it returns how many blocks of the
+    /// class are cached afterwards, fewer than `count` where a limit stopped it.
+    ///
+    /// ```
+    /// # use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
+    /// let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(8 << 20))?;
+    /// assert_eq!(pool.reserve(1 << 20, 4)?, 4);
+    /// let lease = pool.alloc(1 << 20)?; // served from the cache
+    /// assert_eq!(pool.stats().hits, 1);
+    /// # drop(lease);
+    /// # Ok::<(), longshore_host::HostError>(())
+    /// ```
+    pub fn reserve(&self, len: usize, count: usize) -> Result<usize> {
+        let inner = &self.inner;
+        let class = self.class_of(len)?;
+        loop {
+            let mut st = inner.lock();
+            let cached = st.free.get(&class).map_or(0, Vec::len);
+            if cached >= count
+                || st.held() + class > inner.config.budget
+                || st.stats.bytes_cached + class > inner.config.max_cached_bytes
+            {
+                return Ok(cached);
+            }
+            st.reserved += class;
+            st.note_peaks();
+            drop(st);
+            let alloc = inner.allocator_for(class);
+            let t0 = Instant::now();
+            let result = alloc.allocate(class);
+            let took = t0.elapsed();
+            let mut st = inner.lock();
+            st.reserved -= class;
+            let mut buf = match result {
+                Ok(buf) => buf,
+                Err(e) => {
+                    drop(st);
+                    inner.returned.notify_all();
+                    return Err(e);
+                }
+            };
+            let _ = buf.set_len(class);
+            st.stats.allocations += 1;
+            st.stats.allocation_time += took;
+            st.stats.allocation_time_max = st.stats.allocation_time_max.max(took);
+            tracing::debug!(target: "longshore::host", bytes = class, kind = %alloc.kind(), took_us = took.as_micros() as u64, "pool reserved a block");
+            st.put_free(Block {
+                buf,
+                class,
+                tick: 0,
+            });
+            drop(st);
+            inner.returned.notify_all();
         }
     }
 

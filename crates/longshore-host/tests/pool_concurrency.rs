@@ -204,3 +204,43 @@ fn zero_size_and_zero_budget_are_errors() {
     let err = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(0)).unwrap_err();
     assert!(err.to_string().contains("budget"));
 }
+
+/// Regression: a thread reclaiming completed blocks used to take the whole pending list out of
+/// the pool while it queried fences; another thread allocating meanwhile saw the budget full of
+/// blocks it could not reach and failed (`Error`) or fell back to pageable memory (staging hit
+/// this with a budget-full pool of completed chunks).
+#[test]
+fn reclaim_by_one_thread_never_makes_another_fail_for_nothing() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 3000;
+    let block = 16 << 10;
+    // Two blocks a thread: one leased, one awaiting its fence. Always enough.
+    let pool = PinnedPool::new(
+        PoolConfig::for_kind(MemoryKind::Pageable)
+            .budget(2 * THREADS * block)
+            .policy(BudgetPolicy::Error),
+    )
+    .unwrap();
+    assert_eq!(pool.reserve(block, 2 * THREADS).unwrap(), 2 * THREADS);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let pool = &pool;
+            s.spawn(move || {
+                for round in 0..ROUNDS {
+                    let mut lease = pool
+                        .alloc(block)
+                        .unwrap_or_else(|e| panic!("thread {t}, round {round}: {e}"));
+                    lease.as_bytes_mut()[0] = t as u8;
+                    let fence = CpuFence::new();
+                    lease.record_fence(fence.clone());
+                    drop(lease);
+                    fence.signal();
+                }
+            });
+        }
+    });
+    let s = pool.stats();
+    assert_eq!(s.fallbacks, 0, "{s:?}");
+    assert_eq!(s.allocations as usize, 2 * THREADS, "{s:?}");
+    assert_eq!(s.bytes_in_use, 0);
+}

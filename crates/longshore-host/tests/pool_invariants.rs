@@ -16,6 +16,7 @@ enum Op {
     Complete(usize),
     Collect,
     Trim(usize),
+    Reserve { len: usize, count: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -25,6 +26,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Complete),
         1 => Just(Op::Collect),
         1 => (0usize..1_000_000).prop_map(Op::Trim),
+        1 => (1usize..300_000, 0usize..6).prop_map(|(len, count)| Op::Reserve { len, count }),
     ]
 }
 
@@ -155,6 +157,31 @@ proptest! {
                 Op::Trim(bytes) => {
                     m.pool.trim_to(bytes);
                     prop_assert!(m.pool.stats().bytes_cached <= bytes);
+                }
+                Op::Reserve { len, count } => {
+                    let class = size_class(len).unwrap();
+                    let before = m.pool.stats();
+                    let cached = m.pool.reserve(len, count).unwrap();
+                    let after = m.pool.stats();
+                    // Nothing in use or pending changes; only blocks of the class are added.
+                    prop_assert_eq!(after.bytes_in_use, before.bytes_in_use);
+                    prop_assert_eq!(after.bytes_pending, before.bytes_pending);
+                    prop_assert_eq!(after.fallbacks, before.fallbacks);
+                    prop_assert_eq!((after.bytes_cached - before.bytes_cached) % class, 0);
+                    let added = (after.bytes_cached - before.bytes_cached) / class;
+                    prop_assert_eq!(after.allocations - before.allocations, added as u64);
+                    if cached < count {
+                        // Stopped by a limit: one more block would not have fit.
+                        prop_assert!(after.bytes_held + class > budget, "reserve stopped at {} of {} with room", cached, count);
+                    }
+                    // The reserved blocks serve leases without allocating.
+                    if cached > 0 {
+                        let hits = after.hits;
+                        let b = m.pool.alloc(len).unwrap();
+                        prop_assert!(!b.is_fallback());
+                        prop_assert_eq!(m.pool.stats().hits, hits + 1);
+                        m.live.push(b);
+                    }
                 }
             }
             m.check();

@@ -65,15 +65,36 @@ impl Default for StagingConfig {
 
 /// Stages pageable uploads to one device through a pool of page-locked chunks (pageable
 /// chunks on the `Cpu` device, where the same code paths run).
-#[derive(Debug)]
+///
+/// A stager owns its copying threads (`threads - 1` of them; the caller's thread is the last)
+/// and reserves its chunks when it is made, so an upload neither spawns a thread nor
+/// allocates page-locked memory.
 pub struct Stager {
     device: Device,
     config: StagingConfig,
     pool: PinnedPool,
+    /// The copying threads besides the caller's; `None` with one thread.
+    workers: Option<rayon::ThreadPool>,
+}
+
+impl std::fmt::Debug for Stager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stager")
+            .field("device", &self.device)
+            .field("config", &self.config)
+            .field("pool", &self.pool)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Stager {
-    /// A stager for `device` with its own chunk pool, sized to what can be in flight at once.
+    /// A stager for `device` with its own chunk pool, sized to what can be in flight at once,
+    /// and its own copying threads.
+    ///
+    /// The chunks that can be in flight at once (`threads * in_flight_per_thread`) are
+    /// allocated here rather than during the first upload; if that fails (page-locked memory
+    /// refused) the stager is still made and allocates, or falls back to pageable chunks,
+    /// as uploads need.
     pub fn new(device: &Device, config: StagingConfig) -> Result<Self> {
         if config.chunk_bytes == 0 || config.threads == 0 || config.in_flight_per_thread == 0 {
             return Err(TransferError::Invalid(format!(
@@ -99,10 +120,36 @@ impl Stager {
                 .policy(BudgetPolicy::FallbackPageable)
                 .register_above(None),
         )?;
+        let want = config.threads.saturating_mul(config.in_flight_per_thread);
+        match pool.reserve(config.chunk_bytes, want) {
+            Ok(got) if got < want => {
+                tracing::debug!(target: "longshore::transfer", device = %device.id(), want, got, "staging chunks reserved up to the budget")
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(target: "longshore::transfer", device = %device.id(), error = %e, "could not reserve staging chunks ahead; uploads will allocate them")
+            }
+        }
+        let workers = if config.threads > 1 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(config.threads - 1)
+                .thread_name(|i| format!("longshore-stage-{i}"))
+                .build()
+                .map_err(|e| {
+                    TransferError::Invalid(format!(
+                        "could not start {} staging threads: {e}",
+                        config.threads - 1
+                    ))
+                })?;
+            Some(pool)
+        } else {
+            None
+        };
         Ok(Self {
             device: device.clone(),
             config,
             pool,
+            workers,
         })
     }
 
@@ -210,15 +257,14 @@ impl Stager {
             }
         };
         tracing::trace!(target: "longshore::transfer", stream_id = stream.id(), bytes = src.len(), chunks = n, threads, "staged upload");
-        if threads == 1 {
-            work();
-        } else {
-            std::thread::scope(|s| {
+        match &self.workers {
+            Some(workers) if threads > 1 => workers.in_place_scope(|s| {
                 for _ in 1..threads {
-                    s.spawn(work);
+                    s.spawn(|_| work());
                 }
                 work();
-            });
+            }),
+            _ => work(),
         }
         match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
             Some(e) => Err(e),

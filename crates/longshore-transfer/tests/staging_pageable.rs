@@ -100,3 +100,46 @@ fn stager_rejects_bad_configs_and_foreign_buffers() {
         Err(TransferError::OutOfBounds { .. })
     ));
 }
+
+/// Threads of this process (Linux: entries of /proc/self/task).
+fn thread_count() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
+}
+
+#[test]
+fn a_stager_reserves_its_chunks_and_threads_once() {
+    let dev = Device::cpu();
+    let config = StagingConfig {
+        chunk_bytes: 64 << 10,
+        threads: 4,
+        in_flight_per_thread: 2,
+        auto_min_bytes: 1,
+    };
+    let stager = Stager::new(&dev, config).unwrap();
+    let made = stager.pool().stats();
+    // Every chunk that can be in flight at once is allocated up front.
+    assert_eq!(made.blocks_cached, 8, "{made:?}");
+    assert_eq!(made.allocations, 8, "{made:?}");
+    let stream = dev.new_stream().unwrap();
+    let data = random(3 << 20, 77);
+    let mut dst = stream.alloc(data.len()).unwrap();
+    let threads_before = thread_count();
+    for _ in 0..5 {
+        stager
+            .upload(&stream, &data, &mut dst, 0)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        assert!(stream.read_to_vec::<u8>(&dst).unwrap() == data);
+    }
+    let after = stager.pool().stats();
+    // 5 uploads of 48 chunks each: served from the reserved chunks (a chunk still in flight
+    // when a thread wants one may cost an allocation, within the budget, never a fallback).
+    assert_eq!(after.fallbacks, 0, "{after:?}");
+    assert!(after.hits >= 5 * 48 - (after.allocations - 8), "{after:?}");
+    assert!(after.peak_bytes_held <= 16 * (64 << 10), "{after:?}");
+    // Uploads reuse the stager's threads: none is started per upload.
+    if let (Some(b), Some(a)) = (threads_before, thread_count()) {
+        assert!(a <= b, "threads grew from {b} to {a} over 5 uploads");
+    }
+}
