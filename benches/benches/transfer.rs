@@ -1,5 +1,5 @@
 //! Bandwidth matrix of the transfer engine: {pageable direct, pageable staged, page-locked,
-//! registered} x {H2D, D2H} x {1, 16, 256 MiB}, each against a bare `cuMemcpy*Async` + stream
+//! registered} x {H2D, D2H} x {1, 16, 64, 256 MiB}, each against a bare `cuMemcpy*Async` + stream
 //! synchronisation on the same buffers in the same run.
 //!
 //! Without a CUDA driver it says so and measures the `Cpu` backend's copy throughput instead, so
@@ -248,7 +248,7 @@ fn main() {
     let sizes: &[usize] = if quick {
         &[1 << 20, 16 << 20]
     } else {
-        &[1 << 20, 16 << 20, 256 << 20]
+        &[1 << 20, 16 << 20, 64 << 20, 256 << 20]
     };
     let budget = Duration::from_millis(if quick { 150 } else { 600 });
 

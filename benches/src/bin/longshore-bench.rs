@@ -288,7 +288,7 @@ fn bandwidth_sizes(quick: bool) -> Vec<usize> {
     if quick {
         vec![MIB, 16 * MIB]
     } else {
-        vec![MIB, 16 * MIB, 256 * MIB]
+        vec![MIB, 16 * MIB, 64 * MIB, 256 * MIB]
     }
 }
 
@@ -489,6 +489,19 @@ fn bandwidth_cuda(ctx: &mut Ctx, dev: &Device, sizes: &[usize]) -> Result<()> {
     ctx.results.note(
         "bandwidth",
         "D2H has no staged path: pageable downloads go through the driver (\"pageable direct\")",
+    );
+    let stager = dev.stager()?;
+    let ps = stager.pool().stats();
+    ctx.results.note(
+        "bandwidth",
+        format!(
+            "staging: {:?}; chunk pool: {} allocations, {} hits, {} pageable fallbacks, peak {} MiB held",
+            stager.config(),
+            ps.allocations,
+            ps.hits,
+            ps.fallbacks,
+            ps.peak_bytes_held >> 20
+        ),
     );
     rows.sort_by(|a, b| a[0].cmp(&b[0]).then(a[1].cmp(&b[1])));
     print_table(
