@@ -127,26 +127,32 @@ pub(crate) unsafe fn mem_host_unregister(ptr: *mut u8) -> Result<(), DriverError
 /// Whether the driver knows `ptr` as page-locked host memory (from `cuMemHostAlloc` or
 /// `cuMemHostRegister`).
 ///
-/// Uses `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)`, which reports host memory
-/// for both allocation paths (`cuMemHostGetFlags` only covers `cuMemHostAlloc`).
+/// Uses `cuPointerGetAttributes` with `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`, which reports host
+/// memory for both allocation paths (`cuMemHostGetFlags` only covers `cuMemHostAlloc`). Unlike
+/// `cuPointerGetAttribute`, it answers a pointer the driver does not know (ordinary pageable
+/// memory) with success and a zero memory type rather than `CUDA_ERROR_INVALID_VALUE`, so asking
+/// about pageable memory is not an API error (compute-sanitizer reports those).
 pub fn is_driver_host_memory(ptr: *const u8) -> Result<bool, HostError> {
     driver_status()?;
     let _ctx = context(0)?;
     let mut mem_type: u32 = 0;
-    // SAFETY: `mem_type` is a valid u32 out-parameter, the size the driver writes for this
-    // attribute; the driver only reads `ptr` as an address, never dereferences it for us.
+    let mut attrs = [sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE];
+    let mut data = [(&mut mem_type as *mut u32).cast::<std::ffi::c_void>()];
+    // SAFETY: one attribute and one out-pointer, both arrays of length 1 that outlive the
+    // call; `data[0]` points at a valid u32, the size the driver writes for the memory type;
+    // the driver only reads `ptr` as an address, never dereferences it for us.
     let rc = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut mem_type as *mut u32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        sys::cuPointerGetAttributes(
+            1,
+            attrs.as_mut_ptr(),
+            data.as_mut_ptr(),
             ptr as sys::CUdeviceptr,
         )
     };
     match rc {
         sys::CUresult::CUDA_SUCCESS => Ok(mem_type == sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32),
-        sys::CUresult::CUDA_ERROR_INVALID_VALUE => Ok(false),
         other => Err(HostError::Cuda {
-            call: "cuPointerGetAttribute",
+            call: "cuPointerGetAttributes",
             code: format!("{other:?}"),
             what: format!("querying memory type of {ptr:p}"),
         }),

@@ -280,6 +280,21 @@ struct Inner {
     returned: Condvar,
 }
 
+impl Drop for Inner {
+    /// The last handle and lease are gone, but a copy from a released block may still be in
+    /// flight: a pending block is freed only once its fences have completed (the same rule as
+    /// [`HostBuffer`]'s drop), never under a DMA or a `Cpu` stream still reading it.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for p in st.pending.drain(..) {
+            for f in &p.fences {
+                f.wait();
+            }
+            drop(p.block);
+        }
+    }
+}
+
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())

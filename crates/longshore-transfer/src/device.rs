@@ -1,7 +1,7 @@
 //! [`Device`]: the host (`Cpu`) or one GPU (`Cuda(ordinal)`), with a backend per kind.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::error::{Result, TransferError};
 use crate::staging::{Stager, StagingConfig};
@@ -74,22 +74,29 @@ impl Device {
     pub fn cuda(ordinal: usize) -> Result<Device> {
         #[cfg(feature = "cuda")]
         {
-            static OPEN: OnceLock<Mutex<Vec<Device>>> = OnceLock::new();
+            // Weak: while any handle lives, every caller gets the same device (and its default
+            // stager); once the last handle is dropped, the stager's page-locked chunks and
+            // threads are released. The CUDA context itself stays open for the process.
+            type Open = Mutex<Vec<(usize, Weak<DeviceShared>)>>;
+            static OPEN: OnceLock<Open> = OnceLock::new();
             let open = OPEN.get_or_init(Default::default);
             let mut guard = open.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(d) = guard.iter().find(|d| d.id() == DeviceId::Cuda(ordinal)) {
-                return Ok(d.clone());
+            guard.retain(|(_, w)| w.strong_count() > 0);
+            if let Some(shared) = guard
+                .iter()
+                .find(|(o, _)| *o == ordinal)
+                .and_then(|(_, w)| w.upgrade())
+            {
+                return Ok(Device { shared });
             }
             let dev = crate::backend::cuda::open(ordinal)?;
-            let d = Device {
-                shared: Arc::new(DeviceShared {
-                    id: DeviceId::Cuda(ordinal),
-                    cuda: Some(dev),
-                    stager: Mutex::new(None),
-                }),
-            };
-            guard.push(d.clone());
-            Ok(d)
+            let shared = Arc::new(DeviceShared {
+                id: DeviceId::Cuda(ordinal),
+                cuda: Some(dev),
+                stager: Mutex::new(None),
+            });
+            guard.push((ordinal, Arc::downgrade(&shared)));
+            Ok(Device { shared })
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -157,14 +164,28 @@ impl Device {
         Ok(s)
     }
 
+    /// The size from which [`UploadMode::Auto`](crate::UploadMode::Auto) stages an upload:
+    /// the default stager's `auto_min_bytes`, without making the stager (and reserving its
+    /// page-locked chunks) for an upload that will not use it.
+    pub(crate) fn auto_stage_min_bytes(&self) -> usize {
+        self.shared
+            .stager
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map_or(StagingConfig::DEFAULT_AUTO_MIN_BYTES, |s| {
+                s.config().auto_min_bytes
+            })
+    }
+
     /// Replaces the device's default [`Stager`] (e.g. with other chunk sizes or thread counts).
     pub fn set_stager(&self, stager: Arc<Stager>) -> Result<()> {
-        if stager.device().id() != self.id() {
+        if stager.device_id() != self.id() {
             return Err(TransferError::DeviceMismatch {
                 op: "set_stager",
                 what: "the stager",
                 expected: self.id(),
-                found: stager.device().id(),
+                found: stager.device_id(),
             });
         }
         *self.shared.stager.lock().unwrap_or_else(|p| p.into_inner()) = Some(stager);

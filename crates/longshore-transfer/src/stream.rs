@@ -419,7 +419,7 @@ impl Stream {
         let staged = match mode {
             UploadMode::Direct => false,
             UploadMode::Staged => true,
-            UploadMode::Auto => src.len() >= self.device().stager()?.config().auto_min_bytes,
+            UploadMode::Auto => src.len() >= self.device().auto_stage_min_bytes(),
         };
         if staged {
             return self.device().stager()?.upload_raw(self, src, dst, offset);

@@ -102,11 +102,12 @@ fn pageable_direct_and_staged_paths() {
         for mode in [UploadMode::Direct, UploadMode::Staged, UploadMode::Auto] {
             let mut dst = stream.alloc(len + 3).unwrap();
             stream.memset(&mut dst, 0xA5).unwrap();
-            stream.upload_slice(&data, &mut dst, 3, mode).unwrap();
-            // The source is consumed when upload_slice returns: scribbling on it now must not matter.
-            let mut scribbled = data.clone();
-            scribbled.fill(0);
-            drop(scribbled);
+            let mut src = data.clone();
+            stream.upload_slice(&src, &mut dst, 3, mode).unwrap();
+            // The source is consumed when upload_slice returns: scribbling on it now, before
+            // anything waits for the stream, must not reach the device.
+            src.fill(0);
+            drop(src);
             let mut out = HostBuffer::page_locked(len + 3).unwrap();
             out.as_bytes_mut().fill(0x5A);
             let out = stream.download(&dst, out).unwrap().wait().unwrap();
