@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
-# GPU machine, part 2: the criterion bandwidth matrix, then the full `cargo xtask bench`
-# (bandwidth, pool, loader sweep, overlap, and PyTorch's DataLoader on the same files).
+# GPU machine, part 2: the full `cargo xtask bench` (bandwidth, pool, loader sweep, overlap,
+# and PyTorch's DataLoader on the same files), then the criterion bandwidth matrix and pool
+# benches in what is left of BENCH_SECS (default 540 s).
 #
-# Build here first:  ../shared/tools/gpu-bundle, and copy the criterion bench binaries
-# (`cargo bench -p longshore-benches --no-run`) to .gpu/bin/<name>-bench.
+# Build here first:  scripts/gpu-pack.sh
 # Then, on the GPU machine, from the project root:  bash scripts/gpu-bench.sh
 set -u
 out=${OUT:-gpu-out}; mkdir -p "$out"
 cd "$(dirname "$0")/.."
-date -u | tee "$out/bench-machine.txt"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$out/bench-machine.txt"
-if [ -x .gpu/bin/transfer-bench ]; then
-  echo "== criterion: transfer"
-  .gpu/bin/transfer-bench --bench --warm-up-time 0.5 --measurement-time 2 2>&1 \
-    | grep -E "^transfer " | tee "$out/criterion-transfer.txt"
-fi
-if [ -x .gpu/bin/pool-bench ]; then
-  echo "== criterion: pool"
-  .gpu/bin/pool-bench --bench --warm-up-time 0.3 --measurement-time 1 2>&1 \
-    | grep -E "^(pool_hit|raw_alloc)|time:" | tee "$out/criterion-pool.txt" | tail -40
-fi
+budget=${BENCH_SECS:-540}
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } \
+  | tee "$out/bench-machine.txt"
 echo "== xtask bench"
 .gpu/bin/xtask bench --bench-bin .gpu/bin/longshore-bench --out "$out/bench" > "$out/xtask.log" 2>&1
 rc=$?
-grep -v "^\s*$" "$out/xtask.log" | grep -v "█\|░\|⠁\|eta" | tail -120
+echo "xtask bench: exit $rc after ${SECONDS}s"
+# The terminal tables, without progress bars.
+grep -v "^\s*$" "$out/xtask.log" | grep -v "█\|░\|eta\|ETA" | tail -150
+run_bench() { # name, seconds needed at least, criterion args...
+  local name=$1 need=$2; shift 2
+  local left=$((budget - SECONDS))
+  if [ ! -x ".gpu/bin/$name-bench" ] || [ "$left" -lt "$need" ]; then
+    echo "criterion $name: not run (${left}s left)"; return
+  fi
+  echo "== criterion: $name (${left}s left)"
+  timeout "$left" ".gpu/bin/$name-bench" --bench "$@" > "$out/criterion-$name.txt" 2>&1
+}
+run_bench transfer 150 --warm-up-time 0.5 --measurement-time 1.5
+grep -E "^transfer " "$out/criterion-transfer.txt" 2>/dev/null
+run_bench pool 60 --warm-up-time 0.3 --measurement-time 1
+grep -E "^(pool_hit|raw_alloc)|time:" "$out/criterion-pool.txt" 2>/dev/null | tr -s " " | head -60
 exit $rc

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds everything the GPU machine runs and packs it into gpu-pack/gpu.tar.xz (git-ignored
+# through .git/info/exclude), small enough to travel with the working tree:
+#   ../shared/tools/gpu-bundle (release test binaries, examples, xtask) into .gpu/,
+#   plus the criterion bench binaries as .gpu/bin/<name>-bench.
+# On the GPU machine: python3 -c "import tarfile; tarfile.open('gpu-pack/gpu.tar.xz').extractall()"
+# then scripts/gpu-verify.sh and scripts/gpu-bench.sh.
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+mkdir -p .git/info gpu-pack
+for p in /.gpu/ /gpu-pack/ /gpu-out/; do
+  grep -qx "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
+done
+../shared/tools/gpu-bundle "$@"
+cargo bench -p longshore-benches --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bench"]:
+        print(m["target"]["name"] + "\t" + m["executable"])
+' | while IFS=$'\t' read -r name exe; do
+  cp "$exe" ".gpu/bin/$name-bench"; strip ".gpu/bin/$name-bench"
+done
+tar -cJf gpu-pack/gpu.tar.xz .gpu
+ls -la gpu-pack/gpu.tar.xz
