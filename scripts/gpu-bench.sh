@@ -17,6 +17,10 @@ rc=$?
 echo "xtask bench: exit $rc after ${SECONDS}s"
 # The terminal tables, without progress bars.
 grep -v "^\s*$" "$out/xtask.log" | grep -v "█\|░\|eta\|ETA" | tail -150
+if [ -x .gpu/bin/staging-sweep ]; then
+  echo "== staging sweep"
+  .gpu/bin/staging-sweep 2>&1 | tee "$out/staging-sweep.txt"
+fi
 run_bench() { # name, seconds needed at least, criterion args...
   local name=$1 need=$2; shift 2
   local left=$((budget - SECONDS))

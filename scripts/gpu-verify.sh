@@ -27,8 +27,8 @@ budget=${SANITIZER_SECS:-300}; start=$SECONDS
 logs=$(mktemp -d)
 # The test binaries that reach the driver (the others run on the Cpu device only, and
 # compute-sanitizer refuses a program that makes no CUDA call).
-for t in .gpu/tests/cuda_host-* .gpu/tests/buffer_kinds-* .gpu/tests/cuda_roundtrip-* \
-         .gpu/tests/cuda_device_lifetime-* .gpu/tests/cuda_prefetch_async-* \
+for t in .gpu/tests/cuda_roundtrip-* .gpu/tests/cuda_device_lifetime-* \
+         .gpu/tests/cuda_host-* .gpu/tests/buffer_kinds-* .gpu/tests/cuda_prefetch_async-* \
          .gpu/tests/device_errors-* .gpu/tests/ops_cuda_vs_cpu-* \
          .gpu/tests/device_delivery-* .gpu/tests/reliability_budget-*; do
   [ -e "$t" ] || continue

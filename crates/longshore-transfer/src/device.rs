@@ -1,7 +1,9 @@
 //! [`Device`]: the host (`Cpu`) or one GPU (`Cuda(ordinal)`), with a backend per kind.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+#[cfg(feature = "cuda")]
+use std::sync::Weak;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Result, TransferError};
 use crate::staging::{Stager, StagingConfig};

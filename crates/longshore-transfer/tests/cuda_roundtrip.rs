@@ -148,3 +148,34 @@ fn pool_leases_round_trip_and_are_reused_after_their_copies() {
     }
     assert!(pool.stats().hits > 0);
 }
+
+#[test]
+fn staged_uploads_are_ordered_on_the_callers_stream() {
+    let Some(dev) = gpu() else { return };
+    let stream = dev.new_stream().unwrap();
+    let len = (40 << 20) + 12_345; // many pieces on every lane, and a ragged last one
+    let mut dst = stream.alloc(len).unwrap();
+    let mut last = Vec::new();
+    // No host wait between the steps: each staged upload must land after the memset and the
+    // upload before it (its lanes wait for the caller's stream), and the next step after it.
+    for round in 0..4u64 {
+        stream.memset(&mut dst, 0x11).unwrap();
+        let mut data = vec![0u8; len];
+        fill_random(&mut data, 7_000 + round);
+        stream
+            .upload_slice(&data, &mut dst, 0, UploadMode::Staged)
+            .unwrap();
+        if round % 2 == 1 {
+            // A direct upload of the head right behind the staged one must win over it.
+            let head = vec![round as u8; 4096];
+            stream
+                .upload_slice(&head, &mut dst, 0, UploadMode::Direct)
+                .unwrap();
+            data[..4096].copy_from_slice(&head);
+        }
+        last = data;
+    }
+    let out = HostBuffer::page_locked(len).unwrap();
+    let out = stream.download(&dst, out).unwrap().wait().unwrap();
+    assert_same(out.as_bytes(), &last, "after 4 unsynchronised rounds");
+}

@@ -19,6 +19,7 @@ fn staged_upload_with_several_threads_and_odd_sizes() {
         &dev,
         StagingConfig {
             chunk_bytes: 4096,
+            min_chunk_bytes: 4096,
             threads: 4,
             in_flight_per_thread: 2,
             auto_min_bytes: 1,
@@ -50,6 +51,7 @@ fn auto_direct_and_staged_modes_agree() {
             &dev,
             StagingConfig {
                 chunk_bytes: 1000,
+                min_chunk_bytes: 1000,
                 threads: 3,
                 in_flight_per_thread: 2,
                 auto_min_bytes: 5000,
@@ -92,6 +94,20 @@ fn stager_rejects_bad_configs_and_foreign_buffers() {
         ),
         Err(TransferError::Invalid(_))
     ));
+    for (min, max) in [(0, 4096), (8192, 4096)] {
+        let bad = Stager::new(
+            &dev,
+            StagingConfig {
+                chunk_bytes: max,
+                min_chunk_bytes: min,
+                ..StagingConfig::default()
+            },
+        );
+        assert!(
+            matches!(&bad, Err(TransferError::Invalid(m)) if m.contains("min_chunk_bytes")),
+            "min {min}, chunk {max}: {bad:?}"
+        );
+    }
     let stager = Stager::new(&dev, StagingConfig::default()).unwrap();
     let stream = dev.new_stream().unwrap();
     let mut small = stream.alloc(8).unwrap();
@@ -111,6 +127,7 @@ fn a_stager_reserves_its_chunks_and_threads_once() {
     let dev = Device::cpu();
     let config = StagingConfig {
         chunk_bytes: 64 << 10,
+        min_chunk_bytes: 64 << 10,
         threads: 4,
         in_flight_per_thread: 2,
         auto_min_bytes: 1,
@@ -142,4 +159,57 @@ fn a_stager_reserves_its_chunks_and_threads_once() {
     if let (Some(b), Some(a)) = (threads_before, thread_count()) {
         assert!(a <= b, "threads grew from {b} to {a} over 5 uploads");
     }
+}
+
+#[test]
+fn pieces_shrink_with_the_upload_and_every_lease_is_one_reserved_class() {
+    let dev = Device::cpu();
+    let stream = dev.new_stream().unwrap();
+    let config = StagingConfig {
+        chunk_bytes: 64 << 10,
+        min_chunk_bytes: 1 << 10,
+        threads: 3,
+        in_flight_per_thread: 2,
+        auto_min_bytes: 1,
+    };
+    let stager = Stager::new(&dev, config).unwrap();
+    let reserved = stager.pool().stats().allocations;
+    assert_eq!(reserved, 6);
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, len) in [1usize, 1023, 1025, 24 * 1024 + 5, 100_000, 777_777, 3 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let piece = stager.piece_bytes(len);
+        assert!(
+            (1 << 10..=64 << 10).contains(&piece) && piece % 1024 == 0,
+            "piece {piece} for {len}"
+        );
+        // About PIECES_PER_THREAD pieces a thread until the pieces reach the block size.
+        if piece < 64 << 10 {
+            assert!(
+                len.div_ceil(piece) <= 3 * StagingConfig::PIECES_PER_THREAD,
+                "{len} in pieces of {piece}"
+            );
+        }
+        seen.insert(piece);
+        let data = random(len, 1000 + i as u64);
+        let mut dst = stream.alloc(len + 5).unwrap();
+        stream.memset(&mut dst, 0xC3).unwrap();
+        stager
+            .upload(&stream, &data, &mut dst, 5)
+            .unwrap()
+            .synchronize()
+            .unwrap();
+        let back = stream.read_to_vec::<u8>(&dst).unwrap();
+        assert_eq!(&back[..5], &[0xC3; 5], "prefix clobbered at len {len}");
+        assert!(back[5..] == data[..], "staged data differs at len {len}");
+    }
+    assert!(seen.len() >= 4, "piece sizes did not vary: {seen:?}");
+    let s = stager.pool().stats();
+    // Whatever the piece, a lease is a whole block of the one class: no other class is
+    // allocated, and nothing falls back to pageable memory.
+    assert_eq!(s.fallbacks, 0, "{s:?}");
+    assert_eq!(s.peak_bytes_held % (64 << 10), 0, "{s:?}");
+    assert!(s.peak_bytes_held <= 12 * (64 << 10), "{s:?}");
 }

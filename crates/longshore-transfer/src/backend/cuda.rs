@@ -149,6 +149,31 @@ impl CuEvent {
         })
     }
 
+    /// A new event, not yet recorded (complete until it is).
+    pub(crate) fn create(dev: &CudaDevice) -> Result<Self> {
+        let ev = dev
+            .ctx
+            .new_event(None)
+            .map_err(|e| err("cuEventCreate", e, dev.ordinal, "creating an event"))?;
+        Ok(Self {
+            ev,
+            ordinal: dev.ordinal,
+        })
+    }
+
+    /// Records the event again, at the current end of `stream`: from now on it completes with
+    /// that work. Whoever holds it as a fence must not need its earlier position any more.
+    pub(crate) fn rerecord(&self, stream: &CudaStream, stream_id: u64) -> Result<()> {
+        self.ev.record(stream).map_err(|e| {
+            err(
+                "cuEventRecord",
+                e,
+                self.ordinal,
+                format!("recording an event on stream {stream_id}"),
+            )
+        })
+    }
+
     pub(crate) fn raw(&self) -> &CudaEvent {
         &self.ev
     }
