@@ -312,18 +312,11 @@ impl Stager {
         let threads = self.config.threads.min(n).max(1);
         let depth = self.config.in_flight_per_thread;
         let next = AtomicUsize::new(0);
-        let stop = AtomicBool::new(false);
-        let failure: Mutex<Option<TransferError>> = Mutex::new(None);
-        let fail = |e: TransferError| {
-            stop.store(true, Ordering::Relaxed);
-            failure
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
-        };
+        let failure = FirstError::default();
+        let fail = |e: TransferError| failure.record(e);
         let work = || {
             let mut in_flight: VecDeque<Event> = VecDeque::with_capacity(depth);
-            while !stop.load(Ordering::Relaxed) {
+            while !failure.stopped() {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {
                     break;
@@ -357,10 +350,7 @@ impl Stager {
             }),
             _ => work(),
         }
-        match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        failure.into_result()
     }
 
     /// The CUDA path: thread `t` stages its pieces on lane stream `t`. The lanes first wait for
@@ -385,15 +375,8 @@ impl Stager {
         dev.bind()?;
         let start = CuEvent::record(dev, cu, stream.id())?;
         let next = AtomicUsize::new(0);
-        let stop = AtomicBool::new(false);
-        let failure: Mutex<Option<TransferError>> = Mutex::new(None);
-        let fail = |e: TransferError| {
-            stop.store(true, Ordering::Relaxed);
-            failure
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(e);
-        };
+        let failure = FirstError::default();
+        let fail = |e: TransferError| failure.record(e);
         let lane_err = |call: &'static str, e, what: String| err(call, e, dev.ordinal, what);
         // One lane's share: its pieces, then the event the caller's stream waits for. A lane
         // leases `depth` blocks once and cycles through them (double buffering by default):
@@ -423,7 +406,7 @@ impl Stager {
                 }
             };
             let mut k = 0usize;
-            while !stop.load(Ordering::Relaxed) {
+            while !failure.stopped() {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {
                     break;
@@ -519,10 +502,7 @@ impl Stager {
                 ));
             }
         }
-        match failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        failure.into_result()
     }
 
     fn stage_chunk(
@@ -547,5 +527,33 @@ impl Stager {
         lease.record_fence(ev.to_fence());
         drop(lease);
         Ok(ev)
+    }
+}
+
+/// The first error of the threads of one upload; once one is recorded the others stop.
+#[derive(Default)]
+struct FirstError {
+    stop: AtomicBool,
+    first: Mutex<Option<TransferError>>,
+}
+
+impl FirstError {
+    fn record(&self, e: TransferError) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.first
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(e);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn into_result(self) -> Result<()> {
+        match self.first.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
