@@ -3,22 +3,13 @@
 //! later `Device::cuda` opens the device again. Skips without a driver unless
 //! LONGSHORE_REQUIRE_CUDA=1.
 
+mod common;
+
+use common::gpu;
 use std::sync::Arc;
 
 use longshore_host::HostBuffer;
 use longshore_transfer::{Device, UploadMode};
-
-fn gpu() -> Option<Device> {
-    let require = std::env::var("LONGSHORE_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) if require => panic!("LONGSHORE_REQUIRE_CUDA=1 but cuda:0 cannot be used: {e}"),
-        Err(e) => {
-            eprintln!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 fn staged_round_trip(dev: &Device, seed: u8) {
     let stream = dev.new_stream().unwrap();

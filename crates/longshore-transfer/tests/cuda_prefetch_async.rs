@@ -1,20 +1,11 @@
 //! Prefetcher with a compute stream, tokio awaits and device-mismatch errors on a GPU.
 //! Skips without a driver unless LONGSHORE_REQUIRE_CUDA=1.
 
+mod common;
+
+use common::gpu;
 use longshore_host::{HostBuffer, MemoryKind, PinnedPool, PoolConfig};
 use longshore_transfer::{Device, HostBatch, Prefetcher, TransferError};
-
-fn gpu() -> Option<Device> {
-    let require = std::env::var("LONGSHORE_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) if require => panic!("LONGSHORE_REQUIRE_CUDA=1 but cuda:0 cannot be used: {e}"),
-        Err(e) => {
-            eprintln!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
 
 #[test]
 fn prefetcher_feeds_a_compute_stream_and_recycles_leases() {

@@ -1,20 +1,11 @@
 //! Round trips of random data through a GPU: every source kind and path, 1 byte to 256 MiB,
 //! with poisoned outputs checked whole. Skips without a driver unless LONGSHORE_REQUIRE_CUDA=1.
 
-use longshore_host::{HostBuffer, MemoryKind};
-use longshore_transfer::{Device, Stream, UploadMode};
+mod common;
 
-fn gpu() -> Option<Device> {
-    let require = std::env::var("LONGSHORE_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) if require => panic!("LONGSHORE_REQUIRE_CUDA=1 but cuda:0 cannot be used: {e}"),
-        Err(e) => {
-            eprintln!("skipping CUDA test: {e}");
-            None
-        }
-    }
-}
+use common::gpu;
+use longshore_host::{HostBuffer, MemoryKind};
+use longshore_transfer::{Stream, UploadMode};
 
 const SIZES: [usize; 6] = [1, 4095, 4096, (1 << 20) + 7, 16 << 20, 256 << 20];
 
