@@ -21,176 +21,17 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::alloc::{RawAllocator, RegisteredAllocator, allocator_for};
-use crate::buffer::view_error;
 use crate::error::{HostError, Result};
 use crate::fence::SharedFence;
 use crate::kind::MemoryKind;
 use crate::{HostBuffer, sys};
 
-/// What the pool does when a request would take it past its budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BudgetPolicy {
-    /// Block until enough bytes come back (leases dropped, fences completed), up to `timeout`.
-    Wait {
-        /// How long one request may wait before it fails with [`HostError::WaitTimedOut`].
-        timeout: Duration,
-    },
-    /// Hand out an ordinary pageable buffer instead, and count it in
-    /// [`PoolStats::fallbacks`]. Copies from it are slower, but nothing blocks or fails.
-    FallbackPageable,
-    /// Fail with [`HostError::BudgetExceeded`], naming requested, in-use, cached and budget bytes.
-    Error,
-}
+mod config;
+mod lease;
 
-impl Default for BudgetPolicy {
-    fn default() -> Self {
-        BudgetPolicy::Wait {
-            timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-/// Configuration of a [`PinnedPool`].
-#[derive(Debug, Clone)]
-pub struct PoolConfig {
-    /// The memory the pool allocates. Defaults to [`MemoryKind::PageLocked`] when a CUDA driver
-    /// is available and [`MemoryKind::Pageable`] otherwise.
-    pub kind: MemoryKind,
-    /// Most bytes the pool may hold from its allocator (in use + cached + awaiting fences).
-    /// Defaults to a quarter of physical RAM, and never more than `RLIMIT_MEMLOCK` for
-    /// [`MemoryKind::Locked`].
-    pub budget: usize,
-    /// What to do when the budget is reached.
-    pub policy: BudgetPolicy,
-    /// Most bytes kept in the free lists; past it, least recently used blocks are freed.
-    /// Defaults to the budget.
-    pub max_cached_bytes: usize,
-    /// With [`MemoryKind::PageLocked`], blocks of at least this size are allocated pageable,
-    /// pre-faulted by several threads and registered (`cuMemHostRegister`) instead, which is
-    /// several times faster for large blocks. `None` disables it.
-    pub register_above: Option<usize>,
-}
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        let kind = if crate::driver_available() {
-            MemoryKind::PageLocked
-        } else {
-            MemoryKind::Pageable
-        };
-        Self::for_kind(kind)
-    }
-}
-
-impl PoolConfig {
-    /// The default configuration for a pool of `kind`.
-    pub fn for_kind(kind: MemoryKind) -> Self {
-        let ram = sys::physical_memory().unwrap_or(8 << 30);
-        let mut budget = ram / 4;
-        if kind == MemoryKind::Locked {
-            if let Some(limit) = sys::memlock_limit() {
-                budget = budget.min(limit);
-            }
-        }
-        Self {
-            kind,
-            budget,
-            policy: BudgetPolicy::default(),
-            max_cached_bytes: budget,
-            register_above: Some(32 << 20),
-        }
-    }
-
-    /// Sets the budget (and caps the cache at it).
-    pub fn budget(mut self, bytes: usize) -> Self {
-        self.budget = bytes;
-        self.max_cached_bytes = self.max_cached_bytes.min(bytes);
-        self
-    }
-
-    /// Sets the policy.
-    pub fn policy(mut self, policy: BudgetPolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// Sets the cache cap.
-    pub fn max_cached_bytes(mut self, bytes: usize) -> Self {
-        self.max_cached_bytes = bytes;
-        self
-    }
-
-    /// Sets or disables the registration fast path.
-    pub fn register_above(mut self, bytes: Option<usize>) -> Self {
-        self.register_above = bytes;
-        self
-    }
-}
-
-/// Counters of a [`PinnedPool`], like PyTorch's `host_memory_stats`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PoolStats {
-    /// Bytes of blocks leased out now.
-    pub bytes_in_use: usize,
-    /// Bytes of blocks in the free lists, ready for reuse.
-    pub bytes_cached: usize,
-    /// Bytes of freed blocks whose fences have not all completed.
-    pub bytes_pending: usize,
-    /// Bytes held from the allocator: in use + cached + pending (+ allocations in progress).
-    pub bytes_held: usize,
-    /// Highest `bytes_held` seen.
-    pub peak_bytes_held: usize,
-    /// Highest `bytes_in_use` seen.
-    pub peak_bytes_in_use: usize,
-    /// The budget.
-    pub budget: usize,
-    /// Leases served from the cache.
-    pub hits: u64,
-    /// Leases that needed a new allocation.
-    pub misses: u64,
-    /// Allocations made through the allocator (driver calls).
-    pub allocations: u64,
-    /// Total time spent in the allocator.
-    pub allocation_time: Duration,
-    /// Longest single allocation.
-    pub allocation_time_max: Duration,
-    /// Blocks given back to the allocator (evictions, trims, `empty_cache`).
-    pub frees: u64,
-    /// Pageable buffers handed out under [`BudgetPolicy::FallbackPageable`].
-    pub fallbacks: u64,
-    /// Bytes of those pageable buffers.
-    pub fallback_bytes: u64,
-    /// Requests that had to wait under [`BudgetPolicy::Wait`].
-    pub waits: u64,
-    /// Total time requests spent waiting.
-    pub wait_time: Duration,
-    /// Blocks leased out now.
-    pub blocks_in_use: usize,
-    /// Blocks cached now.
-    pub blocks_cached: usize,
-    /// Blocks awaiting fences now.
-    pub blocks_pending: usize,
-    /// Requests blocked under [`BudgetPolicy::Wait`] right now (a gauge): a consumer holding
-    /// leases can tell that someone is starved of budget.
-    pub waiting: usize,
-}
-
-/// The size class a request of `len` bytes rounds up to.
-///
-/// Four classes per power of two (at most 25% waste) with a granularity of at least one page.
-/// `None` for zero or absurd sizes.
-pub fn size_class(len: usize) -> Option<usize> {
-    if len == 0 || len > isize::MAX as usize / 4 {
-        return None;
-    }
-    let page = sys::page_size();
-    let len = len.max(page);
-    let pow = 1usize << (usize::BITS - 1 - len.leading_zeros());
-    let step = (pow / 4).max(page);
-    sys::round_up(len, step)
-}
+pub use config::{BudgetPolicy, PoolConfig, PoolStats, size_class};
+pub use lease::PoolBuffer;
+use lease::Slot;
 
 struct Block {
     buf: HostBuffer,
@@ -520,36 +361,8 @@ impl PinnedPool {
             }
             // Room in the budget: allocate outside the lock.
             if st.held() + class <= budget {
-                st.reserved += class;
-                st.note_peaks();
-                drop(st);
-                let alloc = inner.allocator_for(class);
-                let t0 = Instant::now();
-                let result = alloc.allocate(class);
-                let took = t0.elapsed();
-                let mut st = inner.lock();
-                st.reserved -= class;
-                return match result {
-                    Ok(mut buf) => {
-                        // The visible length of a block is its class; leases narrow it.
-                        let _ = buf.set_len(class);
-                        st.stats.allocations += 1;
-                        st.stats.allocation_time += took;
-                        st.stats.allocation_time_max = st.stats.allocation_time_max.max(took);
-                        tracing::debug!(target: "longshore::host", bytes = class, kind = %alloc.kind(), took_us = took.as_micros() as u64, "pool allocated a block");
-                        let block = Block {
-                            buf,
-                            class,
-                            tick: 0,
-                        };
-                        Ok(self.lease(st, block, len, false, waited.then(|| start.elapsed())))
-                    }
-                    Err(e) => {
-                        drop(st);
-                        inner.returned.notify_all();
-                        Err(e)
-                    }
-                };
+                let (st, block) = self.allocate_block(st, class, "pool allocated a block")?;
+                return Ok(self.lease(st, block, len, false, waited.then(|| start.elapsed())));
             }
             // Over budget: free cached blocks of other classes if that makes room.
             let need = st.held() + class - budget;
@@ -648,7 +461,7 @@ impl PinnedPool {
         let inner = &self.inner;
         let class = self.class_of(len)?;
         loop {
-            let mut st = inner.lock();
+            let st = inner.lock();
             let cached = st.free.get(&class).map_or(0, Vec::len);
             if cached >= count
                 || st.held() + class > inner.config.budget
@@ -656,35 +469,53 @@ impl PinnedPool {
             {
                 return Ok(cached);
             }
-            st.reserved += class;
-            st.note_peaks();
-            drop(st);
-            let alloc = inner.allocator_for(class);
-            let t0 = Instant::now();
-            let result = alloc.allocate(class);
-            let took = t0.elapsed();
-            let mut st = inner.lock();
-            st.reserved -= class;
-            let mut buf = match result {
-                Ok(buf) => buf,
-                Err(e) => {
-                    drop(st);
-                    inner.returned.notify_all();
-                    return Err(e);
-                }
-            };
-            let _ = buf.set_len(class);
-            st.stats.allocations += 1;
-            st.stats.allocation_time += took;
-            st.stats.allocation_time_max = st.stats.allocation_time_max.max(took);
-            tracing::debug!(target: "longshore::host", bytes = class, kind = %alloc.kind(), took_us = took.as_micros() as u64, "pool reserved a block");
-            st.put_free(Block {
-                buf,
-                class,
-                tick: 0,
-            });
+            let (mut st, block) = self.allocate_block(st, class, "pool reserved a block")?;
+            st.put_free(block);
             drop(st);
             inner.returned.notify_all();
+        }
+    }
+
+    /// Allocates one block of `class` bytes outside the lock: counts it as reserved against
+    /// the budget while the driver call runs, then re-takes the lock and records the
+    /// allocation, handing the guard back with the block. On failure the lock is released and
+    /// waiters are woken (the reserved bytes are free again).
+    fn allocate_block<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        class: usize,
+        what: &'static str,
+    ) -> Result<(MutexGuard<'a, State>, Block)> {
+        let inner = &self.inner;
+        st.reserved += class;
+        st.note_peaks();
+        drop(st);
+        let alloc = inner.allocator_for(class);
+        let t0 = Instant::now();
+        let result = alloc.allocate(class);
+        let took = t0.elapsed();
+        let mut st = inner.lock();
+        st.reserved -= class;
+        match result {
+            Ok(mut buf) => {
+                // The visible length of a block is its class; leases narrow it.
+                let _ = buf.set_len(class);
+                st.stats.allocations += 1;
+                st.stats.allocation_time += took;
+                st.stats.allocation_time_max = st.stats.allocation_time_max.max(took);
+                tracing::debug!(target: "longshore::host", bytes = class, kind = %alloc.kind(), took_us = took.as_micros() as u64, "{what}");
+                let block = Block {
+                    buf,
+                    class,
+                    tick: 0,
+                };
+                Ok((st, block))
+            }
+            Err(e) => {
+                drop(st);
+                inner.returned.notify_all();
+                Err(e)
+            }
         }
     }
 
@@ -756,183 +587,5 @@ impl PinnedPool {
         }
         self.inner.returned.notify_all();
         free_blocks(evicted);
-    }
-}
-
-enum Slot {
-    Block(Block),
-    Fallback(HostBuffer),
-    Gone,
-}
-
-/// A buffer leased from a [`PinnedPool`]; goes back to the pool when dropped.
-///
-/// If fences were recorded on it (copies in flight), the block waits in the pool's pending
-/// list and is handed out again only once every one of them has completed.
-pub struct PoolBuffer {
-    slot: Slot,
-    len: usize,
-    fences: Vec<SharedFence>,
-    pool: Option<Arc<Inner>>,
-}
-
-impl PoolBuffer {
-    fn buf(&self) -> &HostBuffer {
-        match &self.slot {
-            Slot::Block(b) => &b.buf,
-            Slot::Fallback(b) => b,
-            Slot::Gone => unreachable!("slot is only emptied in drop"),
-        }
-    }
-
-    fn buf_mut(&mut self) -> &mut HostBuffer {
-        match &mut self.slot {
-            Slot::Block(b) => &mut b.buf,
-            Slot::Fallback(b) => b,
-            Slot::Gone => unreachable!("slot is only emptied in drop"),
-        }
-    }
-
-    /// The kind of memory: the pool's, or [`MemoryKind::Pageable`] for a budget fallback.
-    pub fn kind(&self) -> MemoryKind {
-        self.buf().kind()
-    }
-
-    /// Whether this lease is a pageable fallback handed out because the budget was reached.
-    pub fn is_fallback(&self) -> bool {
-        matches!(self.slot, Slot::Fallback(_))
-    }
-
-    /// Visible length in bytes (what was requested).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the visible length is zero (never, for a lease).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes of the underlying block (the size class).
-    pub fn capacity(&self) -> usize {
-        match &self.slot {
-            Slot::Block(b) => b.class,
-            _ => self.buf().capacity(),
-        }
-    }
-
-    /// Changes the visible length, up to [`capacity`](PoolBuffer::capacity).
-    pub fn set_len(&mut self, len: usize) -> Result<()> {
-        if len > self.capacity() {
-            return Err(HostError::InvalidLayout {
-                bytes: len,
-                align: 1,
-                reason: "length exceeds the lease's capacity",
-            });
-        }
-        self.len = len;
-        Ok(())
-    }
-
-    /// Start of the buffer.
-    pub fn as_ptr(&self) -> *const u8 {
-        self.buf().as_ptr()
-    }
-
-    /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.buf().as_bytes()[..self.len]
-    }
-
-    /// The bytes, writable.
-    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.len;
-        &mut self.buf_mut().as_bytes_mut()[..len]
-    }
-
-    /// A typed view, checked for size and alignment.
-    pub fn as_slice<T: bytemuck::Pod>(&self) -> Result<&[T]> {
-        let b = self.as_bytes();
-        bytemuck::try_cast_slice(b).map_err(|e| view_error::<T>(b.as_ptr() as usize, b.len(), e))
-    }
-
-    /// A typed, writable view, checked for size and alignment.
-    pub fn as_mut_slice<T: bytemuck::Pod>(&mut self) -> Result<&mut [T]> {
-        let b = self.as_bytes_mut();
-        let (addr, len) = (b.as_ptr() as usize, b.len());
-        bytemuck::try_cast_slice_mut(b).map_err(|e| view_error::<T>(addr, len, e))
-    }
-
-    /// Records that a device operation may use this memory until `fence` completes; the block
-    /// is not reused (or a fallback buffer freed) before then.
-    pub fn record_fence(&mut self, fence: SharedFence) {
-        self.fences.retain(|f| !f.is_complete());
-        self.fences.push(fence);
-    }
-
-    /// Whether every recorded fence has completed.
-    pub fn is_idle(&self) -> bool {
-        self.fences.iter().all(|f| f.is_complete())
-    }
-}
-
-impl std::ops::Deref for PoolBuffer {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        self.as_bytes()
-    }
-}
-
-impl std::ops::DerefMut for PoolBuffer {
-    fn deref_mut(&mut self) -> &mut [u8] {
-        self.as_bytes_mut()
-    }
-}
-
-impl AsRef<[u8]> for PoolBuffer {
-    fn as_ref(&self) -> &[u8] {
-        self.as_bytes()
-    }
-}
-
-impl AsMut<[u8]> for PoolBuffer {
-    fn as_mut(&mut self) -> &mut [u8] {
-        self.as_bytes_mut()
-    }
-}
-
-impl fmt::Debug for PoolBuffer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolBuffer")
-            .field("ptr", &self.as_ptr())
-            .field("len", &self.len)
-            .field("capacity", &self.capacity())
-            .field("kind", &self.kind())
-            .field("fallback", &self.is_fallback())
-            .field(
-                "pending_fences",
-                &self.fences.iter().filter(|f| !f.is_complete()).count(),
-            )
-            .finish()
-    }
-}
-
-impl Drop for PoolBuffer {
-    fn drop(&mut self) {
-        let fences = std::mem::take(&mut self.fences);
-        match std::mem::replace(&mut self.slot, Slot::Gone) {
-            Slot::Block(block) => {
-                if let Some(pool) = self.pool.take() {
-                    pool.release(block, fences);
-                }
-            }
-            Slot::Fallback(mut buf) => {
-                // The pageable buffer is freed by HostBuffer's drop, which waits for fences.
-                for f in fences {
-                    buf.record_fence(f);
-                }
-            }
-            Slot::Gone => {}
-        }
     }
 }
