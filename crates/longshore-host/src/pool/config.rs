@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use crate::kind::MemoryKind;
 use crate::sys;
+#[cfg(doc)]
+use crate::{HostError, PinnedPool};
 
 /// What the pool does when a request would take it past its budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

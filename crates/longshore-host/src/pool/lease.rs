@@ -3,6 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+#[cfg(doc)]
+use super::PinnedPool;
 use super::{Block, Inner};
 use crate::HostBuffer;
 use crate::buffer::view_error;
