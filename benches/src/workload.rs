@@ -4,7 +4,7 @@
 //! * `tabular_x.npy`: `f32 [N, 64]` and `tabular_y.npy`: `i64 [N]` labels in `0..1000`.
 //!
 //! Content is random (a fixed-seed SplitMix64 stream). Files are written in chunks after
-//! [`encode_header`](longshore::data::npy::encode_header), with a progress bar, and reused
+//! [`encode_header`], with a progress bar, and reused
 //! when a file of the right dtype and row shape with at least `N` rows is already there.
 
 use std::fs::File;

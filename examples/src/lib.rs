@@ -13,6 +13,18 @@ use rand::Rng;
 pub mod dist;
 pub mod train;
 
+/// The README, whose example is compiled and run as a doctest.
+#[doc = include_str!("../../README.md")]
+pub mod readme {}
+
+/// The user guide (`docs/guide.md`), whose examples are compiled and run as doctests.
+#[doc = include_str!("../../docs/guide.md")]
+pub mod guide {}
+
+/// The architecture notes (`docs/architecture.md`).
+#[doc = include_str!("../../docs/architecture.md")]
+pub mod architecture {}
+
 /// Which device an example runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum DeviceChoice {

@@ -21,6 +21,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! The user guide, the architecture notes and the README are in the repository's `docs/`
+//! folder; their examples are compiled and run as doctests by the (unpublished)
+//! `longshore-examples` crate.
+//!
 //! # Layers
 //!
 //! * [`host`]: host memory — [`HostBuffer`](host::HostBuffer) knows whether it is pageable
@@ -49,18 +53,6 @@ pub use longshore_host as host;
 pub use longshore_loader as loader;
 #[doc(inline)]
 pub use longshore_transfer as transfer;
-
-/// The README, whose example is compiled and run as a doctest.
-#[doc = include_str!("../../../README.md")]
-pub mod readme {}
-
-/// The user guide (`docs/guide.md`), whose examples are compiled and run as doctests.
-#[doc = include_str!("../../../docs/guide.md")]
-pub mod guide {}
-
-/// The architecture notes (`docs/architecture.md`).
-#[doc = include_str!("../../../docs/architecture.md")]
-pub mod architecture {}
 
 /// What a training loop needs, in one import.
 pub mod prelude {
