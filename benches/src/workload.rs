@@ -4,7 +4,7 @@
 //! * `tabular_x.npy`: `f32 [N, 64]` and `tabular_y.npy`: `i64 [N]` labels in `0..1000`.
 //!
 //! Content is random (a fixed-seed SplitMix64 stream). Files are written in chunks after
-//! [`encode_header`](longshore::data::npy::encode_header), with a progress bar, and reused
+//! [`encode_header`](longshore::data::formats::npy::encode_header), with a progress bar, and reused
 //! when a file of the right dtype and row shape with at least `N` rows is already there.
 
 use std::fs::File;
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use longshore::data::npy::encode_header;
+use longshore::data::formats::npy::encode_header;
 use longshore::data::{DType, NpyArray};
 
 /// Image file name.

@@ -49,22 +49,23 @@
 //!   [`DirectCollate`]; a [`Batch`] is typed tensors in one storage at
 //!   [`TENSOR_ALIGN`]-aligned offsets.
 //! - Samples ([`tensor`]): [`Tensor`], [`TensorRef`], the [`Field`] and [`Sample`] traits.
-//! - Files ([`mmap`], [`npy`]): [`NpyArray`], [`NpyDataset`], [`NpyShards`],
+//! - Files ([`formats`], [`formats::npy`], [`formats::records`]): [`NpyArray`], [`NpyDataset`], [`NpyShards`],
 //!   [`RecordDataset`], [`write_npy`].
 //! - Transforms ([`transform`]): [`Normalize`], [`RandomCrop`], [`RandomHorizontalFlip`];
 //!   per-worker seeded randomness in [`worker`] and [`rng`].
 //!
-//! This crate has no `unsafe` code: the one memory-mapping call it needs is
-//! `longshore_host::file::map_readonly`. Mapped files must not be modified while mapped.
-#![forbid(unsafe_code)]
+//! Unsafe code is denied in this crate except in one small private module of
+//! [`formats`], which holds the one `memmap2` call a memory-mapped dataset needs.
+//! Mapped files must not be modified or truncated while mapped (see [`formats`]).
+#![deny(unsafe_code)]
 
+pub mod batch;
 pub mod collate;
 pub mod dataset;
 pub mod dist;
 pub mod dtype;
 mod error;
-pub mod mmap;
-pub mod npy;
+pub mod formats;
 pub mod rng;
 pub mod sampler;
 pub mod tensor;
@@ -83,10 +84,10 @@ pub use dataset::{
 pub use dist::{DistEnv, Launcher};
 pub use dtype::{ByteOrder, DType, Element, Shape};
 pub use error::{DataError, NpyError};
-pub use mmap::{
-    AccessPattern, NpyArray, NpyDataset, NpyShards, RecordDataset, RecordField, RecordLayout,
+pub use formats::{
+    AccessPattern, NpyArray, NpyDataset, NpyHeader, NpyShards, RecordDataset, RecordField,
+    RecordLayout, write_npy,
 };
-pub use npy::{NpyHeader, write_npy};
 pub use sampler::{
     BatchIter, BatchSampler, BatchedSampler, DistributedSampler, IndexIter, RandomSampler, Sampler,
     SamplerState, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
@@ -97,3 +98,20 @@ pub use transform::{
     TransformExt,
 };
 pub use worker::WorkerInfo;
+
+/// The memory-mapped datasets' old path; use [`formats`] (they moved to
+/// [`formats::npy`] and [`formats::records`]).
+#[deprecated(since = "0.1.0", note = "moved to `longshore_data::formats`")]
+pub mod mmap {
+    pub use crate::formats::{
+        AccessPattern, NpyArray, NpyDataset, NpyShards, RecordDataset, RecordField, RecordLayout,
+    };
+}
+
+/// The `.npy` format's old path; use [`formats::npy`].
+#[deprecated(since = "0.1.0", note = "moved to `longshore_data::formats::npy`")]
+pub mod npy {
+    pub use crate::formats::npy::{
+        MAGIC, NpyHeader, encode_header, encode_npy, parse_header, write_npy, write_npy_bytes,
+    };
+}

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use longshore_data::npy::{encode_header, encode_npy};
+use longshore_data::formats::npy::{encode_header, encode_npy};
 use longshore_data::{
     DType, DataError, Dataset, NpyArray, NpyDataset, NpyError, NpyShards, write_npy,
 };

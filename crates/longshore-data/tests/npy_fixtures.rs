@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use longshore_data::npy::parse_header;
+use longshore_data::formats::npy::parse_header;
 use longshore_data::{
     ByteOrder, DType, DataError, Dataset, DirectDataset, NpyArray, NpyDataset, NpyError, write_npy,
 };
@@ -237,7 +237,7 @@ fn unsupported_dtypes_are_named() {
 fn writer_matches_numpy_header_bytes() {
     // NumPy's own header for a (3, 4) <f4 array, from the committed fixture.
     let numpy = std::fs::read(fixture("le_f4.npy")).unwrap();
-    let ours = longshore_data::npy::encode_npy(
+    let ours = longshore_data::formats::npy::encode_npy(
         DType::F32,
         &[3, 4],
         bytemuck::cast_slice(&(0..12).map(|i| i as f32).collect::<Vec<_>>()),
