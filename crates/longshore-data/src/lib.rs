@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use longshore_data::{
-//!     BatchSampler, BatchedSampler, Collate, DataError, Dataset, DatasetExt, RandomSampler,
+//!     BatchSampler, BatchSampling, Collate, DataError, Dataset, DatasetExt, RandomSampler,
 //!     StackCollate, VecDataset,
 //! };
 //!
@@ -15,7 +15,7 @@
 //!     .map(|x: f32| ([x, x * 2.0, x * 3.0], x as i64));
 //!
 //! // Shuffled, reproducible batches of 4 (PyTorch's RandomSampler + BatchSampler).
-//! let mut batches = BatchedSampler::new(RandomSampler::new(dataset.len(), 42)?, 4, false)?;
+//! let mut batches = BatchSampler::new(RandomSampler::new(dataset.len(), 42)?, 4, false)?;
 //! batches.set_epoch(1);
 //!
 //! let collate = StackCollate::new().with_names(["features", "label"]);
@@ -41,9 +41,10 @@
 //!   sharded by [`WorkerInfo`]), [`DirectDataset`] (writes samples straight into a
 //!   batch); combinators [`DatasetExt::map`], [`Subset`], [`ConcatDataset`], [`Zip`],
 //!   [`random_split`], [`IterableExt::chain`].
-//! - Samplers ([`sampler`]): [`Sampler`] and [`BatchSampler`] traits with resumable
+//! - Samplers ([`sampler`]): the [`Sampler`] and [`BatchSampling`] traits with resumable
 //!   [`SamplerState`]; [`SequentialSampler`], [`RandomSampler`], [`SubsetRandomSampler`],
-//!   [`WeightedRandomSampler`], [`DistributedSampler`], [`BatchedSampler`].
+//!   [`WeightedRandomSampler`], [`DistributedSampler`], and [`BatchSampler`], the struct
+//!   that groups a sampler's indices into batches (PyTorch's `BatchSampler`).
 //! - Collation ([`collate`]): [`Collate`] (items to [`Batch`]), [`DatasetCollate`]
 //!   (indices to [`Batch`], used by the loader), [`StackCollate`], [`PadCollate`],
 //!   [`DirectCollate`]; a [`Batch`] is typed tensors in one storage at
@@ -88,8 +89,10 @@ pub use formats::{
     AccessPattern, NpyArray, NpyDataset, NpyHeader, NpyShards, RecordDataset, RecordField,
     RecordLayout, write_npy,
 };
+#[allow(deprecated)]
+pub use sampler::BatchedSampler;
 pub use sampler::{
-    BatchIter, BatchSampler, BatchedSampler, DistributedSampler, IndexIter, RandomSampler, Sampler,
+    BatchIter, BatchSampler, BatchSampling, DistributedSampler, IndexIter, RandomSampler, Sampler,
     SamplerState, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
 };
 pub use tensor::{Field, Sample, Tensor, TensorRef};

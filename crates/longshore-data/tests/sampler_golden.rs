@@ -1,7 +1,7 @@
 //! PyTorch's sampler semantics on deterministic cases, and argument errors.
 
 use longshore_data::{
-    BatchSampler, BatchedSampler, DataError, DistributedSampler, RandomSampler, Sampler,
+    BatchSampler, BatchSampling, DataError, DistributedSampler, RandomSampler, Sampler,
     SamplerState, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler, split_lengths,
 };
 
@@ -69,17 +69,17 @@ fn distributed_rejects_bad_rank_and_replicas() {
 
 #[test]
 fn batch_sampler_lengths_and_contents() {
-    let b = BatchedSampler::new(SequentialSampler::new(10), 3, false).unwrap();
+    let b = BatchSampler::new(SequentialSampler::new(10), 3, false).unwrap();
     assert_eq!(b.len(), 4);
     assert_eq!(
         b.iter().collect::<Vec<_>>(),
         vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8], vec![9]]
     );
-    let b = BatchedSampler::new(SequentialSampler::new(10), 3, true).unwrap();
+    let b = BatchSampler::new(SequentialSampler::new(10), 3, true).unwrap();
     assert_eq!(b.len(), 3);
     assert_eq!(b.iter().count(), 3);
     assert_eq!(b.iter_from(2).collect::<Vec<_>>(), vec![vec![6, 7, 8]]);
-    let err = BatchedSampler::new(SequentialSampler::new(10), 0, false).unwrap_err();
+    let err = BatchSampler::new(SequentialSampler::new(10), 0, false).unwrap_err();
     assert!(
         matches!(
             err,
@@ -205,8 +205,18 @@ fn boxed_samplers_are_usable() {
         Box::new(DistributedSampler::new(4, 2, 1, true, 0, false).unwrap()),
     ];
     for s in samplers {
-        let b = BatchedSampler::new(s, 2, false).unwrap();
-        let boxed: Box<dyn BatchSampler> = Box::new(b);
+        let b = BatchSampler::new(s, 2, false).unwrap();
+        let boxed: Box<dyn BatchSampling> = Box::new(b);
         assert!(boxed.iter().all(|batch| !batch.is_empty()));
     }
+}
+
+/// The struct's old name still compiles (deprecated) and is the same type.
+#[test]
+#[allow(deprecated)]
+fn old_batched_sampler_name_is_the_struct() {
+    let old: longshore_data::BatchedSampler<SequentialSampler> =
+        longshore_data::BatchedSampler::new(SequentialSampler::new(5), 2, true).unwrap();
+    let new: BatchSampler<SequentialSampler> = old;
+    assert_eq!(new.iter().collect::<Vec<_>>(), vec![vec![0, 1], vec![2, 3]]);
 }

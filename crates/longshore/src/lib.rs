@@ -65,8 +65,8 @@ pub mod architecture {}
 /// What a training loop needs, in one import.
 pub mod prelude {
     pub use longshore_data::{
-        Batch, BatchSampler, Dataset, DatasetExt, DistributedSampler, IterableDataset,
-        RandomSampler, Sampler, SequentialSampler, VecDataset, WorkerInfo,
+        Batch, BatchSampler, BatchSampling, Dataset, DatasetExt, DistributedSampler,
+        IterableDataset, RandomSampler, Sampler, SequentialSampler, VecDataset, WorkerInfo,
     };
     pub use longshore_host::{BudgetPolicy, HostBuffer, MemoryKind, PinnedPool, PoolConfig};
     pub use longshore_loader::{DataLoader, LoaderError, LoaderState, LoaderStats};
