@@ -47,7 +47,8 @@
 //!   that groups a sampler's indices into batches (PyTorch's `BatchSampler`).
 //! - Collation ([`collate`]): [`Collate`] (items to [`Batch`]), [`DatasetCollate`]
 //!   (indices to [`Batch`], used by the loader), [`StackCollate`], [`PadCollate`],
-//!   [`DirectCollate`]; a [`Batch`] is typed tensors in one storage at
+//!   [`DirectCollate`] (with per-field [`FieldTransform`]s, such as a fused
+//!   [`Normalize`]); a [`Batch`] is typed tensors in one storage at
 //!   [`TENSOR_ALIGN`]-aligned offsets.
 //! - Samples ([`tensor`]): [`Tensor`], [`TensorRef`], the [`Field`] and [`Sample`] traits.
 //! - Files ([`formats`], [`formats::npy`], [`formats::records`]): [`NpyArray`], [`NpyDataset`], [`NpyShards`],
@@ -75,7 +76,8 @@ pub mod worker;
 
 pub use collate::{
     AlignedBuf, Batch, BatchLayout, Collate, DatasetCollate, DirectCollate, FetchCollate,
-    PadCollate, StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN, TensorSpec,
+    FieldTransform, PadCollate, StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN,
+    TensorSpec,
 };
 pub use dataset::{
     Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FieldSpec, FromFn, ItemIter, IterMap,

@@ -38,7 +38,7 @@ mod stack;
 
 // The batch type lived here before it got its own module; these paths keep working.
 pub use crate::batch::{AlignedBuf, Batch, BatchLayout, Storage, TENSOR_ALIGN, TensorSpec};
-pub use direct::{DirectCollate, StagedIndices};
+pub use direct::{DirectCollate, FieldTransform, StagedIndices};
 pub use pad::PadCollate;
 pub use stack::StackCollate;
 

@@ -261,6 +261,13 @@ impl DirectDataset for NpyDataset {
         }
         Ok(())
     }
+    fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        if field != 0 {
+            return Err(DataError::oob(field, 1, "npy dataset fields"));
+        }
+        let raw = self.row_raw(index)?;
+        Ok(self.array.header.byte_order.is_native().then_some(raw))
+    }
 }
 
 /// Several `.npy` files with the same dtype and row shape, concatenated along the
@@ -353,5 +360,9 @@ impl DirectDataset for NpyShards {
     fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
         let (s, i) = self.locate(index)?;
         s.get_field_into(i, field, out)
+    }
+    fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        let (s, i) = self.locate(index)?;
+        s.field_bytes(i, field)
     }
 }

@@ -278,4 +278,17 @@ impl DirectDataset for RecordDataset {
         }
         Ok(())
     }
+    fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        let rec = self.record_raw(index)?;
+        let f = self.layout.fields.get(field).ok_or(DataError::oob(
+            field,
+            self.layout.fields.len(),
+            "record fields",
+        ))?;
+        if !self.layout.byte_order.is_native() {
+            return Ok(None);
+        }
+        let len = nbytes(&f.shape, f.dtype.size(), "record field size")?;
+        Ok(Some(&rec[f.offset..f.offset + len]))
+    }
 }
