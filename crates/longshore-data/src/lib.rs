@@ -50,7 +50,8 @@
 //!   [`DirectCollate`] (with per-field [`FieldTransform`]s, such as a fused
 //!   [`Normalize`]); a [`Batch`] is typed tensors in one storage at
 //!   [`TENSOR_ALIGN`]-aligned offsets.
-//! - Samples ([`tensor`]): [`Tensor`], [`TensorRef`], the [`Field`] and [`Sample`] traits.
+//! - Samples ([`tensor`]): [`Tensor`], [`TensorRef`], the [`Field`] and [`Sample`] traits,
+//!   and `#[derive(Sample)]` for a struct of fields.
 //! - Files ([`formats`], [`formats::npy`], [`formats::records`]): [`NpyArray`], [`NpyDataset`], [`NpyShards`],
 //!   [`RecordDataset`], [`write_npy`].
 //! - Transforms ([`transform`]): [`Normalize`], [`RandomCrop`], [`RandomHorizontalFlip`];
@@ -60,6 +61,9 @@
 //! [`formats`], which holds the one `memmap2` call a memory-mapped dataset needs.
 //! Mapped files must not be modified or truncated while mapped (see [`formats`]).
 #![deny(unsafe_code)]
+
+// `#[derive(Sample)]` names this crate `::longshore_data`, also inside it.
+extern crate self as longshore_data;
 
 pub mod batch;
 pub mod collate;
@@ -91,6 +95,8 @@ pub use formats::{
     AccessPattern, NpyArray, NpyDataset, NpyHeader, NpyShards, RecordDataset, RecordField,
     RecordLayout, write_npy,
 };
+/// `#[derive(Sample)]`: a struct of tensor fields as a dataset item (see [`Sample`]).
+pub use longshore_derive::Sample;
 #[allow(deprecated)]
 pub use sampler::BatchedSampler;
 pub use sampler::{

@@ -66,7 +66,7 @@ pub mod architecture {}
 pub mod prelude {
     pub use longshore_data::{
         Batch, BatchSampler, BatchSampling, Dataset, DatasetExt, DistributedSampler,
-        IterableDataset, RandomSampler, Sampler, SequentialSampler, VecDataset, WorkerInfo,
+        IterableDataset, RandomSampler, Sample, Sampler, SequentialSampler, VecDataset, WorkerInfo,
     };
     pub use longshore_host::{BudgetPolicy, HostBuffer, MemoryKind, PinnedPool, PoolConfig};
     pub use longshore_loader::{DataLoader, LoaderError, LoaderState, LoaderStats};
