@@ -198,7 +198,8 @@ fn scalar_and_empty_arrays() {
 #[test]
 fn fortran_order_is_refused_unless_one_dimensional() {
     let err = NpyArray::open(fixture("fortran_f4.npy")).unwrap_err();
-    let msg = err.to_string();
+    // The file in the error, the reason in its cause (each printed once by a report).
+    let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
     assert!(
         msg.contains("fortran_order") && msg.contains("fortran_f4.npy"),
         "{msg}"
