@@ -100,8 +100,9 @@ pub use longshore_derive::Sample;
 #[allow(deprecated)]
 pub use sampler::BatchedSampler;
 pub use sampler::{
-    BatchIter, BatchSampler, BatchSampling, DistributedSampler, IndexIter, RandomSampler, Sampler,
-    SamplerState, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
+    BatchIter, BatchSampler, BatchSampling, DistributedSampler, DistributedSamplerBuilder,
+    IndexIter, RandomSampler, Sampler, SamplerState, SequentialSampler, SubsetRandomSampler,
+    WeightedRandomSampler,
 };
 pub use tensor::{Field, Sample, Tensor, TensorRef};
 pub use transform::{

@@ -121,7 +121,7 @@ proptest! {
     ) {
         let samplers: Vec<DistributedSampler> = (0..replicas)
             .map(|r| {
-                let mut s = DistributedSampler::new(n, replicas, r, shuffle, seed, drop_last).unwrap();
+                let mut s = DistributedSampler::builder(n, replicas, r).shuffle(shuffle).seed(seed).drop_last(drop_last).build().unwrap();
                 s.set_epoch(epoch);
                 s
             })

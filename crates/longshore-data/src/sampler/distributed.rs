@@ -26,10 +26,37 @@ pub struct DistributedSampler {
 }
 
 impl DistributedSampler {
+    /// A builder for the share of replica `rank` of `num_replicas` of a dataset of
+    /// `len` items, with PyTorch's defaults: `shuffle = true`, `seed = 0`,
+    /// `drop_last = false`.
+    ///
+    /// ```
+    /// use longshore_data::{DistributedSampler, Sampler};
+    ///
+    /// // PyTorch: DistributedSampler(ds, num_replicas=4, rank=1, shuffle=False, drop_last=True)
+    /// let s = DistributedSampler::builder(10, 4, 1).shuffle(false).drop_last(true).build()?;
+    /// assert_eq!(s.iter().collect::<Vec<_>>(), [1, 5]);
+    /// # Ok::<(), longshore_data::DataError>(())
+    /// ```
+    pub fn builder(len: usize, num_replicas: usize, rank: usize) -> DistributedSamplerBuilder {
+        DistributedSamplerBuilder {
+            len,
+            num_replicas,
+            rank,
+            shuffle: true,
+            seed: 0,
+            drop_last: false,
+        }
+    }
+
     /// The share of replica `rank` of `num_replicas` of a dataset of `len` items.
     ///
     /// # Errors
     /// [`DataError::InvalidArgument`] when `num_replicas == 0` or `rank >= num_replicas`.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `DistributedSampler::builder(len, num_replicas, rank)` with `.shuffle()`, `.seed()`, `.drop_last()` (PyTorch's defaults)"
+    )]
     pub fn new(
         len: usize,
         num_replicas: usize,
@@ -38,34 +65,11 @@ impl DistributedSampler {
         seed: u64,
         drop_last: bool,
     ) -> Result<DistributedSampler, DataError> {
-        if num_replicas == 0 {
-            return Err(DataError::arg("num_replicas", "must be at least 1"));
-        }
-        if rank >= num_replicas {
-            return Err(DataError::arg(
-                "rank",
-                format!(
-                    "invalid rank {rank}, rank should be in the interval [0, {}]",
-                    num_replicas - 1
-                ),
-            ));
-        }
-        let num_samples = if drop_last && len % num_replicas != 0 {
-            // ceil((len - num_replicas) / num_replicas) == floor(len / num_replicas)
-            len / num_replicas
-        } else {
-            len.div_ceil(num_replicas)
-        };
-        Ok(DistributedSampler {
-            dataset_len: len,
-            num_replicas,
-            rank,
-            shuffle,
-            seed,
-            drop_last,
-            epoch: 0,
-            num_samples,
-        })
+        DistributedSampler::builder(len, num_replicas, rank)
+            .shuffle(shuffle)
+            .seed(seed)
+            .drop_last(drop_last)
+            .build()
     }
 
     /// Indices over all replicas (`num_samples * num_replicas`).
@@ -113,5 +117,82 @@ impl Sampler for DistributedSampler {
                 .step_by(self.num_replicas)
                 .take(self.num_samples),
         )
+    }
+}
+
+/// Options of a [`DistributedSampler`], from [`DistributedSampler::builder`]; the
+/// defaults are PyTorch's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct DistributedSamplerBuilder {
+    len: usize,
+    num_replicas: usize,
+    rank: usize,
+    shuffle: bool,
+    seed: u64,
+    drop_last: bool,
+}
+
+impl DistributedSamplerBuilder {
+    /// Whether each epoch's order is shuffled (by `seed` and the epoch); default `true`.
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+
+    /// The seed of the shuffle, the same on every replica; default `0`.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Whether the tail that does not divide evenly between replicas is dropped
+    /// (instead of padding by wrapping around); default `false`.
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// The sampler.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when `num_replicas == 0` or `rank >= num_replicas`.
+    pub fn build(self) -> Result<DistributedSampler, DataError> {
+        let DistributedSamplerBuilder {
+            len,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+        } = self;
+        if num_replicas == 0 {
+            return Err(DataError::arg("num_replicas", "must be at least 1"));
+        }
+        if rank >= num_replicas {
+            return Err(DataError::arg(
+                "rank",
+                format!(
+                    "invalid rank {rank}, rank should be in the interval [0, {}]",
+                    num_replicas - 1
+                ),
+            ));
+        }
+        let num_samples = if drop_last && len % num_replicas != 0 {
+            // ceil((len - num_replicas) / num_replicas) == floor(len / num_replicas)
+            len / num_replicas
+        } else {
+            len.div_ceil(num_replicas)
+        };
+        Ok(DistributedSampler {
+            dataset_len: len,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            epoch: 0,
+            num_samples,
+        })
     }
 }

@@ -23,7 +23,7 @@ mod distributed;
 #[allow(deprecated)]
 pub use batch::BatchedSampler;
 pub use batch::{BatchSampler, BatchSampling};
-pub use distributed::DistributedSampler;
+pub use distributed::{DistributedSampler, DistributedSamplerBuilder};
 
 /// Iterator over one epoch's indices.
 pub type IndexIter<'a> = Box<dyn Iterator<Item = usize> + Send + 'a>;
