@@ -5,6 +5,7 @@
 //!   baseline both read.
 //! * [`measure`]: medians and timing helpers.
 //! * [`results`]: the `results.json` schema written by the binary.
+#![forbid(unsafe_code)]
 
 pub mod measure;
 pub mod results;

@@ -9,6 +9,7 @@
 //! * `loader`: the DataLoader over two memory-mapped workloads, num_workers x pin_memory.
 //! * `overlap`: how long the consumer waits for data when compute outlasts the copy.
 //! * `pytorch`: PyTorch's DataLoader on the same files, when `torch` imports.
+#![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::hint::black_box;

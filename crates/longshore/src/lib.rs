@@ -40,6 +40,7 @@
 //!   time; a missing library is an error naming it), or ranks as threads on the Cpu device
 //!   (`CpuGroup`) so data-parallel training is testable without GPUs. Pair it with
 //!   `DistributedSampler::from_env` and `longshore::loader::dist::local_device` under torchrun.
+#![forbid(unsafe_code)]
 
 #[doc(inline)]
 pub use longshore_data as data;
