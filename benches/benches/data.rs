@@ -1,6 +1,7 @@
 //! longshore-data throughput: collation into a preallocated buffer and u8 -> f32
 //! normalisation, each beside a plain memcpy of the same bytes (the memory-bandwidth
 //! ceiling). `LONGSHORE_BENCH_QUICK=1` uses small sizes.
+#![forbid(unsafe_code)]
 
 use std::hint::black_box;
 

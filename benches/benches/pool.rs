@@ -1,6 +1,7 @@
 //! Pool hit (alloc + free of a cached block) vs raw allocation, per memory kind and size.
 //!
 //! `LONGSHORE_BENCH_QUICK=1` limits the sizes to 1 KiB .. 16 MiB.
+#![forbid(unsafe_code)]
 
 use std::hint::black_box;
 use std::time::Duration;

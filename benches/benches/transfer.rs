@@ -6,6 +6,7 @@
 //! the bench runs everywhere. `LONGSHORE_BENCH_QUICK=1`: 1 and 16 MiB only, short measurements.
 //! Besides criterion's report, each case prints one line:
 //! `transfer <device> <dir> <source> <size>: engine X GB/s, bare Y GB/s, engine/bare Z`.
+#![forbid(unsafe_code)]
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use longshore::data::npy::encode_header;
+use longshore::data::formats::npy::encode_header;
 use longshore::data::{DType, NpyArray};
 
 /// Image file name.

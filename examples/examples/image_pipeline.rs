@@ -10,6 +10,7 @@
 //! cargo run --release --example image_pipeline
 //! cargo run --release --example image_pipeline -- --images 2048 --workers 8 --device cuda
 //! ```
+#![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::path::PathBuf;

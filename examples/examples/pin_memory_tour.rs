@@ -6,6 +6,7 @@
 //! cargo run --release --example pin_memory_tour              # on the GPU if there is one
 //! cargo run --release --example pin_memory_tour -- --device cpu --max-mib 64
 //! ```
+#![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 

@@ -14,6 +14,7 @@
 //! JSON line (rank 0 only). Under torchrun each rank drives GPU `LOCAL_RANK`; NCCL's id is
 //! shared over `MASTER_ADDR:(MASTER_PORT + 1)` or through `LONGSHORE_NCCL_ID_FILE` (see
 //! `longshore_examples::dist`).
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 

@@ -1,6 +1,7 @@
 //! Shared code of longshore's examples (`examples/examples/`): where generated data lives,
 //! which device to use, progress bars, and the training loop of the `train` example (here so
 //! `tests/train_loss_falls.rs` can run it).
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -509,14 +509,13 @@ const LAG: usize = 2;
 /// The sampler of `cfg.rank`: PyTorch's `DistributedSampler(shuffle=True, seed, drop_last=True)`
 /// over the generated dataset, also for a single process (one rank of one).
 pub fn rank_sampler(cfg: &TrainConfig) -> Result<DistributedSampler> {
-    Ok(DistributedSampler::new(
-        cfg.samples,
-        cfg.world_size,
-        cfg.rank,
-        true,
-        cfg.seed,
-        true,
-    )?)
+    Ok(
+        DistributedSampler::builder(cfg.samples, cfg.world_size, cfg.rank)
+            .shuffle(true)
+            .seed(cfg.seed)
+            .drop_last(true)
+            .build()?,
+    )
 }
 
 /// Trains on `device` as configured; see [`train_with_hook`].

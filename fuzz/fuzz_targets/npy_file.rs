@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use longshore_data::mmap::{NpyArray, NpyDataset};
+use longshore_data::formats::{NpyArray, NpyDataset};
 use longshore_data::{Dataset, DirectDataset};
 
 fn scratch() -> std::path::PathBuf {

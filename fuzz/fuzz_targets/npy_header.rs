@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use longshore_data::npy::{encode_header, parse_header};
+use longshore_data::formats::npy::{encode_header, parse_header};
 
 fuzz_target!(|bytes: &[u8]| {
     let Ok(h) = parse_header(bytes) else { return };

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use longshore_data::mmap::{RecordDataset, RecordLayout};
+use longshore_data::formats::{RecordDataset, RecordLayout};
 use longshore_data::{ByteOrder, DType, Dataset, DirectDataset};
 
 fn scratch() -> std::path::PathBuf {

@@ -9,6 +9,7 @@
 //!
 //! `cargo xtask` is a debug build, so this crate only drives: every measurement happens in the
 //! release binary.
+#![forbid(unsafe_code)]
 
 mod report;
 

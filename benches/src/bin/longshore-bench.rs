@@ -9,6 +9,7 @@
 //! * `loader`: the DataLoader over two memory-mapped workloads, num_workers x pin_memory.
 //! * `overlap`: how long the consumer waits for data when compute outlasts the copy.
 //! * `pytorch`: PyTorch's DataLoader on the same files, when `torch` imports.
+#![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::hint::black_box;
@@ -18,12 +19,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
-use longshore::data::{Batch, DirectCollate, NpyDataset, Zip};
+use longshore::data::{Batch, DirectCollate, ImageLayout, Normalize, NpyDataset, Zip};
 use longshore::host::{HostBuffer, MemoryKind, PinnedPool, PoolBuffer, PoolConfig};
 use longshore::loader::{DataLoader, Fetch};
 use longshore::transfer::bench_support::{bare_dtoh, bare_htod};
 use longshore::transfer::{Device, Stream, UploadMode};
-use longshore_benches::collate::NormalizeCollate;
 use longshore_benches::measure::{gbps, median, ns_label, print_table, size_label};
 use longshore_benches::results::{Machine, Results, SCHEMA};
 use longshore_benches::workload;
@@ -842,7 +842,12 @@ fn run_workload(
         Workload::Images => {
             let ds = NpyDataset::open(&files.images)?;
             let loader = DataLoader::builder(ds)
-                .collate(NormalizeCollate::imagenet(3))
+                // u8 CHW rows -> ImageNet-normalised f32, fused into the batch slot.
+                .collate(
+                    DirectCollate::new()
+                        .with_names(["image"])
+                        .with_transform(0, Normalize::imagenet(ImageLayout::Chw)),
+                )
                 .batch_size(w.batch_size())
                 .shuffle(true)
                 .drop_last(true)

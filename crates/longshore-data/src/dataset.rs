@@ -66,6 +66,19 @@ pub trait DirectDataset: Dataset {
     /// [`DataError::IndexOutOfRange`] for a bad `index` or `field`,
     /// [`DataError::BufferTooSmall`] when `out` has the wrong length.
     fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError>;
+
+    /// Field `field` of sample `index` borrowed as stored, when the dataset holds it
+    /// in native byte order and can lend it (a row of a memory-mapped `.npy` file), or
+    /// `None` when it can only write it out with [`DirectDataset::get_field_into`] (the
+    /// default). A [`crate::FieldTransform`] reads a borrowed field in place instead of
+    /// from a copy.
+    ///
+    /// # Errors
+    /// As [`DirectDataset::get_field_into`].
+    fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        let _ = (index, field);
+        Ok(None)
+    }
 }
 
 macro_rules! forward_dataset {
@@ -85,6 +98,9 @@ macro_rules! forward_dataset {
             }
             fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
                 (**self).get_field_into(index, field, out)
+            }
+            fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+                (**self).field_bytes(index, field)
             }
         }
     )*};
@@ -316,6 +332,16 @@ impl<A: DirectDataset, B: DirectDataset> DirectDataset for Zip<A, B> {
             self.b.get_field_into(index, field - self.a_fields, out)
         }
     }
+    fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        if self.fields.is_empty() {
+            return Ok(None);
+        }
+        if field < self.a_fields {
+            self.a.field_bytes(index, field)
+        } else {
+            self.b.field_bytes(index, field - self.a_fields)
+        }
+    }
 }
 
 /// The items of a dataset at chosen indices, like PyTorch's `Subset`.
@@ -373,6 +399,13 @@ impl<D: DirectDataset> DirectDataset for Subset<D> {
                 .get(index)
                 .ok_or(DataError::oob(index, self.indices.len(), "subset"))?;
         self.dataset.get_field_into(i, field, out)
+    }
+    fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        let &i =
+            self.indices
+                .get(index)
+                .ok_or(DataError::oob(index, self.indices.len(), "subset"))?;
+        self.dataset.field_bytes(i, field)
     }
 }
 
@@ -453,6 +486,14 @@ impl<D: DirectDataset> DirectDataset for ConcatDataset<D> {
             )));
         }
         self.datasets[d].get_field_into(i, field, out)
+    }
+    fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        let (d, i) = self.locate(index)?;
+        if self.datasets[d].fields() != self.fields() {
+            // get_field_into reports the mismatch.
+            return Ok(None);
+        }
+        self.datasets[d].field_bytes(i, field)
     }
 }
 

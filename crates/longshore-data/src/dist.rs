@@ -115,7 +115,11 @@ impl DistEnv {
         seed: u64,
         drop_last: bool,
     ) -> Result<DistributedSampler, DataError> {
-        DistributedSampler::new(len, self.world_size, self.rank, shuffle, seed, drop_last)
+        DistributedSampler::builder(len, self.world_size, self.rank)
+            .shuffle(shuffle)
+            .seed(seed)
+            .drop_last(drop_last)
+            .build()
     }
 }
 
@@ -136,7 +140,11 @@ impl DistributedSampler {
     ) -> Result<DistributedSampler, DataError> {
         match DistEnv::from_env()? {
             Some(env) => env.sampler(len, shuffle, seed, drop_last),
-            None => DistributedSampler::new(len, 1, 0, shuffle, seed, drop_last),
+            None => DistributedSampler::builder(len, 1, 0)
+                .shuffle(shuffle)
+                .seed(seed)
+                .drop_last(drop_last)
+                .build(),
         }
     }
 }

@@ -140,6 +140,16 @@ mod sealed {
 /// Implemented for `u8`, `i8`, `u16`, `i16`, `u32`, `i32`, `u64`, `i64`,
 /// [`half::f16`], `f32` and `f64`. `bool` tensors are read as bytes through
 /// [`crate::Batch::tensor_bytes`] since not every byte is a valid `bool`.
+///
+/// `Element` is sealed: only those types implement it. A struct, or any other type,
+/// that is a dataset item implements [`crate::Sample`] instead, most simply with
+/// `#[derive(Sample)]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a tensor element type (u8, i8, u16, i16, u32, i32, u64, i64, f16, f32, f64)",
+    label = "not a tensor element",
+    note = "`Element` is sealed and cannot be implemented outside longshore-data",
+    note = "to use a struct as a dataset item, derive `Sample` for it: `#[derive(longshore_data::Sample)]` (or `longshore::data::Sample`), with fields that are elements, arrays, `Vec`s or `Tensor`s"
+)]
 pub trait Element: bytemuck::Pod + Send + Sync + sealed::Sealed + 'static {
     /// The dtype of this element type.
     const DTYPE: DType;

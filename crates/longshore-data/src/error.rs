@@ -7,12 +7,18 @@ use crate::dtype::DType;
 /// Everything that can go wrong while reading, sampling or collating data.
 ///
 /// Messages are lowercase and carry the context a user needs: the file, byte
-/// offset, sample index or argument at fault.
+/// offset, sample index or argument at fault. A variant that wraps a cause returns
+/// it from [`std::error::Error::source`] and does not repeat it in its own message,
+/// so a report that walks the chain (`anyhow`'s `{:#}`) prints each cause once.
+///
+/// User code (a custom dataset or transform) returns its own failures with `?` on a
+/// `std::io::Error` ([`DataError::UnnamedIo`]), with [`DataError::custom`] to keep any
+/// other error as the cause, or as a plain [`DataError::Other`] message.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DataError {
     /// An I/O operation on a file failed.
-    #[error("i/o error on {path}: {source}")]
+    #[error("i/o error on {path}")]
     Io {
         /// The file being read or written.
         path: PathBuf,
@@ -21,7 +27,7 @@ pub enum DataError {
         source: std::io::Error,
     },
     /// A `.npy` header could not be parsed or describes something unsupported.
-    #[error("invalid .npy file {path}: {source}")]
+    #[error("invalid .npy file {path}")]
     Npy {
         /// The file whose header is at fault.
         path: PathBuf,
@@ -108,12 +114,48 @@ pub enum DataError {
     /// Sampler state from a checkpoint does not fit this sampler.
     #[error("cannot restore sampler state: {0}")]
     StateMismatch(String),
-    /// An error raised by user code (a transform or a custom dataset).
+    /// An I/O error with no file to name, such as one returned with `?` by user code.
+    #[error("i/o error")]
+    UnnamedIo(#[from] std::io::Error),
+    /// An error raised by user code (a transform or a custom dataset), with its cause;
+    /// built by [`DataError::custom`].
+    #[error("{context}")]
+    Custom {
+        /// What was being done (`"decoding sample 12"`).
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// An error raised by user code (a transform or a custom dataset), as a message
+    /// only; use [`DataError::custom`] to keep a cause.
     #[error("{0}")]
     Other(String),
 }
 
 impl DataError {
+    /// An error of user code that keeps `source` as its cause: `context` says what was
+    /// being done, and `source()` returns `source`.
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    /// use longshore_data::DataError;
+    ///
+    /// let parse = "x".parse::<i32>().unwrap_err();
+    /// let err = DataError::custom("reading the label of sample 3", parse);
+    /// assert_eq!(err.to_string(), "reading the label of sample 3");
+    /// assert_eq!(err.source().unwrap().to_string(), "invalid digit found in string");
+    /// ```
+    pub fn custom(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        DataError::Custom {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
     /// Builds an [`DataError::InvalidArgument`].
     pub(crate) fn arg(name: &'static str, reason: impl Into<String>) -> Self {
         DataError::InvalidArgument {

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use longshore_data::{
-//!     BatchSampler, BatchedSampler, Collate, DataError, Dataset, DatasetExt, RandomSampler,
+//!     BatchSampler, BatchSampling, Collate, DataError, Dataset, DatasetExt, RandomSampler,
 //!     StackCollate, VecDataset,
 //! };
 //!
@@ -15,7 +15,7 @@
 //!     .map(|x: f32| ([x, x * 2.0, x * 3.0], x as i64));
 //!
 //! // Shuffled, reproducible batches of 4 (PyTorch's RandomSampler + BatchSampler).
-//! let mut batches = BatchedSampler::new(RandomSampler::new(dataset.len(), 42)?, 4, false)?;
+//! let mut batches = BatchSampler::new(RandomSampler::new(dataset.len(), 42)?, 4, false)?;
 //! batches.set_epoch(1);
 //!
 //! let collate = StackCollate::new().with_names(["features", "label"]);
@@ -41,30 +41,37 @@
 //!   sharded by [`WorkerInfo`]), [`DirectDataset`] (writes samples straight into a
 //!   batch); combinators [`DatasetExt::map`], [`Subset`], [`ConcatDataset`], [`Zip`],
 //!   [`random_split`], [`IterableExt::chain`].
-//! - Samplers ([`sampler`]): [`Sampler`] and [`BatchSampler`] traits with resumable
+//! - Samplers ([`sampler`]): the [`Sampler`] and [`BatchSampling`] traits with resumable
 //!   [`SamplerState`]; [`SequentialSampler`], [`RandomSampler`], [`SubsetRandomSampler`],
-//!   [`WeightedRandomSampler`], [`DistributedSampler`], [`BatchedSampler`].
+//!   [`WeightedRandomSampler`], [`DistributedSampler`], and [`BatchSampler`], the struct
+//!   that groups a sampler's indices into batches (PyTorch's `BatchSampler`).
 //! - Collation ([`collate`]): [`Collate`] (items to [`Batch`]), [`DatasetCollate`]
 //!   (indices to [`Batch`], used by the loader), [`StackCollate`], [`PadCollate`],
-//!   [`DirectCollate`]; a [`Batch`] is typed tensors in one storage at
+//!   [`DirectCollate`] (with per-field [`FieldTransform`]s, such as a fused
+//!   [`Normalize`]); a [`Batch`] is typed tensors in one storage at
 //!   [`TENSOR_ALIGN`]-aligned offsets.
-//! - Samples ([`tensor`]): [`Tensor`], [`TensorRef`], the [`Field`] and [`Sample`] traits.
-//! - Files ([`mmap`], [`npy`]): [`NpyArray`], [`NpyDataset`], [`NpyShards`],
+//! - Samples ([`tensor`]): [`Tensor`], [`TensorRef`], the [`Field`] and [`Sample`] traits,
+//!   and `#[derive(Sample)]` for a struct of fields.
+//! - Files ([`formats`], [`formats::npy`], [`formats::records`]): [`NpyArray`], [`NpyDataset`], [`NpyShards`],
 //!   [`RecordDataset`], [`write_npy`].
 //! - Transforms ([`transform`]): [`Normalize`], [`RandomCrop`], [`RandomHorizontalFlip`];
 //!   per-worker seeded randomness in [`worker`] and [`rng`].
 //!
-//! This crate has no `unsafe` code: the one memory-mapping call it needs is
-//! `longshore_host::file::map_readonly`. Mapped files must not be modified while mapped.
-#![forbid(unsafe_code)]
+//! Unsafe code is denied in this crate except in one small private module of
+//! [`formats`], which holds the one `memmap2` call a memory-mapped dataset needs.
+//! Mapped files must not be modified or truncated while mapped (see [`formats`]).
+#![deny(unsafe_code)]
 
+// `#[derive(Sample)]` names this crate `::longshore_data`, also inside it.
+extern crate self as longshore_data;
+
+pub mod batch;
 pub mod collate;
 pub mod dataset;
 pub mod dist;
 pub mod dtype;
 mod error;
-pub mod mmap;
-pub mod npy;
+pub mod formats;
 pub mod rng;
 pub mod sampler;
 pub mod tensor;
@@ -73,7 +80,8 @@ pub mod worker;
 
 pub use collate::{
     AlignedBuf, Batch, BatchLayout, Collate, DatasetCollate, DirectCollate, FetchCollate,
-    PadCollate, StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN, TensorSpec,
+    FieldTransform, PadCollate, StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN,
+    TensorSpec,
 };
 pub use dataset::{
     Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FieldSpec, FromFn, ItemIter, IterMap,
@@ -83,13 +91,18 @@ pub use dataset::{
 pub use dist::{DistEnv, Launcher};
 pub use dtype::{ByteOrder, DType, Element, Shape};
 pub use error::{DataError, NpyError};
-pub use mmap::{
-    AccessPattern, NpyArray, NpyDataset, NpyShards, RecordDataset, RecordField, RecordLayout,
+pub use formats::{
+    AccessPattern, NpyArray, NpyDataset, NpyHeader, NpyShards, RecordDataset, RecordField,
+    RecordLayout, write_npy,
 };
-pub use npy::{NpyHeader, write_npy};
+/// `#[derive(Sample)]`: a struct of tensor fields as a dataset item (see [`Sample`]).
+pub use longshore_derive::Sample;
+#[allow(deprecated)]
+pub use sampler::BatchedSampler;
 pub use sampler::{
-    BatchIter, BatchSampler, BatchedSampler, DistributedSampler, IndexIter, RandomSampler, Sampler,
-    SamplerState, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler,
+    BatchIter, BatchSampler, BatchSampling, DistributedSampler, DistributedSamplerBuilder,
+    IndexIter, RandomSampler, Sampler, SamplerState, SequentialSampler, SubsetRandomSampler,
+    WeightedRandomSampler,
 };
 pub use tensor::{Field, Sample, Tensor, TensorRef};
 pub use transform::{
@@ -97,3 +110,20 @@ pub use transform::{
     TransformExt,
 };
 pub use worker::WorkerInfo;
+
+/// The memory-mapped datasets' old path; use [`formats`] (they moved to
+/// [`formats::npy`] and [`formats::records`]).
+#[deprecated(since = "0.1.0", note = "moved to `longshore_data::formats`")]
+pub mod mmap {
+    pub use crate::formats::{
+        AccessPattern, NpyArray, NpyDataset, NpyShards, RecordDataset, RecordField, RecordLayout,
+    };
+}
+
+/// The `.npy` format's old path; use [`formats::npy`].
+#[deprecated(since = "0.1.0", note = "moved to `longshore_data::formats::npy`")]
+pub mod npy {
+    pub use crate::formats::npy::{
+        MAGIC, NpyHeader, encode_header, encode_npy, parse_header, write_npy, write_npy_bytes,
+    };
+}

@@ -257,6 +257,12 @@ impl fmt::Debug for TensorRef<'_> {
 }
 
 /// One fixed-shape numeric field of a sample: a scalar, an array, a `Vec`, a [`Tensor`]...
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a tensor field of a sample",
+    label = "not a tensor field",
+    note = "a field is a tensor element (u8, i8, u16, i16, u32, i32, u64, i64, f16, f32, f64), an array of them (up to 3 dimensions), a `Vec`, `Box<[T]>` or slice of them, a `Tensor` or a `TensorRef`",
+    note = "leave a field that is not a tensor out of the batch with `#[sample(skip)]`"
+)]
 pub trait Field {
     /// A borrowed view of the field.
     fn tensor_ref(&self) -> TensorRef<'_>;
@@ -320,7 +326,52 @@ impl Field for TensorRef<'_> {
 ///
 /// Implemented for tuples of up to six [`Field`]s (`(features, label)`,
 /// `([f32; 64], i64)`, `(image_tensor, label)`), for a lone [`Tensor`], scalar or
-/// array, and for `Vec<Tensor>`.
+/// array, and for `Vec<Tensor>`. For a struct, derive it: each field not marked
+/// `#[sample(skip)]` becomes one tensor of the batch, in declaration order.
+///
+/// ```
+/// use longshore_data::{Collate, Sample, StackCollate};
+///
+/// #[derive(Sample)]
+/// struct Item {
+///     pixels: [[u8; 2]; 2], // tensor 0: [batch, 2, 2] u8
+///     label: i64,           // tensor 1: [batch] i64
+///     #[sample(skip)]
+///     name: String,         // not a tensor: left out of the batch
+/// }
+///
+/// let items = vec![
+///     Item { pixels: [[1, 2], [3, 4]], label: 7, name: "a".into() },
+///     Item { pixels: [[5, 6], [7, 8]], label: 9, name: "b".into() },
+/// ];
+/// let batch = StackCollate::new().with_names(["pixels", "label"]).collate(&items)?;
+/// assert_eq!(batch.shape(0)?, &[2, 2, 2]);
+/// assert_eq!(batch.tensor_by_name::<i64>("label")?, &[7, 9]);
+/// # Ok::<(), longshore_data::DataError>(())
+/// ```
+///
+/// A struct that neither derives nor implements `Sample` is refused where a sample is
+/// needed, with a note saying so:
+///
+/// ```compile_fail
+/// use longshore_data::{Collate, StackCollate};
+///
+/// struct Item { label: i64 }
+/// let _ = StackCollate::new().collate(&[Item { label: 1 }]);
+/// ```
+///
+/// and so is a field that is not a tensor:
+///
+/// ```compile_fail
+/// #[derive(longshore_data::Sample)]
+/// struct Item { label: i64, name: String }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a sample: a dataset item made of tensor fields",
+    label = "not a `Sample`",
+    note = "for a struct, add `#[derive(Sample)]` (from `longshore_data` or `longshore::data`): each field becomes one tensor of the batch",
+    note = "tuples of fields, `Tensor`, `Vec<Tensor>`, tensor elements and arrays of them are samples already"
+)]
 pub trait Sample {
     /// Number of fields.
     fn num_fields(&self) -> usize;

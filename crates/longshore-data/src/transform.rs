@@ -8,7 +8,9 @@
 use std::fmt;
 
 use crate::DataError;
-use crate::dtype::DType;
+use crate::collate::FieldTransform;
+use crate::dataset::FieldSpec;
+use crate::dtype::{DType, Shape};
 use crate::rng::{Rng, below, unit_f64};
 use crate::tensor::Tensor;
 
@@ -86,7 +88,12 @@ pub enum ImageLayout {
 impl ImageLayout {
     /// `(channels, height, width)` of a tensor in this layout.
     fn dims(self, t: &Tensor) -> Result<(usize, usize, usize), DataError> {
-        match (self, t.shape()) {
+        self.dims_of(t.shape())
+    }
+
+    /// `(channels, height, width)` of a shape in this layout.
+    fn dims_of(self, shape: &[usize]) -> Result<(usize, usize, usize), DataError> {
+        match (self, shape) {
             (ImageLayout::Chw, &[c, h, w]) => Ok((c, h, w)),
             (ImageLayout::Hwc, &[h, w, c]) => Ok((c, h, w)),
             (_, s) => Err(DataError::ShapeMismatch(format!(
@@ -255,6 +262,54 @@ impl Transform<Tensor> for Normalize {
         let mut out = Tensor::zeros(DType::F32, &[c, h, w])?;
         self.apply_into(input.bytes(), c, out.as_slice_mut::<f32>()?)?;
         Ok(out)
+    }
+}
+
+/// The fused image path of [`crate::DirectCollate`]: a `u8` image field in this
+/// transform's layout (`[C, H, W]` or `[H, W, C]`) becomes normalised `f32`
+/// `[C, H, W]`, written straight into the batch slot.
+impl FieldTransform for Normalize {
+    fn output(&self, input: &FieldSpec) -> Result<FieldSpec, DataError> {
+        if input.dtype != DType::U8 {
+            return Err(DataError::DTypeMismatch {
+                what: "image field given to Normalize".into(),
+                actual: input.dtype,
+                requested: DType::U8,
+            });
+        }
+        let (c, h, w) = self.layout.dims_of(input.shape.dims())?;
+        if c != self.scale.len() {
+            return Err(DataError::ShapeMismatch(format!(
+                "image field of shape {:?} has {c} channels, Normalize has {}",
+                input.shape.dims(),
+                self.scale.len()
+            )));
+        }
+        Ok(FieldSpec {
+            dtype: DType::F32,
+            shape: Shape::new(&[c, h, w])?,
+        })
+    }
+
+    fn apply(&self, input: &FieldSpec, src: &[u8], dst: &mut [u8]) -> Result<(), DataError> {
+        let (c, _, _) = self.layout.dims_of(input.shape.dims())?;
+        match bytemuck::try_cast_slice_mut::<u8, f32>(dst) {
+            Ok(out) => self.apply_into(src, c, out),
+            Err(_) => {
+                // Storage not aligned for f32 (a plain Vec<u8>): correct, with one copy.
+                let mut out = vec![0f32; src.len()];
+                self.apply_into(src, c, &mut out)?;
+                if dst.len() != out.len() * 4 {
+                    return Err(DataError::BufferTooSmall {
+                        what: "normalised image slot",
+                        needed: out.len() * 4,
+                        got: dst.len(),
+                    });
+                }
+                dst.copy_from_slice(bytemuck::cast_slice(&out));
+                Ok(())
+            }
+        }
     }
 }
 

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use longshore_data::{
-    AlignedBuf, Batch, BatchSampler, Dataset, DatasetCollate, DirectCollate, NpyDataset, NpyShards,
-    RecordDataset, Sampler, WorkerInfo, worker, write_npy,
+    AlignedBuf, Batch, BatchSampling, Dataset, DatasetCollate, DirectCollate, NpyDataset,
+    NpyShards, RecordDataset, Sampler, WorkerInfo, worker, write_npy,
 };
 
 fn assert_send_sync<T: Send + Sync>() {}
@@ -17,7 +17,7 @@ fn thread_bounds() {
     assert_send_sync::<NpyShards>();
     assert_send_sync::<RecordDataset>();
     assert_send_sync::<Box<dyn Sampler>>();
-    assert_send_sync::<Box<dyn BatchSampler>>();
+    assert_send_sync::<Box<dyn BatchSampling>>();
     assert_send::<Batch<AlignedBuf>>();
     assert_send::<Batch<Vec<u8>>>();
 }

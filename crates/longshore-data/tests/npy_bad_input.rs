@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use longshore_data::npy::{encode_header, encode_npy};
+use longshore_data::formats::npy::{encode_header, encode_npy};
 use longshore_data::{
     DType, DataError, Dataset, NpyArray, NpyDataset, NpyError, NpyShards, write_npy,
 };
@@ -86,7 +86,7 @@ fn unknown_dtype_and_bad_magic_and_version() {
     bad.extend_from_slice(&[0; 8]);
     let p = write(dir.path(), "dt.npy", &bad);
     let err = NpyArray::open(&p).unwrap_err();
-    assert!(err.to_string().contains("'<q9'"), "{err}");
+    assert!(report(&err).contains("'<q9'"), "{err}");
 
     let mut magic = good.clone();
     magic[1] = b'X';
@@ -103,7 +103,7 @@ fn unknown_dtype_and_bad_magic_and_version() {
     version[6] = 9;
     let p = write(dir.path(), "ver.npy", &version);
     let err = NpyArray::open(&p).unwrap_err();
-    assert!(err.to_string().contains("version 9.0"), "{err}");
+    assert!(report(&err).contains("version 9.0"), "{err}");
 }
 
 #[test]
@@ -199,4 +199,15 @@ fn shards_must_agree_and_concatenate() {
         NpyShards::open(Vec::<&Path>::new()),
         Err(DataError::Empty { .. })
     ));
+}
+
+/// The error and its causes as a chain-walking report prints them (`anyhow`'s `{:#}`).
+fn report(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out = format!("{out}: {e}");
+        cur = e.source();
+    }
+    out
 }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use longshore_data::npy::parse_header;
+use longshore_data::formats::npy::parse_header;
 use longshore_data::{
     ByteOrder, DType, DataError, Dataset, DirectDataset, NpyArray, NpyDataset, NpyError, write_npy,
 };
@@ -198,7 +198,8 @@ fn scalar_and_empty_arrays() {
 #[test]
 fn fortran_order_is_refused_unless_one_dimensional() {
     let err = NpyArray::open(fixture("fortran_f4.npy")).unwrap_err();
-    let msg = err.to_string();
+    // The file in the error, the reason in its cause (each printed once by a report).
+    let msg = format!("{err}: {}", std::error::Error::source(&err).unwrap());
     assert!(
         msg.contains("fortran_order") && msg.contains("fortran_f4.npy"),
         "{msg}"
@@ -237,7 +238,7 @@ fn unsupported_dtypes_are_named() {
 fn writer_matches_numpy_header_bytes() {
     // NumPy's own header for a (3, 4) <f4 array, from the committed fixture.
     let numpy = std::fs::read(fixture("le_f4.npy")).unwrap();
-    let ours = longshore_data::npy::encode_npy(
+    let ours = longshore_data::formats::npy::encode_npy(
         DType::F32,
         &[3, 4],
         bytemuck::cast_slice(&(0..12).map(|i| i as f32).collect::<Vec<_>>()),

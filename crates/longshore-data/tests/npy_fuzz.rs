@@ -6,7 +6,7 @@
 //! 2048 arbitrary inputs, 2048 mutated headers, 512 round trips.
 
 use longshore_data::DType;
-use longshore_data::npy::{encode_header, parse_header};
+use longshore_data::formats::npy::{encode_header, parse_header};
 use proptest::prelude::*;
 
 fn dtype() -> impl Strategy<Value = DType> {

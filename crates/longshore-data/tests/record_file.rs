@@ -1,6 +1,6 @@
 //! Fixed-size record files: layouts, byte order, and bad files.
 
-use longshore_data::mmap::AccessPattern;
+use longshore_data::AccessPattern;
 use longshore_data::{
     ByteOrder, DType, DataError, Dataset, DirectDataset, RecordDataset, RecordLayout,
 };

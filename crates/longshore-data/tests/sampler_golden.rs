@@ -1,14 +1,18 @@
 //! PyTorch's sampler semantics on deterministic cases, and argument errors.
 
 use longshore_data::{
-    BatchSampler, BatchedSampler, DataError, DistributedSampler, RandomSampler, Sampler,
+    BatchSampler, BatchSampling, DataError, DistributedSampler, RandomSampler, Sampler,
     SamplerState, SequentialSampler, SubsetRandomSampler, WeightedRandomSampler, split_lengths,
 };
 
 fn ranks(len: usize, replicas: usize, drop_last: bool) -> Vec<Vec<usize>> {
     (0..replicas)
         .map(|r| {
-            DistributedSampler::new(len, replicas, r, false, 0, drop_last)
+            DistributedSampler::builder(len, replicas, r)
+                .shuffle(false)
+                .seed(0)
+                .drop_last(drop_last)
+                .build()
                 .unwrap()
                 .iter()
                 .collect()
@@ -37,7 +41,11 @@ fn distributed_drop_last_truncates_like_pytorch() {
     );
     for r in 0..3 {
         assert_eq!(
-            DistributedSampler::new(10, 3, r, true, 0, true)
+            DistributedSampler::builder(10, 3, r)
+                .shuffle(true)
+                .seed(0)
+                .drop_last(true)
+                .build()
                 .unwrap()
                 .len(),
             3
@@ -51,13 +59,23 @@ fn distributed_drop_last_truncates_like_pytorch() {
 
 #[test]
 fn distributed_rejects_bad_rank_and_replicas() {
-    let err = DistributedSampler::new(10, 3, 3, false, 0, false).unwrap_err();
+    let err = DistributedSampler::builder(10, 3, 3)
+        .shuffle(false)
+        .seed(0)
+        .drop_last(false)
+        .build()
+        .unwrap_err();
     assert!(matches!(
         err,
         DataError::InvalidArgument { name: "rank", .. }
     ));
     assert!(err.to_string().contains("rank 3"), "{err}");
-    let err = DistributedSampler::new(10, 0, 0, false, 0, false).unwrap_err();
+    let err = DistributedSampler::builder(10, 0, 0)
+        .shuffle(false)
+        .seed(0)
+        .drop_last(false)
+        .build()
+        .unwrap_err();
     assert!(matches!(
         err,
         DataError::InvalidArgument {
@@ -69,17 +87,17 @@ fn distributed_rejects_bad_rank_and_replicas() {
 
 #[test]
 fn batch_sampler_lengths_and_contents() {
-    let b = BatchedSampler::new(SequentialSampler::new(10), 3, false).unwrap();
+    let b = BatchSampler::new(SequentialSampler::new(10), 3, false).unwrap();
     assert_eq!(b.len(), 4);
     assert_eq!(
         b.iter().collect::<Vec<_>>(),
         vec![vec![0, 1, 2], vec![3, 4, 5], vec![6, 7, 8], vec![9]]
     );
-    let b = BatchedSampler::new(SequentialSampler::new(10), 3, true).unwrap();
+    let b = BatchSampler::new(SequentialSampler::new(10), 3, true).unwrap();
     assert_eq!(b.len(), 3);
     assert_eq!(b.iter().count(), 3);
     assert_eq!(b.iter_from(2).collect::<Vec<_>>(), vec![vec![6, 7, 8]]);
-    let err = BatchedSampler::new(SequentialSampler::new(10), 0, false).unwrap_err();
+    let err = BatchSampler::new(SequentialSampler::new(10), 0, false).unwrap_err();
     assert!(
         matches!(
             err,
@@ -202,11 +220,67 @@ fn boxed_samplers_are_usable() {
     let samplers: Vec<Box<dyn Sampler>> = vec![
         Box::new(SequentialSampler::new(4)),
         Box::new(RandomSampler::new(4, 0).unwrap()),
-        Box::new(DistributedSampler::new(4, 2, 1, true, 0, false).unwrap()),
+        Box::new(
+            DistributedSampler::builder(4, 2, 1)
+                .shuffle(true)
+                .seed(0)
+                .drop_last(false)
+                .build()
+                .unwrap(),
+        ),
     ];
     for s in samplers {
-        let b = BatchedSampler::new(s, 2, false).unwrap();
-        let boxed: Box<dyn BatchSampler> = Box::new(b);
+        let b = BatchSampler::new(s, 2, false).unwrap();
+        let boxed: Box<dyn BatchSampling> = Box::new(b);
         assert!(boxed.iter().all(|batch| !batch.is_empty()));
     }
+}
+
+/// The struct's old name still compiles (deprecated) and is the same type.
+#[test]
+#[allow(deprecated)]
+fn old_batched_sampler_name_is_the_struct() {
+    let old: longshore_data::BatchedSampler<SequentialSampler> =
+        longshore_data::BatchedSampler::new(SequentialSampler::new(5), 2, true).unwrap();
+    let new: BatchSampler<SequentialSampler> = old;
+    assert_eq!(new.iter().collect::<Vec<_>>(), vec![vec![0, 1], vec![2, 3]]);
+}
+
+/// The builder's defaults are PyTorch's (shuffle=True, seed=0, drop_last=False), and the
+/// deprecated positional constructor builds the same sampler.
+#[test]
+#[allow(deprecated)]
+fn distributed_builder_defaults_are_pytorchs() {
+    let default = DistributedSampler::builder(10, 3, 1).build().unwrap();
+    let explicit = DistributedSampler::builder(10, 3, 1)
+        .shuffle(true)
+        .seed(0)
+        .drop_last(false)
+        .build()
+        .unwrap();
+    assert_eq!(default, explicit);
+    assert_eq!(
+        default,
+        DistributedSampler::new(10, 3, 1, true, 0, false).unwrap()
+    );
+    // drop_last=False pads: ceil(10 / 3) indices on every rank.
+    assert_eq!(default.len(), 4);
+    // shuffle=True: the order is a seeded permutation, not 1, 4, 7, 0.
+    let all: Vec<usize> = DistributedSampler::builder(100, 1, 0)
+        .build()
+        .unwrap()
+        .iter()
+        .collect();
+    assert_ne!(all, (0..100).collect::<Vec<_>>());
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..100).collect::<Vec<_>>());
+    let reseeded: Vec<usize> = DistributedSampler::builder(100, 1, 0)
+        .seed(1)
+        .build()
+        .unwrap()
+        .iter()
+        .collect();
+    assert_ne!(all, reseeded);
+    assert!(DistributedSampler::builder(10, 3, 3).build().is_err());
 }

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use longshore_data::{
-    BatchSampler, BatchedSampler, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
+    BatchSampler, BatchSampling, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
     SubsetRandomSampler, WeightedRandomSampler,
 };
 use proptest::prelude::*;
@@ -121,7 +121,7 @@ proptest! {
     ) {
         let samplers: Vec<DistributedSampler> = (0..replicas)
             .map(|r| {
-                let mut s = DistributedSampler::new(n, replicas, r, shuffle, seed, drop_last).unwrap();
+                let mut s = DistributedSampler::builder(n, replicas, r).shuffle(shuffle).seed(seed).drop_last(drop_last).build().unwrap();
                 s.set_epoch(epoch);
                 s
             })
@@ -159,7 +159,7 @@ proptest! {
     fn batch_sampler_lengths_and_resume(n in 0usize..300, bs in 1usize..40, drop_last in any::<bool>(), seed in any::<u64>(), done in 0usize..20) {
         let inner = RandomSampler::new(n.max(1), seed).unwrap();
         let n = n.max(1);
-        let mut b = BatchedSampler::new(inner, bs, drop_last).unwrap();
+        let mut b = BatchSampler::new(inner, bs, drop_last).unwrap();
         b.set_epoch(2);
         let batches: Vec<Vec<usize>> = b.iter().collect();
         prop_assert_eq!(batches.len(), b.len());
@@ -178,7 +178,7 @@ proptest! {
         // Resume after `done` batches.
         let done = done.min(b.len());
         let state = b.state(done);
-        let mut c = BatchedSampler::new(RandomSampler::new(n, seed).unwrap(), bs, drop_last).unwrap();
+        let mut c = BatchSampler::new(RandomSampler::new(n, seed).unwrap(), bs, drop_last).unwrap();
         let pos = c.restore(&state).unwrap();
         prop_assert_eq!(c.iter_from(pos).collect::<Vec<_>>(), batches[done..].to_vec());
     }

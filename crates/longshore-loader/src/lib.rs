@@ -37,6 +37,7 @@
 //! * [`DataLoader::to_device`]: batches on a device through the prefetcher ([`DeviceBatch`]);
 //!   [`DataLoader::stream`]: an async stream (feature `tokio`, on by default).
 //! * [`LoaderError`]: every error names its worker, batch or sample.
+#![forbid(unsafe_code)]
 
 mod config;
 mod device;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crossbeam::channel::RecvTimeoutError;
 use longshore_data::worker::WorkerGuard;
 use longshore_data::{
-    BatchSampler, BatchedSampler, Collate, Dataset, DatasetCollate, FetchCollate, IterableDataset,
+    BatchSampler, BatchSampling, Collate, Dataset, DatasetCollate, FetchCollate, IterableDataset,
     RandomSampler, Sampler, SequentialSampler, StackCollate, WorkerInfo,
 };
 use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
@@ -63,10 +63,10 @@ enum SamplerSource {
         shuffle: bool,
         batch_size: usize,
         drop_last: bool,
-        sampler: Box<dyn BatchSampler>,
+        sampler: Box<dyn BatchSampling>,
     },
     /// A user sampler or batch sampler.
-    User(Box<dyn BatchSampler>),
+    User(Box<dyn BatchSampling>),
     /// Iterable datasets have none.
     None,
 }
@@ -79,14 +79,14 @@ impl SamplerSource {
         drop_last: bool,
         seed: u64,
     ) -> Result<Self, LoaderError> {
-        let sampler: Box<dyn BatchSampler> = if shuffle {
-            Box::new(BatchedSampler::new(
+        let sampler: Box<dyn BatchSampling> = if shuffle {
+            Box::new(BatchSampler::new(
                 RandomSampler::new(len, seed)?,
                 batch_size,
                 drop_last,
             )?)
         } else {
-            Box::new(BatchedSampler::new(
+            Box::new(BatchSampler::new(
                 SequentialSampler::new(len),
                 batch_size,
                 drop_last,
@@ -101,7 +101,7 @@ impl SamplerSource {
         })
     }
 
-    fn get(&mut self) -> Option<&mut Box<dyn BatchSampler>> {
+    fn get(&mut self) -> Option<&mut Box<dyn BatchSampling>> {
         match self {
             SamplerSource::Builtin { sampler, .. } | SamplerSource::User(sampler) => Some(sampler),
             SamplerSource::None => None,
@@ -172,7 +172,7 @@ pub struct DataLoaderBuilder<D, C> {
     batch_size: Option<usize>,
     shuffle: bool,
     sampler: Option<Box<dyn Sampler>>,
-    batch_sampler: Option<Box<dyn BatchSampler>>,
+    batch_sampler: Option<Box<dyn BatchSampling>>,
     num_workers: usize,
     pin_memory: bool,
     drop_last: bool,
@@ -277,7 +277,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
 
     /// The sampler of whole batches (mutually exclusive with `batch_size`, `shuffle`,
     /// `sampler` and `drop_last`, as in PyTorch).
-    pub fn batch_sampler(mut self, batch_sampler: impl BatchSampler + 'static) -> Self {
+    pub fn batch_sampler(mut self, batch_sampler: impl BatchSampling + 'static) -> Self {
         self.batch_sampler = Some(Box::new(batch_sampler));
         self
     }
@@ -564,7 +564,7 @@ where
                     reason: "sampler option is mutually exclusive with shuffle".into(),
                 });
             }
-            return Ok(SamplerSource::User(Box::new(BatchedSampler::new(
+            return Ok(SamplerSource::User(Box::new(BatchSampler::new(
                 s,
                 batch_size,
                 self.drop_last,

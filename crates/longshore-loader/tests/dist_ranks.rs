@@ -56,7 +56,12 @@ fn expected_counts(
     drop_last: bool,
     epoch: u64,
 ) -> BTreeMap<usize, usize> {
-    let mut s = DistributedSampler::new(len, world, 0, true, 7, drop_last).unwrap();
+    let mut s = DistributedSampler::builder(len, world, 0)
+        .shuffle(true)
+        .seed(7)
+        .drop_last(drop_last)
+        .build()
+        .unwrap();
     longshore_data::Sampler::set_epoch(&mut s, epoch);
     let mut m = BTreeMap::new();
     for i in s.global_indices() {

@@ -3,7 +3,7 @@
 mod common;
 
 use common::Probe;
-use longshore_data::{BatchedSampler, IterableDataset, SequentialSampler, WorkerInfo};
+use longshore_data::{BatchSampler, IterableDataset, SequentialSampler, WorkerInfo};
 use longshore_loader::{DataLoader, LoaderError};
 
 fn option_of(e: LoaderError) -> &'static str {
@@ -15,7 +15,7 @@ fn option_of(e: LoaderError) -> &'static str {
 
 #[test]
 fn batch_sampler_is_exclusive_with_batch_size_shuffle_sampler_drop_last() {
-    let bs = || BatchedSampler::new(SequentialSampler::new(10), 3, false).unwrap();
+    let bs = || BatchSampler::new(SequentialSampler::new(10), 3, false).unwrap();
     for b in [
         DataLoader::builder(Probe::new(10))
             .batch_sampler(bs())
@@ -138,7 +138,7 @@ fn iterable_datasets_reject_samplers_and_shuffle() {
         .unwrap_err();
     assert_eq!(option_of(e), "sampler");
     let e = DataLoader::iterable(Stream(10))
-        .batch_sampler(BatchedSampler::new(SequentialSampler::new(10), 2, false).unwrap())
+        .batch_sampler(BatchSampler::new(SequentialSampler::new(10), 2, false).unwrap())
         .build()
         .unwrap_err();
     assert_eq!(option_of(e), "batch_sampler");

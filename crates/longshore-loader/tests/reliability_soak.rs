@@ -24,7 +24,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use common::{Chaos, chaos_ids, eventually, ragged_consistent, thread_count};
-use longshore_data::{BatchSampler, BatchedSampler, RandomSampler, SequentialSampler};
+use longshore_data::{BatchSampler, BatchSampling, RandomSampler, SequentialSampler};
 use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolConfig};
 use longshore_loader::{DataLoader, LoaderError, SampleErrorPolicy, WorkerPanicPolicy};
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -71,9 +71,9 @@ struct Totals {
 }
 
 fn expected_batches(o: &Opts, epoch: u64) -> Vec<Vec<usize>> {
-    let mut s: Box<dyn BatchSampler> = if o.shuffle {
+    let mut s: Box<dyn BatchSampling> = if o.shuffle {
         Box::new(
-            BatchedSampler::new(
+            BatchSampler::new(
                 RandomSampler::new(o.len, o.seed).unwrap(),
                 o.batch_size,
                 o.drop_last,
@@ -82,7 +82,7 @@ fn expected_batches(o: &Opts, epoch: u64) -> Vec<Vec<usize>> {
         )
     } else {
         Box::new(
-            BatchedSampler::new(SequentialSampler::new(o.len), o.batch_size, o.drop_last).unwrap(),
+            BatchSampler::new(SequentialSampler::new(o.len), o.batch_size, o.drop_last).unwrap(),
         )
     };
     s.set_epoch(epoch);

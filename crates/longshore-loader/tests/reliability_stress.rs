@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::{Chaos, eventually, ids, watchdog};
-use longshore_data::{BatchSampler, BatchedSampler, RandomSampler};
+use longshore_data::{BatchSampler, BatchSampling, RandomSampler};
 use longshore_loader::DataLoader;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -50,7 +50,7 @@ fn reorder_buffer_under_random_delays_keeps_order_and_bounds() {
                 .unwrap();
             // The order the sampler produces, to compare in-order delivery against.
             let mut sampler =
-                BatchedSampler::new(RandomSampler::new(len, seed).unwrap(), batch_size, false)
+                BatchSampler::new(RandomSampler::new(len, seed).unwrap(), batch_size, false)
                     .unwrap();
             sampler.set_epoch(0);
             let want: Vec<Vec<usize>> = sampler.iter().collect();

@@ -44,6 +44,7 @@
 //!   time; a missing library is an error naming it), or ranks as threads on the Cpu device
 //!   (`CpuGroup`) so data-parallel training is testable without GPUs. Pair it with
 //!   `DistributedSampler::from_env` and `longshore::loader::dist::local_device` under torchrun.
+#![forbid(unsafe_code)]
 
 #[doc(inline)]
 pub use longshore_data as data;
@@ -57,8 +58,8 @@ pub use longshore_transfer as transfer;
 /// What a training loop needs, in one import.
 pub mod prelude {
     pub use longshore_data::{
-        Batch, BatchSampler, Dataset, DatasetExt, DistributedSampler, IterableDataset,
-        RandomSampler, Sampler, SequentialSampler, VecDataset, WorkerInfo,
+        Batch, BatchSampler, BatchSampling, Dataset, DatasetExt, DistributedSampler,
+        IterableDataset, RandomSampler, Sample, Sampler, SequentialSampler, VecDataset, WorkerInfo,
     };
     pub use longshore_host::{BudgetPolicy, HostBuffer, MemoryKind, PinnedPool, PoolConfig};
     pub use longshore_loader::{DataLoader, LoaderError, LoaderState, LoaderStats};

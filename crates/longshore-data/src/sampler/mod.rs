@@ -1,7 +1,8 @@
 //! Samplers with PyTorch's semantics, seeded and reproducible, with resumable state.
 //!
-//! A [`Sampler`] yields the dataset indices of one epoch; a [`BatchSampler`] yields
-//! them grouped into batches. Both are object safe (`Box<dyn Sampler>`). Random
+//! A [`Sampler`] yields the dataset indices of one epoch; a [`BatchSampling`]
+//! implementation, such as the struct [`BatchSampler`] (PyTorch's `BatchSampler`),
+//! yields them grouped into batches. Both are object safe (`Box<dyn Sampler>`). Random
 //! samplers draw from [`crate::rng::epoch_rng`]`(seed, epoch)`: the same seed and
 //! epoch give the same order on any machine.
 //!
@@ -14,7 +15,15 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::DataError;
-use crate::rng::{below, epoch_rng, permutation, shuffle, unit_f64};
+use crate::rng::{below, epoch_rng, permutation, unit_f64};
+
+mod batch;
+mod distributed;
+
+#[allow(deprecated)]
+pub use batch::BatchedSampler;
+pub use batch::{BatchSampler, BatchSampling};
+pub use distributed::{DistributedSampler, DistributedSamplerBuilder};
 
 /// Iterator over one epoch's indices.
 pub type IndexIter<'a> = Box<dyn Iterator<Item = usize> + Send + 'a>;
@@ -28,7 +37,7 @@ pub struct SamplerState {
     /// The epoch being iterated.
     pub epoch: u64,
     /// How many items of that epoch (indices for a [`Sampler`], batches for a
-    /// [`BatchSampler`]) were already consumed.
+    /// [`BatchSampling`]) were already consumed.
     pub position: usize,
     /// Items per epoch when the state was taken, checked on restore.
     pub len: usize,
@@ -80,7 +89,7 @@ pub trait Sampler: Send + Sync + fmt::Debug {
     }
 }
 
-fn check_state(state: &SamplerState, len: usize, what: &str) -> Result<(), DataError> {
+pub(crate) fn check_state(state: &SamplerState, len: usize, what: &str) -> Result<(), DataError> {
     if state.len != len {
         return Err(DataError::StateMismatch(format!(
             "state was taken with {} {what} per epoch, this sampler has {len}",
@@ -396,300 +405,5 @@ impl Sampler for WeightedRandomSampler {
             keyed.truncate(self.num_samples);
             Box::new(keyed.into_iter().map(|(_, i)| i))
         }
-    }
-}
-
-/// Restricts loading to this replica's share of the dataset, like PyTorch's
-/// `DistributedSampler`.
-///
-/// Each epoch the indices `0..len` (shuffled by [`epoch_rng`]`(seed, epoch)` when
-/// `shuffle`, identically on every replica given the same seed; PyTorch seeds
-/// `seed + epoch`, so orders differ from PyTorch's but obey the same rules) are
-/// padded by wrapping around to a multiple of `num_replicas` (or truncated to one,
-/// with `drop_last`), and replica `rank` takes every `num_replicas`-th index from
-/// position `rank`. Every replica yields the same number of indices.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DistributedSampler {
-    dataset_len: usize,
-    num_replicas: usize,
-    rank: usize,
-    shuffle: bool,
-    seed: u64,
-    drop_last: bool,
-    epoch: u64,
-    num_samples: usize,
-}
-
-impl DistributedSampler {
-    /// The share of replica `rank` of `num_replicas` of a dataset of `len` items.
-    ///
-    /// # Errors
-    /// [`DataError::InvalidArgument`] when `num_replicas == 0` or `rank >= num_replicas`.
-    pub fn new(
-        len: usize,
-        num_replicas: usize,
-        rank: usize,
-        shuffle: bool,
-        seed: u64,
-        drop_last: bool,
-    ) -> Result<DistributedSampler, DataError> {
-        if num_replicas == 0 {
-            return Err(DataError::arg("num_replicas", "must be at least 1"));
-        }
-        if rank >= num_replicas {
-            return Err(DataError::arg(
-                "rank",
-                format!(
-                    "invalid rank {rank}, rank should be in the interval [0, {}]",
-                    num_replicas - 1
-                ),
-            ));
-        }
-        let num_samples = if drop_last && len % num_replicas != 0 {
-            // ceil((len - num_replicas) / num_replicas) == floor(len / num_replicas)
-            len / num_replicas
-        } else {
-            len.div_ceil(num_replicas)
-        };
-        Ok(DistributedSampler {
-            dataset_len: len,
-            num_replicas,
-            rank,
-            shuffle,
-            seed,
-            drop_last,
-            epoch: 0,
-            num_samples,
-        })
-    }
-
-    /// Indices over all replicas (`num_samples * num_replicas`).
-    pub fn total_size(&self) -> usize {
-        self.num_samples * self.num_replicas
-    }
-
-    /// The full padded (or truncated) index list of this epoch, before it is split
-    /// between replicas.
-    pub fn global_indices(&self) -> Vec<usize> {
-        let mut indices: Vec<usize> = (0..self.dataset_len).collect();
-        if self.shuffle {
-            shuffle(&mut indices, &mut epoch_rng(self.seed, self.epoch));
-        }
-        let total = self.total_size();
-        if indices.len() >= total {
-            indices.truncate(total);
-        } else if !indices.is_empty() {
-            let mut k = 0;
-            while indices.len() < total {
-                indices.push(indices[k]);
-                k += 1;
-            }
-        }
-        indices
-    }
-}
-
-impl Sampler for DistributedSampler {
-    fn len(&self) -> usize {
-        self.num_samples
-    }
-    fn epoch(&self) -> u64 {
-        self.epoch
-    }
-    fn set_epoch(&mut self, epoch: u64) {
-        self.epoch = epoch;
-    }
-    fn iter(&self) -> IndexIter<'_> {
-        let indices = self.global_indices();
-        Box::new(
-            indices
-                .into_iter()
-                .skip(self.rank)
-                .step_by(self.num_replicas)
-                .take(self.num_samples),
-        )
-    }
-}
-
-/// Yields an epoch's indices grouped into batches; what the loader consumes.
-pub trait BatchSampler: Send + Sync + fmt::Debug {
-    /// Batches per epoch.
-    fn len(&self) -> usize;
-
-    /// Whether an epoch yields no batch.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The (largest) batch size.
-    fn batch_size(&self) -> usize;
-
-    /// Whether a final partial batch is dropped.
-    fn drop_last(&self) -> bool;
-
-    /// The current epoch.
-    fn epoch(&self) -> u64;
-
-    /// Selects the epoch.
-    fn set_epoch(&mut self, epoch: u64);
-
-    /// The batches of the current epoch.
-    fn iter(&self) -> BatchIter<'_>;
-
-    /// The batches of the current epoch after the first `batches_done`.
-    fn iter_from(&self, batches_done: usize) -> BatchIter<'_>;
-
-    /// The state after `batches_done` batches of the current epoch were consumed.
-    fn state(&self, batches_done: usize) -> SamplerState {
-        SamplerState {
-            epoch: self.epoch(),
-            position: batches_done,
-            len: self.len(),
-        }
-    }
-
-    /// Sets the epoch from `state`; returns the batch position for [`BatchSampler::iter_from`].
-    ///
-    /// # Errors
-    /// [`DataError::StateMismatch`] when the state does not fit this sampler.
-    fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
-        check_state(state, self.len(), "batches")?;
-        self.set_epoch(state.epoch);
-        Ok(state.position)
-    }
-}
-
-/// Groups a [`Sampler`]'s indices into batches of `batch_size`, like PyTorch's
-/// `BatchSampler`; the last batch is smaller, or dropped with `drop_last`.
-#[derive(Debug, Clone)]
-pub struct BatchedSampler<S> {
-    sampler: S,
-    batch_size: usize,
-    drop_last: bool,
-}
-
-impl<S: Sampler> BatchedSampler<S> {
-    /// Batches of `batch_size` indices of `sampler`.
-    ///
-    /// # Errors
-    /// [`DataError::InvalidArgument`] when `batch_size == 0`.
-    pub fn new(
-        sampler: S,
-        batch_size: usize,
-        drop_last: bool,
-    ) -> Result<BatchedSampler<S>, DataError> {
-        if batch_size == 0 {
-            return Err(DataError::arg(
-                "batch_size",
-                "must be a positive integer, got 0",
-            ));
-        }
-        Ok(BatchedSampler {
-            sampler,
-            batch_size,
-            drop_last,
-        })
-    }
-
-    /// The inner sampler.
-    pub fn sampler(&self) -> &S {
-        &self.sampler
-    }
-
-    /// The inner sampler, mutable.
-    pub fn sampler_mut(&mut self) -> &mut S {
-        &mut self.sampler
-    }
-}
-
-struct Chunks<'a> {
-    inner: IndexIter<'a>,
-    batch_size: usize,
-    drop_last: bool,
-    remaining: usize,
-}
-
-impl Iterator for Chunks<'_> {
-    type Item = Vec<usize>;
-    fn next(&mut self) -> Option<Vec<usize>> {
-        if self.remaining == 0 {
-            return None;
-        }
-        let batch: Vec<usize> = self.inner.by_ref().take(self.batch_size).collect();
-        if batch.is_empty() || (self.drop_last && batch.len() < self.batch_size) {
-            self.remaining = 0;
-            return None;
-        }
-        self.remaining -= 1;
-        Some(batch)
-    }
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (0, Some(self.remaining))
-    }
-}
-
-impl<S: Sampler> BatchSampler for BatchedSampler<S> {
-    fn len(&self) -> usize {
-        let n = self.sampler.len();
-        if self.drop_last {
-            n / self.batch_size
-        } else {
-            n.div_ceil(self.batch_size)
-        }
-    }
-    fn batch_size(&self) -> usize {
-        self.batch_size
-    }
-    fn drop_last(&self) -> bool {
-        self.drop_last
-    }
-    fn epoch(&self) -> u64 {
-        self.sampler.epoch()
-    }
-    fn set_epoch(&mut self, epoch: u64) {
-        self.sampler.set_epoch(epoch);
-    }
-    fn iter(&self) -> BatchIter<'_> {
-        self.iter_from(0)
-    }
-    fn iter_from(&self, batches_done: usize) -> BatchIter<'_> {
-        let done = batches_done.min(self.len());
-        let skip = done.saturating_mul(self.batch_size);
-        Box::new(Chunks {
-            inner: self.sampler.iter_from(skip),
-            batch_size: self.batch_size,
-            drop_last: self.drop_last,
-            remaining: self.len() - done,
-        })
-    }
-}
-
-impl<S: BatchSampler + ?Sized> BatchSampler for Box<S> {
-    fn len(&self) -> usize {
-        (**self).len()
-    }
-    fn batch_size(&self) -> usize {
-        (**self).batch_size()
-    }
-    fn drop_last(&self) -> bool {
-        (**self).drop_last()
-    }
-    fn epoch(&self) -> u64 {
-        (**self).epoch()
-    }
-    fn set_epoch(&mut self, epoch: u64) {
-        (**self).set_epoch(epoch);
-    }
-    fn iter(&self) -> BatchIter<'_> {
-        (**self).iter()
-    }
-    fn iter_from(&self, batches_done: usize) -> BatchIter<'_> {
-        (**self).iter_from(batches_done)
-    }
-    fn state(&self, batches_done: usize) -> SamplerState {
-        (**self).state(batches_done)
-    }
-    fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
-        (**self).restore(state)
     }
 }

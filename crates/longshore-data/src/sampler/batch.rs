@@ -1,0 +1,212 @@
+//! [`BatchSampler`] (the struct, PyTorch's `BatchSampler`) and the [`BatchSampling`]
+//! trait the loader consumes.
+
+use std::fmt;
+
+use super::{BatchIter, IndexIter, Sampler, SamplerState, check_state};
+use crate::DataError;
+
+/// Yields an epoch's indices grouped into batches: what the loader consumes (its
+/// `batch_sampler` option takes any implementation).
+///
+/// This is the trait; the struct that wraps a [`Sampler`] into batches, PyTorch's
+/// `BatchSampler(sampler, batch_size, drop_last)`, is [`BatchSampler`].
+pub trait BatchSampling: Send + Sync + fmt::Debug {
+    /// Batches per epoch.
+    fn len(&self) -> usize;
+
+    /// Whether an epoch yields no batch.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The (largest) batch size.
+    fn batch_size(&self) -> usize;
+
+    /// Whether a final partial batch is dropped.
+    fn drop_last(&self) -> bool;
+
+    /// The current epoch.
+    fn epoch(&self) -> u64;
+
+    /// Selects the epoch.
+    fn set_epoch(&mut self, epoch: u64);
+
+    /// The batches of the current epoch.
+    fn iter(&self) -> BatchIter<'_>;
+
+    /// The batches of the current epoch after the first `batches_done`.
+    fn iter_from(&self, batches_done: usize) -> BatchIter<'_>;
+
+    /// The state after `batches_done` batches of the current epoch were consumed.
+    fn state(&self, batches_done: usize) -> SamplerState {
+        SamplerState {
+            epoch: self.epoch(),
+            position: batches_done,
+            len: self.len(),
+        }
+    }
+
+    /// Sets the epoch from `state`; returns the batch position for [`BatchSampling::iter_from`].
+    ///
+    /// # Errors
+    /// [`DataError::StateMismatch`] when the state does not fit this sampler.
+    fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
+        check_state(state, self.len(), "batches")?;
+        self.set_epoch(state.epoch);
+        Ok(state.position)
+    }
+}
+
+/// Groups a [`Sampler`]'s indices into batches of `batch_size`, like PyTorch's
+/// `BatchSampler(sampler, batch_size, drop_last)`; the last batch is smaller, or
+/// dropped with `drop_last`. It implements the [`BatchSampling`] trait.
+///
+/// ```
+/// use longshore_data::{BatchSampler, BatchSampling, SequentialSampler};
+///
+/// let batches = BatchSampler::new(SequentialSampler::new(5), 2, false)?;
+/// let all: Vec<Vec<usize>> = batches.iter().collect();
+/// assert_eq!(all, [vec![0, 1], vec![2, 3], vec![4]]);
+/// # Ok::<(), longshore_data::DataError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct BatchSampler<S> {
+    sampler: S,
+    batch_size: usize,
+    drop_last: bool,
+}
+
+impl<S: Sampler> BatchSampler<S> {
+    /// Batches of `batch_size` indices of `sampler`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when `batch_size == 0`.
+    pub fn new(
+        sampler: S,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> Result<BatchSampler<S>, DataError> {
+        if batch_size == 0 {
+            return Err(DataError::arg(
+                "batch_size",
+                "must be a positive integer, got 0",
+            ));
+        }
+        Ok(BatchSampler {
+            sampler,
+            batch_size,
+            drop_last,
+        })
+    }
+
+    /// The inner sampler.
+    pub fn sampler(&self) -> &S {
+        &self.sampler
+    }
+
+    /// The inner sampler, mutable.
+    pub fn sampler_mut(&mut self) -> &mut S {
+        &mut self.sampler
+    }
+}
+
+struct Chunks<'a> {
+    inner: IndexIter<'a>,
+    batch_size: usize,
+    drop_last: bool,
+    remaining: usize,
+}
+
+impl Iterator for Chunks<'_> {
+    type Item = Vec<usize>;
+    fn next(&mut self) -> Option<Vec<usize>> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let batch: Vec<usize> = self.inner.by_ref().take(self.batch_size).collect();
+        if batch.is_empty() || (self.drop_last && batch.len() < self.batch_size) {
+            self.remaining = 0;
+            return None;
+        }
+        self.remaining -= 1;
+        Some(batch)
+    }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.remaining))
+    }
+}
+
+impl<S: Sampler> BatchSampling for BatchSampler<S> {
+    fn len(&self) -> usize {
+        let n = self.sampler.len();
+        if self.drop_last {
+            n / self.batch_size
+        } else {
+            n.div_ceil(self.batch_size)
+        }
+    }
+    fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+    fn drop_last(&self) -> bool {
+        self.drop_last
+    }
+    fn epoch(&self) -> u64 {
+        self.sampler.epoch()
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.sampler.set_epoch(epoch);
+    }
+    fn iter(&self) -> BatchIter<'_> {
+        self.iter_from(0)
+    }
+    fn iter_from(&self, batches_done: usize) -> BatchIter<'_> {
+        let done = batches_done.min(self.len());
+        let skip = done.saturating_mul(self.batch_size);
+        Box::new(Chunks {
+            inner: self.sampler.iter_from(skip),
+            batch_size: self.batch_size,
+            drop_last: self.drop_last,
+            remaining: self.len() - done,
+        })
+    }
+}
+
+impl<S: BatchSampling + ?Sized> BatchSampling for Box<S> {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+    fn batch_size(&self) -> usize {
+        (**self).batch_size()
+    }
+    fn drop_last(&self) -> bool {
+        (**self).drop_last()
+    }
+    fn epoch(&self) -> u64 {
+        (**self).epoch()
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        (**self).set_epoch(epoch);
+    }
+    fn iter(&self) -> BatchIter<'_> {
+        (**self).iter()
+    }
+    fn iter_from(&self, batches_done: usize) -> BatchIter<'_> {
+        (**self).iter_from(batches_done)
+    }
+    fn state(&self, batches_done: usize) -> SamplerState {
+        (**self).state(batches_done)
+    }
+    fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
+        (**self).restore(state)
+    }
+}
+
+/// The old name of [`BatchSampler`] (the struct), from before the trait was renamed
+/// [`BatchSampling`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `BatchSampler`, PyTorch's name; the trait it implements is now `BatchSampling`"
+)]
+pub type BatchedSampler<S> = BatchSampler<S>;

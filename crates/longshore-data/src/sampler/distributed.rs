@@ -1,0 +1,198 @@
+//! [`DistributedSampler`]: this replica's share of a dataset, like PyTorch's.
+
+use super::{IndexIter, Sampler};
+use crate::DataError;
+use crate::rng::{epoch_rng, shuffle};
+
+/// Restricts loading to this replica's share of the dataset, like PyTorch's
+/// `DistributedSampler`.
+///
+/// Each epoch the indices `0..len` (shuffled by [`epoch_rng`]`(seed, epoch)` when
+/// `shuffle`, identically on every replica given the same seed; PyTorch seeds
+/// `seed + epoch`, so orders differ from PyTorch's but obey the same rules) are
+/// padded by wrapping around to a multiple of `num_replicas` (or truncated to one,
+/// with `drop_last`), and replica `rank` takes every `num_replicas`-th index from
+/// position `rank`. Every replica yields the same number of indices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DistributedSampler {
+    dataset_len: usize,
+    num_replicas: usize,
+    rank: usize,
+    shuffle: bool,
+    seed: u64,
+    drop_last: bool,
+    epoch: u64,
+    num_samples: usize,
+}
+
+impl DistributedSampler {
+    /// A builder for the share of replica `rank` of `num_replicas` of a dataset of
+    /// `len` items, with PyTorch's defaults: `shuffle = true`, `seed = 0`,
+    /// `drop_last = false`.
+    ///
+    /// ```
+    /// use longshore_data::{DistributedSampler, Sampler};
+    ///
+    /// // PyTorch: DistributedSampler(ds, num_replicas=4, rank=1, shuffle=False, drop_last=True)
+    /// let s = DistributedSampler::builder(10, 4, 1).shuffle(false).drop_last(true).build()?;
+    /// assert_eq!(s.iter().collect::<Vec<_>>(), [1, 5]);
+    /// # Ok::<(), longshore_data::DataError>(())
+    /// ```
+    pub fn builder(len: usize, num_replicas: usize, rank: usize) -> DistributedSamplerBuilder {
+        DistributedSamplerBuilder {
+            len,
+            num_replicas,
+            rank,
+            shuffle: true,
+            seed: 0,
+            drop_last: false,
+        }
+    }
+
+    /// The share of replica `rank` of `num_replicas` of a dataset of `len` items.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when `num_replicas == 0` or `rank >= num_replicas`.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `DistributedSampler::builder(len, num_replicas, rank)` with `.shuffle()`, `.seed()`, `.drop_last()` (PyTorch's defaults)"
+    )]
+    pub fn new(
+        len: usize,
+        num_replicas: usize,
+        rank: usize,
+        shuffle: bool,
+        seed: u64,
+        drop_last: bool,
+    ) -> Result<DistributedSampler, DataError> {
+        DistributedSampler::builder(len, num_replicas, rank)
+            .shuffle(shuffle)
+            .seed(seed)
+            .drop_last(drop_last)
+            .build()
+    }
+
+    /// Indices over all replicas (`num_samples * num_replicas`).
+    pub fn total_size(&self) -> usize {
+        self.num_samples * self.num_replicas
+    }
+
+    /// The full padded (or truncated) index list of this epoch, before it is split
+    /// between replicas.
+    pub fn global_indices(&self) -> Vec<usize> {
+        let mut indices: Vec<usize> = (0..self.dataset_len).collect();
+        if self.shuffle {
+            shuffle(&mut indices, &mut epoch_rng(self.seed, self.epoch));
+        }
+        let total = self.total_size();
+        if indices.len() >= total {
+            indices.truncate(total);
+        } else if !indices.is_empty() {
+            let mut k = 0;
+            while indices.len() < total {
+                indices.push(indices[k]);
+                k += 1;
+            }
+        }
+        indices
+    }
+}
+
+impl Sampler for DistributedSampler {
+    fn len(&self) -> usize {
+        self.num_samples
+    }
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch;
+    }
+    fn iter(&self) -> IndexIter<'_> {
+        let indices = self.global_indices();
+        Box::new(
+            indices
+                .into_iter()
+                .skip(self.rank)
+                .step_by(self.num_replicas)
+                .take(self.num_samples),
+        )
+    }
+}
+
+/// Options of a [`DistributedSampler`], from [`DistributedSampler::builder`]; the
+/// defaults are PyTorch's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct DistributedSamplerBuilder {
+    len: usize,
+    num_replicas: usize,
+    rank: usize,
+    shuffle: bool,
+    seed: u64,
+    drop_last: bool,
+}
+
+impl DistributedSamplerBuilder {
+    /// Whether each epoch's order is shuffled (by `seed` and the epoch); default `true`.
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.shuffle = shuffle;
+        self
+    }
+
+    /// The seed of the shuffle, the same on every replica; default `0`.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Whether the tail that does not divide evenly between replicas is dropped
+    /// (instead of padding by wrapping around); default `false`.
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.drop_last = drop_last;
+        self
+    }
+
+    /// The sampler.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when `num_replicas == 0` or `rank >= num_replicas`.
+    pub fn build(self) -> Result<DistributedSampler, DataError> {
+        let DistributedSamplerBuilder {
+            len,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+        } = self;
+        if num_replicas == 0 {
+            return Err(DataError::arg("num_replicas", "must be at least 1"));
+        }
+        if rank >= num_replicas {
+            return Err(DataError::arg(
+                "rank",
+                format!(
+                    "invalid rank {rank}, rank should be in the interval [0, {}]",
+                    num_replicas - 1
+                ),
+            ));
+        }
+        let num_samples = if drop_last && len % num_replicas != 0 {
+            // ceil((len - num_replicas) / num_replicas) == floor(len / num_replicas)
+            len / num_replicas
+        } else {
+            len.div_ceil(num_replicas)
+        };
+        Ok(DistributedSampler {
+            dataset_len: len,
+            num_replicas,
+            rank,
+            shuffle,
+            seed,
+            drop_last,
+            epoch: 0,
+            num_samples,
+        })
+    }
+}
