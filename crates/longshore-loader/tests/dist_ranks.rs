@@ -10,7 +10,7 @@ use longshore_loader::DataLoader;
 use proptest::prelude::*;
 
 type Loader = DataLoader<
-    longshore_loader::CollateFetch<
+    longshore_loader::MapFetch<
         VecDataset<([u32; 1],)>,
         longshore_data::FetchCollate<longshore_data::StackCollate>,
     >,
