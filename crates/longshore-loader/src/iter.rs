@@ -18,7 +18,7 @@ use crate::loader::{Inner, lock};
 use crate::state::Progress;
 use crate::worker::{worker_body, worker_seed};
 
-/// One epoch of a [`DataLoader`]: yields `Result<batch, LoaderError>`.
+/// One epoch of a [`DataLoader`](crate::DataLoader): yields `Result<batch, LoaderError>`.
 ///
 /// Dropping it mid-epoch stops the workers (bounded by the loader's `shutdown_timeout`) and
 /// returns every leased buffer to the pool; with `persistent_workers` the workers are kept

@@ -9,6 +9,11 @@
 //! seen whole by the next epoch); every other path takes one at a time. The hot path (one
 //! batch) takes `progress` once and `stats` a few times, all on the consumer thread, so they
 //! are uncontended; workers never touch them.
+//!
+//! Two other locks are on a loader's paths, and neither is taken while one of the four above
+//! is held: the engine's reply gate (`engine.rs`, taken by a worker around each reply and by
+//! the consumer when it starts a new generation) and the pool's state lock (taken to lease a
+//! block and when a batch is dropped; a batch is never dropped under a loader lock).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
