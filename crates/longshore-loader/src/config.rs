@@ -28,18 +28,70 @@ pub enum WorkerPanicPolicy {
     Restart,
 }
 
-/// The options of a built loader, as PyTorch names them.
+/// Something about a loader's options that works but is probably not what the user wants.
+///
+/// Each is logged once with `tracing::warn!` (target `"longshore::loader"`) when the loader is
+/// built, and kept in [`LoaderConfig::warnings`] (also [`DataLoader::warnings`](crate::DataLoader::warnings)),
+/// so a program or a test can check for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LoaderWarning {
+    /// `pin_memory(true)` was asked for, but batches are in memory the GPU cannot DMA from
+    /// (no CUDA driver, or the given pool is pageable): copies to a device take the driver's
+    /// staging path.
+    PinMemoryUnavailable {
+        /// Why (the driver's load error, or the pool's memory kind).
+        reason: String,
+    },
+    /// More worker threads than the cores this process may run on: they take turns on the
+    /// cores (PyTorch warns the same way about worker processes).
+    WorkersExceedCores {
+        /// The requested `num_workers`.
+        num_workers: usize,
+        /// What `std::thread::available_parallelism` reports.
+        available_parallelism: usize,
+    },
+}
+
+impl std::fmt::Display for LoaderWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoaderWarning::PinMemoryUnavailable { reason } => write!(
+                f,
+                "pin_memory is set but batches use pageable memory ({reason}): copies to a device are not direct DMA"
+            ),
+            LoaderWarning::WorkersExceedCores {
+                num_workers,
+                available_parallelism,
+            } => write!(
+                f,
+                "num_workers is {num_workers} but this process may run on {available_parallelism} cores: workers will take turns"
+            ),
+        }
+    }
+}
+
+/// The options of a built loader, as PyTorch names them, and what they became on this
+/// machine ([`pin_memory_effective`](LoaderConfig::pin_memory_effective),
+/// [`available_parallelism`](LoaderConfig::available_parallelism),
+/// [`warnings`](LoaderConfig::warnings)).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LoaderConfig {
     /// Samples per batch; `None` without automatic batching.
     pub batch_size: Option<usize>,
+    /// Shuffle every epoch with the built-in sampler.
+    pub shuffle: bool,
     /// Worker threads; 0 loads on the calling thread.
     pub num_workers: usize,
     /// Batches in flight per worker.
     pub prefetch_factor: usize,
-    /// Collate into page-locked memory.
+    /// Collate into page-locked memory (as asked for).
     pub pin_memory: bool,
+    /// Whether batches really are in memory a GPU can DMA from (page-locked or registered).
+    /// `false` when `pin_memory` is off, when no CUDA driver is present, or when the given
+    /// pool is pageable.
+    pub pin_memory_effective: bool,
     /// Drop the last incomplete batch.
     pub drop_last: bool,
     /// Longest wait for one batch; `None` waits forever (but a dead worker is still detected).
@@ -56,4 +108,34 @@ pub struct LoaderConfig {
     pub on_worker_panic: WorkerPanicPolicy,
     /// Longest wait for workers to stop when an iterator is dropped.
     pub shutdown_timeout: Duration,
+    /// The cores this process may run on (`std::thread::available_parallelism`), when the
+    /// loader was built.
+    pub available_parallelism: usize,
+    /// What looked wrong when the loader was built; see [`LoaderWarning`].
+    pub warnings: Vec<LoaderWarning>,
+}
+
+impl LoaderConfig {
+    /// PyTorch's defaults; `seed`, `prefetch_factor` and the machine-dependent fields are
+    /// settled when a loader is built.
+    pub(crate) fn pytorch_defaults() -> Self {
+        Self {
+            batch_size: Some(1),
+            shuffle: false,
+            num_workers: 0,
+            prefetch_factor: 2,
+            pin_memory: false,
+            pin_memory_effective: false,
+            drop_last: false,
+            timeout: None,
+            persistent_workers: false,
+            in_order: true,
+            seed: 0,
+            on_sample_error: SampleErrorPolicy::default(),
+            on_worker_panic: WorkerPanicPolicy::default(),
+            shutdown_timeout: Duration::from_secs(5),
+            available_parallelism: 1,
+            warnings: Vec::new(),
+        }
+    }
 }

@@ -11,7 +11,8 @@ use longshore_transfer::{
 
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
-use crate::loader::{DataLoader, LoaderIter};
+use crate::iter::LoaderIter;
+use crate::loader::DataLoader;
 
 /// A batch on a device: one [`DeviceBuffer`] holding every tensor at the offsets of its
 /// [`BatchLayout`], so the whole batch crossed PCIe in one copy.

@@ -257,16 +257,22 @@ impl<O> Engine<O> {
             .collect()
     }
 
-    /// Stops every worker: queued tasks are dropped, running ones stop at the next sample
-    /// boundary. Waits up to the shutdown timeout, then detaches threads still stuck in user
-    /// code (they exit when that code returns) and logs a warning.
-    pub(crate) fn shutdown(&mut self) {
+    /// Tells every worker to stop: queued tasks are dropped, running ones stop at the next
+    /// sample boundary, idle ones wake up (their task channel is closed). Returns at once.
+    fn signal_stop(&mut self) {
         self.shared.shutdown.store(true, Ordering::Release);
         {
             let _gate = self.shared.gate();
             self.shared.generation.fetch_add(1, Ordering::AcqRel);
         }
         self.senders.clear();
+    }
+
+    /// Stops every worker (see `signal_stop`) and waits up to the shutdown timeout for them,
+    /// then detaches threads still stuck in user code (they exit when that code returns) and
+    /// logs a warning.
+    pub(crate) fn shutdown(&mut self) {
+        self.signal_stop();
         let deadline = Instant::now() + self.shutdown_timeout;
         for (id, h) in self.handles.iter_mut().enumerate() {
             let Some(handle) = h.take() else { continue };
@@ -287,6 +293,22 @@ impl<O> Engine<O> {
         }
         while let Ok(r) = self.replies.try_recv() {
             drop(r);
+        }
+    }
+}
+
+impl<O: Send + 'static> Engine<O> {
+    /// Signals the workers to stop now and runs the bounded join of [`Engine::shutdown`] on a
+    /// short-lived thread (`longshore-reaper`), so the caller does not wait for a worker stuck
+    /// in dataset code. Falls back to a synchronous shutdown if that thread cannot start.
+    pub(crate) fn shutdown_in_background(mut self) {
+        self.signal_stop();
+        let spawned = std::thread::Builder::new()
+            .name("longshore-reaper".into())
+            .spawn(move || self.shutdown());
+        if let Err(e) = spawned {
+            // The closure, and the engine in it, was dropped: `Drop` shut it down here.
+            tracing::warn!(target: "longshore::loader", error = %e, "could not start a thread to stop the workers; stopped them on this thread");
         }
     }
 }

@@ -6,6 +6,22 @@ use longshore_data::DataError;
 use longshore_host::HostError;
 
 /// Everything the loader can report, each naming where it happened (worker, batch, sample).
+///
+/// `Display` says what failed and where; the cause (the dataset's, the pool's, the OS's
+/// error) is [`source()`](std::error::Error::source), never repeated in the message. Print
+/// the whole chain with `anyhow`'s `{:#}`, or walk `source()`:
+///
+/// ```
+/// # use longshore_loader::LoaderError;
+/// # let e = LoaderError::Sample { index: 7, batch: 1, source: longshore_data::DataError::Empty { what: "row" } };
+/// let mut text = e.to_string();
+/// let mut cause = std::error::Error::source(&e);
+/// while let Some(c) = cause {
+///     text += &format!(": {c}");
+///     cause = c.source();
+/// }
+/// assert!(text.starts_with("failed to load sample 7 (batch 1): "));
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoaderError {
@@ -18,7 +34,7 @@ pub enum LoaderError {
         reason: String,
     },
     /// A sample could not be loaded.
-    #[error("failed to load sample {index} (batch {batch}): {source}")]
+    #[error("failed to load sample {index} (batch {batch})")]
     Sample {
         /// The dataset index.
         index: usize,
@@ -29,7 +45,7 @@ pub enum LoaderError {
         source: DataError,
     },
     /// A batch could not be collated.
-    #[error("failed to collate batch {batch}: {source}")]
+    #[error("failed to collate batch {batch}")]
     Collate {
         /// The batch's position in the epoch.
         batch: u64,
@@ -41,7 +57,7 @@ pub enum LoaderError {
     #[error(transparent)]
     Data(#[from] DataError),
     /// No host memory could be leased for a batch.
-    #[error("no host memory for batch {batch}: {source}")]
+    #[error("no host memory for batch {batch}")]
     Memory {
         /// The batch's position in the epoch.
         batch: u64,
@@ -81,7 +97,7 @@ pub enum LoaderError {
         batch: u64,
     },
     /// A worker thread could not be started.
-    #[error("could not start worker {worker}: {source}")]
+    #[error("could not start worker {worker}")]
     Spawn {
         /// The worker id.
         worker: usize,
@@ -95,4 +111,17 @@ pub enum LoaderError {
     /// A copy to or from the device failed.
     #[error(transparent)]
     Transfer(#[from] longshore_transfer::TransferError),
+}
+
+/// `e` and its causes, joined by `": "` (for log fields: a `LoaderError`'s own `Display`
+/// leaves its cause to `source()`).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
 }

@@ -45,7 +45,7 @@ pub(crate) mod sealed {
 }
 
 /// What a loader's workers do with a task. Implemented by this crate for each dataset
-/// kind ([`CollateFetch`], [`ItemFetch`], [`IterableFetch`]); it appears in
+/// kind ([`MapFetch`], [`ItemFetch`], [`IterableFetch`]); it appears in
 /// [`DataLoader`](crate::DataLoader)'s type and cannot be implemented outside this crate.
 pub trait Fetch: sealed::Sealed<Out = Self::Output> {
     /// What the loader yields.
@@ -56,10 +56,16 @@ impl<T: sealed::Sealed> Fetch for T {
     type Output = T::Out;
 }
 
-/// Map-style dataset, indices collated into a [`Batch`] whose storage is leased from a
-/// [`PinnedPool`] (page-locked with `pin_memory`).
+/// Map-style dataset with automatic batching: the indices of each batch collated by a
+/// [`DatasetCollate`] into a [`Batch`] whose storage is leased from a [`PinnedPool`]
+/// (page-locked with `pin_memory`). Named through the aliases
+/// [`MapLoader`](crate::MapLoader), [`StackLoader`](crate::StackLoader) and
+/// [`DirectLoader`](crate::DirectLoader).
+///
+/// Was `CollateFetch`, which differed from longshore-data's [`FetchCollate`](longshore_data::FetchCollate)
+/// only in word order.
 #[derive(Debug)]
-pub struct CollateFetch<D, C> {
+pub struct MapFetch<D, C> {
     pub(crate) dataset: Arc<D>,
     pub(crate) collate: C,
     pub(crate) pool: PinnedPool,
@@ -77,7 +83,7 @@ fn find_failing<D: Dataset + ?Sized>(
         .find_map(|&i| dataset.get(i).err().map(|e| (i, e)))
 }
 
-impl<D, C> CollateFetch<D, C>
+impl<D, C> MapFetch<D, C>
 where
     D: Dataset + 'static,
     C: DatasetCollate<D> + 'static,
@@ -111,7 +117,7 @@ where
                         );
                     }
                     SampleErrorPolicy::Skip => {
-                        tracing::warn!(target: "longshore::loader", error = %source, sample.index = index, batch.seq = task.seq, "skipping a sample that failed to load");
+                        tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = task.seq, "skipping a sample that failed to load");
                         indices.retain(|&i| i != index);
                         skipped += 1;
                     }
@@ -152,7 +158,7 @@ enum LoadErr {
     Memory(LoaderError),
 }
 
-impl<D, C> sealed::Sealed for CollateFetch<D, C>
+impl<D, C> sealed::Sealed for MapFetch<D, C>
 where
     D: Dataset + 'static,
     C: DatasetCollate<D> + 'static,
@@ -242,6 +248,13 @@ pub struct IterableFetch<D, C> {
     pub(crate) drop_last: bool,
     pub(crate) on_error: SampleErrorPolicy,
 }
+
+/// The old name of [`MapFetch`].
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed to `MapFetch` (it read like longshore-data's `FetchCollate`); or name the loader with `MapLoader`/`StackLoader`/`DirectLoader`"
+)]
+pub type CollateFetch<D, C> = MapFetch<D, C>;
 
 /// One worker's stream for an epoch.
 #[doc(hidden)]

@@ -29,16 +29,38 @@
 //! # Map
 //!
 //! * [`DataLoader`], built by [`DataLoaderBuilder`] (PyTorch's option names), iterated by
-//!   [`LoaderIter`]; [`LoaderConfig`] holds the options.
+//!   [`LoaderIter`]; [`LoaderConfig`] holds the options and what they became on this machine
+//!   ([`LoaderWarning`]s included).
+//! * [`StackLoader`], [`MapLoader`], [`DirectLoader`], [`IterableLoader`],
+//!   [`UnbatchedLoader`]: a loader's type in one name, to return it from a function.
+//! * [`IntoCollate`]: what `.collate(..)` accepts (a `Collate` of the items, or a
+//!   `DatasetCollate` of the dataset).
 //! * [`SampleErrorPolicy`], [`WorkerPanicPolicy`]: what faults do.
 //! * [`LoaderState`]: `state_dict()` / `load_state_dict()` for mid-epoch resume.
 //! * [`LoaderStats`]: who is the bottleneck (`wait_fraction`); [`Tuner`] picks `num_workers`
 //!   and `pin_memory` by measuring.
 //! * [`DataLoader::to_device`]: batches on a device through the prefetcher ([`DeviceBatch`]);
-//!   [`DataLoader::stream`]: an async stream (feature `tokio`, on by default).
-//! * [`LoaderError`]: every error names its worker, batch or sample.
+//!   `DataLoader::stream`: an epoch as an executor-agnostic `futures_core::Stream`
+//!   ([`LoaderStream`], feature `stream`, on by default).
+//! * [`LoaderError`]: every error names its worker, batch or sample; its `Display` says what
+//!   failed and `source()` gives the cause, so an error chain prints each cause once.
+//!
+//! # Features
+//!
+//! * `cuda` (default): the CUDA backend of the layers below (loaded at run time).
+//! * `stream` (default): `DataLoader::stream` and [`LoaderStream`]. It works with any
+//!   executor (tokio's `sync` channel is used without its runtime). `tokio` is the old name
+//!   of this feature, kept as an alias for one release.
+//!
+//! # Logging
+//!
+//! Events use the target `"longshore::loader"`. At `warn`: each [`LoaderWarning`] once when
+//! a loader is built, skipped samples, workers detached at shutdown. At `error`: worker
+//! panics and the error that ended an epoch.
 #![forbid(unsafe_code)]
 
+mod builder;
+mod collate;
 mod config;
 mod device;
 pub mod dist;
@@ -48,22 +70,30 @@ mod error;
 // implemented or called outside this crate.
 #[allow(private_interfaces)]
 mod fetch;
+mod iter;
 mod loader;
 mod state;
 mod stats;
-#[cfg(feature = "tokio")]
+#[cfg(feature = "stream")]
 mod stream;
 mod tuner;
+mod worker;
 
-pub use config::{LoaderConfig, SampleErrorPolicy, WorkerPanicPolicy};
+pub use builder::{DataLoaderBuilder, IterableSource};
+pub use collate::{ByDataset, ByItems, ByStream, IntoCollate};
+pub use config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
 pub use device::{DeviceBatch, DeviceIter, HostBatch};
 pub use error::LoaderError;
-pub use fetch::{CollateFetch, Fetch, ItemFetch, IterableFetch};
+#[allow(deprecated)]
+pub use fetch::CollateFetch;
+pub use fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
+pub use iter::LoaderIter;
 pub use loader::{
-    DataLoader, DataLoaderBuilder, IterableSource, LoaderIter, WorkerInit, worker_seed,
+    DataLoader, DirectLoader, IterableLoader, MapLoader, StackLoader, UnbatchedLoader,
 };
 pub use state::LoaderState;
 pub use stats::LoaderStats;
-#[cfg(feature = "tokio")]
+#[cfg(feature = "stream")]
 pub use stream::LoaderStream;
 pub use tuner::{Trial, TuneReport, Tuner};
+pub use worker::{WorkerInit, worker_seed};

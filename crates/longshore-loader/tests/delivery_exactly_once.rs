@@ -52,10 +52,7 @@ fn opts() -> impl Strategy<Value = Opts> {
 fn build(
     o: &Opts,
 ) -> DataLoader<
-    longshore_loader::CollateFetch<
-        Probe,
-        longshore_data::FetchCollate<longshore_data::StackCollate>,
-    >,
+    longshore_loader::MapFetch<Probe, longshore_data::FetchCollate<longshore_data::StackCollate>>,
 > {
     let mut p = Probe::new(o.len);
     p.jitter_us = o.jitter_us;

@@ -50,6 +50,54 @@ fn batch_sampler_is_exclusive_with_batch_size_shuffle_sampler_drop_last() {
 }
 
 #[test]
+fn batch_sampler_accepts_what_pytorch_accepts_and_names_each_conflict() {
+    let bs = || BatchSampler::new(SequentialSampler::new(10), 3, false).unwrap();
+    // PyTorch rejects only batch_size != 1, shuffle, sampler and drop_last: the explicit
+    // defaults are fine, in either order.
+    let loader = DataLoader::builder(Probe::new(10))
+        .batch_size(1)
+        .shuffle(false)
+        .drop_last(false)
+        .batch_sampler(bs())
+        .build()
+        .unwrap();
+    let sizes: Vec<usize> = loader.iter().map(|b| b.unwrap().batch_size()).collect();
+    assert_eq!(sizes, [3, 3, 3, 1], "the batch sampler decides the batches");
+    DataLoader::builder(Probe::new(10))
+        .batch_sampler(bs())
+        .batch_size(1)
+        .build()
+        .unwrap();
+    // Every conflicting option is named, with its value.
+    let e = DataLoader::builder(Probe::new(10))
+        .batch_size(4)
+        .drop_last(true)
+        .shuffle(true)
+        .sampler(SequentialSampler::new(10))
+        .batch_sampler(bs())
+        .build()
+        .unwrap_err();
+    let msg = e.to_string();
+    for part in [
+        "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last",
+        "batch_size=4",
+        "shuffle=true",
+        "sampler",
+        "drop_last=true",
+    ] {
+        assert!(msg.contains(part), "{part:?} missing from {msg:?}");
+    }
+    let e = DataLoader::builder(Probe::new(10))
+        .drop_last(true)
+        .batch_sampler(bs())
+        .build()
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.ends_with("(got drop_last=true)"), "{msg}");
+    assert_eq!(option_of(e), "batch_sampler");
+}
+
+#[test]
 fn sampler_excludes_shuffle_and_workers_options_need_workers() {
     let e = DataLoader::builder(Probe::new(10))
         .sampler(SequentialSampler::new(10))

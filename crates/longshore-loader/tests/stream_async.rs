@@ -1,7 +1,7 @@
 //! The async stream delivers the same batches as the iterator, never blocks the runtime, and
 //! dropping it mid-epoch returns every lease.
 
-#![cfg(feature = "tokio")]
+#![cfg(feature = "stream")]
 
 mod common;
 

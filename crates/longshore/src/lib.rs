@@ -37,6 +37,8 @@
 //!
 //! * `cuda` (default): the CUDA backend in every layer. The driver is loaded at run time, so
 //!   this builds and runs on machines without CUDA; `Device::cuda` then returns an error.
+//! * `stream` (default): `DataLoader::stream`, an epoch as an async `futures_core::Stream`
+//!   for any executor. `tokio` is its old name, kept as an alias feature for one release.
 //! * `ops`: `longshore::transfer::ops`, safe f32 operations on device buffers (cuBLAS and
 //!   NVRTC on CUDA, loaded at run time), enough to train a small model.
 //! * `nccl` (implies `ops`): `longshore::transfer::collective`, a `Communicator` whose
@@ -58,10 +60,14 @@ pub use longshore_transfer as transfer;
 /// What a training loop needs, in one import.
 pub mod prelude {
     pub use longshore_data::{
-        Batch, BatchSampler, BatchSampling, Dataset, DatasetExt, DistributedSampler,
-        IterableDataset, RandomSampler, Sample, Sampler, SequentialSampler, VecDataset, WorkerInfo,
+        Batch, BatchSampler, BatchSampling, Collate, DataError, Dataset, DatasetCollate, DatasetExt,
+        DirectCollate, DistributedSampler, IterableDataset, PadCollate, RandomSampler, Sample,
+        Sampler, SequentialSampler, StackCollate, VecDataset, WorkerInfo,
     };
     pub use longshore_host::{BudgetPolicy, HostBuffer, MemoryKind, PinnedPool, PoolConfig};
-    pub use longshore_loader::{DataLoader, LoaderError, LoaderState, LoaderStats};
+    pub use longshore_loader::{
+        DataLoader, DirectLoader, IterableLoader, LoaderConfig, LoaderError, LoaderState,
+        LoaderStats, LoaderWarning, MapLoader, StackLoader, UnbatchedLoader,
+    };
     pub use longshore_transfer::{Device, DeviceBuffer, Event, Pending, Prefetcher, Stream};
 }

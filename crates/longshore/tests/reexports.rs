@@ -17,6 +17,38 @@ fn documented_paths_resolve() {
     let _ = Device::cpu();
     let _ = MemoryKind::PageLocked;
     let _ = BudgetPolicy::FallbackPageable;
+    let _ = (
+        StackCollate::new(),
+        PadCollate::new(0.0),
+        DirectCollate::new(),
+    );
+    let _: Option<DataError> = None;
+    let _: Option<LoaderWarning> = None;
+    let _: Option<LoaderConfig> = None;
+    let _: Option<longshore::loader::MapFetch<VecDataset<(u8,)>, StackCollate>> = None;
+}
+
+type Ragged = VecDataset<(Vec<f32>, i64)>;
+type Rows = VecDataset<([f32; 2], i64)>;
+
+/// A loader returned from a function, its type named through the prelude's aliases.
+fn padded(rows: Vec<(Vec<f32>, i64)>) -> Result<MapLoader<Ragged, PadCollate>, LoaderError> {
+    DataLoader::builder(VecDataset::new(rows))
+        .batch_size(2)
+        .collate(PadCollate::new(0.0))
+        .build()
+}
+
+fn stacked(n: i64) -> Result<StackLoader<Rows>, LoaderError> {
+    DataLoader::builder(VecDataset::new((0..n).map(|i| ([0.0; 2], i)).collect())).build()
+}
+
+#[test]
+fn loader_aliases_name_the_built_types() {
+    let l = padded(vec![(vec![1.0], 0), (vec![1.0, 2.0, 3.0], 1)]).unwrap();
+    let b = l.iter().next().unwrap().unwrap();
+    assert_eq!(b.shape(0).unwrap(), &[2, 3]);
+    assert_eq!(stacked(3).unwrap().len(), Some(3));
 }
 
 #[test]

@@ -1,0 +1,531 @@
+//! [`DataLoaderBuilder`]: PyTorch's `DataLoader` options, checked with PyTorch's rules.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use longshore_data::{
+    BatchSampling, BatchSampler, Collate, Dataset, DatasetCollate, FetchCollate, IterableDataset,
+    Sampler, StackCollate, WorkerInfo,
+};
+use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
+
+use crate::collate::IntoCollate;
+use crate::config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
+use crate::error::LoaderError;
+use crate::fetch::{ItemFetch, IterableFetch, MapFetch};
+use crate::loader::{DataLoader, SamplerSource};
+use crate::worker::WorkerInit;
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+/// Everything a builder holds besides its dataset and collate function, in one struct, so
+/// that [`DataLoaderBuilder::collate`] moves it whole and the built loader's
+/// [`LoaderConfig`] is its `config` with the build-time fields settled.
+struct Options {
+    /// The plain options, as set. `seed`, `prefetch_factor`, `pin_memory_effective`,
+    /// `available_parallelism` and `warnings` are settled by [`Options::settle`].
+    config: LoaderConfig,
+    /// `prefetch_factor` as set: PyTorch refuses it without workers, so "unset" matters.
+    prefetch_factor: Option<usize>,
+    /// The seed as set; a random one is drawn at build time otherwise.
+    seed: Option<u64>,
+    /// Whether `batch_size` was called (an unbatched loader refuses it).
+    batch_size_set: bool,
+    sampler: Option<Box<dyn Sampler>>,
+    batch_sampler: Option<Box<dyn BatchSampling>>,
+    worker_init: Option<WorkerInit>,
+    pool: Option<PinnedPool>,
+}
+
+/// Builds a [`DataLoader`]; every option has PyTorch's name and default.
+///
+/// The options are checked by `build` with PyTorch's rules and messages (a
+/// [`LoaderError::Config`] naming the option). Things that work but are probably not meant
+/// (`pin_memory` without a CUDA driver, more workers than cores) are not errors: they are
+/// logged once with `tracing::warn!` (target `"longshore::loader"`) and listed in
+/// [`DataLoader::warnings`].
+pub struct DataLoaderBuilder<D, C> {
+    dataset: D,
+    collate: C,
+    opts: Options,
+}
+
+impl<D, C> fmt::Debug for DataLoaderBuilder<D, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataLoaderBuilder")
+            .field("config", &self.opts.config)
+            .field("prefetch_factor", &self.opts.prefetch_factor)
+            .field("seed", &self.opts.seed)
+            .field("sampler", &self.opts.sampler)
+            .field("batch_sampler", &self.opts.batch_sampler)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DataLoader<ItemFetch<longshore_data::VecDataset<()>>> {
+    /// A builder for a map-style dataset, with PyTorch's defaults: `batch_size` 1, no shuffle,
+    /// no workers, stacking collate ([`StackCollate`], like `default_collate`).
+    #[allow(clippy::new_ret_no_self)]
+    pub fn builder<D: Dataset + 'static>(
+        dataset: D,
+    ) -> DataLoaderBuilder<D, FetchCollate<StackCollate>> {
+        DataLoaderBuilder::new(dataset, FetchCollate(StackCollate::new()))
+    }
+
+    /// A builder for an iterable dataset (PyTorch's `IterableDataset`): each worker gets its
+    /// [`WorkerInfo`] and yields its own share; samplers and `shuffle` are refused.
+    pub fn iterable<D: IterableDataset + 'static>(
+        dataset: D,
+    ) -> DataLoaderBuilder<IterableSource<D>, StackCollate> {
+        DataLoaderBuilder::new(IterableSource(dataset), StackCollate::new())
+    }
+}
+
+/// Marks a builder's dataset as iterable.
+#[derive(Debug)]
+pub struct IterableSource<D>(pub(crate) D);
+
+impl<D, C> DataLoaderBuilder<D, C> {
+    fn new(dataset: D, collate: C) -> Self {
+        Self {
+            dataset,
+            collate,
+            opts: Options {
+                config: LoaderConfig::pytorch_defaults(),
+                prefetch_factor: None,
+                seed: None,
+                batch_size_set: false,
+                sampler: None,
+                batch_sampler: None,
+                worker_init: None,
+                pool: None,
+            },
+        }
+    }
+
+    /// Samples per batch (default 1).
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.opts.config.batch_size = Some(batch_size);
+        self.opts.batch_size_set = true;
+        self
+    }
+
+    /// Shuffle every epoch (a seeded [`RandomSampler`](longshore_data::RandomSampler)).
+    pub fn shuffle(mut self, shuffle: bool) -> Self {
+        self.opts.config.shuffle = shuffle;
+        self
+    }
+
+    /// The sampler of indices (mutually exclusive with `shuffle`).
+    pub fn sampler(mut self, sampler: impl Sampler + 'static) -> Self {
+        self.opts.sampler = Some(Box::new(sampler));
+        self
+    }
+
+    /// The sampler of whole batches. As in PyTorch, it excludes `sampler`, `shuffle(true)`,
+    /// `drop_last(true)` and a `batch_size` other than 1 (the default, so `.batch_size(1)`
+    /// is accepted).
+    pub fn batch_sampler(mut self, batch_sampler: impl BatchSampling + 'static) -> Self {
+        self.opts.batch_sampler = Some(Box::new(batch_sampler));
+        self
+    }
+
+    /// Worker threads (0: load on the calling thread). More than the cores this process may
+    /// run on works, with a [`LoaderWarning::WorkersExceedCores`].
+    pub fn num_workers(mut self, n: usize) -> Self {
+        self.opts.config.num_workers = n;
+        self
+    }
+
+    /// Collate straight into page-locked memory leased from the loader's pool, so the copy to
+    /// the GPU is a direct DMA. Without a CUDA driver the pool is pageable: the loader then
+    /// reports [`LoaderConfig::pin_memory_effective`] `false` and a
+    /// [`LoaderWarning::PinMemoryUnavailable`] (also logged with `tracing::warn!`).
+    pub fn pin_memory(mut self, pin: bool) -> Self {
+        self.opts.config.pin_memory = pin;
+        self
+    }
+
+    /// Drop the last incomplete batch.
+    pub fn drop_last(mut self, drop_last: bool) -> Self {
+        self.opts.config.drop_last = drop_last;
+        self
+    }
+
+    /// Longest wait for one batch; past it the iterator yields [`LoaderError::Timeout`] naming
+    /// the worker and batch (right at the timeout: the workers are stopped afterwards, in the
+    /// background) and ends the epoch.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.opts.config.timeout = Some(timeout);
+        self
+    }
+
+    /// Runs `f` in each worker thread as it starts (PyTorch's `worker_init_fn`).
+    pub fn worker_init(mut self, f: impl Fn(&WorkerInfo) + Send + Sync + 'static) -> Self {
+        self.opts.worker_init = Some(Arc::new(f));
+        self
+    }
+
+    /// The base seed (PyTorch's `generator`): shuffling order and worker seeds derive from it.
+    /// Without it a random seed is drawn, recorded in [`LoaderState`](crate::LoaderState).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.opts.seed = Some(seed);
+        self
+    }
+
+    /// Batches in flight per worker (default 2; invalid without workers, as in PyTorch).
+    pub fn prefetch_factor(mut self, factor: usize) -> Self {
+        self.opts.prefetch_factor = Some(factor);
+        self
+    }
+
+    /// Keep the worker threads between epochs.
+    pub fn persistent_workers(mut self, keep: bool) -> Self {
+        self.opts.config.persistent_workers = keep;
+        self
+    }
+
+    /// Deliver batches in sampler order (default) or as soon as they are ready.
+    pub fn in_order(mut self, in_order: bool) -> Self {
+        self.opts.config.in_order = in_order;
+        self
+    }
+
+    /// What to do with samples that fail to load.
+    pub fn on_sample_error(mut self, policy: SampleErrorPolicy) -> Self {
+        self.opts.config.on_sample_error = policy;
+        self
+    }
+
+    /// What to do when a worker panics.
+    pub fn on_worker_panic(mut self, policy: WorkerPanicPolicy) -> Self {
+        self.opts.config.on_worker_panic = policy;
+        self
+    }
+
+    /// The pool batches are leased from (default: one sized for this loader; page-locked with
+    /// `pin_memory` when a CUDA driver is present). Share one pool between loaders to share
+    /// the pinned budget.
+    pub fn pool(mut self, pool: PinnedPool) -> Self {
+        self.opts.pool = Some(pool);
+        self
+    }
+
+    /// Longest wait for workers to stop when an iterator is dropped (default 5 s); a worker
+    /// still inside dataset code then is detached and exits when that code returns.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.config.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Replaces the collate function (PyTorch's `collate_fn`).
+    ///
+    /// A map-style dataset takes either a [`Collate`] of its items ([`StackCollate`],
+    /// [`PadCollate`](longshore_data::PadCollate), your own), which the loader wraps in
+    /// [`FetchCollate`], or a [`DatasetCollate`] of the dataset itself
+    /// ([`DirectCollate`](longshore_data::DirectCollate), [`FetchCollate`]). An iterable
+    /// dataset takes a [`Collate`] of its items. See [`IntoCollate`].
+    ///
+    /// ```
+    /// use longshore_data::{PadCollate, VecDataset};
+    /// use longshore_loader::DataLoader;
+    ///
+    /// let rows: Vec<(Vec<i64>, f32)> = vec![(vec![1, 2, 3], 0.5), (vec![4], 1.5)];
+    /// let loader = DataLoader::builder(VecDataset::new(rows))
+    ///     .batch_size(2)
+    ///     .collate(PadCollate::new(0.0))
+    ///     .build()?;
+    /// let batch = loader.iter().next().unwrap()?;
+    /// assert_eq!(batch.shape(0)?, &[2, 3]); // padded to the longest row
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn collate<C2, M>(self, collate: C2) -> DataLoaderBuilder<D, C2::Collate>
+    where
+        C2: IntoCollate<D, M>,
+    {
+        DataLoaderBuilder {
+            dataset: self.dataset,
+            collate: collate.into_collate(),
+            opts: self.opts,
+        }
+    }
+
+    fn validate_common(&self) -> Result<(), LoaderError> {
+        let o = &self.opts;
+        let c = &o.config;
+        if let Some(f) = o.prefetch_factor {
+            if c.num_workers == 0 {
+                return Err(LoaderError::Config {
+                    option: "prefetch_factor",
+                    reason: "prefetch_factor option could only be specified in multiprocessing: \
+                             set num_workers > 0"
+                        .into(),
+                });
+            }
+            if f == 0 {
+                return Err(LoaderError::Config {
+                    option: "prefetch_factor",
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
+        if c.persistent_workers && c.num_workers == 0 {
+            return Err(LoaderError::Config {
+                option: "persistent_workers",
+                reason: "persistent_workers option needs num_workers > 0".into(),
+            });
+        }
+        if c.timeout == Some(Duration::ZERO) {
+            return Err(LoaderError::Config {
+                option: "timeout",
+                reason: "must be positive".into(),
+            });
+        }
+        if c.batch_size == Some(0) {
+            return Err(LoaderError::Config {
+                option: "batch_size",
+                reason: "must be a positive integer, got 0".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the options every dataset kind shares and settles the build-time fields of the
+    /// config: seed, prefetch factor, the machine's parallelism.
+    fn settle(&self) -> Result<LoaderConfig, LoaderError> {
+        self.validate_common()?;
+        let mut config = self.opts.config.clone();
+        config.prefetch_factor = self.opts.prefetch_factor.unwrap_or(2);
+        config.seed = self.opts.seed.unwrap_or_else(random_seed);
+        config.available_parallelism = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        Ok(config)
+    }
+
+    /// The pool (the given one, or a new one), the last step of a build: settles
+    /// `pin_memory_effective` and the warnings, and logs each warning once.
+    fn make_pool(&mut self, config: &mut LoaderConfig) -> Result<PinnedPool, LoaderError> {
+        let pin = config.pin_memory;
+        let (pool, pin_unavailable) = match self.opts.pool.take() {
+            Some(p) => {
+                let why = (pin && !p.kind().is_dma_capable())
+                    .then(|| format!("the given pool hands out {:?} memory", p.kind()));
+                (p, why)
+            }
+            None if !pin => (
+                PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable))?,
+                None,
+            ),
+            None if longshore_host::driver_available() => (
+                PinnedPool::new(PoolConfig::for_kind(MemoryKind::PageLocked))?,
+                None,
+            ),
+            None => (
+                PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable))?,
+                Some(
+                    longshore_host::driver_unavailable_reason()
+                        .unwrap_or_else(|| "no CUDA driver".to_owned()),
+                ),
+            ),
+        };
+        config.pin_memory_effective = pin && pool.kind().is_dma_capable();
+        config.warnings.clear();
+        if let Some(reason) = pin_unavailable {
+            config
+                .warnings
+                .push(LoaderWarning::PinMemoryUnavailable { reason });
+        }
+        if config.num_workers > config.available_parallelism {
+            config.warnings.push(LoaderWarning::WorkersExceedCores {
+                num_workers: config.num_workers,
+                available_parallelism: config.available_parallelism,
+            });
+        }
+        for w in &config.warnings {
+            tracing::warn!(target: "longshore::loader", warning = %w, "loader option");
+        }
+        Ok(pool)
+    }
+}
+
+impl<D, C> DataLoaderBuilder<D, C>
+where
+    D: Dataset + 'static,
+{
+    /// Replaces the collate function with one that reads the dataset itself (a
+    /// [`DatasetCollate`], such as [`DirectCollate`](longshore_data::DirectCollate)).
+    /// [`collate`](DataLoaderBuilder::collate) accepts these too; this method is for generic
+    /// code, where the compiler cannot tell which kind of collate a type parameter is.
+    pub fn dataset_collate<C2: DatasetCollate<D>>(self, collate: C2) -> DataLoaderBuilder<D, C2> {
+        DataLoaderBuilder {
+            dataset: self.dataset,
+            collate,
+            opts: self.opts,
+        }
+    }
+}
+
+impl<D, C> DataLoaderBuilder<D, C>
+where
+    D: Dataset + 'static,
+    C: DatasetCollate<D> + 'static,
+{
+    /// Checks the options with PyTorch's rules (`batch_sampler` excludes `sampler`,
+    /// `shuffle(true)`, `drop_last(true)` and a `batch_size` other than 1; `sampler` excludes
+    /// `shuffle`; `prefetch_factor` and `persistent_workers` need workers) and builds the
+    /// loader.
+    pub fn build(mut self) -> Result<DataLoader<MapFetch<D, C>>, LoaderError> {
+        let mut config = self.settle()?;
+        let sampler = self.sampler_source(self.dataset.len(), config.seed)?;
+        let pool = self.make_pool(&mut config)?;
+        let fetch = MapFetch {
+            dataset: Arc::new(self.dataset),
+            collate: self.collate,
+            pool: pool.clone(),
+            on_error: config.on_sample_error,
+        };
+        Ok(DataLoader::from_parts(
+            fetch,
+            config,
+            sampler,
+            pool,
+            self.opts.worker_init,
+        ))
+    }
+
+    /// Builds a loader without automatic batching (PyTorch's `batch_size=None`): it yields the
+    /// dataset's items one by one, in sampler order.
+    pub fn build_unbatched(mut self) -> Result<DataLoader<ItemFetch<D>>, LoaderError> {
+        if self.opts.batch_sampler.is_some() {
+            return Err(LoaderError::Config {
+                option: "batch_sampler",
+                reason: "an unbatched loader takes no batch_sampler".into(),
+            });
+        }
+        if self.opts.batch_size_set || self.opts.config.drop_last {
+            return Err(LoaderError::Config {
+                option: "batch_size",
+                reason: "an unbatched loader (batch_size=None) takes no batch_size or drop_last"
+                    .into(),
+            });
+        }
+        let mut config = self.settle()?;
+        let sampler = self.sampler_source(self.dataset.len(), config.seed)?;
+        let pool = self.make_pool(&mut config)?;
+        config.batch_size = None;
+        let fetch = ItemFetch {
+            dataset: Arc::new(self.dataset),
+        };
+        Ok(DataLoader::from_parts(
+            fetch,
+            config,
+            sampler,
+            pool,
+            self.opts.worker_init,
+        ))
+    }
+
+    fn sampler_source(&mut self, len: usize, seed: u64) -> Result<SamplerSource, LoaderError> {
+        let c = &self.opts.config;
+        let batch_size = c.batch_size.unwrap_or(1);
+        if let Some(bs) = self.opts.batch_sampler.take() {
+            // PyTorch: `if batch_size != 1 or shuffle or sampler is not None or drop_last`.
+            let mut conflicts = Vec::new();
+            if batch_size != 1 {
+                conflicts.push(format!("batch_size={batch_size}"));
+            }
+            if c.shuffle {
+                conflicts.push("shuffle=true".to_owned());
+            }
+            if self.opts.sampler.is_some() {
+                conflicts.push("sampler".to_owned());
+            }
+            if c.drop_last {
+                conflicts.push("drop_last=true".to_owned());
+            }
+            if !conflicts.is_empty() {
+                return Err(LoaderError::Config {
+                    option: "batch_sampler",
+                    reason: format!(
+                        "batch_sampler option is mutually exclusive with batch_size, shuffle, \
+                         sampler, and drop_last (got {})",
+                        conflicts.join(", ")
+                    ),
+                });
+            }
+            return Ok(SamplerSource::User(bs));
+        }
+        if let Some(s) = self.opts.sampler.take() {
+            if c.shuffle {
+                return Err(LoaderError::Config {
+                    option: "sampler",
+                    reason: "sampler option is mutually exclusive with shuffle".into(),
+                });
+            }
+            return Ok(SamplerSource::User(Box::new(BatchSampler::new(
+                s,
+                batch_size,
+                c.drop_last,
+            )?)));
+        }
+        SamplerSource::builtin(len, c.shuffle, batch_size, c.drop_last, seed)
+    }
+}
+
+impl<D, C> DataLoaderBuilder<IterableSource<D>, C>
+where
+    D: IterableDataset + 'static,
+    D::Item: 'static,
+    C: Collate<D::Item> + 'static,
+{
+    /// Builds a loader over the iterable dataset. Samplers and `shuffle` are refused, as
+    /// PyTorch refuses them for an `IterableDataset`.
+    pub fn build(mut self) -> Result<DataLoader<IterableFetch<D, C>>, LoaderError> {
+        let refused = if self.opts.config.shuffle {
+            Some("shuffle")
+        } else if self.opts.sampler.is_some() {
+            Some("sampler")
+        } else if self.opts.batch_sampler.is_some() {
+            Some("batch_sampler")
+        } else {
+            None
+        };
+        if let Some(option) = refused {
+            return Err(LoaderError::Config {
+                option,
+                reason: format!(
+                    "DataLoader with IterableDataset: expected unspecified {option} option"
+                ),
+            });
+        }
+        let mut config = self.settle()?;
+        let pool = self.make_pool(&mut config)?;
+        let fetch = IterableFetch {
+            dataset: Arc::new(self.dataset.0),
+            collate: self.collate,
+            pool: pool.clone(),
+            batch_size: config.batch_size.unwrap_or(1),
+            drop_last: config.drop_last,
+            on_error: config.on_sample_error,
+        };
+        Ok(DataLoader::from_parts(
+            fetch,
+            config,
+            SamplerSource::None,
+            pool,
+            self.opts.worker_init,
+        ))
+    }
+}
