@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::cpu::CpuMem;
+use crate::backend::cpu::{CpuMem, CpuMemory};
 use crate::device::Device;
 use crate::error::{Result, TransferError};
 use crate::event::Event;
@@ -96,12 +96,41 @@ impl DeviceBuffer {
         self.lock().write.clone()
     }
 
+    /// The address of the buffer's first byte in its device's address space: the
+    /// `CUdeviceptr` on CUDA, a host address on `Cpu`. With [`len`](DeviceBuffer::len) and
+    /// [`device`](DeviceBuffer::device), what a kernel launch or a DLPack capsule needs.
+    ///
+    /// The address is stable for the buffer's lifetime. Reaching the memory through it is
+    /// up to you: only from work ordered after [`ready_event`](DeviceBuffer::ready_event) and
+    /// before the buffer's next use by this crate, which [`Stream::enqueue_work`] arranges.
+    /// On `Cpu`, work of your own should use [`cpu_memory`](DeviceBuffer::cpu_memory) instead,
+    /// which locks the bytes the way this crate's jobs do.
+    pub fn device_ptr(&self) -> u64 {
+        match &self.mem {
+            DeviceMem::Cpu(m) => m.addr() as u64,
+            #[cfg(feature = "cuda")]
+            DeviceMem::Cuda(m) => m.ptr,
+        }
+    }
+
     /// The CUDA device pointer (`CUdeviceptr`), for launching your own kernels; `None` on `Cpu`.
+    /// Same as [`device_ptr`](DeviceBuffer::device_ptr) on a CUDA buffer.
     pub fn cuda_device_ptr(&self) -> Option<u64> {
         match &self.mem {
             DeviceMem::Cpu(_) => None,
             #[cfg(feature = "cuda")]
             DeviceMem::Cuda(m) => Some(m.ptr),
+        }
+    }
+
+    /// The bytes of a buffer on the `Cpu` device, for work of your own on a `Cpu` stream's
+    /// executor thread ([`Stream::enqueue_work`] with [`Stream::launch_host_fn`]); `None` on
+    /// other devices. The handle keeps the bytes alive as long as it lives.
+    pub fn cpu_memory(&self) -> Option<CpuMemory> {
+        match &self.mem {
+            DeviceMem::Cpu(m) => Some(CpuMemory(m.clone())),
+            #[cfg(feature = "cuda")]
+            DeviceMem::Cuda(_) => None,
         }
     }
 

@@ -36,10 +36,14 @@
 //! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostBatch`], [`DeviceBatch`]: keep N batches
 //!   in flight on a copy stream and hand them to a compute stream.
 //! * [`TransferError`]: what can fail, with the CUDA error name and what was being done.
-//! * `ops` (feature `ops`): safe f32 operations on device buffers (gemm, bias + ReLU, softmax
-//!   cross-entropy, SGD, u8 normalisation) on both backends, enough to train a small model.
-//! * `collective` (feature `nccl`): a `Communicator` with an in-place f32 all-reduce, as
-//!   threads on the Cpu device (`CpuGroup`) or over NCCL on CUDA, for data-parallel training.
+//! * Seams for crates above (longshore-ops, longshore-collective, decoders, DLPack):
+//!   [`Stream::enqueue_work`] (your own kernels or `Cpu` closures, ordered and tracked like
+//!   copies), [`Stream::as_raw`] / [`Stream::from_raw`] (the native `CUstream`),
+//!   [`Stream::local`] (per-stream state), [`DeviceBuffer::device_ptr`] and
+//!   [`DeviceBuffer::cpu_memory`] ([`CpuMemory`]).
+//!
+//! The device f32 operations and the all-reduce that used to live here as `ops` and
+//! `collective` are the crates `longshore-ops` and `longshore-collective`.
 //!
 //! # Backends
 //!
@@ -55,18 +59,15 @@ mod backend;
 #[doc(hidden)]
 pub mod bench_support;
 mod buffer;
-#[cfg(feature = "nccl")]
-pub mod collective;
 mod device;
 mod error;
 pub mod event;
-#[cfg(feature = "ops")]
-pub mod ops;
 mod pending;
 mod prefetch;
 mod staging;
 mod stream;
 
+pub use backend::cpu::{CpuMemory, CpuMemoryGuard};
 pub use buffer::DeviceBuffer;
 pub use device::{Device, DeviceId};
 pub use error::{Result, TransferError};

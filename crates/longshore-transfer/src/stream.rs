@@ -1,8 +1,10 @@
 //! [`Stream`]: an ordered queue of work on a device, and the copies enqueued on it.
 
+use std::any::Any;
+use std::ffi::c_void;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use longshore_host::{HostBuffer, HostMemory, MemoryKind};
 
@@ -24,12 +26,12 @@ pub(crate) enum StreamBackend {
 }
 
 struct StreamShared {
+    /// State that crates above keep per stream ([`Stream::local`]). Declared first so it is
+    /// dropped before the backend's stream (a library handle bound to a stream goes first).
+    locals: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
     device: Device,
     id: u64,
     backend: StreamBackend,
-    /// Per-stream state of the `ops` module (a cuBLAS handle bound to this stream).
-    #[cfg(feature = "ops")]
-    ops: crate::ops::StreamOps,
 }
 
 /// An ordered queue of work on a device: copies, fills, host functions, event records and
@@ -100,15 +102,192 @@ impl Stream {
             }
         };
         tracing::debug!(target: "longshore::transfer", stream_id = id, device = %device.id(), "stream created");
-        Ok(Stream {
+        Ok(Stream::with_backend(device, id, backend))
+    }
+
+    fn with_backend(device: &Device, id: u64, backend: StreamBackend) -> Stream {
+        Stream {
             shared: Arc::new(StreamShared {
+                locals: Mutex::new(Vec::new()),
                 device: device.clone(),
                 id,
                 backend,
-                #[cfg(feature = "ops")]
-                ops: Default::default(),
             }),
-        })
+        }
+    }
+
+    /// The backend's native stream handle: the `CUstream` (`cudaStream_t`) on CUDA, to order
+    /// work of another library (a kernel, a cuBLAS call, torch's stream through an event)
+    /// with this stream's. The handle stays valid while this stream (any clone) lives.
+    ///
+    /// A `Cpu` stream is a thread of this crate with no native handle: that is a
+    /// [`TransferError::Unsupported`]. Order work with a `Cpu` stream through events
+    /// ([`record`](Stream::record), [`wait_event`](Stream::wait_event)) and host functions
+    /// ([`launch_host_fn`](Stream::launch_host_fn)) instead.
+    ///
+    /// ```
+    /// # use longshore_transfer::{Device, TransferError};
+    /// let stream = Device::cpu().new_stream()?;
+    /// assert!(matches!(stream.as_raw(), Err(TransferError::Unsupported { .. })));
+    /// # Ok::<(), TransferError>(())
+    /// ```
+    pub fn as_raw(&self) -> Result<*mut c_void> {
+        match self.backend() {
+            StreamBackend::Cpu(_) => Err(TransferError::Unsupported {
+                op: "Stream::as_raw",
+                device: DeviceId::Cpu,
+                reason: "a cpu stream is a thread with no native handle; order work with \
+                         events and launch_host_fn",
+            }),
+            #[cfg(feature = "cuda")]
+            StreamBackend::Cuda { stream, .. } => Ok(stream.cu_stream().cast()),
+        }
+    }
+
+    /// A stream of this crate over a native stream that someone else owns, such as
+    /// `torch.cuda.current_stream().cuda_stream` or a cudarc stream: copies enqueued on it are
+    /// ordered with that owner's work. Dropping the returned stream (every clone) does not
+    /// destroy the native stream.
+    ///
+    /// On the `Cpu` device there is no native stream to adopt: that is a
+    /// [`TransferError::Unsupported`] (whatever `raw` is).
+    ///
+    /// # Safety
+    ///
+    /// On CUDA, `raw` is a valid `CUstream` of `device`'s primary context (the one the CUDA
+    /// runtime and PyTorch use), or null for its legacy default stream, and its owner keeps it
+    /// alive while the returned stream, any clone of it, or anything made on it is in use:
+    /// [`DeviceBuffer`]s allocated on it are freed on it when dropped.
+    pub unsafe fn from_raw(device: &Device, raw: *mut c_void) -> Result<Stream> {
+        let id = next_stream_id();
+        let backend = match device.id() {
+            DeviceId::Cpu => {
+                let _ = raw;
+                return Err(TransferError::Unsupported {
+                    op: "Stream::from_raw",
+                    device: DeviceId::Cpu,
+                    reason: "the cpu device has no native streams; use Device::new_stream",
+                });
+            }
+            #[cfg(feature = "cuda")]
+            DeviceId::Cuda(_) => {
+                let dev = device.cuda_device().cloned().ok_or_else(|| {
+                    TransferError::Invalid(format!("{} has no CUDA backend", device.id()))
+                })?;
+                // SAFETY: forwarded from the caller: a live stream of this device's primary
+                // context, kept alive by its owner while we use it.
+                let stream = unsafe { dev.wrap_stream(raw) };
+                StreamBackend::Cuda { dev, stream }
+            }
+            #[cfg(not(feature = "cuda"))]
+            DeviceId::Cuda(ordinal) => {
+                return Err(TransferError::CudaUnavailable {
+                    ordinal,
+                    reason: "longshore-transfer was built without the `cuda` feature".to_owned(),
+                });
+            }
+        };
+        tracing::debug!(target: "longshore::transfer", stream_id = id, device = %device.id(), "stream adopted from a native handle");
+        Ok(Stream::with_backend(device, id, backend))
+    }
+
+    /// State of type `T` kept with this stream for crates above this one (a library handle
+    /// bound to the stream, a cache): made by `init` on first use, shared by every clone of
+    /// the stream, dropped with the stream (before its native stream is destroyed).
+    ///
+    /// `init` runs without a lock held; if two threads race, one value wins and both get it.
+    ///
+    /// ```
+    /// # use longshore_transfer::Device;
+    /// struct Calls(std::sync::atomic::AtomicU32);
+    /// let stream = Device::cpu().new_stream()?;
+    /// let a = stream.local(|| Ok(Calls(0.into())))?;
+    /// let b = stream.clone().local(|| Ok(Calls(7.into())))?; // the same value: init not run
+    /// assert!(std::sync::Arc::ptr_eq(&a, &b));
+    /// # Ok::<(), longshore_transfer::TransferError>(())
+    /// ```
+    pub fn local<T: Send + Sync + 'static>(
+        &self,
+        init: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        let find = |v: &[Arc<dyn Any + Send + Sync>]| {
+            v.iter().find_map(|a| a.clone().downcast::<T>().ok())
+        };
+        if let Some(t) = find(&self.locals()) {
+            return Ok(t);
+        }
+        let made = Arc::new(init()?);
+        let mut locals = self.locals();
+        if let Some(t) = find(&locals) {
+            return Ok(t);
+        }
+        locals.push(made.clone());
+        Ok(made)
+    }
+
+    fn locals(&self) -> std::sync::MutexGuard<'_, Vec<Arc<dyn Any + Send + Sync>>> {
+        self.shared.locals.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Enqueues work of your own on this stream, ordered and tracked like this crate's copies:
+    /// the seam through which crates above (device ops, collectives, decoders) run kernels on
+    /// [`DeviceBuffer`]s.
+    ///
+    /// 1. The stream is made to wait (device-side) for the earlier uses of the buffers on other
+    ///    streams: the last write of each buffer in `reads`, and the last write and the reads
+    ///    since of each buffer in `writes`.
+    /// 2. `enqueue` runs on this thread, with the device's context current (CUDA). It enqueues
+    ///    the work on this stream: on CUDA, kernels or library calls on
+    ///    [`as_raw`](Stream::as_raw); on `Cpu`, closures through
+    ///    [`launch_host_fn`](Stream::launch_host_fn) that run on the stream's executor thread
+    ///    and reach the bytes through [`DeviceBuffer::cpu_memory`].
+    /// 3. An event is recorded behind the work and becomes the buffers' latest use: later copies
+    ///    and work on other streams wait for it, and a buffer dropped meanwhile is freed only
+    ///    after it has completed (on `Cpu`, the [`CpuMemory`](crate::CpuMemory) handles a job
+    ///    holds keep the bytes alive).
+    ///
+    /// Returns that event. If `enqueue` fails, its error is returned after the event is still
+    /// recorded and tracked (it may have enqueued part of the work).
+    ///
+    /// ```
+    /// # use longshore_transfer::Device;
+    /// let stream = Device::cpu().new_stream()?;
+    /// let mut buf = stream.to_device(&[1u8, 2, 3, 4])?;
+    /// let mem = buf.cpu_memory().expect("a cpu buffer");
+    /// stream.enqueue_work(&[], &[&buf], || {
+    ///     stream.launch_host_fn(move || mem.lock().iter_mut().for_each(|b| *b *= 10))
+    /// })?;
+    /// assert_eq!(stream.read_to_vec::<u8>(&buf)?, vec![10, 20, 30, 40]);
+    /// # Ok::<(), longshore_transfer::TransferError>(())
+    /// ```
+    pub fn enqueue_work(
+        &self,
+        reads: &[&DeviceBuffer],
+        writes: &[&DeviceBuffer],
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<Event> {
+        for b in reads.iter().chain(writes) {
+            self.check_device("enqueue_work", "a buffer", b.device().id())?;
+        }
+        for b in reads {
+            b.before_read(self)?;
+        }
+        for b in writes {
+            b.before_write(self)?;
+        }
+        #[cfg(feature = "cuda")]
+        if let StreamBackend::Cuda { dev, .. } = self.backend() {
+            dev.bind()?;
+        }
+        let outcome = enqueue();
+        let ev = self.record()?;
+        for b in reads {
+            b.after_read(&ev);
+        }
+        for b in writes {
+            b.after_write(&ev);
+        }
+        outcome.map(|()| ev)
     }
 
     /// The device the stream runs on.
@@ -123,11 +302,6 @@ impl Stream {
 
     pub(crate) fn backend(&self) -> &StreamBackend {
         &self.shared.backend
-    }
-
-    #[cfg(feature = "ops")]
-    pub(crate) fn ops_state(&self) -> &crate::ops::StreamOps {
-        &self.shared.ops
     }
 
     fn check_device(&self, op: &'static str, what: &'static str, found: DeviceId) -> Result<()> {

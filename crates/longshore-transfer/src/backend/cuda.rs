@@ -121,6 +121,16 @@ impl CudaDevice {
             .map_err(|e| err("cuStreamCreate", e, self.ordinal, "creating a stream"))
     }
 
+    /// Wraps a native stream of this device without owning it.
+    ///
+    /// # Safety
+    /// `raw` is a live `CUstream` of this device's primary context (or null, the legacy
+    /// default stream), kept alive by its owner while the wrapper is in use.
+    pub(crate) unsafe fn wrap_stream(&self, raw: *mut c_void) -> Arc<CudaStream> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ctx.wrap_borrowed_stream(raw.cast()) }
+    }
+
     pub(crate) fn name(&self) -> Option<String> {
         self.ctx.name().ok()
     }

@@ -9,12 +9,9 @@ use std::ffi::{CStr, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::CudaContext;
 use cudarc::nccl::{result as nr, sys as ns};
-
-use crate::backend::cuda::CudaDevice;
-use crate::device::DeviceId;
-use crate::error::{Result, TransferError};
+use longshore_transfer::{DeviceId, Result, Stream, TransferError};
 
 /// Whether libnccl can be loaded: its version (e.g. `22703` for 2.27.3), or why not.
 ///
@@ -134,7 +131,9 @@ unsafe impl Send for RawComm {}
 /// One rank's NCCL communicator on one GPU.
 pub(crate) struct NcclComm {
     comm: Mutex<RawComm>,
-    dev: Arc<CudaDevice>,
+    /// The device's primary context (the one longshore-transfer's streams use), made current
+    /// before each NCCL call.
+    ctx: Arc<CudaContext>,
     pub(crate) rank: usize,
     pub(crate) world: usize,
 }
@@ -142,7 +141,7 @@ pub(crate) struct NcclComm {
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclComm")
-            .field("device", &self.dev.ordinal)
+            .field("device", &self.ctx.ordinal())
             .field("rank", &self.rank)
             .field("world", &self.world)
             .finish()
@@ -151,7 +150,11 @@ impl std::fmt::Debug for NcclComm {
 
 impl NcclComm {
     pub(crate) fn ordinal(&self) -> usize {
-        self.dev.ordinal
+        self.ctx.ordinal()
+    }
+
+    fn bind(&self) -> Result<()> {
+        bind(&self.ctx)
     }
 
     fn err(&self, op: &'static str, reason: String) -> TransferError {
@@ -164,13 +167,8 @@ impl NcclComm {
     }
 
     /// `ncclCommInitRank` on `dev`: blocks until every rank has called it.
-    pub(crate) fn init(
-        dev: Arc<CudaDevice>,
-        rank: usize,
-        world: usize,
-        id: &UniqueId,
-    ) -> Result<Self> {
-        require(dev.ordinal)?;
+    pub(crate) fn init(ordinal: usize, rank: usize, world: usize, id: &UniqueId) -> Result<Self> {
+        require(ordinal)?;
         let (nranks, r) = match (c_int::try_from(world), c_int::try_from(rank)) {
             (Ok(n), Ok(r)) => (n, r),
             _ => {
@@ -179,8 +177,15 @@ impl NcclComm {
                 )));
             }
         };
-        // NCCL uses the calling thread's current device: this GPU's primary context.
-        dev.bind()?;
+        // NCCL uses the calling thread's current device: this GPU's primary context. (Reached
+        // only with a CUDA stream in hand, so the driver has loaded.)
+        let ctx = CudaContext::new(ordinal).map_err(|e| TransferError::Cuda {
+            call: "cuDevicePrimaryCtxRetain",
+            code: format!("{:?}", e.0),
+            device: DeviceId::Cuda(ordinal),
+            what: "opening the context for nccl".to_owned(),
+        })?;
+        bind(&ctx)?;
         let mut comm: ns::ncclComm_t = std::ptr::null_mut();
         // SAFETY: `comm` is a valid out-pointer; the id is passed by value; 0 <= r < nranks
         // (checked by the caller); the library is loaded (`require` above) and this device's
@@ -200,29 +205,25 @@ impl NcclComm {
             Ok(Ok(_)) if comm.is_null() => return Err(fail("no communicator returned".into())),
             Ok(Ok(_)) => {}
         }
-        tracing::info!(target: "longshore::transfer", rank, world, device = dev.ordinal, "nccl communicator ready");
+        tracing::info!(target: "longshore::collective", rank, world, device = ordinal, "nccl communicator ready");
         Ok(Self {
             comm: Mutex::new(RawComm(comm)),
-            dev,
+            ctx,
             rank,
             world,
         })
     }
 
-    /// Enqueues `ncclAllReduce(sum, f32)` in place on `ptr`, `len` values, on `cs`.
-    pub(crate) fn all_reduce(
-        &self,
-        cs: &Arc<CudaStream>,
-        ptr: u64,
-        len: usize,
-        stream_id: u64,
-    ) -> Result<()> {
-        self.dev.bind()?;
+    /// Enqueues `ncclAllReduce(sum, f32)` in place on `ptr`, `len` values, on `stream`.
+    pub(crate) fn all_reduce(&self, stream: &Stream, ptr: u64, len: usize) -> Result<()> {
+        let cs = stream.as_raw()?;
+        let stream_id = stream.id();
+        self.bind()?;
         let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: `ptr` points at `len` f32 inside a live allocation of this communicator's
         // device (the region was checked on the host against the buffer, whose device matches);
-        // in-place operation (send == receive buffer) is allowed by NCCL; `cs` is a stream of
-        // this device's context, current on this thread; the communicator is valid until drop
+        // in-place operation (send == receive buffer) is allowed by NCCL; `cs` is the CUstream
+        // of a transfer stream of this device's primary context, current on this thread; the communicator is valid until drop
         // and used by one thread at a time (the mutex).
         unsafe {
             nr::all_reduce(
@@ -232,7 +233,7 @@ impl NcclComm {
                 ns::ncclDataType_t::ncclFloat32,
                 ns::ncclRedOp_t::ncclSum,
                 comm.0,
-                cs.cu_stream() as ns::cudaStream_t,
+                cs as ns::cudaStream_t,
             )
         }
         .map(drop)
@@ -242,7 +243,7 @@ impl NcclComm {
                 format!(
                     "{} ({len} f32 on stream {stream_id}, cuda:{})",
                     describe(&e),
-                    self.dev.ordinal
+                    self.ordinal()
                 ),
             )
         })
@@ -269,17 +270,26 @@ impl Drop for NcclComm {
         if comm.0.is_null() {
             return;
         }
-        if let Err(e) = self.dev.bind() {
-            tracing::error!(target: "longshore::transfer", error = %e, "binding the context to destroy an nccl communicator");
+        if let Err(e) = bind(&self.ctx) {
+            tracing::error!(target: "longshore::collective", error = %e, "binding the context to destroy an nccl communicator");
         }
         // SAFETY: the communicator is valid and is never used again (we own it and are
         // dropping it). Buffers of enqueued all-reduces are kept alive by their events.
         match unsafe { nr::comm_destroy(comm.0) } {
             Ok(_) => {}
             Err(e) => {
-                tracing::error!(target: "longshore::transfer", rank = self.rank, error = %describe(&e), "ncclCommDestroy failed")
+                tracing::error!(target: "longshore::collective", rank = self.rank, error = %describe(&e), "ncclCommDestroy failed")
             }
         }
         comm.0 = std::ptr::null_mut();
     }
+}
+
+fn bind(ctx: &CudaContext) -> Result<()> {
+    ctx.bind_to_thread().map_err(|e| TransferError::Cuda {
+        call: "cuCtxSetCurrent",
+        code: format!("{:?}", e.0),
+        device: DeviceId::Cuda(ctx.ordinal()),
+        what: "binding the context for nccl".to_owned(),
+    })
 }
