@@ -2,7 +2,7 @@
 
 use longshore_host::HostError;
 
-use crate::device::DeviceId;
+use crate::id::DeviceId;
 
 /// Everything that can go wrong when opening devices, enqueuing work or copying memory.
 #[derive(Debug, thiserror::Error)]

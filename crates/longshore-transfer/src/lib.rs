@@ -47,13 +47,16 @@
 //!
 //! # Backends
 //!
-//! Each public type dispatches over an enum of backends. The `Cpu` backend is always compiled:
-//! each stream runs its work in order on its own worker thread, events complete when the work
-//! before them has run, and a cross-stream wait blocks the waiting stream's thread, not the host,
-//! so ordering bugs show up without a GPU. The CUDA backend (feature `cuda`, on by default) loads
-//! the driver at run time through cudarc; [`Device::cuda`] returns an error naming the cause when
-//! there is no driver or no such GPU. How CUDA futures are woken, and what it costs, is described
-//! in the [`event`] module.
+//! The public types sit on one backend interface (`backend/`: device, stream, event and
+//! memory, each an enum over the backends whose methods dispatch in one line). All of the
+//! crate's cudarc types and CUDA calls live in its `cuda` module; the public types check
+//! devices and bounds, order work across streams and track buffers, the backends enqueue.
+//! The `Cpu` backend is always compiled: each stream runs its work in order on its own worker
+//! thread, events complete when the work before them has run, and a cross-stream wait blocks
+//! the waiting stream's thread, not the host, so ordering bugs show up without a GPU. The
+//! CUDA backend (feature `cuda`, on by default) loads the driver at run time through cudarc;
+//! [`Device::cuda`] returns an error naming the cause when there is no driver or no such GPU.
+//! How CUDA futures are woken, and what it costs, is described in the [`event`] module.
 
 mod backend;
 #[doc(hidden)]
@@ -62,6 +65,7 @@ mod buffer;
 mod device;
 mod error;
 pub mod event;
+mod id;
 mod pending;
 mod prefetch;
 mod staging;
@@ -69,9 +73,10 @@ mod stream;
 
 pub use backend::cpu::{CpuMemory, CpuMemoryGuard};
 pub use buffer::DeviceBuffer;
-pub use device::{Device, DeviceId};
+pub use device::Device;
 pub use error::{Result, TransferError};
 pub use event::{Event, EventFuture};
+pub use id::DeviceId;
 pub use pending::Pending;
 pub use prefetch::{DeviceBatch, HostBatch, Prefetched, Prefetcher, ToDevice, upload_new};
 pub use staging::{Stager, StagingConfig, UploadMode};

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use crossbeam_channel::{Sender, unbounded};
 
-use crate::device::DeviceId;
+use super::EventImpl;
 use crate::error::{Result, TransferError};
+use crate::id::DeviceId;
 
 /// A unit of work on a `Cpu` stream.
 pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -72,9 +73,14 @@ impl CpuStream {
         Ok(ev)
     }
 
-    /// Makes the stream's later work wait until `wait` returns (on the worker thread).
-    pub(crate) fn wait_with(&self, wait: Box<dyn FnOnce() + Send>) -> Result<()> {
-        self.enqueue(wait)
+    /// Makes the stream's later work wait until `event` completes (on the worker thread, not
+    /// the host's). The event may be of any device.
+    pub(crate) fn wait(&self, event: EventImpl) -> Result<()> {
+        self.enqueue(Box::new(move || {
+            if let Err(e) = event.synchronize() {
+                tracing::error!(target: "longshore::transfer", error = %e, "a cpu stream waited on a failed event");
+            }
+        }))
     }
 }
 
@@ -267,6 +273,21 @@ pub(crate) unsafe fn enqueue_htod(
         // SAFETY: guaranteed by the caller of `enqueue_htod` until this job has run.
         let bytes = unsafe { std::slice::from_raw_parts(src.ptr, src.len) };
         mem.lock()[offset..offset + src.len].copy_from_slice(bytes);
+    }))
+}
+
+/// Enqueues a host -> device copy of a copy of `src` into `mem[offset..]`: `src` is free when
+/// this returns.
+pub(crate) fn enqueue_htod_owned(
+    stream: &CpuStream,
+    mem: &Arc<CpuMem>,
+    offset: usize,
+    src: &[u8],
+) -> Result<()> {
+    let owned = src.to_vec();
+    let mem = mem.clone();
+    stream.enqueue(Box::new(move || {
+        mem.lock()[offset..offset + owned.len()].copy_from_slice(&owned)
     }))
 }
 
