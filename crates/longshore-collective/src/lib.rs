@@ -76,8 +76,12 @@
 //! executor thread over [`DeviceBuffer::cpu_memory`]. Errors are longshore-transfer's
 //! [`TransferError`] (its `Collective` and `LibraryUnavailable` variants).
 
+// Unsafe code only in the NCCL FFI module, each block with its SAFETY comment.
+#![deny(unsafe_code)]
+
 mod bootstrap;
 mod cpu;
+#[allow(unsafe_code)]
 mod nccl;
 
 use longshore_ops::ViewMut;

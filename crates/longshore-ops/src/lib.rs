@@ -58,7 +58,13 @@
 //! executor thread ([`Stream::launch_host_fn`]) over [`DeviceBuffer::cpu_memory`].
 //! Errors are longshore-transfer's [`TransferError`].
 
+// Unsafe code only in the two backend modules: the raw-pointer sgemm of matrixmultiply and
+// the cuBLAS / kernel launches, each block with its SAFETY comment.
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
 mod cpu;
+#[allow(unsafe_code)]
 mod cuda;
 
 use longshore_transfer::{

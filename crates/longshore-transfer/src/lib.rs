@@ -33,7 +33,7 @@
 //! * [`Pending`]: a value (a copy's source or destination) reachable once the copy completes.
 //! * [`UploadMode`], [`Stager`], [`StagingConfig`]: pageable uploads, direct or staged through
 //!   pooled page-locked chunks by several threads.
-//! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostBatch`], [`DeviceBatch`]: keep N batches
+//! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostStorage`], [`DeviceStorage`] (formerly `HostBatch` / `DeviceBatch`): keep N batches
 //!   in flight on a copy stream and hand them to a compute stream.
 //! * [`TransferError`]: what can fail, with the CUDA error name and what was being done.
 //! * Seams for crates above (longshore-ops, longshore-collective, decoders, DLPack):
@@ -78,6 +78,8 @@ pub use error::{Result, TransferError};
 pub use event::{Event, EventFuture};
 pub use id::DeviceId;
 pub use pending::Pending;
-pub use prefetch::{DeviceBatch, HostBatch, Prefetched, Prefetcher, ToDevice, upload_new};
+#[allow(deprecated)]
+pub use prefetch::{DeviceBatch, HostBatch};
+pub use prefetch::{DeviceStorage, HostStorage, Prefetched, Prefetcher, ToDevice, upload_new};
 pub use staging::{Stager, StagingConfig, UploadMode};
 pub use stream::Stream;
