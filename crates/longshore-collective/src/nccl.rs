@@ -1,65 +1,120 @@
-//! The CUDA backend of the collectives: NCCL through cudarc's `result`/`sys` layers, loaded at
-//! run time.
+//! The CUDA backend of the collectives: NCCL through a small function table of our own, loaded
+//! at run time.
 //!
-//! cudarc's loader panics when libnccl cannot be opened, so its presence is checked first, with
-//! any panic contained, and every entry point here fails with
-//! [`TransferError::LibraryUnavailable`] instead.
+//! cudarc's NCCL loader only tries bare names (`libnccl.so`, not NCCL's soname `libnccl.so.2`)
+//! on the system search path and panics when none loads. We find the library with
+//! longshore-transfer's [`cuda_libs`](longshore_transfer::cuda_libs) (versioned sonames, the
+//! CUDA toolkit, the `nvidia-nccl` pip package and `torch/lib` of the active Python) and take
+//! the seven functions we call from it, so a missing library is a
+//! [`TransferError::LibraryUnavailable`] naming every place searched.
 
-use std::ffi::{CStr, c_int, c_void};
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::CudaContext;
-use cudarc::nccl::{result as nr, sys as ns};
+use longshore_transfer::cuda_libs::{self, NCCL};
 use longshore_transfer::{DeviceId, Result, Stream, TransferError};
+
+/// `ncclUniqueId`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RawUniqueId {
+    internal: [c_char; UniqueId::LEN],
+}
+
+/// `ncclComm_t`.
+type RawCommPtr = *mut c_void;
+/// `ncclResult_t` (`ncclSuccess` is 0).
+type NcclResult = c_int;
+/// `ncclFloat32` of `ncclDataType_t`.
+const NCCL_FLOAT32: c_int = 7;
+/// `ncclSum` of `ncclRedOp_t`.
+const NCCL_SUM: c_int = 0;
+
+/// The NCCL functions we call, with the signatures of `nccl.h`.
+struct Api {
+    get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
+    get_unique_id: unsafe extern "C" fn(*mut RawUniqueId) -> NcclResult,
+    comm_init_rank: unsafe extern "C" fn(*mut RawCommPtr, c_int, RawUniqueId, c_int) -> NcclResult,
+    #[allow(clippy::type_complexity)]
+    all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawCommPtr,
+        *mut c_void,
+    ) -> NcclResult,
+    comm_get_async_error: unsafe extern "C" fn(RawCommPtr, *mut NcclResult) -> NcclResult,
+    comm_destroy: unsafe extern "C" fn(RawCommPtr) -> NcclResult,
+    get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
+}
+
+/// The loaded library's functions, or why it could not be loaded (with every place searched).
+fn api() -> std::result::Result<&'static Api, String> {
+    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+    API.get_or_init(|| {
+        let lib = cuda_libs::load(&NCCL).map_err(|e| e.to_string())?;
+        // SAFETY: each type below is the `extern "C"` signature of that function in nccl.h
+        // (NCCL 2.x), whose ABI is stable across 2.x releases.
+        unsafe {
+            Ok(Api {
+                get_version: lib.get("ncclGetVersion")?,
+                get_unique_id: lib.get("ncclGetUniqueId")?,
+                comm_init_rank: lib.get("ncclCommInitRank")?,
+                all_reduce: lib.get("ncclAllReduce")?,
+                comm_get_async_error: lib.get("ncclCommGetAsyncError")?,
+                comm_destroy: lib.get("ncclCommDestroy")?,
+                get_error_string: lib.get("ncclGetErrorString")?,
+            })
+        }
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
 
 /// Whether libnccl can be loaded: its version (e.g. `22703` for 2.27.3), or why not.
 ///
-/// cudarc looks for `libnccl.so` (and a few versioned names, but not NCCL's own soname
-/// `libnccl.so.2`), on the usual search path (`LD_LIBRARY_PATH`, ...). The NCCL of a PyTorch
-/// pip install is `site-packages/nvidia/nccl/lib/libnccl.so.2`: make a `libnccl.so` symlink
-/// to it in a folder on `LD_LIBRARY_PATH`.
+/// The library is looked for where a PyTorch user has it, with no symlink or
+/// `LD_LIBRARY_PATH` needed: `libnccl.so.2` on the system search path, in the CUDA toolkit
+/// (`CUDA_HOME`, `/usr/local/cuda*`), and in `nvidia/nccl/lib` and `torch/lib` of the active
+/// Python's site-packages (see [`cuda_libs`](longshore_transfer::cuda_libs)). The error names
+/// every place searched.
 pub fn nccl_available() -> std::result::Result<i32, String> {
-    static STATUS: OnceLock<std::result::Result<i32, String>> = OnceLock::new();
-    STATUS
-        .get_or_init(|| {
-            // SAFETY: `is_culib_present` only tries to open the library by its candidate names.
-            let present = catch_unwind(|| unsafe { ns::is_culib_present() }).unwrap_or(false);
-            if !present {
-                return Err(
-                    "libnccl could not be loaded: cudarc looks for libnccl.so (not \
-                            NCCL's soname libnccl.so.2); put a libnccl.so symlink to \
-                            libnccl.so.2 in a folder on LD_LIBRARY_PATH"
-                        .to_owned(),
-                );
-            }
-            catch_unwind(nr::get_nccl_version)
-                .map_err(|_| "libnccl loaded but ncclGetVersion is missing".to_owned())?
-                .map_err(|e| format!("ncclGetVersion failed: {}", describe(&e)))
-        })
-        .clone()
+    let api = api()?;
+    let mut v: c_int = 0;
+    // SAFETY: `v` is a valid out-pointer; the function is from the loaded library.
+    check(unsafe { (api.get_version)(&mut v) })
+        .map(|()| v)
+        .map_err(|e| format!("ncclGetVersion failed: {e}"))
 }
 
 /// Fails with an error naming NCCL when it cannot be loaded.
 pub(crate) fn require(ordinal: usize) -> Result<i32> {
     nccl_available().map_err(|reason| TransferError::LibraryUnavailable {
         op: "nccl init",
-        library: "NCCL (libnccl.so)",
+        library: "NCCL (libnccl.so.2)",
         device: DeviceId::Cuda(ordinal),
         reason,
     })
 }
 
-fn describe(e: &nr::NcclError) -> String {
-    // SAFETY: ncclGetErrorString takes any result code and returns a static NUL-terminated
-    // string (or null); the library is loaded (only called after a call into it failed).
-    let text = catch_unwind(|| unsafe { ns::ncclGetErrorString(e.0) })
+/// `Ok` for `ncclSuccess`, otherwise the code with NCCL's text for it.
+fn check(code: NcclResult) -> std::result::Result<(), String> {
+    if code == 0 {
+        return Ok(());
+    }
+    let text = api()
         .ok()
+        // SAFETY: ncclGetErrorString takes any result code and returns a static
+        // NUL-terminated string (or null).
+        .map(|api| unsafe { (api.get_error_string)(code) })
         .filter(|p| !p.is_null())
         // SAFETY: non-null, NUL-terminated and static (see above).
         .map(|p| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
         .unwrap_or_default();
-    format!("{:?} ({text})", e.0)
+    Err(format!("ncclResult {code} ({text})"))
 }
 
 /// NCCL's `ncclUniqueId`: 128 opaque bytes made by rank 0 ([`UniqueId::new`]) and handed to
@@ -81,11 +136,23 @@ impl UniqueId {
     /// A fresh id (`ncclGetUniqueId`), made by rank 0. Needs libnccl, not a GPU.
     pub fn new() -> Result<Self> {
         require(0)?;
-        let raw = nr::get_uniqueid().map_err(|e| TransferError::Collective {
+        let api = api().map_err(|reason| TransferError::LibraryUnavailable {
             op: "ncclGetUniqueId",
-            rank: 0,
-            world_size: 0,
-            reason: describe(&e),
+            library: "NCCL (libnccl.so.2)",
+            device: DeviceId::Cuda(0),
+            reason,
+        })?;
+        let mut raw = RawUniqueId {
+            internal: [0; Self::LEN],
+        };
+        // SAFETY: `raw` is a valid out-pointer to an ncclUniqueId.
+        check(unsafe { (api.get_unique_id)(&mut raw) }).map_err(|reason| {
+            TransferError::Collective {
+                op: "ncclGetUniqueId",
+                rank: 0,
+                world_size: 0,
+                reason,
+            }
         })?;
         let mut b = [0u8; Self::LEN];
         for (d, s) in b.iter_mut().zip(raw.internal.iter()) {
@@ -112,17 +179,17 @@ impl UniqueId {
         Ok(Self(b))
     }
 
-    fn raw(&self) -> ns::ncclUniqueId {
-        let mut internal = [0 as std::ffi::c_char; Self::LEN];
+    fn raw(&self) -> RawUniqueId {
+        let mut internal = [0 as c_char; Self::LEN];
         for (d, s) in internal.iter_mut().zip(self.0.iter()) {
-            *d = *s as std::ffi::c_char;
+            *d = *s as c_char;
         }
-        ns::ncclUniqueId { internal }
+        RawUniqueId { internal }
     }
 }
 
 /// An `ncclComm_t`, used by one thread at a time (behind the communicator's mutex).
-struct RawComm(ns::ncclComm_t);
+struct RawComm(RawCommPtr);
 
 // SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
 // concurrent; `NcclComm` only reaches it through a `Mutex`.
@@ -131,6 +198,7 @@ unsafe impl Send for RawComm {}
 /// One rank's NCCL communicator on one GPU.
 pub(crate) struct NcclComm {
     comm: Mutex<RawComm>,
+    api: &'static Api,
     /// The device's primary context (the one longshore-transfer's streams use), made current
     /// before each NCCL call.
     ctx: Arc<CudaContext>,
@@ -186,28 +254,24 @@ impl NcclComm {
             what: "opening the context for nccl".to_owned(),
         })?;
         bind(&ctx)?;
-        let mut comm: ns::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `comm` is a valid out-pointer; the id is passed by value; 0 <= r < nranks
-        // (checked by the caller); the library is loaded (`require` above) and this device's
-        // context is current on this thread.
-        let res = catch_unwind(AssertUnwindSafe(|| unsafe {
-            nr::comm_init_rank(&mut comm, nranks, id.raw(), r)
-        }));
         let fail = |reason: String| TransferError::Collective {
             op: "ncclCommInitRank",
             rank,
             world_size: world,
             reason,
         };
-        match res {
-            Err(_) => return Err(fail("libnccl lacks ncclCommInitRank".to_owned())),
-            Ok(Err(e)) => return Err(fail(describe(&e))),
-            Ok(Ok(_)) if comm.is_null() => return Err(fail("no communicator returned".into())),
-            Ok(Ok(_)) => {}
+        let api = api().map_err(fail)?;
+        let mut comm: RawCommPtr = std::ptr::null_mut();
+        // SAFETY: `comm` is a valid out-pointer; the id is passed by value; 0 <= r < nranks
+        // (checked by the caller); this device's context is current on this thread.
+        check(unsafe { (api.comm_init_rank)(&mut comm, nranks, id.raw(), r) }).map_err(fail)?;
+        if comm.is_null() {
+            return Err(fail("no communicator returned".into()));
         }
         tracing::info!(target: "longshore::collective", rank, world, device = ordinal, "nccl communicator ready");
         Ok(Self {
             comm: Mutex::new(RawComm(comm)),
+            api,
             ctx,
             rank,
             world,
@@ -223,26 +287,24 @@ impl NcclComm {
         // SAFETY: `ptr` points at `len` f32 inside a live allocation of this communicator's
         // device (the region was checked on the host against the buffer, whose device matches);
         // in-place operation (send == receive buffer) is allowed by NCCL; `cs` is the CUstream
-        // of a transfer stream of this device's primary context, current on this thread; the communicator is valid until drop
-        // and used by one thread at a time (the mutex).
-        unsafe {
-            nr::all_reduce(
+        // of a transfer stream of this device's primary context, current on this
+        // thread; the communicator is valid until drop and used by one thread at a time.
+        check(unsafe {
+            (self.api.all_reduce)(
                 ptr as *const c_void,
                 ptr as *mut c_void,
                 len,
-                ns::ncclDataType_t::ncclFloat32,
-                ns::ncclRedOp_t::ncclSum,
+                NCCL_FLOAT32,
+                NCCL_SUM,
                 comm.0,
-                cs as ns::cudaStream_t,
+                cs,
             )
-        }
-        .map(drop)
+        })
         .map_err(|e| {
             self.err(
                 "ncclAllReduce",
                 format!(
-                    "{} ({len} f32 on stream {stream_id}, cuda:{})",
-                    describe(&e),
+                    "{e} ({len} f32 on stream {stream_id}, cuda:{})",
                     self.ordinal()
                 ),
             )
@@ -252,15 +314,11 @@ impl NcclComm {
     /// NCCL's asynchronous error of the communicator.
     pub(crate) fn check(&self) -> Result<()> {
         let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
-        let mut state = ns::ncclResult_t::ncclSuccess;
+        let mut state: NcclResult = 0;
         // SAFETY: the communicator is valid (until drop); `state` is a valid out-pointer.
-        unsafe { ns::ncclCommGetAsyncError(comm.0, &mut state) }
-            .result()
-            .map_err(|e| self.err("ncclCommGetAsyncError", describe(&e)))?;
-        match state.result() {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.err("all_reduce_sum", describe(&e))),
-        }
+        check(unsafe { (self.api.comm_get_async_error)(comm.0, &mut state) })
+            .map_err(|e| self.err("ncclCommGetAsyncError", e))?;
+        check(state).map_err(|e| self.err("all_reduce_sum", e))
     }
 }
 
@@ -275,11 +333,8 @@ impl Drop for NcclComm {
         }
         // SAFETY: the communicator is valid and is never used again (we own it and are
         // dropping it). Buffers of enqueued all-reduces are kept alive by their events.
-        match unsafe { nr::comm_destroy(comm.0) } {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(target: "longshore::collective", rank = self.rank, error = %describe(&e), "ncclCommDestroy failed")
-            }
+        if let Err(e) = check(unsafe { (self.api.comm_destroy)(comm.0) }) {
+            tracing::error!(target: "longshore::collective", rank = self.rank, error = %e, "ncclCommDestroy failed");
         }
         comm.0 = std::ptr::null_mut();
     }

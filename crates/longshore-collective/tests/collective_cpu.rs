@@ -311,7 +311,10 @@ fn a_missing_libnccl_is_an_error_naming_it_not_a_panic() {
     match longshore_collective::nccl_available() {
         Ok(version) => assert!(version > 0),
         Err(reason) => {
-            assert!(reason.contains("libnccl"), "{reason}");
+            assert!(reason.contains("libnccl.so.2"), "{reason}");
+            // The error names the places searched, pip packages and toolkits included.
+            assert!(reason.contains("searched, in order"), "{reason}");
+            assert!(reason.contains("/usr/local/cuda/lib64/"), "{reason}");
             let e = UniqueId::new().unwrap_err();
             assert!(
                 matches!(e, TransferError::LibraryUnavailable { library, .. } if library.contains("NCCL")),

@@ -13,11 +13,8 @@
 //! each launch below sound.
 
 use std::collections::HashMap;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::cublas::CudaBlas;
-use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, PushKernelArg,
 };
@@ -25,6 +22,7 @@ use cudarc::nvrtc::Ptx;
 use longshore_transfer::{Device, DeviceId, Result, Stream, TransferError};
 
 use super::cpu::GemmShape;
+use super::ffi::{self, Blas};
 use super::{Activation, Sgd};
 
 /// Per-stream state, kept with the stream ([`Stream::local`]): a cudarc view of the stream's
@@ -32,7 +30,7 @@ use super::{Activation, Sgd};
 /// Dropped with the stream, before transfer destroys the `CUstream`.
 struct OpsStream {
     stream: Arc<CudaStream>,
-    blas: Mutex<Option<Arc<Mutex<CudaBlas>>>>,
+    blas: Mutex<Option<Arc<Mutex<Blas>>>>,
 }
 
 fn driver_err(call: &'static str, e: DriverError, ordinal: usize, what: String) -> TransferError {
@@ -174,53 +172,22 @@ fn unavailable(
     }
 }
 
-/// Whether a CUDA library loads, without letting cudarc's loader panic escape.
-fn library_present(check: unsafe fn() -> bool) -> bool {
-    // SAFETY: `is_culib_present` only tries to open the library by its candidate names.
-    catch_unwind(AssertUnwindSafe(|| unsafe { check() })).unwrap_or(false)
-}
-
 fn check_libraries(op: &'static str, ordinal: usize) -> Result<()> {
-    static PRESENT: OnceLock<(bool, bool)> = OnceLock::new();
-    let (blas, nvrtc) = *PRESENT.get_or_init(|| {
-        (
-            library_present(cudarc::cublas::sys::is_culib_present),
-            library_present(cudarc::nvrtc::sys::is_culib_present),
-        )
-    });
-    if !blas {
-        return Err(unavailable(
-            op,
-            "cuBLAS",
-            ordinal,
-            "libcublas could not be loaded".into(),
-        ));
-    }
-    if !nvrtc {
-        return Err(unavailable(
-            op,
-            "NVRTC",
-            ordinal,
-            "libnvrtc could not be loaded".into(),
-        ));
-    }
-    Ok(())
+    ffi::blas_available().map_err(|reason| unavailable(op, "cuBLAS", ordinal, reason))?;
+    ffi::nvrtc_available().map_err(|reason| unavailable(op, "NVRTC", ordinal, reason))
 }
 
 fn ptx(op: &'static str, ordinal: usize) -> Result<Ptx> {
-    static PTX: OnceLock<std::result::Result<Ptx, String>> = OnceLock::new();
-    PTX.get_or_init(|| {
-        catch_unwind(|| cudarc::nvrtc::compile_ptx(KERNELS))
-            .map_err(|_| "the NVRTC library panicked while compiling".to_owned())
-            .and_then(|r| r.map_err(|e| format!("{e:?}")))
-    })
-    .clone()
-    .map_err(|reason| TransferError::Cuda {
-        call: "nvrtcCompileProgram",
-        code: reason,
-        device: DeviceId::Cuda(ordinal),
-        what: format!("compiling the ops kernels for {op}"),
-    })
+    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    PTX.get_or_init(|| ffi::compile_ptx(KERNELS))
+        .clone()
+        .map(Ptx::from_src)
+        .map_err(|reason| TransferError::Cuda {
+            call: "nvrtcCompileProgram",
+            code: reason,
+            device: DeviceId::Cuda(ordinal),
+            what: format!("compiling the ops kernels for {op}"),
+        })
 }
 
 fn kernels(op: &'static str, ordinal: usize) -> Result<Arc<Kernels>> {
@@ -323,18 +290,22 @@ fn launch_err(
     }
 }
 
-fn blas(stream: &Stream, ordinal: usize, st: &OpsStream) -> Result<Arc<Mutex<CudaBlas>>> {
+fn blas(stream: &Stream, ordinal: usize, st: &OpsStream) -> Result<Arc<Mutex<Blas>>> {
     let mut slot = st.blas.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(b) = &*slot {
         return Ok(b.clone());
     }
     check_libraries("gemm", ordinal)?;
-    let b = CudaBlas::new(st.stream.clone()).map_err(|e| TransferError::Cuda {
-        call: "cublasCreate_v2",
-        code: format!("{:?}", e.0),
-        device: DeviceId::Cuda(ordinal),
-        what: format!("creating a cuBLAS handle for stream {}", stream.id()),
-    })?;
+    // SAFETY: the stream is a live CUstream of this device's primary context, current on this
+    // thread (ops run inside `Stream::enqueue_work`); the handle is kept in the stream's local
+    // state, dropped before the stream is destroyed.
+    let b =
+        unsafe { Blas::new(st.stream.cu_stream().cast()) }.map_err(|e| TransferError::Cuda {
+            call: "cublasCreate_v2",
+            code: e,
+            device: DeviceId::Cuda(ordinal),
+            what: format!("creating a cuBLAS handle for stream {}", stream.id()),
+        })?;
     let b = Arc::new(Mutex::new(b));
     *slot = Some(b.clone());
     Ok(b)
@@ -354,43 +325,28 @@ pub(crate) fn gemm(stream: &Stream, s: GemmShape, a: u64, b: u64, c: u64) -> Res
     let handle = handle.lock().unwrap_or_else(|p| p.into_inner());
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands and
     // read each row-major matrix as its column-major transpose.
-    let op_of = |t: bool| {
-        if t {
-            cublasOperation_t::CUBLAS_OP_T
-        } else {
-            cublasOperation_t::CUBLAS_OP_N
-        }
-    };
+    let op_of = |t: bool| if t { ffi::OP_T } else { ffi::OP_N };
     let ldb = if s.trans_b { k } else { n };
     let lda = if s.trans_a { m } else { k };
     // SAFETY: the handle is bound to this stream in this device's context (made current by
-    // `Stream::enqueue_work`, our caller). `a`,
-    // `b` and `c` point into live allocations of this context with at least m*k, k*n and m*n
-    // f32 values (checked on the host); with the leading dimensions above cuBLAS reads exactly
-    // those elements and writes only C's. alpha and beta are host values that outlive the call
-    // (the default host pointer mode reads them before it returns). C does not overlap A or B
-    // (distinct buffers, guaranteed by the `&mut` borrow of C).
+    // `Stream::enqueue_work`, our caller). `a`, `b` and `c` point into live allocations of this
+    // context with at least m*k, k*n and m*n f32 values (checked on the host); with the
+    // leading dimensions above cuBLAS reads exactly those elements and writes only C's. C does
+    // not overlap A or B (distinct buffers, guaranteed by the `&mut` borrow of C).
     unsafe {
-        cudarc::cublas::result::sgemm(
-            *handle.handle(),
-            op_of(s.trans_b),
-            op_of(s.trans_a),
-            n,
-            m,
-            k,
-            &s.alpha,
-            b as *const f32,
-            ldb,
-            a as *const f32,
-            lda,
-            &s.beta,
-            c as *mut f32,
-            n,
+        handle.sgemm(
+            (op_of(s.trans_b), op_of(s.trans_a)),
+            (n, m, k),
+            s.alpha,
+            (b as *const f32, ldb),
+            (a as *const f32, lda),
+            s.beta,
+            (c as *mut f32, n),
         )
     }
     .map_err(|e| TransferError::Cuda {
         call: "cublasSgemm_v2",
-        code: format!("{:?}", e.0),
+        code: e,
         device: DeviceId::Cuda(ordinal),
         what: format!("{}x{}x{} product on stream {}", s.m, s.n, s.k, stream.id()),
     })

@@ -66,6 +66,8 @@
 mod cpu;
 #[allow(unsafe_code)]
 mod cuda;
+#[allow(unsafe_code)]
+mod ffi;
 
 use longshore_transfer::{
     CpuMemory, Device, DeviceBuffer, DeviceId, Result, Stream, TransferError,

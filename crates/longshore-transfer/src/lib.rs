@@ -62,6 +62,7 @@ mod backend;
 #[doc(hidden)]
 pub mod bench_support;
 mod buffer;
+pub mod cuda_libs;
 mod device;
 mod error;
 pub mod event;

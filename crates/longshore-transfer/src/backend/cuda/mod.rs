@@ -16,6 +16,7 @@ use crate::error::{Result, TransferError};
 use crate::id::DeviceId;
 
 mod event;
+pub(crate) mod libs;
 pub(crate) mod staging;
 
 pub(crate) use event::{CuEvent, on_complete};
