@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use longshore::transfer::{Device, ops};
+use longshore::ops;
+use longshore::transfer::Device;
 use rand::Rng;
 
 pub mod dist;

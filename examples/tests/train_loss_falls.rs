@@ -2,7 +2,8 @@
 //! first epoch's and accuracy is well above chance, on the Cpu device (always) and on CUDA
 //! (skipped without a usable GPU, required with LONGSHORE_REQUIRE_CUDA=1).
 
-use longshore::transfer::{Device, ops};
+use longshore::ops;
+use longshore::transfer::Device;
 use longshore_examples::train::{CLASSES, TrainConfig, train};
 
 fn small_config(tag: &str) -> TrainConfig {

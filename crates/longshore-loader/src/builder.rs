@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use longshore_data::{
-    BatchSampling, BatchSampler, Collate, Dataset, DatasetCollate, FetchCollate, IterableDataset,
+    BatchSampler, BatchSampling, Collate, Dataset, DatasetCollate, FetchCollate, IterableDataset,
     Sampler, StackCollate, WorkerInfo,
 };
 use longshore_host::{MemoryKind, PinnedPool, PoolConfig};

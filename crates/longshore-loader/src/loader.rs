@@ -19,7 +19,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use longshore_data::{
-    BatchSampling, BatchSampler, DirectCollate, FetchCollate, RandomSampler, SequentialSampler,
+    BatchSampler, BatchSampling, DirectCollate, FetchCollate, RandomSampler, SequentialSampler,
     StackCollate,
 };
 use longshore_host::PinnedPool;

@@ -1,26 +1,22 @@
-//! [`DeviceBuffer`]: memory on a device, reached only through stream-ordered copies.
+//! [`DeviceBuffer`]: memory on a device, reached only through stream-ordered work.
+//!
+//! The buffer keeps the events of its last write and the reads since; it says which of them a
+//! new use on a stream must wait for ([`DeviceBuffer::write_deps`], [`DeviceBuffer::read_deps`])
+//! and the stream does the waiting, so this module does not know streams.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use crate::backend::cpu::CpuMem;
+use crate::backend::cpu::CpuMemory;
+use crate::backend::{EventImpl, MemImpl};
 use crate::device::Device;
 use crate::error::{Result, TransferError};
 use crate::event::Event;
-#[cfg(feature = "cuda")]
-use crate::event::EventInner;
-use crate::stream::Stream;
 
-pub(crate) enum DeviceMem {
-    Cpu(Arc<CpuMem>),
-    #[cfg(feature = "cuda")]
-    Cuda(crate::backend::cuda::CuMem),
-}
-
-/// Which copies a buffer may still be part of: what a new copy on another stream must wait for.
+/// Which work a buffer may still be part of: what new work on another stream must wait for.
 #[derive(Default)]
 struct Track {
-    /// The last write (copy into, fill, allocation).
+    /// The last write (copy into, fill, allocation, work that writes it).
     write: Option<Event>,
     /// Reads since that write.
     reads: Vec<Event>,
@@ -29,36 +25,30 @@ struct Track {
 /// A byte buffer in a device's memory (on `Cpu`, host memory owned by the backend).
 ///
 /// There is no direct access to the bytes, on any backend: data goes in and out through
-/// [`Stream`] copies, typed through `bytemuck` ([`Stream::to_device`], [`Stream::read_to_vec`],
-/// [`len_of`](DeviceBuffer::len_of)).
+/// [`Stream`](crate::Stream) copies, typed through `bytemuck`
+/// ([`Stream::to_device`](crate::Stream::to_device),
+/// [`Stream::read_to_vec`](crate::Stream::read_to_vec), [`len_of`](DeviceBuffer::len_of)).
 ///
 /// A buffer remembers its last write and the reads since, and a copy enqueued on a stream other
 /// than theirs first makes that stream wait for them (device-side, the host does not block), so
-/// copies through this crate are ordered across streams. Kernels you launch yourself on the
-/// buffer must wait for [`ready_event`](DeviceBuffer::ready_event). The memory is freed only
-/// after every recorded use: stream-ordered (`cuMemFreeAsync`) on CUDA.
+/// copies through this crate are ordered across streams. Work of your own takes part through
+/// [`Stream::enqueue_work`](crate::Stream::enqueue_work); kernels you launch some other way
+/// must wait for [`ready_event`](DeviceBuffer::ready_event). The memory is freed only after
+/// every recorded use: stream-ordered (`cuMemFreeAsync`) on CUDA.
 pub struct DeviceBuffer {
-    pub(crate) mem: DeviceMem,
+    pub(crate) mem: MemImpl,
     len: usize,
     device: Device,
     track: Mutex<Track>,
 }
 
 impl DeviceBuffer {
-    pub(crate) fn new(
-        mem: DeviceMem,
-        len: usize,
-        device: Device,
-        allocated: Option<Event>,
-    ) -> Self {
+    pub(crate) fn new(mem: MemImpl, len: usize, device: Device) -> Self {
         Self {
             mem,
             len,
             device,
-            track: Mutex::new(Track {
-                write: allocated,
-                reads: Vec::new(),
-            }),
+            track: Mutex::new(Track::default()),
         }
     }
 
@@ -96,32 +86,49 @@ impl DeviceBuffer {
         self.lock().write.clone()
     }
 
+    /// The address of the buffer's first byte in its device's address space: the
+    /// `CUdeviceptr` on CUDA, a host address on `Cpu`. With [`len`](DeviceBuffer::len) and
+    /// [`device`](DeviceBuffer::device), what a kernel launch or a DLPack capsule needs.
+    ///
+    /// The address is stable for the buffer's lifetime. Reaching the memory through it is
+    /// up to you: only from work ordered after [`ready_event`](DeviceBuffer::ready_event) and
+    /// before the buffer's next use by this crate, which
+    /// [`Stream::enqueue_work`](crate::Stream::enqueue_work) arranges. On `Cpu`, work of your
+    /// own should use [`cpu_memory`](DeviceBuffer::cpu_memory) instead, which locks the bytes
+    /// the way this crate's jobs do.
+    pub fn device_ptr(&self) -> u64 {
+        self.mem.addr()
+    }
+
     /// The CUDA device pointer (`CUdeviceptr`), for launching your own kernels; `None` on `Cpu`.
+    /// Same as [`device_ptr`](DeviceBuffer::device_ptr) on a CUDA buffer.
     pub fn cuda_device_ptr(&self) -> Option<u64> {
-        match &self.mem {
-            DeviceMem::Cpu(_) => None,
-            #[cfg(feature = "cuda")]
-            DeviceMem::Cuda(m) => Some(m.ptr),
-        }
+        self.mem.cuda_ptr()
+    }
+
+    /// The bytes of a buffer on the `Cpu` device, for work of your own on a `Cpu` stream's
+    /// executor thread ([`Stream::enqueue_work`](crate::Stream::enqueue_work) with
+    /// [`Stream::launch_host_fn`](crate::Stream::launch_host_fn)); `None` on other devices.
+    /// The handle keeps the bytes alive as long as it lives.
+    pub fn cpu_memory(&self) -> Option<CpuMemory> {
+        self.mem.cpu().map(|m| CpuMemory(m.clone()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Track> {
         self.track.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Makes `stream` wait for the uses of this buffer on other streams that a write must follow.
-    pub(crate) fn before_write(&self, stream: &Stream) -> Result<()> {
-        let deps: Vec<Event> = {
-            let t = self.lock();
-            t.write.iter().chain(t.reads.iter()).cloned().collect()
-        };
-        wait_foreign(stream, &deps)
+    /// The uses a write on stream `stream_id` must wait for: the last write and the reads
+    /// since, where they are on other streams and not complete.
+    pub(crate) fn write_deps(&self, stream_id: u64) -> Vec<Event> {
+        let t = self.lock();
+        foreign(t.write.iter().chain(t.reads.iter()), stream_id)
     }
 
-    /// Makes `stream` wait for the last write of this buffer if it happened on another stream.
-    pub(crate) fn before_read(&self, stream: &Stream) -> Result<()> {
-        let deps: Vec<Event> = self.lock().write.iter().cloned().collect();
-        wait_foreign(stream, &deps)
+    /// The uses a read on stream `stream_id` must wait for: the last write, if on another
+    /// stream and not complete.
+    pub(crate) fn read_deps(&self, stream_id: u64) -> Vec<Event> {
+        foreign(self.lock().write.iter(), stream_id)
     }
 
     pub(crate) fn after_write(&self, ev: &Event) {
@@ -138,13 +145,11 @@ impl DeviceBuffer {
     }
 }
 
-fn wait_foreign(stream: &Stream, deps: &[Event]) -> Result<()> {
-    for e in deps {
-        if e.stream_id() != stream.id() && !e.is_complete() {
-            stream.wait_event(e)?;
-        }
-    }
-    Ok(())
+fn foreign<'a>(events: impl Iterator<Item = &'a Event>, stream_id: u64) -> Vec<Event> {
+    events
+        .filter(|e| e.stream_id() != stream_id && !e.is_complete())
+        .cloned()
+        .collect()
 }
 
 impl fmt::Debug for DeviceBuffer {
@@ -158,23 +163,13 @@ impl fmt::Debug for DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let _t = std::mem::take(self.track.get_mut().unwrap_or_else(|p| p.into_inner()));
-        match &mut self.mem {
-            // Cpu jobs hold their own `Arc` of the memory: it outlives every queued copy.
-            DeviceMem::Cpu(_) => {}
-            #[cfg(feature = "cuda")]
-            DeviceMem::Cuda(m) => {
-                let uses: Vec<&crate::backend::cuda::CuEvent> = _t
-                    .write
-                    .iter()
-                    .chain(_t.reads.iter())
-                    .filter_map(|e| match &e.inner {
-                        EventInner::Cuda(c) => Some(&**c),
-                        EventInner::Cpu(_) => None,
-                    })
-                    .collect();
-                m.free_after(&uses);
-            }
-        }
+        let t = std::mem::take(self.track.get_mut().unwrap_or_else(|p| p.into_inner()));
+        let uses: Vec<EventImpl> = t
+            .write
+            .iter()
+            .chain(t.reads.iter())
+            .map(|e| e.inner.clone())
+            .collect();
+        self.mem.release(&uses);
     }
 }

@@ -1,37 +1,24 @@
-//! [`Device`]: the host (`Cpu`) or one GPU (`Cuda(ordinal)`), with a backend per kind.
+//! [`Device`]: the host (`Cpu`) or one GPU (`Cuda(ordinal)`), over its backend.
+//!
+//! This module knows neither streams nor stagers: `Device::new_stream` is defined with
+//! [`Stream`](crate::Stream) (in `stream.rs`) and `Device::stager` with the
+//! [`Stager`](crate::Stager) (in `staging.rs`), which keeps the device's default stager in the
+//! device's [`local`](Device::local) state.
 
+use std::any::Any;
 use std::fmt;
-#[cfg(feature = "cuda")]
-use std::sync::Weak;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::error::{Result, TransferError};
-use crate::staging::{Stager, StagingConfig};
-use crate::stream::Stream;
-
-/// Which device something lives on: cheap to copy and compare.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DeviceId {
-    /// The host, through the `Cpu` backend.
-    Cpu,
-    /// A CUDA GPU, by ordinal.
-    Cuda(usize),
-}
-
-impl fmt::Display for DeviceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceId::Cpu => f.write_str("cpu"),
-            DeviceId::Cuda(o) => write!(f, "cuda:{o}"),
-        }
-    }
-}
+use crate::backend::DeviceImpl;
+use crate::error::Result;
+use crate::id::DeviceId;
 
 pub(crate) struct DeviceShared {
-    pub(crate) id: DeviceId,
-    #[cfg(feature = "cuda")]
-    pub(crate) cuda: Option<Arc<crate::backend::cuda::CudaDevice>>,
-    stager: Mutex<Option<Arc<Stager>>>,
+    /// State that this crate's higher layers and crates above keep per device
+    /// ([`Device::local`]). Declared first so it is dropped before the backend.
+    locals: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
+    id: DeviceId,
+    pub(crate) backend: DeviceImpl,
 }
 
 /// A device that streams run on and buffers live on: the host's `Cpu` backend or a CUDA GPU.
@@ -54,77 +41,53 @@ pub struct Device {
 }
 
 impl Device {
+    fn with_backend(id: DeviceId, backend: DeviceImpl) -> Arc<DeviceShared> {
+        Arc::new(DeviceShared {
+            locals: Mutex::new(Vec::new()),
+            id,
+            backend,
+        })
+    }
+
     /// The host device (`Cpu` backend): streams are worker threads, memory is host memory.
     pub fn cpu() -> Device {
         static CPU: OnceLock<Device> = OnceLock::new();
         CPU.get_or_init(|| Device {
-            shared: Arc::new(DeviceShared {
-                id: DeviceId::Cpu,
-                #[cfg(feature = "cuda")]
-                cuda: None,
-                stager: Mutex::new(None),
-            }),
+            shared: Device::with_backend(DeviceId::Cpu, DeviceImpl::Cpu),
         })
         .clone()
     }
 
     /// GPU `ordinal`, through the CUDA driver.
     ///
-    /// Fails with [`TransferError::CudaUnavailable`] (naming the cause) when no driver can be
-    /// loaded or the crate was built without the `cuda` feature, and with
-    /// [`TransferError::NoSuchDevice`] when the driver has no such GPU. Never panics.
+    /// Fails with [`TransferError::CudaUnavailable`](crate::TransferError::CudaUnavailable)
+    /// (naming the cause) when no driver can be loaded or the crate was built without the
+    /// `cuda` feature, and with [`TransferError::NoSuchDevice`](crate::TransferError::NoSuchDevice)
+    /// when the driver has no such GPU. Never panics.
     pub fn cuda(ordinal: usize) -> Result<Device> {
-        #[cfg(feature = "cuda")]
+        // Weak: while any handle lives, every caller gets the same device (and its default
+        // stager); once the last handle is dropped, the stager's page-locked chunks and
+        // threads are released. The CUDA context itself stays open for the process.
+        type Open = Mutex<Vec<(usize, Weak<DeviceShared>)>>;
+        static OPEN: OnceLock<Open> = OnceLock::new();
+        let open = OPEN.get_or_init(Default::default);
+        let mut guard = open.lock().unwrap_or_else(|p| p.into_inner());
+        guard.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(shared) = guard
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .and_then(|(_, w)| w.upgrade())
         {
-            // Weak: while any handle lives, every caller gets the same device (and its default
-            // stager); once the last handle is dropped, the stager's page-locked chunks and
-            // threads are released. The CUDA context itself stays open for the process.
-            type Open = Mutex<Vec<(usize, Weak<DeviceShared>)>>;
-            static OPEN: OnceLock<Open> = OnceLock::new();
-            let open = OPEN.get_or_init(Default::default);
-            let mut guard = open.lock().unwrap_or_else(|p| p.into_inner());
-            guard.retain(|(_, w)| w.strong_count() > 0);
-            if let Some(shared) = guard
-                .iter()
-                .find(|(o, _)| *o == ordinal)
-                .and_then(|(_, w)| w.upgrade())
-            {
-                return Ok(Device { shared });
-            }
-            let dev = crate::backend::cuda::open(ordinal)?;
-            let shared = Arc::new(DeviceShared {
-                id: DeviceId::Cuda(ordinal),
-                cuda: Some(dev),
-                stager: Mutex::new(None),
-            });
-            guard.push((ordinal, Arc::downgrade(&shared)));
-            Ok(Device { shared })
+            return Ok(Device { shared });
         }
-        #[cfg(not(feature = "cuda"))]
-        {
-            Err(TransferError::CudaUnavailable {
-                ordinal,
-                reason: "longshore-transfer was built without the `cuda` feature".to_owned(),
-            })
-        }
+        let shared = Device::with_backend(DeviceId::Cuda(ordinal), DeviceImpl::open_cuda(ordinal)?);
+        guard.push((ordinal, Arc::downgrade(&shared)));
+        Ok(Device { shared })
     }
 
     /// Number of CUDA GPUs the driver reports (0 without a driver or the `cuda` feature).
     pub fn cuda_count() -> usize {
-        #[cfg(feature = "cuda")]
-        {
-            if longshore_host::driver_status().is_err() {
-                return 0;
-            }
-            cudarc::driver::result::device::get_count()
-                .ok()
-                .and_then(|c| usize::try_from(c).ok())
-                .unwrap_or(0)
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            0
-        }
+        DeviceImpl::cuda_count()
     }
 
     /// Which device this is.
@@ -139,65 +102,66 @@ impl Device {
 
     /// A human-readable name (`cpu`, or `cuda:0 (NVIDIA H200)`).
     pub fn name(&self) -> String {
-        #[cfg(feature = "cuda")]
-        if let Some(dev) = &self.shared.cuda {
-            return match dev.name() {
-                Some(n) => format!("{} ({n})", self.id()),
-                None => self.id().to_string(),
-            };
+        match self.shared.backend.name() {
+            Some(n) => format!("{} ({n})", self.id()),
+            None => self.id().to_string(),
         }
-        self.id().to_string()
     }
 
-    /// A new stream on this device.
-    pub fn new_stream(&self) -> Result<Stream> {
-        Stream::new(self)
+    /// State of type `T` kept with this device for higher layers and crates above (a library
+    /// handle per device such as a decoder's, a cache, the default [`Stager`](crate::Stager)):
+    /// made by `init` on first use, shared by every handle of the device, dropped with the
+    /// device (a GPU's device is dropped with its last handle; the `Cpu` device lives for the
+    /// process).
+    ///
+    /// `init` runs without a lock held; if two threads race, one value wins and both get it.
+    ///
+    /// ```
+    /// # use longshore_transfer::Device;
+    /// struct Counter(std::sync::atomic::AtomicU32);
+    /// let a = Device::cpu().local(|| Ok(Counter(0.into())))?;
+    /// let b = Device::cpu().local(|| Ok(Counter(5.into())))?;
+    /// assert!(std::sync::Arc::ptr_eq(&a, &b));
+    /// # Ok::<(), longshore_transfer::TransferError>(())
+    /// ```
+    pub fn local<T: Send + Sync + 'static>(
+        &self,
+        init: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        local_in(&self.shared.locals, init)
     }
 
-    /// The device's default [`Stager`] for pageable uploads (created on first use with
-    /// [`StagingConfig::default`]).
-    pub fn stager(&self) -> Result<Arc<Stager>> {
-        let mut guard = self.shared.stager.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = &*guard {
-            return Ok(s.clone());
-        }
-        let s = Arc::new(Stager::new(self, StagingConfig::default())?);
-        *guard = Some(s.clone());
-        Ok(s)
+    /// The device's `T` state if it has been made, without making it.
+    pub(crate) fn local_if_made<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        find::<T>(&lock(&self.shared.locals))
     }
+}
 
-    /// The size from which [`UploadMode::Auto`](crate::UploadMode::Auto) stages an upload:
-    /// the default stager's `auto_min_bytes`, without making the stager (and reserving its
-    /// page-locked chunks) for an upload that will not use it.
-    pub(crate) fn auto_stage_min_bytes(&self) -> usize {
-        self.shared
-            .stager
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map_or(StagingConfig::DEFAULT_AUTO_MIN_BYTES, |s| {
-                s.config().auto_min_bytes
-            })
-    }
+type Locals = Mutex<Vec<Arc<dyn Any + Send + Sync>>>;
 
-    /// Replaces the device's default [`Stager`] (e.g. with other chunk sizes or thread counts).
-    pub fn set_stager(&self, stager: Arc<Stager>) -> Result<()> {
-        if stager.device_id() != self.id() {
-            return Err(TransferError::DeviceMismatch {
-                op: "set_stager",
-                what: "the stager",
-                expected: self.id(),
-                found: stager.device_id(),
-            });
-        }
-        *self.shared.stager.lock().unwrap_or_else(|p| p.into_inner()) = Some(stager);
-        Ok(())
-    }
+fn lock(locals: &Locals) -> std::sync::MutexGuard<'_, Vec<Arc<dyn Any + Send + Sync>>> {
+    locals.lock().unwrap_or_else(|p| p.into_inner())
+}
 
-    #[cfg(feature = "cuda")]
-    pub(crate) fn cuda_device(&self) -> Option<&Arc<crate::backend::cuda::CudaDevice>> {
-        self.shared.cuda.as_ref()
+fn find<T: Send + Sync + 'static>(v: &[Arc<dyn Any + Send + Sync>]) -> Option<Arc<T>> {
+    v.iter().find_map(|a| a.clone().downcast::<T>().ok())
+}
+
+/// The `T` slot of a type map (of a device or a stream), made by `init` outside the lock.
+pub(crate) fn local_in<T: Send + Sync + 'static>(
+    locals: &Locals,
+    init: impl FnOnce() -> Result<T>,
+) -> Result<Arc<T>> {
+    if let Some(t) = find::<T>(&lock(locals)) {
+        return Ok(t);
     }
+    let made = Arc::new(init()?);
+    let mut guard = lock(locals);
+    if let Some(t) = find::<T>(&guard) {
+        return Ok(t);
+    }
+    guard.push(made.clone());
+    Ok(made)
 }
 
 impl PartialEq for Device {

@@ -2,7 +2,7 @@
 
 use longshore_host::HostError;
 
-use crate::device::DeviceId;
+use crate::id::DeviceId;
 
 /// Everything that can go wrong when opening devices, enqueuing work or copying memory.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +97,16 @@ pub enum TransferError {
         world_size: usize,
         /// What went wrong, naming the ranks involved.
         reason: String,
+    },
+    /// The operation has no meaning on this device (e.g. the native handle of a `Cpu` stream).
+    #[error("{op} is not supported on {device}: {reason}")]
+    Unsupported {
+        /// The operation, e.g. `Stream::as_raw`.
+        op: &'static str,
+        /// The device it was asked of.
+        device: DeviceId,
+        /// Why, and what to use instead.
+        reason: &'static str,
     },
     /// A `Cpu` stream's worker thread is gone (it could not be spawned, or it panicked).
     #[error("stream {stream} on {device} is closed: {reason}")]

@@ -29,16 +29,9 @@ use std::time::Duration;
 
 use longshore_host::{Fence, SharedFence};
 
-use crate::backend::cpu::CpuEvent;
-use crate::device::DeviceId;
+use crate::backend::EventImpl;
 use crate::error::Result;
-
-#[derive(Clone)]
-pub(crate) enum EventInner {
-    Cpu(Arc<CpuEvent>),
-    #[cfg(feature = "cuda")]
-    Cuda(Arc<crate::backend::cuda::CuEvent>),
-}
+use crate::id::DeviceId;
 
 /// A point in a [`Stream`](crate::Stream): complete once all the work enqueued on the stream
 /// before it has run.
@@ -52,13 +45,13 @@ pub(crate) enum EventInner {
 /// kept from being freed or reused while a copy from them is in flight.
 #[derive(Clone)]
 pub struct Event {
-    pub(crate) inner: EventInner,
+    pub(crate) inner: EventImpl,
     device: DeviceId,
     stream: u64,
 }
 
 impl Event {
-    pub(crate) fn new(inner: EventInner, device: DeviceId, stream: u64) -> Self {
+    pub(crate) fn new(inner: EventImpl, device: DeviceId, stream: u64) -> Self {
         Self {
             inner,
             device,
@@ -68,9 +61,7 @@ impl Event {
 
     /// An event on the `Cpu` device that is already complete.
     pub fn completed() -> Self {
-        let ev = Arc::new(CpuEvent::default());
-        ev.signal();
-        Self::new(EventInner::Cpu(ev), DeviceId::Cpu, 0)
+        Self::new(EventImpl::completed(), DeviceId::Cpu, 0)
     }
 
     /// The device of the stream the event was recorded on.
@@ -85,45 +76,26 @@ impl Event {
 
     /// Whether the work before the event has finished (non-blocking).
     pub fn is_complete(&self) -> bool {
-        match &self.inner {
-            EventInner::Cpu(e) => e.is_complete(),
-            #[cfg(feature = "cuda")]
-            EventInner::Cuda(e) => e.is_complete(),
-        }
+        self.inner.is_complete()
     }
 
     /// Blocks the calling thread until the event completes.
     ///
     /// On CUDA this is `cuEventSynchronize`, which reports errors of the work before it.
     pub fn synchronize(&self) -> Result<()> {
-        match &self.inner {
-            EventInner::Cpu(e) => {
-                e.wait();
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            EventInner::Cuda(e) => e.synchronize(),
-        }
+        self.inner.synchronize()
     }
 
     /// Blocks until the event completes or `timeout` passes; returns whether it completed.
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        match &self.inner {
-            EventInner::Cpu(e) => e.wait_timeout(timeout),
-            #[cfg(feature = "cuda")]
-            EventInner::Cuda(_) => Fence::wait_timeout(self, timeout),
-        }
+        self.inner.wait_timeout(timeout)
     }
 
     /// Runs `f` once the event completes: at once on this thread if it already has, otherwise
     /// on the stream's worker thread (`Cpu`) or the event watcher thread (CUDA). `f` must be
     /// short and must not block; move heavy work elsewhere.
     pub fn on_complete(&self, f: impl FnOnce() + Send + 'static) {
-        match &self.inner {
-            EventInner::Cpu(e) => e.on_complete(Box::new(f)),
-            #[cfg(feature = "cuda")]
-            EventInner::Cuda(e) => crate::backend::cuda::on_complete(e, Box::new(f)),
-        }
+        self.inner.on_complete(Box::new(f))
     }
 
     /// The event as a shared [`Fence`], for [`longshore_host::HostMemory::record_fence`].

@@ -33,45 +33,54 @@
 //! * [`Pending`]: a value (a copy's source or destination) reachable once the copy completes.
 //! * [`UploadMode`], [`Stager`], [`StagingConfig`]: pageable uploads, direct or staged through
 //!   pooled page-locked chunks by several threads.
-//! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostBatch`], [`DeviceBatch`]: keep N batches
+//! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostStorage`], [`DeviceStorage`] (formerly `HostBatch` / `DeviceBatch`): keep N batches
 //!   in flight on a copy stream and hand them to a compute stream.
 //! * [`TransferError`]: what can fail, with the CUDA error name and what was being done.
-//! * `ops` (feature `ops`): safe f32 operations on device buffers (gemm, bias + ReLU, softmax
-//!   cross-entropy, SGD, u8 normalisation) on both backends, enough to train a small model.
-//! * `collective` (feature `nccl`): a `Communicator` with an in-place f32 all-reduce, as
-//!   threads on the Cpu device (`CpuGroup`) or over NCCL on CUDA, for data-parallel training.
+//! * Seams for crates above (longshore-ops, longshore-collective, decoders, DLPack):
+//!   [`Stream::enqueue_work`] (your own kernels or `Cpu` closures, ordered and tracked like
+//!   copies), [`Stream::as_raw`] / [`Stream::from_raw`] (the native `CUstream`),
+//!   [`Stream::local`] (per-stream state), [`DeviceBuffer::device_ptr`] and
+//!   [`DeviceBuffer::cpu_memory`] ([`CpuMemory`]).
+//!
+//! The device f32 operations and the all-reduce that used to live here as `ops` and
+//! `collective` are the crates `longshore-ops` and `longshore-collective`.
 //!
 //! # Backends
 //!
-//! Each public type dispatches over an enum of backends. The `Cpu` backend is always compiled:
-//! each stream runs its work in order on its own worker thread, events complete when the work
-//! before them has run, and a cross-stream wait blocks the waiting stream's thread, not the host,
-//! so ordering bugs show up without a GPU. The CUDA backend (feature `cuda`, on by default) loads
-//! the driver at run time through cudarc; [`Device::cuda`] returns an error naming the cause when
-//! there is no driver or no such GPU. How CUDA futures are woken, and what it costs, is described
-//! in the [`event`] module.
+//! The public types sit on one backend interface (`backend/`: device, stream, event and
+//! memory, each an enum over the backends whose methods dispatch in one line). All of the
+//! crate's cudarc types and CUDA calls live in its `cuda` module; the public types check
+//! devices and bounds, order work across streams and track buffers, the backends enqueue.
+//! The `Cpu` backend is always compiled: each stream runs its work in order on its own worker
+//! thread, events complete when the work before them has run, and a cross-stream wait blocks
+//! the waiting stream's thread, not the host, so ordering bugs show up without a GPU. The
+//! CUDA backend (feature `cuda`, on by default) loads the driver at run time through cudarc;
+//! [`Device::cuda`] returns an error naming the cause when there is no driver or no such GPU.
+//! How CUDA futures are woken, and what it costs, is described in the [`event`] module.
 
 mod backend;
 #[doc(hidden)]
 pub mod bench_support;
 mod buffer;
-#[cfg(feature = "nccl")]
-pub mod collective;
+pub mod cuda_libs;
 mod device;
 mod error;
 pub mod event;
-#[cfg(feature = "ops")]
-pub mod ops;
+mod id;
 mod pending;
 mod prefetch;
 mod staging;
 mod stream;
 
+pub use backend::cpu::{CpuMemory, CpuMemoryGuard};
 pub use buffer::DeviceBuffer;
-pub use device::{Device, DeviceId};
+pub use device::Device;
 pub use error::{Result, TransferError};
 pub use event::{Event, EventFuture};
+pub use id::DeviceId;
 pub use pending::Pending;
-pub use prefetch::{DeviceBatch, HostBatch, Prefetched, Prefetcher, ToDevice, upload_new};
+#[allow(deprecated)]
+pub use prefetch::{DeviceBatch, HostBatch};
+pub use prefetch::{DeviceStorage, HostStorage, Prefetched, Prefetcher, ToDevice, upload_new};
 pub use staging::{Stager, StagingConfig, UploadMode};
 pub use stream::Stream;

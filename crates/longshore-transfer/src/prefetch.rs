@@ -20,7 +20,7 @@ use crate::stream::Stream;
 /// its pool, for a lease) only after the copy.
 ///
 /// The loader implements it for its batch type; a batch that owns one contiguous host storage
-/// plus typed metadata can also use [`HostBatch`] as is:
+/// plus typed metadata can also use [`HostStorage`] as is:
 ///
 /// ```
 /// use longshore_host::{HostBuffer, MemoryKind};
@@ -85,27 +85,44 @@ impl<T: ToDevice, E: Send + 'static> ToDevice for std::result::Result<T, E> {
 }
 
 /// A batch that owns one contiguous host storage plus typed metadata (shapes, labels, indices).
+///
+/// Named `HostBatch` until 0.1; renamed so it does not clash with the loader's batch types in
+/// the facade (`longshore::loader::DeviceBatch`).
 #[derive(Debug)]
-pub struct HostBatch<S, M> {
+pub struct HostStorage<S, M> {
     /// The bytes to copy.
     pub storage: S,
     /// Metadata that stays on the host and travels with the batch.
     pub meta: M,
 }
 
-/// The device side of a [`HostBatch`].
+/// The device side of a [`HostStorage`]. Named `DeviceBatch` until 0.1.
 #[derive(Debug)]
-pub struct DeviceBatch<M> {
+pub struct DeviceStorage<M> {
     /// The bytes, on the device.
     pub storage: DeviceBuffer,
     /// The batch's metadata.
     pub meta: M,
 }
 
-impl<S: HostMemory, M: Send + 'static> ToDevice for HostBatch<S, M> {
-    type Output = DeviceBatch<M>;
-    fn to_device(self, stream: &Stream) -> Result<DeviceBatch<M>> {
-        Ok(DeviceBatch {
+/// Deprecated name of [`HostStorage`].
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed `HostStorage` (the loader has its own batch types)"
+)]
+pub type HostBatch<S, M> = HostStorage<S, M>;
+
+/// Deprecated name of [`DeviceStorage`].
+#[deprecated(
+    since = "0.2.0",
+    note = "renamed `DeviceStorage` (the loader has its own `DeviceBatch`)"
+)]
+pub type DeviceBatch<M> = DeviceStorage<M>;
+
+impl<S: HostMemory, M: Send + 'static> ToDevice for HostStorage<S, M> {
+    type Output = DeviceStorage<M>;
+    fn to_device(self, stream: &Stream) -> Result<DeviceStorage<M>> {
+        Ok(DeviceStorage {
             storage: upload_new(stream, self.storage)?,
             meta: self.meta,
         })

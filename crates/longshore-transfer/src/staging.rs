@@ -26,21 +26,16 @@
 //! the one size class the stager reserved.
 
 use std::collections::VecDeque;
-#[cfg(feature = "cuda")]
-use std::sync::Arc;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-#[cfg(feature = "cuda")]
-use longshore_host::PoolBuffer;
 use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolConfig};
 
-use crate::backend::cpu::HostPtr;
-use crate::buffer::DeviceBuffer;
-use crate::device::{Device, DeviceId};
+use crate::backend::stage::{FirstError, Plan};
+use crate::backend::{EventImpl, HostPtr, Lanes, MemImpl, StreamImpl};
+use crate::device::Device;
 use crate::error::{Result, TransferError};
-use crate::event::Event;
-use crate::stream::Stream;
+use crate::id::DeviceId;
 
 /// How a copy from pageable memory to a device is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -115,9 +110,8 @@ pub struct Stager {
     workers: Option<rayon::ThreadPool>,
     /// On CUDA, one stream per copying thread: pieces from different threads do not queue
     /// behind each other's copy and event on one stream, and the driver overlaps their
-    /// per-operation latencies. Empty on `Cpu`, whose pieces go on the caller's stream.
-    #[cfg(feature = "cuda")]
-    lanes: Vec<Arc<cudarc::driver::CudaStream>>,
+    /// per-operation latencies. None on `Cpu`, whose pieces go on the caller's stream.
+    lanes: Lanes,
 }
 
 impl std::fmt::Debug for Stager {
@@ -194,19 +188,12 @@ impl Stager {
         } else {
             None
         };
-        #[cfg(feature = "cuda")]
-        let lanes = match device.cuda_device() {
-            Some(cu) => (0..config.threads)
-                .map(|_| cu.new_stream())
-                .collect::<Result<Vec<_>>>()?,
-            None => Vec::new(),
-        };
+        let lanes = device.shared.backend.new_lanes(config.threads)?;
         Ok(Self {
             device: device.id(),
             config,
             pool,
             workers,
-            #[cfg(feature = "cuda")]
             lanes,
         })
     }
@@ -224,46 +211,6 @@ impl Stager {
     /// The pool of chunks (its [`stats`](PinnedPool::stats) show reuse and fallbacks).
     pub fn pool(&self) -> &PinnedPool {
         &self.pool
-    }
-
-    /// Stages `src` into `dst` at `offset` on `stream`; returns the event of the last chunk.
-    /// When this returns, `src` has been consumed.
-    pub fn upload(
-        &self,
-        stream: &Stream,
-        src: &[u8],
-        dst: &mut DeviceBuffer,
-        offset: usize,
-    ) -> Result<Event> {
-        for (what, id) in [
-            ("the stream", stream.device().id()),
-            ("the destination buffer", dst.device().id()),
-        ] {
-            if id != self.device {
-                return Err(TransferError::DeviceMismatch {
-                    op: "staged upload",
-                    what,
-                    expected: self.device,
-                    found: id,
-                });
-            }
-        }
-        if offset
-            .checked_add(src.len())
-            .is_none_or(|end| end > dst.len())
-        {
-            return Err(TransferError::OutOfBounds {
-                op: "staged upload",
-                bytes: src.len(),
-                offset,
-                capacity: dst.len(),
-            });
-        }
-        dst.before_write(stream)?;
-        self.upload_raw(stream, src, dst, offset)?;
-        let ev = stream.record()?;
-        dst.after_write(&ev);
-        Ok(ev)
     }
 
     /// The piece size for an upload of `len` bytes: about
@@ -289,39 +236,42 @@ impl Stager {
         rounded.clamp(c.min_chunk_bytes, c.chunk_bytes)
     }
 
-    /// The staging loop, without checks or tracking.
+    /// The staging loop, without checks or tracking: on the lanes where the backend has them,
+    /// otherwise on `stream`, each piece's block leased and returned with the piece's event.
     pub(crate) fn upload_raw(
         &self,
-        stream: &Stream,
+        stream: &StreamImpl,
+        stream_id: u64,
         src: &[u8],
-        dst: &DeviceBuffer,
-        offset: usize,
+        dst: (&MemImpl, usize),
     ) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let (
-            crate::stream::StreamBackend::Cuda { dev, stream: cu },
-            crate::buffer::DeviceMem::Cuda(mem),
-        ) = (stream.backend(), &dst.mem)
-        {
-            if self.lanes.len() >= self.config.threads {
-                return self.upload_lanes(stream, dev, cu, src, mem.ptr + offset as u64);
-            }
+        let piece = self.piece_bytes(src.len());
+        let pieces = src.len().div_ceil(piece);
+        let plan = Plan {
+            pool: &self.pool,
+            block_bytes: self.config.chunk_bytes,
+            piece,
+            pieces,
+            threads: self.config.threads.min(pieces).max(1),
+            threads_max: self.config.threads,
+            depth: self.config.in_flight_per_thread,
+            workers: self.workers.as_ref(),
+            stream_id,
+        };
+        if let Some(done) = self.lanes.upload(&plan, stream, src, dst) {
+            return done;
         }
-        let chunk = self.piece_bytes(src.len());
-        let n = src.len().div_ceil(chunk);
-        let threads = self.config.threads.min(n).max(1);
-        let depth = self.config.in_flight_per_thread;
         let next = AtomicUsize::new(0);
         let failure = FirstError::default();
         let fail = |e: TransferError| failure.record(e);
-        let work = || {
-            let mut in_flight: VecDeque<Event> = VecDeque::with_capacity(depth);
+        let work = |_thread: usize| {
+            let mut in_flight: VecDeque<EventImpl> = VecDeque::with_capacity(plan.depth);
             while !failure.stopped() {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
+                if i >= pieces {
                     break;
                 }
-                if in_flight.len() >= depth {
+                if in_flight.len() >= plan.depth {
                     if let Some(oldest) = in_flight.pop_front() {
                         if let Err(e) = oldest.synchronize() {
                             fail(e);
@@ -329,9 +279,9 @@ impl Stager {
                         }
                     }
                 }
-                let start = i * chunk;
-                let end = (start + chunk).min(src.len());
-                match self.stage_chunk(stream, &src[start..end], dst, offset + start) {
+                let range = plan.range(i, src.len());
+                let at = dst.1 + range.start;
+                match self.stage_chunk(stream, &src[range], (dst.0, at)) {
                     Ok(ev) => in_flight.push_back(ev),
                     Err(e) => {
                         fail(e);
@@ -340,178 +290,17 @@ impl Stager {
                 }
             }
         };
-        tracing::trace!(target: "longshore::transfer", stream_id = stream.id(), bytes = src.len(), piece = chunk, pieces = n, threads, "staged upload");
-        match &self.workers {
-            Some(workers) if threads > 1 => workers.in_place_scope(|s| {
-                for _ in 1..threads {
-                    s.spawn(|_| work());
-                }
-                work();
-            }),
-            _ => work(),
-        }
-        failure.into_result()
-    }
-
-    /// The CUDA path: thread `t` stages its pieces on lane stream `t`. The lanes first wait for
-    /// the work already on `stream` (an event, no host wait), and `stream` then waits for every
-    /// lane, so the upload is ordered on `stream` exactly as if it had been enqueued there.
-    #[cfg(feature = "cuda")]
-    fn upload_lanes(
-        &self,
-        stream: &Stream,
-        dev: &Arc<crate::backend::cuda::CudaDevice>,
-        cu: &Arc<cudarc::driver::CudaStream>,
-        src: &[u8],
-        dst: u64,
-    ) -> Result<()> {
-        use crate::backend::cuda::{CuEvent, err};
-        use crate::event::EventInner;
-
-        let piece = self.piece_bytes(src.len());
-        let n = src.len().div_ceil(piece);
-        let threads = self.config.threads.min(n).max(1);
-        let depth = self.config.in_flight_per_thread;
-        dev.bind()?;
-        let start = CuEvent::record(dev, cu, stream.id())?;
-        let next = AtomicUsize::new(0);
-        let failure = FirstError::default();
-        let fail = |e: TransferError| failure.record(e);
-        let lane_err = |call: &'static str, e, what: String| err(call, e, dev.ordinal, what);
-        // One lane's share: its pieces, then the event the caller's stream waits for. A lane
-        // leases `depth` blocks once and cycles through them (double buffering by default):
-        // before a block is refilled, the event recorded after its last copy is waited for,
-        // so a piece costs a memcpy, a copy call and an event record, and no pool traffic.
-        let work = |lane: &Arc<cudarc::driver::CudaStream>| -> Option<CuEvent> {
-            let ring = (|| -> Result<Vec<(PoolBuffer, CuEvent, bool)>> {
-                dev.bind()?;
-                lane.wait(start.raw()).map_err(|e| {
-                    lane_err("cuStreamWaitEvent", e, "ordering a staging lane".into())
-                })?;
-                (0..depth)
-                    .map(|_| {
-                        Ok((
-                            self.pool.alloc(self.config.chunk_bytes)?,
-                            CuEvent::create(dev)?,
-                            false,
-                        ))
-                    })
-                    .collect()
-            })();
-            let mut ring = match ring {
-                Ok(r) => r,
-                Err(e) => {
-                    fail(e);
-                    return None;
-                }
-            };
-            let mut k = 0usize;
-            while !failure.stopped() {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    break;
-                }
-                let (block, ev, used) = &mut ring[k % depth];
-                k += 1;
-                let begin = i * piece;
-                let part = &src[begin..(begin + piece).min(src.len())];
-                let staged = (|| {
-                    if *used {
-                        ev.synchronize()?;
-                    }
-                    block.as_bytes_mut()[..part.len()].copy_from_slice(part);
-                    // SAFETY: `dst + begin .. + part.len()` lies in the destination buffer
-                    // (the caller checked the whole range) in this lane's context. The block
-                    // is not written again before `ev`, recorded just below, has completed
-                    // (waited for above on its next turn), and goes back to the pool with
-                    // `ev` as its fence, so it is neither reused nor freed under the copy.
-                    unsafe {
-                        crate::backend::cuda::htod(
-                            lane,
-                            dst + begin as u64,
-                            block.as_bytes().as_ptr(),
-                            part.len(),
-                        )
-                    }
-                    .map_err(|e| {
-                        lane_err(
-                            "cuMemcpyHtoDAsync",
-                            e,
-                            format!("staging {} bytes at offset {begin}", part.len()),
-                        )
-                    })?;
-                    *used = true; // a copy is in flight from here on
-                    ev.rerecord(lane, stream.id()).inspect_err(|_| {
-                        // `ev` still marks the block's previous copy and would let the block
-                        // go before this one: wait for the lane instead.
-                        let _ = lane.synchronize();
-                    })
-                })();
-                if let Err(e) = staged {
-                    fail(e);
-                    break;
-                }
-            }
-            // The blocks go back fenced by their last copies' events. Even after a failure,
-            // the caller's stream must not run ahead of what this lane has enqueued.
-            let done = CuEvent::record(dev, lane, stream.id());
-            for (mut block, ev, used) in ring {
-                if used {
-                    let fence =
-                        Event::new(EventInner::Cuda(Arc::new(ev)), self.device, stream.id());
-                    block.record_fence(fence.to_fence());
-                }
-                drop(block);
-            }
-            match done {
-                Ok(done) => Some(done),
-                Err(e) => {
-                    // Nothing can order the caller's stream after this lane: wait here.
-                    let _ = lane.synchronize();
-                    fail(e);
-                    None
-                }
-            }
-        };
-        tracing::trace!(target: "longshore::transfer", stream_id = stream.id(), bytes = src.len(), piece, pieces = n, lanes = threads, "staged upload");
-        let done: Mutex<Vec<CuEvent>> = Mutex::new(Vec::with_capacity(threads));
-        let run = |t: usize| {
-            if let Some(ev) = work(&self.lanes[t]) {
-                done.lock().unwrap_or_else(|p| p.into_inner()).push(ev);
-            }
-        };
-        match &self.workers {
-            Some(workers) if threads > 1 => workers.in_place_scope(|s| {
-                for t in 1..threads {
-                    let run = &run;
-                    s.spawn(move |_| run(t));
-                }
-                run(0);
-            }),
-            _ => run(0),
-        }
-        for ev in done.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            if let Err(e) = cu.wait(ev.raw()) {
-                // Nothing else can order the caller's stream after this lane: wait here.
-                tracing::error!(target: "longshore::transfer", error = ?e.0, "cuStreamWaitEvent on a staging lane failed; waiting on the host");
-                let _ = ev.synchronize();
-                fail(lane_err(
-                    "cuStreamWaitEvent",
-                    e,
-                    "joining a staging lane".into(),
-                ));
-            }
-        }
+        tracing::trace!(target: "longshore::transfer", stream_id, bytes = src.len(), piece, pieces, threads = plan.threads, "staged upload");
+        plan.run(work);
         failure.into_result()
     }
 
     fn stage_chunk(
         &self,
-        stream: &Stream,
+        stream: &StreamImpl,
         src: &[u8],
-        dst: &DeviceBuffer,
-        offset: usize,
-    ) -> Result<Event> {
+        dst: (&MemImpl, usize),
+    ) -> Result<EventImpl> {
         // Always a whole block, whatever the piece: one size class, the one reserved.
         let mut lease = self.pool.alloc(self.config.chunk_bytes)?;
         lease.as_bytes_mut()[..src.len()].copy_from_slice(src);
@@ -522,38 +311,60 @@ impl Stager {
         // SAFETY: the lease is dropped below only after the copy's event has been recorded on
         // it, and the pool (or, for a pageable fallback, HostBuffer's drop) neither reuses nor
         // frees a block before its fences complete; nobody writes it in between.
-        unsafe { stream.enqueue_htod_raw(ptr, dst, offset) }?;
+        unsafe { stream.htod(dst.0, dst.1, ptr) }?;
         let ev = stream.record()?;
-        lease.record_fence(ev.to_fence());
+        lease.record_fence(Arc::new(ev.clone()));
         drop(lease);
         Ok(ev)
     }
 }
 
-/// The first error of the threads of one upload; once one is recorded the others stop.
+/// A device's default stager, kept in the device's local state.
 #[derive(Default)]
-struct FirstError {
-    stop: AtomicBool,
-    first: Mutex<Option<TransferError>>,
-}
+struct DefaultStager(Mutex<Option<Arc<Stager>>>);
 
-impl FirstError {
-    fn record(&self, e: TransferError) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.first
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert(e);
+impl Device {
+    fn default_stager_slot(&self) -> Result<Arc<DefaultStager>> {
+        self.local(|| Ok(DefaultStager::default()))
     }
 
-    fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-    }
-
-    fn into_result(self) -> Result<()> {
-        match self.first.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
+    /// The device's default [`Stager`] for pageable uploads (created on first use with
+    /// [`StagingConfig::default`]).
+    pub fn stager(&self) -> Result<Arc<Stager>> {
+        let slot = self.default_stager_slot()?;
+        let mut guard = slot.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = &*guard {
+            return Ok(s.clone());
         }
+        let s = Arc::new(Stager::new(self, StagingConfig::default())?);
+        *guard = Some(s.clone());
+        Ok(s)
+    }
+
+    /// The size from which [`UploadMode::Auto`] stages an upload: the default stager's
+    /// `auto_min_bytes`, without making the stager (and reserving its page-locked chunks) for
+    /// an upload that will not use it.
+    pub(crate) fn auto_stage_min_bytes(&self) -> usize {
+        self.local_if_made::<DefaultStager>()
+            .and_then(|slot| {
+                let guard = slot.0.lock().unwrap_or_else(|p| p.into_inner());
+                guard.as_ref().map(|s| s.config().auto_min_bytes)
+            })
+            .unwrap_or(StagingConfig::DEFAULT_AUTO_MIN_BYTES)
+    }
+
+    /// Replaces the device's default [`Stager`] (e.g. with other chunk sizes or thread counts).
+    pub fn set_stager(&self, stager: Arc<Stager>) -> Result<()> {
+        if stager.device_id() != self.id() {
+            return Err(TransferError::DeviceMismatch {
+                op: "set_stager",
+                what: "the stager",
+                expected: self.id(),
+                found: stager.device_id(),
+            });
+        }
+        let slot = self.default_stager_slot()?;
+        *slot.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(stager);
+        Ok(())
     }
 }

@@ -1,35 +1,33 @@
 //! [`Stream`]: an ordered queue of work on a device, and the copies enqueued on it.
+//!
+//! Every operation checks its arguments (devices, bounds), orders itself after the buffers'
+//! earlier uses on other streams, dispatches to the backend in one call, and records its event
+//! as the buffers' latest use.
 
+use std::any::Any;
+use std::ffi::c_void;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use longshore_host::{HostBuffer, HostMemory, MemoryKind};
 
-use crate::backend::cpu::{self, CpuMem, CpuStream, HostPtr, HostPtrMut};
-use crate::buffer::{DeviceBuffer, DeviceMem};
-use crate::device::{Device, DeviceId};
+use crate::backend::{HostPtr, HostPtrMut, StreamImpl};
+use crate::buffer::DeviceBuffer;
+use crate::device::{Device, local_in};
 use crate::error::{Result, TransferError};
-use crate::event::{Event, EventInner};
+use crate::event::Event;
+use crate::id::DeviceId;
 use crate::pending::Pending;
-use crate::staging::UploadMode;
-
-pub(crate) enum StreamBackend {
-    Cpu(CpuStream),
-    #[cfg(feature = "cuda")]
-    Cuda {
-        dev: Arc<crate::backend::cuda::CudaDevice>,
-        stream: Arc<cudarc::driver::CudaStream>,
-    },
-}
+use crate::staging::{Stager, UploadMode};
 
 struct StreamShared {
+    /// State that crates above keep per stream ([`Stream::local`]). Declared first so it is
+    /// dropped before the backend's stream (a library handle bound to a stream goes first).
+    locals: Mutex<Vec<Arc<dyn Any + Send + Sync>>>,
     device: Device,
     id: u64,
-    backend: StreamBackend,
-    /// Per-stream state of the `ops` module (a cuBLAS handle bound to this stream).
-    #[cfg(feature = "ops")]
-    ops: crate::ops::StreamOps,
+    backend: StreamImpl,
 }
 
 /// An ordered queue of work on a device: copies, fills, host functions, event records and
@@ -75,40 +73,147 @@ fn bounds(op: &'static str, bytes: usize, offset: usize, capacity: usize) -> Res
     }
 }
 
-impl Stream {
-    pub(crate) fn new(device: &Device) -> Result<Stream> {
+impl Device {
+    /// A new stream on this device.
+    pub fn new_stream(&self) -> Result<Stream> {
         let id = next_stream_id();
-        let backend = match device.id() {
-            DeviceId::Cpu => StreamBackend::Cpu(CpuStream::new(id)?),
-            DeviceId::Cuda(_ordinal) => {
-                #[cfg(feature = "cuda")]
-                {
-                    let dev = device.cuda_device().cloned().ok_or_else(|| {
-                        TransferError::Invalid(format!("{} has no CUDA backend", device.id()))
-                    })?;
-                    let stream = dev.new_stream()?;
-                    StreamBackend::Cuda { dev, stream }
-                }
-                #[cfg(not(feature = "cuda"))]
-                {
-                    return Err(TransferError::CudaUnavailable {
-                        ordinal: _ordinal,
-                        reason: "longshore-transfer was built without the `cuda` feature"
-                            .to_owned(),
-                    });
-                }
-            }
-        };
-        tracing::debug!(target: "longshore::transfer", stream_id = id, device = %device.id(), "stream created");
-        Ok(Stream {
+        let backend = self.shared.backend.new_stream(id)?;
+        tracing::debug!(target: "longshore::transfer", stream_id = id, device = %self.id(), "stream created");
+        Ok(Stream::with_backend(self, id, backend))
+    }
+}
+
+impl Stream {
+    fn with_backend(device: &Device, id: u64, backend: StreamImpl) -> Stream {
+        Stream {
             shared: Arc::new(StreamShared {
+                locals: Mutex::new(Vec::new()),
                 device: device.clone(),
                 id,
                 backend,
-                #[cfg(feature = "ops")]
-                ops: Default::default(),
             }),
-        })
+        }
+    }
+
+    /// The backend's native stream handle: the `CUstream` (`cudaStream_t`) on CUDA, to order
+    /// work of another library (a kernel, a cuBLAS call, torch's stream through an event)
+    /// with this stream's. The handle stays valid while this stream (any clone) lives.
+    ///
+    /// A `Cpu` stream is a thread of this crate with no native handle: that is a
+    /// [`TransferError::Unsupported`]. Order work with a `Cpu` stream through events
+    /// ([`record`](Stream::record), [`wait_event`](Stream::wait_event)) and host functions
+    /// ([`launch_host_fn`](Stream::launch_host_fn)) instead.
+    ///
+    /// ```
+    /// # use longshore_transfer::{Device, TransferError};
+    /// let stream = Device::cpu().new_stream()?;
+    /// assert!(matches!(stream.as_raw(), Err(TransferError::Unsupported { .. })));
+    /// # Ok::<(), TransferError>(())
+    /// ```
+    pub fn as_raw(&self) -> Result<*mut c_void> {
+        self.backend().as_raw()
+    }
+
+    /// A stream of this crate over a native stream that someone else owns, such as
+    /// `torch.cuda.current_stream().cuda_stream` or a cudarc stream: copies enqueued on it are
+    /// ordered with that owner's work. Dropping the returned stream (every clone) does not
+    /// destroy the native stream.
+    ///
+    /// On the `Cpu` device there is no native stream to adopt: that is a
+    /// [`TransferError::Unsupported`] (whatever `raw` is).
+    ///
+    /// # Safety
+    ///
+    /// On CUDA, `raw` is a valid `CUstream` of `device`'s primary context (the one the CUDA
+    /// runtime and PyTorch use), or null for its legacy default stream, and its owner keeps it
+    /// alive while the returned stream, any clone of it, or anything made on it is in use:
+    /// [`DeviceBuffer`]s allocated on it are freed on it when dropped.
+    pub unsafe fn from_raw(device: &Device, raw: *mut c_void) -> Result<Stream> {
+        let id = next_stream_id();
+        // SAFETY: forwarded from the caller.
+        let backend = unsafe { device.shared.backend.wrap_stream(raw, id) }?;
+        tracing::debug!(target: "longshore::transfer", stream_id = id, device = %device.id(), "stream adopted from a native handle");
+        Ok(Stream::with_backend(device, id, backend))
+    }
+
+    /// State of type `T` kept with this stream for crates above this one (a library handle
+    /// bound to the stream, a cache): made by `init` on first use, shared by every clone of
+    /// the stream, dropped with the stream (before its native stream is destroyed).
+    ///
+    /// `init` runs without a lock held; if two threads race, one value wins and both get it.
+    ///
+    /// ```
+    /// # use longshore_transfer::Device;
+    /// struct Calls(std::sync::atomic::AtomicU32);
+    /// let stream = Device::cpu().new_stream()?;
+    /// let a = stream.local(|| Ok(Calls(0.into())))?;
+    /// let b = stream.clone().local(|| Ok(Calls(7.into())))?; // the same value: init not run
+    /// assert!(std::sync::Arc::ptr_eq(&a, &b));
+    /// # Ok::<(), longshore_transfer::TransferError>(())
+    /// ```
+    pub fn local<T: Send + Sync + 'static>(
+        &self,
+        init: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<T>> {
+        local_in(&self.shared.locals, init)
+    }
+
+    /// Enqueues work of your own on this stream, ordered and tracked like this crate's copies:
+    /// the seam through which crates above (device ops, collectives, decoders) run kernels on
+    /// [`DeviceBuffer`]s.
+    ///
+    /// 1. The stream is made to wait (device-side) for the earlier uses of the buffers on other
+    ///    streams: the last write of each buffer in `reads`, and the last write and the reads
+    ///    since of each buffer in `writes`.
+    /// 2. `enqueue` runs on this thread, with the device's context current (CUDA). It enqueues
+    ///    the work on this stream: on CUDA, kernels or library calls on
+    ///    [`as_raw`](Stream::as_raw); on `Cpu`, closures through
+    ///    [`launch_host_fn`](Stream::launch_host_fn) that run on the stream's executor thread
+    ///    and reach the bytes through [`DeviceBuffer::cpu_memory`].
+    /// 3. An event is recorded behind the work and becomes the buffers' latest use: later copies
+    ///    and work on other streams wait for it, and a buffer dropped meanwhile is freed only
+    ///    after it has completed (on `Cpu`, the [`CpuMemory`](crate::CpuMemory) handles a job
+    ///    holds keep the bytes alive).
+    ///
+    /// Returns that event. If `enqueue` fails, its error is returned after the event is still
+    /// recorded and tracked (it may have enqueued part of the work).
+    ///
+    /// ```
+    /// # use longshore_transfer::Device;
+    /// let stream = Device::cpu().new_stream()?;
+    /// let mut buf = stream.to_device(&[1u8, 2, 3, 4])?;
+    /// let mem = buf.cpu_memory().expect("a cpu buffer");
+    /// stream.enqueue_work(&[], &[&buf], || {
+    ///     stream.launch_host_fn(move || mem.lock().iter_mut().for_each(|b| *b *= 10))
+    /// })?;
+    /// assert_eq!(stream.read_to_vec::<u8>(&buf)?, vec![10, 20, 30, 40]);
+    /// # Ok::<(), longshore_transfer::TransferError>(())
+    /// ```
+    pub fn enqueue_work(
+        &self,
+        reads: &[&DeviceBuffer],
+        writes: &[&DeviceBuffer],
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<Event> {
+        for b in reads.iter().chain(writes) {
+            self.check_device("enqueue_work", "a buffer", b.device().id())?;
+        }
+        for b in reads {
+            self.before_read(b)?;
+        }
+        for b in writes {
+            self.before_write(b)?;
+        }
+        self.backend().bind()?;
+        let outcome = enqueue();
+        let ev = self.record()?;
+        for b in reads {
+            b.after_read(&ev);
+        }
+        for b in writes {
+            b.after_write(&ev);
+        }
+        outcome.map(|()| ev)
     }
 
     /// The device the stream runs on.
@@ -121,13 +226,8 @@ impl Stream {
         self.shared.id
     }
 
-    pub(crate) fn backend(&self) -> &StreamBackend {
+    pub(crate) fn backend(&self) -> &StreamImpl {
         &self.shared.backend
-    }
-
-    #[cfg(feature = "ops")]
-    pub(crate) fn ops_state(&self) -> &crate::ops::StreamOps {
-        &self.shared.ops
     }
 
     fn check_device(&self, op: &'static str, what: &'static str, found: DeviceId) -> Result<()> {
@@ -143,27 +243,27 @@ impl Stream {
         Ok(())
     }
 
-    #[cfg(feature = "cuda")]
-    fn mismatch(&self, op: &'static str, what: &'static str, found: DeviceId) -> TransferError {
-        TransferError::DeviceMismatch {
-            op,
-            what,
-            expected: self.device().id(),
-            found,
-        }
+    /// Makes this stream wait for the uses of `buf` on other streams that a write must follow.
+    fn before_write(&self, buf: &DeviceBuffer) -> Result<()> {
+        buf.write_deps(self.id())
+            .iter()
+            .try_for_each(|e| self.wait_event(e))
+    }
+
+    /// Makes this stream wait for the last write of `buf` if it happened on another stream.
+    fn before_read(&self, buf: &DeviceBuffer) -> Result<()> {
+        buf.read_deps(self.id())
+            .iter()
+            .try_for_each(|e| self.wait_event(e))
     }
 
     /// Records an event behind all the work enqueued so far.
     pub fn record(&self) -> Result<Event> {
-        let dev = self.device().id();
-        match self.backend() {
-            StreamBackend::Cpu(s) => Ok(Event::new(EventInner::Cpu(s.record()?), dev, self.id())),
-            #[cfg(feature = "cuda")]
-            StreamBackend::Cuda { dev: cu, stream } => {
-                let ev = crate::backend::cuda::CuEvent::record(cu, stream, self.id())?;
-                Ok(Event::new(EventInner::Cuda(Arc::new(ev)), dev, self.id()))
-            }
-        }
+        Ok(Event::new(
+            self.backend().record()?,
+            self.device().id(),
+            self.id(),
+        ))
     }
 
     /// Makes the work enqueued on this stream from now on wait until `event` completes,
@@ -172,35 +272,7 @@ impl Stream {
     /// A `Cpu` stream can wait for an event of any device. A CUDA stream can wait for events
     /// of any CUDA device, but not for `Cpu` events: that is a [`TransferError::DeviceMismatch`].
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        match (self.backend(), &event.inner) {
-            (StreamBackend::Cpu(s), _) => {
-                let ev = event.clone();
-                s.wait_with(Box::new(move || {
-                    if let Err(e) = ev.synchronize() {
-                        tracing::error!(target: "longshore::transfer", error = %e, "a cpu stream waited on a failed event");
-                    }
-                }))
-            }
-            #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { dev, stream }, EventInner::Cuda(e)) => {
-                stream.wait(e.raw()).map_err(|err| {
-                    crate::backend::cuda::err(
-                        "cuStreamWaitEvent",
-                        err,
-                        dev.ordinal,
-                        format!(
-                            "making stream {} wait on an event of stream {}",
-                            self.id(),
-                            event.stream_id()
-                        ),
-                    )
-                })
-            }
-            #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { .. }, EventInner::Cpu(_)) => {
-                Err(self.mismatch("wait_event", "the event", event.device()))
-            }
-        }
+        self.backend().wait(&event.inner)
     }
 
     /// Blocks the host until all the work enqueued so far has run.
@@ -212,13 +284,7 @@ impl Stream {
     /// for it to return. On CUDA this is `cuLaunchHostFunc`: `f` runs on a driver thread and
     /// must not call the CUDA API (which includes dropping a `DeviceBuffer`).
     pub fn launch_host_fn(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
-        match self.backend() {
-            StreamBackend::Cpu(s) => s.enqueue(Box::new(f)),
-            #[cfg(feature = "cuda")]
-            StreamBackend::Cuda { dev, stream } => {
-                crate::backend::cuda::launch_host_fn(dev, stream, Box::new(f))
-            }
-        }
+        self.backend().host_fn(Box::new(f))
     }
 
     /// Allocates `len` bytes of device memory, in stream order where the device supports it
@@ -231,22 +297,12 @@ impl Stream {
                 device: self.device().id(),
             });
         }
-        match self.backend() {
-            StreamBackend::Cpu(_) => Ok(DeviceBuffer::new(
-                DeviceMem::Cpu(CpuMem::new(len)),
-                len,
-                self.device().clone(),
-                None,
-            )),
-            #[cfg(feature = "cuda")]
-            StreamBackend::Cuda { dev, stream } => {
-                let mem = crate::backend::cuda::CuMem::alloc(dev, stream, len, self.id())?;
-                let buf = DeviceBuffer::new(DeviceMem::Cuda(mem), len, self.device().clone(), None);
-                let ev = self.record()?;
-                buf.after_write(&ev);
-                Ok(buf)
-            }
+        let (mem, stream_ordered) = self.backend().alloc(len)?;
+        let buf = DeviceBuffer::new(mem, len, self.device().clone());
+        if stream_ordered {
+            buf.after_write(&self.record()?);
         }
+        Ok(buf)
     }
 
     /// [`alloc`](Stream::alloc), then a fill with zeros on this stream.
@@ -259,29 +315,9 @@ impl Stream {
     /// Enqueues a fill of the whole buffer with `byte`.
     pub fn memset(&self, buf: &mut DeviceBuffer, byte: u8) -> Result<()> {
         self.check_device("memset", "the buffer", buf.device().id())?;
-        buf.before_write(self)?;
-        let len = buf.len();
-        match (self.backend(), &buf.mem) {
-            (StreamBackend::Cpu(s), DeviceMem::Cpu(m)) => cpu::enqueue_memset(s, m, 0, len, byte)?,
-            #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { dev, stream }, DeviceMem::Cuda(m)) => {
-                dev.bind()?;
-                // SAFETY: `m` is a live allocation of `len` bytes in this stream's context
-                // (checked by device id above).
-                unsafe { crate::backend::cuda::memset(stream, m.ptr, byte, len) }.map_err(|e| {
-                    crate::backend::cuda::err(
-                        "cuMemsetD8Async",
-                        e,
-                        dev.ordinal,
-                        format!("filling {len} bytes on stream {}", self.id()),
-                    )
-                })?;
-            }
-            #[cfg(feature = "cuda")]
-            _ => return Err(self.mismatch("memset", "the buffer", buf.device().id())),
-        }
-        let ev = self.record()?;
-        buf.after_write(&ev);
+        self.before_write(buf)?;
+        self.backend().memset(&buf.mem, byte, buf.len())?;
+        buf.after_write(&self.record()?);
         Ok(())
     }
 
@@ -311,12 +347,9 @@ impl Stream {
         self.check_device("upload", "the destination buffer", dst.device().id())?;
         let len = src.as_bytes().len();
         bounds("upload", len, offset, dst.len())?;
-        dst.before_write(self)?;
+        self.before_write(dst)?;
         let mut src = Box::new(src);
-        let pageable_cuda = !src.kind().is_dma_capable() && !self.device().is_cpu();
-        if pageable_cuda {
-            self.upload_pageable_raw(src.as_bytes(), dst, offset, UploadMode::Auto)?;
-        } else {
+        if self.backend().reads_host_later(src.kind()) {
             let ptr = HostPtr {
                 ptr: src.as_bytes().as_ptr(),
                 len,
@@ -324,55 +357,15 @@ impl Stream {
             // SAFETY: `src` is boxed (its bytes do not move) and owned by the returned Pending,
             // which gives no access to it until an event recorded after this copy completes and
             // defers its drop until then; `HostMemory` memory stays valid while it is alive.
-            unsafe { self.enqueue_htod_raw(ptr, dst, offset) }?;
+            unsafe { self.backend().htod(&dst.mem, offset, ptr) }?;
+        } else {
+            self.upload_pageable_raw(src.as_bytes(), dst, offset, UploadMode::Auto)?;
         }
         let ev = self.record()?;
         dst.after_write(&ev);
         src.record_fence(ev.to_fence());
         tracing::trace!(target: "longshore::transfer", stream_id = self.id(), bytes = len, kind = %src.kind(), "upload enqueued");
         Ok(Pending::new(src, ev))
-    }
-
-    /// Enqueues an asynchronous copy of `src` into `dst` at `offset`, with no dependency tracking.
-    ///
-    /// # Safety
-    /// The memory behind `src` stays valid and unwritten until an event recorded on this stream
-    /// after this call completes. `dst` is on this stream's device and the range fits.
-    pub(crate) unsafe fn enqueue_htod_raw(
-        &self,
-        src: HostPtr,
-        dst: &DeviceBuffer,
-        offset: usize,
-    ) -> Result<()> {
-        match (self.backend(), &dst.mem) {
-            // SAFETY: forwarded from the caller.
-            (StreamBackend::Cpu(s), DeviceMem::Cpu(m)) => unsafe {
-                cpu::enqueue_htod(s, m, offset, src)
-            },
-            #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { dev, stream }, DeviceMem::Cuda(m)) => {
-                dev.bind()?;
-                // SAFETY: the destination range is inside `m` (checked by the caller) in this
-                // stream's context; the source stays valid until the copy completes (caller).
-                unsafe {
-                    crate::backend::cuda::htod(stream, m.ptr + offset as u64, src.ptr, src.len)
-                }
-                .map_err(|e| {
-                    crate::backend::cuda::err(
-                        "cuMemcpyHtoDAsync",
-                        e,
-                        dev.ordinal,
-                        format!(
-                            "copying {} bytes to offset {offset} on stream {}",
-                            src.len,
-                            self.id()
-                        ),
-                    )
-                })
-            }
-            #[cfg(feature = "cuda")]
-            _ => Err(self.mismatch("upload", "the destination buffer", dst.device().id())),
-        }
     }
 
     /// Copies `src` (any host memory, treated as pageable) into `dst` at `offset` and returns
@@ -398,15 +391,15 @@ impl Stream {
     ) -> Result<Event> {
         self.check_device("upload_slice", "the destination buffer", dst.device().id())?;
         bounds("upload_slice", src.len(), offset, dst.len())?;
-        dst.before_write(self)?;
+        self.before_write(dst)?;
         self.upload_pageable_raw(src, dst, offset, mode)?;
         let ev = self.record()?;
         dst.after_write(&ev);
         Ok(ev)
     }
 
-    /// The pageable path, without tracking; `src` is consumed when this returns.
-    pub(crate) fn upload_pageable_raw(
+    /// The pageable path, without checks or tracking; `src` is consumed when this returns.
+    fn upload_pageable_raw(
         &self,
         src: &[u8],
         dst: &DeviceBuffer,
@@ -422,54 +415,10 @@ impl Stream {
             UploadMode::Auto => src.len() >= self.device().auto_stage_min_bytes(),
         };
         if staged {
-            return self.device().stager()?.upload_raw(self, src, dst, offset);
+            let stager = self.device().stager()?;
+            return stager.upload_raw(self.backend(), self.id(), src, (&dst.mem, offset));
         }
-        match (self.backend(), &dst.mem) {
-            (StreamBackend::Cpu(s), DeviceMem::Cpu(m)) => {
-                // The job owns a copy of the bytes, so `src` is free when this returns.
-                let owned = src.to_vec();
-                let m = m.clone();
-                s.enqueue(Box::new(move || {
-                    m.lock()[offset..offset + owned.len()].copy_from_slice(&owned)
-                }))
-            }
-            #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { dev, stream }, DeviceMem::Cuda(m)) => {
-                dev.bind()?;
-                // SAFETY: the range fits `m` (checked by the callers); `src` is borrowed for
-                // the whole call, and the driver consumes pageable memory before returning. If
-                // the slice is page-locked, we wait below until the copy is done.
-                unsafe {
-                    crate::backend::cuda::htod(
-                        stream,
-                        m.ptr + offset as u64,
-                        src.as_ptr(),
-                        src.len(),
-                    )
-                }
-                .map_err(|e| {
-                    crate::backend::cuda::err(
-                        "cuMemcpyHtoDAsync",
-                        e,
-                        dev.ordinal,
-                        format!(
-                            "copying {} pageable bytes to offset {offset} on stream {}",
-                            src.len(),
-                            self.id()
-                        ),
-                    )
-                })?;
-                if !matches!(
-                    longshore_host::is_driver_host_memory(src.as_ptr()),
-                    Ok(false)
-                ) {
-                    self.synchronize()?;
-                }
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            _ => Err(self.mismatch("upload_slice", "the destination buffer", dst.device().id())),
-        }
+        self.backend().htod_pageable(&dst.mem, offset, src)
     }
 
     /// Copies the start of `src` into `dst` (`dst.len()` bytes); see [`download_at`](Stream::download_at).
@@ -494,39 +443,14 @@ impl Stream {
         let mut dst = Box::new(dst);
         let len = dst.as_bytes().len();
         bounds("download", len, offset, src.len())?;
-        src.before_read(self)?;
+        self.before_read(src)?;
         let out = HostPtrMut {
             ptr: dst.as_bytes_mut().as_mut_ptr(),
             len,
         };
-        match (self.backend(), &src.mem) {
-            (StreamBackend::Cpu(s), DeviceMem::Cpu(m)) => {
-                // SAFETY: `dst` is boxed and owned by the returned Pending, which gives no
-                // access to it before an event recorded after this copy completes and defers
-                // its drop until then.
-                unsafe { cpu::enqueue_dtoh(s, m, offset, out) }?
-            }
-            #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { dev, stream }, DeviceMem::Cuda(m)) => {
-                dev.bind()?;
-                // SAFETY: the source range fits `m` in this stream's context; `dst` is boxed
-                // and owned by the returned Pending until the copy's event completes.
-                unsafe { crate::backend::cuda::dtoh(stream, out.ptr, m.ptr + offset as u64, len) }.map_err(|e| {
-                    crate::backend::cuda::err(
-                        "cuMemcpyDtoHAsync",
-                        e,
-                        dev.ordinal,
-                        format!(
-                            "copying {len} bytes from offset {offset} into {} memory on stream {}",
-                            dst.kind(),
-                            self.id()
-                        ),
-                    )
-                })?;
-            }
-            #[cfg(feature = "cuda")]
-            _ => return Err(self.mismatch("download", "the source buffer", src.device().id())),
-        }
+        // SAFETY: `dst` is boxed and owned by the returned Pending, which gives no access to it
+        // before an event recorded after this copy completes and defers its drop until then.
+        unsafe { self.backend().dtoh(&src.mem, offset, out) }?;
         let ev = self.record()?;
         src.after_read(&ev);
         dst.record_fence(ev.to_fence());
@@ -546,36 +470,10 @@ impl Stream {
         self.check_device("copy", "the destination buffer", dst.device().id())?;
         bounds("copy (source)", len, src_offset, src.len())?;
         bounds("copy (destination)", len, dst_offset, dst.len())?;
-        src.before_read(self)?;
-        dst.before_write(self)?;
-        match (self.backend(), &src.mem, &dst.mem) {
-            (StreamBackend::Cpu(s), DeviceMem::Cpu(a), DeviceMem::Cpu(b)) => {
-                cpu::enqueue_dtod(s, a, src_offset, b, dst_offset, len)?
-            }
-            #[cfg(feature = "cuda")]
-            (StreamBackend::Cuda { dev, stream }, DeviceMem::Cuda(a), DeviceMem::Cuda(b)) => {
-                dev.bind()?;
-                // SAFETY: both ranges were checked against their allocations in this context.
-                unsafe {
-                    crate::backend::cuda::dtod(
-                        stream,
-                        b.ptr + dst_offset as u64,
-                        a.ptr + src_offset as u64,
-                        len,
-                    )
-                }
-                .map_err(|e| {
-                    crate::backend::cuda::err(
-                        "cuMemcpyDtoDAsync",
-                        e,
-                        dev.ordinal,
-                        format!("copying {len} bytes"),
-                    )
-                })?;
-            }
-            #[cfg(feature = "cuda")]
-            _ => return Err(self.mismatch("copy", "a buffer", dst.device().id())),
-        }
+        self.before_read(src)?;
+        self.before_write(dst)?;
+        self.backend()
+            .dtod((&src.mem, src_offset), (&dst.mem, dst_offset), len)?;
         let ev = self.record()?;
         src.after_read(&ev);
         dst.after_write(&ev);
@@ -604,6 +502,38 @@ impl Stream {
         let mut out = vec![T::zeroed(); n];
         bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(host.as_bytes());
         Ok(out)
+    }
+}
+
+impl Stager {
+    /// Stages `src` into `dst` at `offset` on `stream`; returns the event of the last chunk.
+    /// When this returns, `src` has been consumed.
+    pub fn upload(
+        &self,
+        stream: &Stream,
+        src: &[u8],
+        dst: &mut DeviceBuffer,
+        offset: usize,
+    ) -> Result<Event> {
+        for (what, id) in [
+            ("the stream", stream.device().id()),
+            ("the destination buffer", dst.device().id()),
+        ] {
+            if id != self.device_id() {
+                return Err(TransferError::DeviceMismatch {
+                    op: "staged upload",
+                    what,
+                    expected: self.device_id(),
+                    found: id,
+                });
+            }
+        }
+        bounds("staged upload", src.len(), offset, dst.len())?;
+        stream.before_write(dst)?;
+        self.upload_raw(stream.backend(), stream.id(), src, (&dst.mem, offset))?;
+        let ev = stream.record()?;
+        dst.after_write(&ev);
+        Ok(ev)
     }
 }
 

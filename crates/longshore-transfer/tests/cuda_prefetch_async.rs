@@ -5,7 +5,7 @@ mod common;
 
 use common::gpu;
 use longshore_host::{HostBuffer, MemoryKind, PinnedPool, PoolConfig};
-use longshore_transfer::{Device, HostBatch, Prefetcher, TransferError};
+use longshore_transfer::{Device, HostStorage, Prefetcher, TransferError};
 
 #[test]
 fn prefetcher_feeds_a_compute_stream_and_recycles_leases() {
@@ -21,7 +21,7 @@ fn prefetcher_feeds_a_compute_stream_and_recycles_leases() {
             .iter_mut()
             .enumerate()
             .for_each(|(j, x)| *x = i ^ j as u32);
-        HostBatch {
+        HostStorage {
             storage: lease,
             meta: i,
         }

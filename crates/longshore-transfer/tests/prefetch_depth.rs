@@ -5,7 +5,7 @@ use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use longshore_host::{HostBuffer, MemoryKind, PinnedPool, PoolConfig};
-use longshore_transfer::{Device, HostBatch, Prefetcher};
+use longshore_transfer::{Device, HostStorage, Prefetcher};
 
 fn batch(i: usize) -> HostBuffer {
     HostBuffer::from_slice(MemoryKind::Pageable, &[i as u32; 256]).unwrap()
@@ -82,7 +82,7 @@ fn pool_leases_and_metadata_flow_through_and_errors_pass_in_order() {
         }
         let mut lease = p.alloc(64).unwrap();
         lease.as_mut_slice::<u32>().unwrap().fill(i);
-        Ok(HostBatch {
+        Ok(HostStorage {
             storage: lease,
             meta: (i, "label"),
         })
@@ -109,5 +109,27 @@ fn pool_leases_and_metadata_flow_through_and_errors_pass_in_order() {
             .unwrap_err()
             .to_string(),
         "invalid argument: a prefetcher needs a depth of at least 1"
+    );
+}
+
+/// The names before the rename still work for one release (deprecated aliases).
+#[test]
+#[allow(deprecated)]
+fn the_old_batch_names_are_deprecated_aliases() {
+    use longshore_transfer::{DeviceBatch, HostBatch, ToDevice};
+    let stream = Device::cpu().new_stream().unwrap();
+    let batch: HostBatch<longshore_host::HostBuffer, u32> = HostBatch {
+        storage: longshore_host::HostBuffer::from_slice(
+            longshore_host::MemoryKind::Pageable,
+            &[4u8; 8],
+        )
+        .unwrap(),
+        meta: 7,
+    };
+    let on_device: DeviceBatch<u32> = batch.to_device(&stream).unwrap();
+    assert_eq!(on_device.meta, 7);
+    assert_eq!(
+        stream.read_to_vec::<u8>(&on_device.storage).unwrap(),
+        vec![4u8; 8]
     );
 }

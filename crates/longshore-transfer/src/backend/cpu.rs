@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use crossbeam_channel::{Sender, unbounded};
 
-use crate::device::DeviceId;
+use super::EventImpl;
 use crate::error::{Result, TransferError};
+use crate::id::DeviceId;
 
 /// A unit of work on a `Cpu` stream.
 pub(crate) type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -72,9 +73,14 @@ impl CpuStream {
         Ok(ev)
     }
 
-    /// Makes the stream's later work wait until `wait` returns (on the worker thread).
-    pub(crate) fn wait_with(&self, wait: Box<dyn FnOnce() + Send>) -> Result<()> {
-        self.enqueue(wait)
+    /// Makes the stream's later work wait until `event` completes (on the worker thread, not
+    /// the host's). The event may be of any device.
+    pub(crate) fn wait(&self, event: EventImpl) -> Result<()> {
+        self.enqueue(Box::new(move || {
+            if let Err(e) = event.synchronize() {
+                tracing::error!(target: "longshore::transfer", error = %e, "a cpu stream waited on a failed event");
+            }
+        }))
     }
 }
 
@@ -151,17 +157,81 @@ impl CpuEvent {
 #[derive(Debug)]
 pub(crate) struct CpuMem {
     bytes: Mutex<Vec<u8>>,
+    /// The length, also the vector's (which never grows or shrinks, so its bytes never move).
+    len: usize,
+    /// The address of the bytes, taken once.
+    addr: usize,
 }
 
 impl CpuMem {
     pub(crate) fn new(len: usize) -> Arc<Self> {
+        let bytes = vec![0u8; len];
+        let addr = bytes.as_ptr() as usize;
         Arc::new(Self {
-            bytes: Mutex::new(vec![0u8; len]),
+            bytes: Mutex::new(bytes),
+            len,
+            addr,
         })
+    }
+
+    /// The address of the bytes (stable: the vector never reallocates).
+    pub(crate) fn addr(&self) -> usize {
+        self.addr
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
         lock(&self.bytes)
+    }
+}
+
+/// The memory of a buffer on the `Cpu` device, for work of your own that runs on a `Cpu`
+/// stream's executor thread (see [`Stream::enqueue_work`](crate::Stream::enqueue_work)).
+///
+/// Got from [`DeviceBuffer::cpu_memory`](crate::DeviceBuffer::cpu_memory). A cheap handle (an
+/// `Arc`): a job that holds one keeps the bytes alive, whatever happens to the buffer. Every
+/// job of this crate locks the bytes while it touches them, so a job of yours that
+/// [`lock`](CpuMemory::lock)s them cannot race with copies, only run before or after them.
+#[derive(Debug, Clone)]
+pub struct CpuMemory(pub(crate) Arc<CpuMem>);
+
+impl CpuMemory {
+    /// Locks the bytes (the whole buffer). Lock several buffers in the order of their
+    /// [`addr`](CpuMemory::addr) to avoid deadlocks with other jobs that do the same.
+    pub fn lock(&self) -> CpuMemoryGuard<'_> {
+        CpuMemoryGuard(self.0.lock())
+    }
+
+    /// A number that identifies the memory (two handles of one buffer have the same); an
+    /// order to lock several buffers in.
+    pub fn addr(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    /// Whether the memory holds no bytes (never, for an allocated buffer).
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+}
+
+/// The locked bytes of a [`CpuMemory`]; unlocks on drop.
+#[derive(Debug)]
+pub struct CpuMemoryGuard<'a>(MutexGuard<'a, Vec<u8>>);
+
+impl std::ops::Deref for CpuMemoryGuard<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for CpuMemoryGuard<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
     }
 }
 
@@ -203,6 +273,21 @@ pub(crate) unsafe fn enqueue_htod(
         // SAFETY: guaranteed by the caller of `enqueue_htod` until this job has run.
         let bytes = unsafe { std::slice::from_raw_parts(src.ptr, src.len) };
         mem.lock()[offset..offset + src.len].copy_from_slice(bytes);
+    }))
+}
+
+/// Enqueues a host -> device copy of a copy of `src` into `mem[offset..]`: `src` is free when
+/// this returns.
+pub(crate) fn enqueue_htod_owned(
+    stream: &CpuStream,
+    mem: &Arc<CpuMem>,
+    offset: usize,
+    src: &[u8],
+) -> Result<()> {
+    let owned = src.to_vec();
+    let mem = mem.clone();
+    stream.enqueue(Box::new(move || {
+        mem.lock()[offset..offset + owned.len()].copy_from_slice(&owned)
     }))
 }
 

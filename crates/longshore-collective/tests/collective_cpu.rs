@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use longshore_transfer::collective::{CpuGroup, Rendezvous, UniqueId, share_unique_id};
-use longshore_transfer::ops::ViewMut;
+use longshore_collective::{CpuGroup, Rendezvous, UniqueId, share_unique_id};
+use longshore_ops::ViewMut;
 use longshore_transfer::{Device, TransferError};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -308,10 +308,13 @@ fn tempdir() -> std::path::PathBuf {
 
 #[test]
 fn a_missing_libnccl_is_an_error_naming_it_not_a_panic() {
-    match longshore_transfer::collective::nccl_available() {
+    match longshore_collective::nccl_available() {
         Ok(version) => assert!(version > 0),
         Err(reason) => {
-            assert!(reason.contains("libnccl"), "{reason}");
+            assert!(reason.contains("libnccl.so.2"), "{reason}");
+            // The error names the places searched, pip packages and toolkits included.
+            assert!(reason.contains("searched, in order"), "{reason}");
+            assert!(reason.contains("/usr/local/cuda/lib64/"), "{reason}");
             let e = UniqueId::new().unwrap_err();
             assert!(
                 matches!(e, TransferError::LibraryUnavailable { library, .. } if library.contains("NCCL")),
@@ -325,10 +328,10 @@ fn a_missing_libnccl_is_an_error_naming_it_not_a_panic() {
 fn scale_divides_a_summed_gradient_in_place() {
     let stream = Device::cpu().new_stream().unwrap();
     let mut buf = stream.to_device(&[2.0f32, 4.0, 6.0, 8.0]).unwrap();
-    longshore_transfer::ops::scale(&stream, ViewMut::new(&mut buf, 4), 2, 0.5).unwrap();
+    longshore_ops::scale(&stream, ViewMut::new(&mut buf, 4), 2, 0.5).unwrap();
     assert_eq!(
         stream.read_to_vec::<f32>(&buf).unwrap(),
         vec![2.0, 2.0, 3.0, 8.0]
     );
-    assert!(longshore_transfer::ops::scale(&stream, ViewMut::new(&mut buf, 4), 4, 0.5).is_err());
+    assert!(longshore_ops::scale(&stream, ViewMut::new(&mut buf, 4), 4, 0.5).is_err());
 }

@@ -1,9 +1,10 @@
-//! Safe f32 operations on [`DeviceBuffer`]s, enqueued on a [`Stream`]: enough to train a small
-//! model on the batches a loader delivers, on either backend, with one code path.
+//! longshore-ops is a small set of safe f32 operations on longshore [`DeviceBuffer`]s,
+//! enqueued on a [`Stream`]: enough to train a small model on the batches a loader delivers,
+//! on either backend, with one code path.
 //!
 //! ```
 //! use longshore_transfer::Device;
-//! use longshore_transfer::ops::{self, Activation, GemmArgs, View, ViewMut};
+//! use longshore_ops::{self as ops, Activation, GemmArgs, View, ViewMut};
 //!
 //! let stream = Device::cpu().new_stream()?;
 //! // Row-major: x is 2 x 3, w is 3 x 2, bias has 2 entries.
@@ -46,17 +47,31 @@
 //! never alias an input. Operations take part in the buffers' cross-stream tracking like
 //! copies do: a read waits for the buffer's last write on another stream, a write waits for
 //! earlier reads and writes on other streams.
+//!
+//! # Built on transfer's public seams
+//!
+//! This crate reaches longshore-transfer only through its public API, as any crate above it
+//! can: [`Stream::enqueue_work`] orders each operation after the buffers' earlier uses and
+//! records it as their latest use (so a buffer is freed only after the operation), the CUDA
+//! path launches on [`Stream::as_raw`]'s `CUstream` with [`DeviceBuffer::cuda_device_ptr`]s and
+//! keeps its cuBLAS handle in [`Stream::local`], and the `Cpu` path runs jobs on the stream's
+//! executor thread ([`Stream::launch_host_fn`]) over [`DeviceBuffer::cpu_memory`].
+//! Errors are longshore-transfer's [`TransferError`].
 
+// Unsafe code only in the two backend modules: the raw-pointer sgemm of matrixmultiply and
+// the cuBLAS / kernel launches, each block with its SAFETY comment.
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
 mod cpu;
+#[allow(unsafe_code)]
 mod cuda;
+#[allow(unsafe_code)]
+mod ffi;
 
-use crate::backend::cpu::CpuMem;
-use crate::buffer::{DeviceBuffer, DeviceMem};
-use crate::device::{Device, DeviceId};
-use crate::error::{Result, TransferError};
-use crate::stream::{Stream, StreamBackend};
-
-pub(crate) use cuda::StreamOps;
+use longshore_transfer::{
+    CpuMemory, Device, DeviceBuffer, DeviceId, Result, Stream, TransferError,
+};
 
 /// A read-only region of a device buffer: the buffer and a byte offset into it. How many
 /// elements it covers is given by the operation's sizes.
@@ -92,14 +107,19 @@ impl<'a> From<&'a DeviceBuffer> for View<'a> {
 /// A writable region of a device buffer: the buffer and a byte offset into it.
 #[derive(Debug)]
 pub struct ViewMut<'a> {
-    pub(crate) buf: &'a mut DeviceBuffer,
-    pub(crate) offset: usize,
+    buf: &'a mut DeviceBuffer,
+    offset: usize,
 }
 
 impl<'a> ViewMut<'a> {
     /// The region of `buf` starting `offset` bytes in.
     pub fn new(buf: &'a mut DeviceBuffer, offset: usize) -> Self {
         Self { buf, offset }
+    }
+
+    /// The buffer (shared: the `&mut` borrow held by the view is what keeps others out).
+    pub fn buffer(&self) -> &DeviceBuffer {
+        self.buf
     }
 
     /// The byte offset.
@@ -385,15 +405,13 @@ fn product(op: &'static str, a: usize, b: usize) -> Result<usize> {
         .ok_or_else(|| TransferError::Invalid(format!("{op}: {a} x {b} elements overflow")))
 }
 
-pub(crate) fn cpu_mem(buf: &DeviceBuffer) -> Result<std::sync::Arc<CpuMem>> {
-    match &buf.mem {
-        DeviceMem::Cpu(m) => Ok(m.clone()),
-        #[cfg(feature = "cuda")]
-        DeviceMem::Cuda(_) => Err(TransferError::Invalid(format!(
+pub(crate) fn cpu_mem(buf: &DeviceBuffer) -> Result<CpuMemory> {
+    buf.cpu_memory().ok_or_else(|| {
+        TransferError::Invalid(format!(
             "a buffer of {} reached the cpu backend",
             buf.device().id()
-        ))),
-    }
+        ))
+    })
 }
 
 pub(crate) fn cuda_ptr(buf: &DeviceBuffer, r: Region) -> Result<u64> {
@@ -408,28 +426,14 @@ pub(crate) fn cuda_ptr(buf: &DeviceBuffer, r: Region) -> Result<u64> {
 }
 
 /// Orders an operation after the buffers' earlier uses on other streams, runs `enqueue`, and
-/// records the operation as their latest use.
+/// records the operation as their latest use (transfer's [`Stream::enqueue_work`]).
 pub(crate) fn tracked(
     stream: &Stream,
     reads: &[&DeviceBuffer],
     writes: &[&DeviceBuffer],
     enqueue: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
-    for b in reads {
-        b.before_read(stream)?;
-    }
-    for b in writes {
-        b.before_write(stream)?;
-    }
-    enqueue()?;
-    let ev = stream.record()?;
-    for b in reads {
-        b.after_read(&ev);
-    }
-    for b in writes {
-        b.after_write(&ev);
-    }
-    Ok(())
+    stream.enqueue_work(reads, writes, enqueue).map(drop)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -465,14 +469,12 @@ pub fn gemm(stream: &Stream, args: GemmArgs<'_>) -> Result<()> {
     };
     let c_buf: &DeviceBuffer = c.buf;
     tracked(stream, &[a.buf, b.buf], &[c_buf], || {
-        match stream.backend() {
-            StreamBackend::Cpu(s) => {
+        match stream.device().id() {
+            DeviceId::Cpu => {
                 let (ma, mb, mc) = (cpu_mem(a.buf)?, cpu_mem(b.buf)?, cpu_mem(c_buf)?);
-                s.enqueue(Box::new(move || {
-                    cpu::gemm(shape, &ma, ra, &mb, rb, &mc, rc)
-                }))
+                stream.launch_host_fn(move || cpu::gemm(shape, &ma, ra, &mb, rb, &mc, rc))
             }
-            StreamBackend::Cuda { .. } => cuda::gemm(
+            DeviceId::Cuda(_) => cuda::gemm(
                 stream,
                 shape,
                 cuda_ptr(a.buf, ra)?,
@@ -505,19 +507,21 @@ pub fn bias_act(
     )?;
     let rb = check(OP, "bias", stream, bias.buf, bias.offset, cols, 4)?;
     let y_buf: &DeviceBuffer = y.buf;
-    tracked(stream, &[bias.buf], &[y_buf], || match stream.backend() {
-        StreamBackend::Cpu(s) => {
-            let (my, mb) = (cpu_mem(y_buf)?, cpu_mem(bias.buf)?);
-            s.enqueue(Box::new(move || cpu::bias_act(&my, ry, &mb, rb, cols, act)))
+    tracked(stream, &[bias.buf], &[y_buf], || {
+        match stream.device().id() {
+            DeviceId::Cpu => {
+                let (my, mb) = (cpu_mem(y_buf)?, cpu_mem(bias.buf)?);
+                stream.launch_host_fn(move || cpu::bias_act(&my, ry, &mb, rb, cols, act))
+            }
+            DeviceId::Cuda(_) => cuda::bias_act(
+                stream,
+                cuda_ptr(y_buf, ry)?,
+                cuda_ptr(bias.buf, rb)?,
+                rows,
+                cols,
+                act,
+            ),
         }
-        StreamBackend::Cuda { .. } => cuda::bias_act(
-            stream,
-            cuda_ptr(y_buf, ry)?,
-            cuda_ptr(bias.buf, rb)?,
-            rows,
-            cols,
-            act,
-        ),
     })
 }
 
@@ -534,13 +538,15 @@ pub fn relu_backward(
     let rg = check(OP, "grad", stream, grad.buf, grad.offset, len, 4)?;
     let ro = check(OP, "output", stream, output.buf, output.offset, len, 4)?;
     let g_buf: &DeviceBuffer = grad.buf;
-    tracked(stream, &[output.buf], &[g_buf], || match stream.backend() {
-        StreamBackend::Cpu(s) => {
-            let (mg, mo) = (cpu_mem(g_buf)?, cpu_mem(output.buf)?);
-            s.enqueue(Box::new(move || cpu::relu_backward(&mg, rg, &mo, ro)))
-        }
-        StreamBackend::Cuda { .. } => {
-            cuda::relu_backward(stream, cuda_ptr(g_buf, rg)?, cuda_ptr(output.buf, ro)?, len)
+    tracked(stream, &[output.buf], &[g_buf], || {
+        match stream.device().id() {
+            DeviceId::Cpu => {
+                let (mg, mo) = (cpu_mem(g_buf)?, cpu_mem(output.buf)?);
+                stream.launch_host_fn(move || cpu::relu_backward(&mg, rg, &mo, ro))
+            }
+            DeviceId::Cuda(_) => {
+                cuda::relu_backward(stream, cuda_ptr(g_buf, rg)?, cuda_ptr(output.buf, ro)?, len)
+            }
         }
     })
 }
@@ -567,18 +573,20 @@ pub fn bias_grad(
     )?;
     let rb = check(OP, "db", stream, db.buf, db.offset, cols, 4)?;
     let db_buf: &DeviceBuffer = db.buf;
-    tracked(stream, &[dy.buf], &[db_buf], || match stream.backend() {
-        StreamBackend::Cpu(s) => {
-            let (my, mb) = (cpu_mem(dy.buf)?, cpu_mem(db_buf)?);
-            s.enqueue(Box::new(move || cpu::bias_grad(&my, ry, &mb, rb, cols)))
+    tracked(stream, &[dy.buf], &[db_buf], || {
+        match stream.device().id() {
+            DeviceId::Cpu => {
+                let (my, mb) = (cpu_mem(dy.buf)?, cpu_mem(db_buf)?);
+                stream.launch_host_fn(move || cpu::bias_grad(&my, ry, &mb, rb, cols))
+            }
+            DeviceId::Cuda(_) => cuda::bias_grad(
+                stream,
+                cuda_ptr(dy.buf, ry)?,
+                cuda_ptr(db_buf, rb)?,
+                rows,
+                cols,
+            ),
         }
-        StreamBackend::Cuda { .. } => cuda::bias_grad(
-            stream,
-            cuda_ptr(dy.buf, ry)?,
-            cuda_ptr(db_buf, rb)?,
-            rows,
-            cols,
-        ),
     })
 }
 
@@ -615,15 +623,15 @@ pub fn softmax_cross_entropy(stream: &Stream, args: CrossEntropyArgs<'_>) -> Res
         stream,
         &[logits.buf, labels.buf],
         &[g_buf, s_buf],
-        || match stream.backend() {
-            StreamBackend::Cpu(s) => {
+        || match stream.device().id() {
+            DeviceId::Cpu => {
                 let mems = (
                     cpu_mem(logits.buf)?,
                     cpu_mem(labels.buf)?,
                     cpu_mem(g_buf)?,
                     cpu_mem(s_buf)?,
                 );
-                s.enqueue(Box::new(move || {
+                stream.launch_host_fn(move || {
                     cpu::softmax_xent(
                         (&mems.0, rl),
                         (&mems.1, ry),
@@ -632,9 +640,9 @@ pub fn softmax_cross_entropy(stream: &Stream, args: CrossEntropyArgs<'_>) -> Res
                         classes,
                         grad_scale,
                     )
-                }))
+                })
             }
-            StreamBackend::Cuda { .. } => cuda::softmax_xent(
+            DeviceId::Cuda(_) => cuda::softmax_xent(
                 stream,
                 [
                     cuda_ptr(logits.buf, rl)?,
@@ -676,12 +684,12 @@ pub fn sgd_momentum(
     let rg = check(OP, "grad", stream, grad.buf, grad.offset, len, 4)?;
     let (p_buf, v_buf): (&DeviceBuffer, &DeviceBuffer) = (param.buf, velocity.buf);
     tracked(stream, &[grad.buf], &[p_buf, v_buf], || {
-        match stream.backend() {
-            StreamBackend::Cpu(s) => {
+        match stream.device().id() {
+            DeviceId::Cpu => {
                 let (mp, mv, mg) = (cpu_mem(p_buf)?, cpu_mem(v_buf)?, cpu_mem(grad.buf)?);
-                s.enqueue(Box::new(move || cpu::sgd(&mp, rp, &mv, rv, &mg, rg, sgd)))
+                stream.launch_host_fn(move || cpu::sgd(&mp, rp, &mv, rv, &mg, rg, sgd))
             }
-            StreamBackend::Cuda { .. } => cuda::sgd(
+            DeviceId::Cuda(_) => cuda::sgd(
                 stream,
                 [
                     cuda_ptr(p_buf, rp)?,
@@ -702,12 +710,12 @@ pub fn scale(stream: &Stream, x: ViewMut<'_>, len: usize, alpha: f32) -> Result<
     nonzero(OP, &[("len", len)])?;
     let rx = check(OP, "x", stream, x.buf, x.offset, len, 4)?;
     let x_buf: &DeviceBuffer = x.buf;
-    tracked(stream, &[], &[x_buf], || match stream.backend() {
-        StreamBackend::Cpu(s) => {
+    tracked(stream, &[], &[x_buf], || match stream.device().id() {
+        DeviceId::Cpu => {
             let mx = cpu_mem(x_buf)?;
-            s.enqueue(Box::new(move || cpu::scale(&mx, rx, alpha)))
+            stream.launch_host_fn(move || cpu::scale(&mx, rx, alpha))
         }
-        StreamBackend::Cuda { .. } => cuda::scale(stream, cuda_ptr(x_buf, rx)?, len, alpha),
+        DeviceId::Cuda(_) => cuda::scale(stream, cuda_ptr(x_buf, rx)?, len, alpha),
     })
 }
 
@@ -741,14 +749,14 @@ pub fn normalize_u8(
         stream,
         &[src.buf, &norm.params],
         &[d_buf],
-        || match stream.backend() {
-            StreamBackend::Cpu(s) => {
+        || match stream.device().id() {
+            DeviceId::Cpu => {
                 let (ms, md, mp) = (cpu_mem(src.buf)?, cpu_mem(d_buf)?, cpu_mem(&norm.params)?);
-                s.enqueue(Box::new(move || {
+                stream.launch_host_fn(move || {
                     cpu::normalize_u8(&ms, rs, &md, rd, &mp, rp, channels, hw)
-                }))
+                })
             }
-            StreamBackend::Cuda { .. } => cuda::normalize_u8(
+            DeviceId::Cuda(_) => cuda::normalize_u8(
                 stream,
                 [
                     cuda_ptr(d_buf, rd)?,

@@ -2,8 +2,8 @@
 //! inputs. Skips with a printed reason when there is no GPU, driver, cuBLAS or NVRTC; fails
 //! instead with `LONGSHORE_REQUIRE_CUDA=1`.
 
-use longshore_transfer::ops::{
-    self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, NormalizeU8, Sgd, View,
+use longshore_ops::{
+    self as ops, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, NormalizeU8, Sgd, View,
     ViewMut,
 };
 use longshore_transfer::{Device, TransferError};

@@ -2,8 +2,8 @@
 //! transposes, scales and byte offsets; size, alignment and argument mistakes are errors; and
 //! operations order themselves after copies on other streams.
 
-use longshore_transfer::ops::{
-    self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, NormalizeU8, Sgd, View,
+use longshore_ops::{
+    self as ops, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, NormalizeU8, Sgd, View,
     ViewMut,
 };
 use longshore_transfer::{Device, DeviceBuffer, Stream, TransferError};

@@ -1,18 +1,25 @@
 //! The CUDA backend: cudarc streams and events, stream-ordered device memory, raw
-//! `cuMemcpy*Async` copies, host functions, and the event watcher that drives futures.
+//! `cuMemcpy*Async` copies and host functions ([`CuStream`]), events and the watcher that
+//! drives futures ([`event`]), and the staging lanes ([`staging`]).
 //!
 //! Everything here is reached only after `longshore_host::driver_status()` succeeded, so
-//! cudarc's dynamic loader never panics on a host without a driver.
+//! cudarc's dynamic loader never panics on a host without a driver. This module and its
+//! children are the only place of the crate that names a cudarc type.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result, sys};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
-use crate::device::DeviceId;
+use super::{HostPtr, HostPtrMut};
 use crate::error::{Result, TransferError};
+use crate::id::DeviceId;
+
+mod event;
+pub(crate) mod libs;
+pub(crate) mod staging;
+
+pub(crate) use event::{CuEvent, on_complete};
 
 pub(crate) fn err(
     call: &'static str,
@@ -108,6 +115,17 @@ fn keep_pool_memory(ctx: &CudaContext, ordinal: usize) {
     }
 }
 
+/// GPUs the driver reports (0 without a driver).
+pub(crate) fn count() -> usize {
+    if longshore_host::driver_status().is_err() {
+        return 0;
+    }
+    result::device::get_count()
+        .ok()
+        .and_then(|c| usize::try_from(c).ok())
+        .unwrap_or(0)
+}
+
 impl CudaDevice {
     pub(crate) fn bind(&self) -> Result<()> {
         self.ctx
@@ -115,7 +133,7 @@ impl CudaDevice {
             .map_err(|e| err("cuCtxSetCurrent", e, self.ordinal, "binding the context"))
     }
 
-    pub(crate) fn new_stream(&self) -> Result<Arc<CudaStream>> {
+    fn new_stream(&self) -> Result<Arc<CudaStream>> {
         self.ctx
             .new_stream()
             .map_err(|e| err("cuStreamCreate", e, self.ordinal, "creating a stream"))
@@ -126,95 +144,225 @@ impl CudaDevice {
     }
 }
 
-/// A recorded CUDA event.
+/// A stream of this crate on a GPU: a cudarc stream (owned, or borrowed from another library
+/// by [`CuStream::wrap`]) with its device and id, for error messages.
 #[derive(Debug)]
-pub(crate) struct CuEvent {
-    ev: CudaEvent,
-    ordinal: usize,
+pub(crate) struct CuStream {
+    dev: Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+    id: u64,
 }
 
-impl CuEvent {
-    pub(crate) fn record(dev: &CudaDevice, stream: &CudaStream, stream_id: u64) -> Result<Self> {
-        let ev = stream.record_event(None).map_err(|e| {
-            err(
-                "cuEventRecord",
-                e,
-                dev.ordinal,
-                format!("recording an event on stream {stream_id}"),
-            )
-        })?;
+impl CuStream {
+    pub(crate) fn new(dev: &Arc<CudaDevice>, id: u64) -> Result<Self> {
         Ok(Self {
-            ev,
-            ordinal: dev.ordinal,
+            dev: dev.clone(),
+            stream: dev.new_stream()?,
+            id,
         })
     }
 
-    /// A new event, not yet recorded (complete until it is).
-    pub(crate) fn create(dev: &CudaDevice) -> Result<Self> {
-        let ev = dev
-            .ctx
-            .new_event(None)
-            .map_err(|e| err("cuEventCreate", e, dev.ordinal, "creating an event"))?;
-        Ok(Self {
-            ev,
-            ordinal: dev.ordinal,
-        })
-    }
-
-    /// Records the event again, at the current end of `stream`: from now on it completes with
-    /// that work. Whoever holds it as a fence must not need its earlier position any more.
-    pub(crate) fn rerecord(&self, stream: &CudaStream, stream_id: u64) -> Result<()> {
-        self.ev.record(stream).map_err(|e| {
-            err(
-                "cuEventRecord",
-                e,
-                self.ordinal,
-                format!("recording an event on stream {stream_id}"),
-            )
-        })
-    }
-
-    pub(crate) fn raw(&self) -> &CudaEvent {
-        &self.ev
-    }
-
-    /// Non-blocking query. A failed query (a broken context) counts as complete: no device
-    /// access can happen any more, and reporting incomplete forever would hang every waiter.
-    pub(crate) fn is_complete(&self) -> bool {
-        match self.ev.try_is_complete() {
-            Ok(done) => done,
-            Err(e) => {
-                tracing::error!(target: "longshore::transfer", device = self.ordinal, error = ?e.0, "cuEventQuery failed; treating the event as complete");
-                true
-            }
+    /// Wraps a native stream without owning it.
+    ///
+    /// # Safety
+    /// `raw` is a live `CUstream` of this device's primary context (or null, the legacy
+    /// default stream), kept alive by its owner while the wrapper, and memory allocated on it,
+    /// is in use.
+    pub(crate) unsafe fn wrap(dev: &Arc<CudaDevice>, raw: *mut c_void, id: u64) -> Self {
+        // SAFETY: forwarded from the caller.
+        let stream = unsafe { dev.ctx.wrap_borrowed_stream(raw.cast()) };
+        Self {
+            dev: dev.clone(),
+            stream,
+            id,
         }
     }
 
-    pub(crate) fn synchronize(&self) -> Result<()> {
-        self.ev.synchronize().map_err(|e| {
-            err(
-                "cuEventSynchronize",
+    pub(crate) fn device_id(&self) -> DeviceId {
+        DeviceId::Cuda(self.dev.ordinal)
+    }
+
+    pub(crate) fn raw(&self) -> *mut c_void {
+        self.stream.cu_stream().cast()
+    }
+
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.dev.bind()
+    }
+
+    fn err(&self, call: &'static str, e: DriverError, what: String) -> TransferError {
+        err(call, e, self.dev.ordinal, what)
+    }
+
+    pub(crate) fn record(&self) -> Result<CuEvent> {
+        CuEvent::record(&self.dev, &self.stream, self.id)
+    }
+
+    pub(crate) fn wait(&self, event: &CuEvent) -> Result<()> {
+        self.stream.wait(event.raw()).map_err(|e| {
+            self.err(
+                "cuStreamWaitEvent",
                 e,
-                self.ordinal,
-                "waiting for an event",
+                format!("making stream {} wait on an event", self.id),
             )
         })
+    }
+
+    pub(crate) fn host_fn(&self, f: HostFn) -> Result<()> {
+        launch_host_fn(&self.dev, &self.stream, f)
+    }
+
+    pub(crate) fn alloc(&self, len: usize) -> Result<CuMem> {
+        CuMem::alloc(&self.dev, &self.stream, len, self.id)
+    }
+
+    pub(crate) fn memset(&self, m: &CuMem, byte: u8, len: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `m` is a live allocation of at least `len` bytes in this stream's context
+        // (the public types check devices and lengths).
+        unsafe { result::memset_d8_async(m.ptr, byte, len, self.stream.cu_stream()) }.map_err(|e| {
+            self.err(
+                "cuMemsetD8Async",
+                e,
+                format!("filling {len} bytes on stream {}", self.id),
+            )
+        })
+    }
+
+    /// # Safety
+    /// `src` stays valid and unwritten until the copy completes; the range fits `m`.
+    pub(crate) unsafe fn htod(&self, m: &CuMem, offset: usize, src: HostPtr) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the destination range is inside `m` in this stream's context, and the source
+        // stays valid until the copy completes (both from the caller).
+        unsafe { htod(&self.stream, m.ptr + offset as u64, src.ptr, src.len) }.map_err(|e| {
+            self.err(
+                "cuMemcpyHtoDAsync",
+                e,
+                format!(
+                    "copying {} bytes to offset {offset} on stream {}",
+                    src.len, self.id
+                ),
+            )
+        })
+    }
+
+    /// Pageable `src`, consumed when this returns. The range fits `m`.
+    pub(crate) fn htod_pageable(&self, m: &CuMem, offset: usize, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the range fits `m` (checked by the callers); `src` is borrowed for the whole
+        // call, and the driver consumes pageable memory before returning. If the slice is
+        // page-locked, we wait below until the copy is done.
+        unsafe { htod(&self.stream, m.ptr + offset as u64, src.as_ptr(), src.len()) }.map_err(
+            |e| {
+                self.err(
+                    "cuMemcpyHtoDAsync",
+                    e,
+                    format!(
+                        "copying {} pageable bytes to offset {offset} on stream {}",
+                        src.len(),
+                        self.id
+                    ),
+                )
+            },
+        )?;
+        if !matches!(
+            longshore_host::is_driver_host_memory(src.as_ptr()),
+            Ok(false)
+        ) {
+            self.record()?.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// `dst` stays valid and untouched by anyone else until the copy completes; the range
+    /// fits `m`.
+    pub(crate) unsafe fn dtoh(&self, m: &CuMem, offset: usize, dst: HostPtrMut) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the source range fits `m` in this stream's context; `dst` is kept for the
+        // copy (both from the caller).
+        unsafe { dtoh(&self.stream, dst.ptr, m.ptr + offset as u64, dst.len) }.map_err(|e| {
+            self.err(
+                "cuMemcpyDtoHAsync",
+                e,
+                format!(
+                    "copying {} bytes from offset {offset} on stream {}",
+                    dst.len, self.id
+                ),
+            )
+        })
+    }
+
+    pub(crate) fn dtod(
+        &self,
+        src: (&CuMem, usize),
+        dst: (&CuMem, usize),
+        len: usize,
+    ) -> Result<()> {
+        self.bind()?;
+        // SAFETY: both ranges were checked against their allocations, in this context.
+        unsafe {
+            result::memcpy_dtod_async(
+                dst.0.ptr + dst.1 as u64,
+                src.0.ptr + src.1 as u64,
+                len,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| self.err("cuMemcpyDtoDAsync", e, format!("copying {len} bytes")))
+    }
+
+    /// `cuMemcpyHtoDAsync` into the start of `m` + `cuStreamSynchronize`.
+    pub(crate) fn bare_htod(&self, m: &CuMem, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the range fits `m` (checked), and we synchronise before `src`'s borrow ends.
+        unsafe { htod(&self.stream, m.ptr, src.as_ptr(), src.len()) }.map_err(|e| {
+            self.err(
+                "cuMemcpyHtoDAsync",
+                e,
+                format!("bare copy of {} bytes", src.len()),
+            )
+        })?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("cuStreamSynchronize", e, "bare copy".into()))
+    }
+
+    /// `cuMemcpyDtoHAsync` from the start of `m` + `cuStreamSynchronize`.
+    pub(crate) fn bare_dtoh(&self, m: &CuMem, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the range fits `m` (checked), and we synchronise before `dst`'s borrow ends.
+        unsafe { dtoh(&self.stream, dst.as_mut_ptr(), m.ptr, dst.len()) }.map_err(|e| {
+            self.err(
+                "cuMemcpyDtoHAsync",
+                e,
+                format!("bare copy of {} bytes", dst.len()),
+            )
+        })?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.err("cuStreamSynchronize", e, "bare copy".into()))
     }
 }
 
 /// Device memory from `cuMemAllocAsync` (or `cuMemAlloc` where memory pools are missing).
 #[derive(Debug)]
 pub(crate) struct CuMem {
-    pub(crate) ptr: sys::CUdeviceptr,
-    pub(crate) len: usize,
-    pub(crate) dev: Arc<CudaDevice>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    dev: Arc<CudaDevice>,
     /// The stream the memory was allocated on and is freed on.
-    pub(crate) stream: Arc<CudaStream>,
+    stream: Arc<CudaStream>,
     freed: bool,
 }
 
 impl CuMem {
-    pub(crate) fn alloc(
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    fn alloc(
         dev: &Arc<CudaDevice>,
         stream: &Arc<CudaStream>,
         len: usize,
@@ -254,7 +402,8 @@ impl CuMem {
 
     /// Frees the memory once every event in `last_uses` has completed: stream-ordered (no host
     /// blocking) with memory pools, after waiting on the host otherwise. Never panics.
-    pub(crate) fn free_after(&mut self, last_uses: &[&CuEvent]) {
+    pub(crate) fn free_after<'a>(&mut self, last_uses: impl Iterator<Item = &'a CuEvent>) {
+        let last_uses: Vec<&CuEvent> = last_uses.collect();
         if std::mem::replace(&mut self.freed, true) {
             return;
         }
@@ -292,7 +441,7 @@ impl CuMem {
 /// `dst..dst+len` is device memory of the stream's context; `src..src+len` stays valid and
 /// unwritten until the copy completes (for page-locked memory) or until this returns (for
 /// pageable memory, which the driver consumes before returning).
-pub(crate) unsafe fn htod(
+unsafe fn htod(
     stream: &CudaStream,
     dst: sys::CUdeviceptr,
     src: *const u8,
@@ -307,7 +456,7 @@ pub(crate) unsafe fn htod(
 /// # Safety
 /// `src..src+len` is device memory of the stream's context; `dst..dst+len` stays valid and is
 /// not accessed by anyone else until the copy completes.
-pub(crate) unsafe fn dtoh(
+unsafe fn dtoh(
     stream: &CudaStream,
     dst: *mut u8,
     src: sys::CUdeviceptr,
@@ -317,35 +466,7 @@ pub(crate) unsafe fn dtoh(
     unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.cu_stream()) }.result()
 }
 
-/// `cuMemsetD8Async`.
-///
-/// # Safety
-/// `dst..dst+len` is device memory of the stream's context.
-pub(crate) unsafe fn memset(
-    stream: &CudaStream,
-    dst: sys::CUdeviceptr,
-    byte: u8,
-    len: usize,
-) -> Result<(), DriverError> {
-    // SAFETY: guaranteed by the caller.
-    unsafe { result::memset_d8_async(dst, byte, len, stream.cu_stream()) }
-}
-
-/// `cuMemcpyDtoDAsync`.
-///
-/// # Safety
-/// Both ranges are device memory of the stream's context.
-pub(crate) unsafe fn dtod(
-    stream: &CudaStream,
-    dst: sys::CUdeviceptr,
-    src: sys::CUdeviceptr,
-    len: usize,
-) -> Result<(), DriverError> {
-    // SAFETY: guaranteed by the caller.
-    unsafe { result::memcpy_dtod_async(dst, src, len, stream.cu_stream()) }
-}
-
-type HostFn = Box<dyn FnOnce() + Send + 'static>;
+type HostFn = super::Job;
 
 unsafe extern "C" fn host_fn_trampoline(arg: *mut c_void) {
     // SAFETY: `arg` is the `Box<HostFn>` leaked by `launch_host_fn`, reclaimed exactly once here.
@@ -356,7 +477,7 @@ unsafe extern "C" fn host_fn_trampoline(arg: *mut c_void) {
 }
 
 /// `cuLaunchHostFunc`: runs `f` on a driver thread once the work before it has run.
-pub(crate) fn launch_host_fn(dev: &CudaDevice, stream: &CudaStream, f: HostFn) -> Result<()> {
+fn launch_host_fn(dev: &CudaDevice, stream: &CudaStream, f: HostFn) -> Result<()> {
     dev.bind()?;
     let arg = Box::into_raw(Box::new(f));
     // SAFETY: the trampoline matches the driver's callback signature and reclaims `arg` once;
@@ -375,96 +496,4 @@ pub(crate) fn launch_host_fn(dev: &CudaDevice, stream: &CudaStream, f: HostFn) -
         ));
     }
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// The event watcher.
-
-struct Watch {
-    event: Arc<CuEvent>,
-    callback: HostFn,
-}
-
-fn watcher() -> Option<&'static Sender<Watch>> {
-    static TX: OnceLock<Option<Sender<Watch>>> = OnceLock::new();
-    TX.get_or_init(|| {
-        let (tx, rx) = unbounded::<Watch>();
-        match std::thread::Builder::new().name("longshore-cuda-events".into()).spawn(move || watch_loop(rx)) {
-            Ok(_) => Some(tx),
-            Err(e) => {
-                tracing::error!(target: "longshore::transfer", error = %e, "cannot spawn the CUDA event watcher");
-                None
-            }
-        }
-    })
-    .as_ref()
-}
-
-fn watch_loop(rx: Receiver<Watch>) {
-    let mut list: Vec<Watch> = Vec::new();
-    let mut idle_rounds = 0u32;
-    loop {
-        if list.is_empty() {
-            // Nothing awaited: block, costing nothing.
-            match rx.recv() {
-                Ok(w) => list.push(w),
-                Err(_) => return,
-            }
-        }
-        list.extend(rx.try_iter());
-        let mut i = 0;
-        let mut fired = false;
-        while i < list.len() {
-            if list[i].event.is_complete() {
-                let w = list.swap_remove(i);
-                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(w.callback)).is_err() {
-                    tracing::error!(target: "longshore::transfer", "an event completion callback panicked");
-                }
-                fired = true;
-            } else {
-                i += 1;
-            }
-        }
-        if list.is_empty() {
-            continue;
-        }
-        idle_rounds = if fired {
-            0
-        } else {
-            idle_rounds.saturating_add(1)
-        };
-        // Back off from 5 us to 100 us between queries while nothing completes; a new
-        // registration wakes the loop at once.
-        let nap = Duration::from_micros((5u64 << idle_rounds.min(5)).min(100));
-        match rx.recv_timeout(nap) {
-            Ok(w) => list.push(w),
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
-    }
-}
-
-/// Runs `callback` on the watcher thread once `event` completes.
-pub(crate) fn on_complete(event: &Arc<CuEvent>, callback: HostFn) {
-    if event.is_complete() {
-        callback();
-        return;
-    }
-    match watcher() {
-        Some(tx) => {
-            if let Err(e) = tx.send(Watch {
-                event: event.clone(),
-                callback,
-            }) {
-                // The watcher is gone: fall back to waiting here.
-                let w = e.into_inner();
-                let _ = w.event.synchronize();
-                (w.callback)();
-            }
-        }
-        None => {
-            let _ = event.synchronize();
-            callback();
-        }
-    }
 }

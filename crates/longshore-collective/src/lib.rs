@@ -1,11 +1,12 @@
-//! Collective operations across ranks (feature `nccl`): a [`Communicator`] whose
-//! [`all_reduce_sum`](Communicator::all_reduce_sum) adds an f32 region of a device buffer
-//! across every rank, in place, enqueued on a stream like any operation of [`ops`](crate::ops).
+//! longshore-collective runs collective operations across ranks on longshore device buffers:
+//! a [`Communicator`] whose [`all_reduce_sum`](Communicator::all_reduce_sum) adds an f32
+//! region of a device buffer across every rank, in place, enqueued on a stream like any
+//! operation of [`longshore_ops`].
 //!
 //! ```
 //! use longshore_transfer::Device;
-//! use longshore_transfer::collective::CpuGroup;
-//! use longshore_transfer::ops::ViewMut;
+//! use longshore_collective::CpuGroup;
+//! use longshore_ops::ViewMut;
 //!
 //! // Two ranks as two threads, each with its own Cpu-device stream.
 //! let group = CpuGroup::new(2)?;
@@ -59,21 +60,32 @@
 //! # Ordering and errors
 //!
 //! An all-reduce takes part in the buffer's cross-stream tracking like an operation of
-//! [`ops`](crate::ops) (it writes the buffer). Every rank must issue the same all-reduces, with
+//! [`longshore_ops`] (it writes the buffer). Every rank must issue the same all-reduces, with
 //! the same lengths, in the same order. A failure of an enqueued all-reduce cannot be returned
 //! by the call that enqueued it: it is kept on the communicator and returned by the next call,
 //! and by [`check`](Communicator::check) (call it after synchronising the stream). After a
 //! failure the buffer holds this rank's own values, not a sum.
 
+//!
+//! # Built on transfer's public seams
+//!
+//! Like longshore-ops, this crate reaches longshore-transfer only through its public API: the
+//! all-reduce is enqueued with [`Stream::enqueue_work`] (ordered after the buffer's earlier
+//! uses, recorded as its latest use), on the `CUstream` of [`Stream::as_raw`] with the
+//! buffer's [`DeviceBuffer::cuda_device_ptr`] (NCCL), or as a job on the `Cpu` stream's
+//! executor thread over [`DeviceBuffer::cpu_memory`]. Errors are longshore-transfer's
+//! [`TransferError`] (its `Collective` and `LibraryUnavailable` variants).
+
+// Unsafe code only in the NCCL FFI module, each block with its SAFETY comment.
+#![deny(unsafe_code)]
+
 mod bootstrap;
 mod cpu;
+#[allow(unsafe_code)]
 mod nccl;
 
-use crate::buffer::DeviceBuffer;
-use crate::device::DeviceId;
-use crate::error::{Result, TransferError};
-use crate::ops::{ViewMut, check, cpu_mem, cuda_ptr, nonzero, tracked};
-use crate::stream::{Stream, StreamBackend};
+use longshore_ops::ViewMut;
+use longshore_transfer::{DeviceBuffer, DeviceId, Result, Stream, TransferError};
 
 pub use bootstrap::{Rendezvous, share_unique_id};
 pub use cpu::CpuGroup;
@@ -124,18 +136,15 @@ impl Communicator {
     /// [`UniqueId`] that rank 0 made with [`UniqueId::new`] and shared with every rank (see
     /// [`share_unique_id`]). Blocks until every rank has called it (`ncclCommInitRank`).
     pub fn nccl(stream: &Stream, rank: usize, world_size: usize, id: &UniqueId) -> Result<Self> {
-        let dev = match stream.backend() {
-            StreamBackend::Cuda { dev, .. } => dev.clone(),
-            StreamBackend::Cpu(_) => {
-                return Err(TransferError::Invalid(
-                    "an NCCL communicator needs a CUDA stream; on the Cpu device use CpuGroup"
-                        .to_owned(),
-                ));
-            }
+        let DeviceId::Cuda(ordinal) = stream.device().id() else {
+            return Err(TransferError::Invalid(
+                "an NCCL communicator needs a CUDA stream; on the Cpu device use CpuGroup"
+                    .to_owned(),
+            ));
         };
         validate_rank("nccl init", rank, world_size)?;
         Ok(Self {
-            inner: Inner::Nccl(nccl::NcclComm::init(dev, rank, world_size, id)?),
+            inner: Inner::Nccl(nccl::NcclComm::init(ordinal, rank, world_size, id)?),
         })
     }
 
@@ -175,7 +184,9 @@ impl Communicator {
     pub fn all_reduce_sum(&self, stream: &Stream, buf: ViewMut<'_>, len_f32: usize) -> Result<()> {
         const OP: &str = "all_reduce_sum";
         self.check()?;
-        nonzero(OP, &[("len_f32", len_f32)])?;
+        if len_f32 == 0 {
+            return Err(TransferError::Invalid(format!("{OP}: len_f32 is 0")));
+        }
         let expected = self.device();
         let found = stream.device().id();
         if expected != found {
@@ -186,22 +197,26 @@ impl Communicator {
                 found,
             });
         }
-        let r = check(OP, "buf", stream, buf.buf, buf.offset, len_f32, 4)?;
-        let b: &DeviceBuffer = buf.buf;
-        tracked(stream, &[], &[b], || {
-            match (&self.inner, stream.backend()) {
-                (Inner::Cpu(c), StreamBackend::Cpu(s)) => c.enqueue(s, cpu_mem(b)?, r),
-                (Inner::Nccl(c), StreamBackend::Cuda { stream: cs, .. }) => {
-                    c.all_reduce(cs, cuda_ptr(b, r)?, len_f32, stream.id())
+        let b: &DeviceBuffer = buf.buffer();
+        let r = region(OP, b, buf.offset(), len_f32)?;
+        let mismatch = || TransferError::DeviceMismatch {
+            op: OP,
+            what: "the stream",
+            expected,
+            found,
+        };
+        stream
+            .enqueue_work(&[], &[b], || match &self.inner {
+                Inner::Cpu(c) => {
+                    let mem = b.cpu_memory().ok_or_else(mismatch)?;
+                    c.enqueue(stream, mem, r)
                 }
-                _ => Err(TransferError::DeviceMismatch {
-                    op: OP,
-                    what: "the stream",
-                    expected,
-                    found,
-                }),
-            }
-        })
+                Inner::Nccl(c) => {
+                    let ptr = b.cuda_device_ptr().ok_or_else(mismatch)? + r.offset as u64;
+                    c.all_reduce(stream, ptr, len_f32)
+                }
+            })
+            .map(drop)
     }
 
     /// The first error of an all-reduce that has already run (Cpu), or NCCL's asynchronous
@@ -225,4 +240,31 @@ fn validate_rank(op: &'static str, rank: usize, world_size: usize) -> Result<()>
         });
     }
     Ok(())
+}
+
+/// A checked f32 region of a buffer: its byte offset and length.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Region {
+    pub(crate) offset: usize,
+    pub(crate) bytes: usize,
+}
+
+/// Checks that `len_f32` f32 values at byte `offset` fit `buf` and are 4-byte aligned.
+fn region(op: &'static str, buf: &DeviceBuffer, offset: usize, len_f32: usize) -> Result<Region> {
+    if offset % 4 != 0 {
+        return Err(TransferError::Invalid(format!(
+            "{op}: buf starts at byte offset {offset}, which is not a multiple of its 4-byte \
+             element"
+        )));
+    }
+    let bytes = len_f32.checked_mul(4);
+    match bytes.and_then(|b| offset.checked_add(b).map(|end| (b, end))) {
+        Some((bytes, end)) if end <= buf.len() => Ok(Region { offset, bytes }),
+        _ => Err(TransferError::OutOfBounds {
+            op,
+            bytes: bytes.unwrap_or(usize::MAX),
+            offset,
+            capacity: buf.len(),
+        }),
+    }
 }

@@ -6,10 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Communicator, Inner};
-use crate::backend::cpu::{CpuMem, CpuStream};
-use crate::error::{Result, TransferError};
-use crate::ops::Region;
+use longshore_transfer::{CpuMemory, Result, Stream, TransferError};
+
+use super::{Communicator, Inner, Region};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -162,13 +161,13 @@ impl CpuRank {
     }
 
     /// Enqueues this rank's part of the next all-reduce on its stream.
-    pub(crate) fn enqueue(&self, s: &CpuStream, mem: Arc<CpuMem>, r: Region) -> Result<()> {
+    pub(crate) fn enqueue(&self, s: &Stream, mem: CpuMemory, r: Region) -> Result<()> {
         if let Some(p) = &lock(&self.member.group.state).poison {
             return Err(self.member.err(p.clone()));
         }
         let round = self.member.rounds.fetch_add(1, Ordering::Relaxed);
         let member = self.member.clone();
-        s.enqueue(Box::new(move || member.run(round, &mem, r)))
+        s.launch_host_fn(move || member.run(round, &mem, r))
     }
 }
 
@@ -183,7 +182,7 @@ impl Member {
     }
 
     /// The job: deposit this rank's values, meet the others, write the sum back.
-    fn run(&self, round: u64, mem: &CpuMem, r: Region) {
+    fn run(&self, round: u64, mem: &CpuMemory, r: Region) {
         let mine: Vec<f32> = {
             let bytes = mem.lock();
             bytemuck::pod_collect_to_vec(&bytes[r.offset..r.offset + r.bytes])
@@ -194,7 +193,7 @@ impl Member {
                 bytes[r.offset..r.offset + r.bytes].copy_from_slice(bytemuck::cast_slice(&sum));
             }
             Err(reason) => {
-                tracing::error!(target: "longshore::transfer", rank = self.rank, round, %reason, "cpu all-reduce failed");
+                tracing::error!(target: "longshore::collective", rank = self.rank, round, %reason, "cpu all-reduce failed");
                 lock(&self.error).get_or_insert(reason);
             }
         }

@@ -13,25 +13,60 @@
 //! each launch below sound.
 
 use std::collections::HashMap;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::cublas::CudaBlas;
-use cudarc::cublas::sys::cublasOperation_t;
-use cudarc::driver::{CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
+use longshore_transfer::{Device, DeviceId, Result, Stream, TransferError};
 
 use super::cpu::GemmShape;
+use super::ffi::{self, Blas};
 use super::{Activation, Sgd};
-use crate::backend::cuda::CudaDevice;
-use crate::device::{Device, DeviceId};
-use crate::error::{Result, TransferError};
-use crate::stream::{Stream, StreamBackend};
 
-/// Per-stream state: the stream's cuBLAS handle, created on first use.
-#[derive(Default)]
-pub(crate) struct StreamOps {
-    blas: Mutex<Option<Arc<Mutex<CudaBlas>>>>,
+/// Per-stream state, kept with the stream ([`Stream::local`]): a cudarc view of the stream's
+/// `CUstream` (borrowed: transfer owns the stream) and its cuBLAS handle, made on first use.
+/// Dropped with the stream, before transfer destroys the `CUstream`.
+struct OpsStream {
+    stream: Arc<CudaStream>,
+    blas: Mutex<Option<Arc<Mutex<Blas>>>>,
+}
+
+fn driver_err(call: &'static str, e: DriverError, ordinal: usize, what: String) -> TransferError {
+    TransferError::Cuda {
+        call,
+        code: format!("{:?}", e.0),
+        device: DeviceId::Cuda(ordinal),
+        what,
+    }
+}
+
+/// The primary context of GPU `ordinal`, retained once per process (the same `CUcontext`
+/// longshore-transfer uses: a primary context is one per device).
+fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<CudaContext>>>> = OnceLock::new();
+    let mut map = CONTEXTS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = map.get(&ordinal) {
+        return Ok(c.clone());
+    }
+    // Reached only with a CUDA stream or device in hand, so the driver has loaded.
+    let ctx = CudaContext::new(ordinal).map_err(|e| {
+        driver_err(
+            "cuDevicePrimaryCtxRetain",
+            e,
+            ordinal,
+            "opening the context for ops".into(),
+        )
+    })?;
+    // SAFETY: this crate never uses cudarc's CudaSlice, the only user of event tracking; all
+    // ordering goes through transfer's events.
+    unsafe { ctx.disable_event_tracking() };
+    map.insert(ordinal, ctx.clone());
+    Ok(ctx)
 }
 
 const KERNELS: &str = r#"
@@ -137,79 +172,46 @@ fn unavailable(
     }
 }
 
-/// Whether a CUDA library loads, without letting cudarc's loader panic escape.
-fn library_present(check: unsafe fn() -> bool) -> bool {
-    // SAFETY: `is_culib_present` only tries to open the library by its candidate names.
-    catch_unwind(AssertUnwindSafe(|| unsafe { check() })).unwrap_or(false)
-}
-
 fn check_libraries(op: &'static str, ordinal: usize) -> Result<()> {
-    static PRESENT: OnceLock<(bool, bool)> = OnceLock::new();
-    let (blas, nvrtc) = *PRESENT.get_or_init(|| {
-        (
-            library_present(cudarc::cublas::sys::is_culib_present),
-            library_present(cudarc::nvrtc::sys::is_culib_present),
-        )
-    });
-    if !blas {
-        return Err(unavailable(
-            op,
-            "cuBLAS",
-            ordinal,
-            "libcublas could not be loaded".into(),
-        ));
-    }
-    if !nvrtc {
-        return Err(unavailable(
-            op,
-            "NVRTC",
-            ordinal,
-            "libnvrtc could not be loaded".into(),
-        ));
-    }
-    Ok(())
+    ffi::blas_available().map_err(|reason| unavailable(op, "cuBLAS", ordinal, reason))?;
+    ffi::nvrtc_available().map_err(|reason| unavailable(op, "NVRTC", ordinal, reason))
 }
 
 fn ptx(op: &'static str, ordinal: usize) -> Result<Ptx> {
-    static PTX: OnceLock<std::result::Result<Ptx, String>> = OnceLock::new();
-    PTX.get_or_init(|| {
-        catch_unwind(|| cudarc::nvrtc::compile_ptx(KERNELS))
-            .map_err(|_| "the NVRTC library panicked while compiling".to_owned())
-            .and_then(|r| r.map_err(|e| format!("{e:?}")))
-    })
-    .clone()
-    .map_err(|reason| TransferError::Cuda {
-        call: "nvrtcCompileProgram",
-        code: reason,
-        device: DeviceId::Cuda(ordinal),
-        what: format!("compiling the ops kernels for {op}"),
-    })
+    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    PTX.get_or_init(|| ffi::compile_ptx(KERNELS))
+        .clone()
+        .map(Ptx::from_src)
+        .map_err(|reason| TransferError::Cuda {
+            call: "nvrtcCompileProgram",
+            code: reason,
+            device: DeviceId::Cuda(ordinal),
+            what: format!("compiling the ops kernels for {op}"),
+        })
 }
 
-fn kernels(op: &'static str, dev: &CudaDevice) -> Result<Arc<Kernels>> {
+fn kernels(op: &'static str, ordinal: usize) -> Result<Arc<Kernels>> {
     static LOADED: OnceLock<Mutex<HashMap<usize, Arc<Kernels>>>> = OnceLock::new();
     let mut map = LOADED
         .get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner());
-    if let Some(k) = map.get(&dev.ordinal) {
+    if let Some(k) = map.get(&ordinal) {
         return Ok(k.clone());
     }
-    check_libraries(op, dev.ordinal)?;
-    let ptx = ptx(op, dev.ordinal)?;
-    dev.bind()?;
+    check_libraries(op, ordinal)?;
+    let ptx = ptx(op, ordinal)?;
+    let ctx = context(ordinal)?;
     let e = |call, err| {
-        crate::backend::cuda::err(
+        driver_err(
             call,
             err,
-            dev.ordinal,
+            ordinal,
             format!("loading the ops kernels for {op}"),
         )
     };
-    let module = dev
-        .ctx
-        .load_module(ptx)
-        .map_err(|x| e("cuModuleLoadData", x))?;
+    ctx.bind_to_thread().map_err(|x| e("cuCtxSetCurrent", x))?;
+    let module = ctx.load_module(ptx).map_err(|x| e("cuModuleLoadData", x))?;
     let f = |name: &str| {
         module
             .load_function(name)
@@ -225,26 +227,41 @@ fn kernels(op: &'static str, dev: &CudaDevice) -> Result<Arc<Kernels>> {
         scale: f("ls_scale")?,
         _module: module,
     });
-    map.insert(dev.ordinal, k.clone());
-    tracing::debug!(target: "longshore::transfer", device = dev.ordinal, "ops kernels loaded");
+    map.insert(ordinal, k.clone());
+    tracing::debug!(target: "longshore::ops", device = ordinal, "ops kernels loaded");
     Ok(k)
 }
 
 /// Checks the libraries and loads the kernels for `device` (a CUDA device).
 pub(crate) fn prepare(device: &Device) -> Result<()> {
-    let dev = device
-        .cuda_device()
-        .ok_or_else(|| TransferError::Invalid(format!("{} has no CUDA backend", device.id())))?;
-    kernels("ops::available", dev).map(|_| ())
-}
-
-fn parts(stream: &Stream) -> Result<(&Arc<CudaDevice>, &Arc<CudaStream>)> {
-    match stream.backend() {
-        StreamBackend::Cuda { dev, stream } => Ok((dev, stream)),
-        StreamBackend::Cpu(_) => Err(TransferError::Invalid(
-            "a cpu stream reached the cuda backend of ops".to_owned(),
+    match device.id() {
+        DeviceId::Cuda(ordinal) => kernels("ops::available", ordinal).map(|_| ()),
+        DeviceId::Cpu => Err(TransferError::Invalid(
+            "the cpu device reached the cuda backend of ops".to_owned(),
         )),
     }
+}
+
+/// The stream's ordinal and its per-stream state (made on first use).
+fn parts(stream: &Stream) -> Result<(usize, Arc<OpsStream>)> {
+    let DeviceId::Cuda(ordinal) = stream.device().id() else {
+        return Err(TransferError::Invalid(
+            "a cpu stream reached the cuda backend of ops".to_owned(),
+        ));
+    };
+    let state = stream.local(|| {
+        let ctx = context(ordinal)?;
+        let raw = stream.as_raw()?;
+        // SAFETY: `raw` is the CUstream of a transfer stream of this device's primary context;
+        // the wrapper is kept in the stream's local state, which the stream drops before it
+        // destroys the CUstream, so the wrapper never outlives it.
+        let cs = unsafe { ctx.wrap_borrowed_stream(raw.cast()) };
+        Ok(OpsStream {
+            stream: cs,
+            blas: Mutex::new(None),
+        })
+    })?;
+    Ok((ordinal, state))
 }
 
 fn grid(n: usize) -> LaunchConfig {
@@ -261,10 +278,10 @@ fn launch_err(
     op: &'static str,
     ordinal: usize,
     stream: &Stream,
-) -> impl Fn(cudarc::driver::DriverError) -> TransferError {
+) -> impl Fn(DriverError) -> TransferError {
     let id = stream.id();
     move |e| {
-        crate::backend::cuda::err(
+        driver_err(
             "cuLaunchKernel",
             e,
             ordinal,
@@ -273,23 +290,22 @@ fn launch_err(
     }
 }
 
-fn blas(stream: &Stream, dev: &CudaDevice, cs: &Arc<CudaStream>) -> Result<Arc<Mutex<CudaBlas>>> {
-    let mut slot = stream
-        .ops_state()
-        .blas
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+fn blas(stream: &Stream, ordinal: usize, st: &OpsStream) -> Result<Arc<Mutex<Blas>>> {
+    let mut slot = st.blas.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(b) = &*slot {
         return Ok(b.clone());
     }
-    check_libraries("gemm", dev.ordinal)?;
-    dev.bind()?;
-    let b = CudaBlas::new(cs.clone()).map_err(|e| TransferError::Cuda {
-        call: "cublasCreate_v2",
-        code: format!("{:?}", e.0),
-        device: DeviceId::Cuda(dev.ordinal),
-        what: format!("creating a cuBLAS handle for stream {}", stream.id()),
-    })?;
+    check_libraries("gemm", ordinal)?;
+    // SAFETY: the stream is a live CUstream of this device's primary context, current on this
+    // thread (ops run inside `Stream::enqueue_work`); the handle is kept in the stream's local
+    // state, dropped before the stream is destroyed.
+    let b =
+        unsafe { Blas::new(st.stream.cu_stream().cast()) }.map_err(|e| TransferError::Cuda {
+            call: "cublasCreate_v2",
+            code: e,
+            device: DeviceId::Cuda(ordinal),
+            what: format!("creating a cuBLAS handle for stream {}", stream.id()),
+        })?;
     let b = Arc::new(Mutex::new(b));
     *slot = Some(b.clone());
     Ok(b)
@@ -303,50 +319,35 @@ fn int(op: &'static str, what: &str, v: usize) -> Result<i32> {
 
 pub(crate) fn gemm(stream: &Stream, s: GemmShape, a: u64, b: u64, c: u64) -> Result<()> {
     const OP: &str = "gemm";
-    let (dev, cs) = parts(stream)?;
+    let (ordinal, st) = parts(stream)?;
     let (m, n, k) = (int(OP, "m", s.m)?, int(OP, "n", s.n)?, int(OP, "k", s.k)?);
-    let handle = blas(stream, dev, cs)?;
+    let handle = blas(stream, ordinal, &st)?;
     let handle = handle.lock().unwrap_or_else(|p| p.into_inner());
-    dev.bind()?;
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands and
     // read each row-major matrix as its column-major transpose.
-    let op_of = |t: bool| {
-        if t {
-            cublasOperation_t::CUBLAS_OP_T
-        } else {
-            cublasOperation_t::CUBLAS_OP_N
-        }
-    };
+    let op_of = |t: bool| if t { ffi::OP_T } else { ffi::OP_N };
     let ldb = if s.trans_b { k } else { n };
     let lda = if s.trans_a { m } else { k };
-    // SAFETY: the handle is bound to this stream in this device's context (bound above). `a`,
-    // `b` and `c` point into live allocations of this context with at least m*k, k*n and m*n
-    // f32 values (checked on the host); with the leading dimensions above cuBLAS reads exactly
-    // those elements and writes only C's. alpha and beta are host values that outlive the call
-    // (the default host pointer mode reads them before it returns). C does not overlap A or B
-    // (distinct buffers, guaranteed by the `&mut` borrow of C).
+    // SAFETY: the handle is bound to this stream in this device's context (made current by
+    // `Stream::enqueue_work`, our caller). `a`, `b` and `c` point into live allocations of this
+    // context with at least m*k, k*n and m*n f32 values (checked on the host); with the
+    // leading dimensions above cuBLAS reads exactly those elements and writes only C's. C does
+    // not overlap A or B (distinct buffers, guaranteed by the `&mut` borrow of C).
     unsafe {
-        cudarc::cublas::result::sgemm(
-            *handle.handle(),
-            op_of(s.trans_b),
-            op_of(s.trans_a),
-            n,
-            m,
-            k,
-            &s.alpha,
-            b as *const f32,
-            ldb,
-            a as *const f32,
-            lda,
-            &s.beta,
-            c as *mut f32,
-            n,
+        handle.sgemm(
+            (op_of(s.trans_b), op_of(s.trans_a)),
+            (n, m, k),
+            s.alpha,
+            (b as *const f32, ldb),
+            (a as *const f32, lda),
+            s.beta,
+            (c as *mut f32, n),
         )
     }
     .map_err(|e| TransferError::Cuda {
         call: "cublasSgemm_v2",
-        code: format!("{:?}", e.0),
-        device: DeviceId::Cuda(dev.ordinal),
+        code: e,
+        device: DeviceId::Cuda(ordinal),
         what: format!("{}x{}x{} product on stream {}", s.m, s.n, s.k, stream.id()),
     })
 }
@@ -360,84 +361,79 @@ pub(crate) fn bias_act(
     act: Activation,
 ) -> Result<()> {
     const OP: &str = "bias_act";
-    let (dev, cs) = parts(stream)?;
-    let k = kernels(OP, dev)?;
+    let (ordinal, st) = parts(stream)?;
+    let k = kernels(OP, ordinal)?;
     let (rows64, cols64, relu) = (rows as u64, cols as u64, i32::from(act == Activation::Relu));
-    dev.bind()?;
-    let mut l = cs.launch_builder(&k.bias_act);
+    let mut l = st.stream.launch_builder(&k.bias_act);
     l.arg(&y).arg(&b).arg(&rows64).arg(&cols64).arg(&relu);
     // SAFETY: `y` holds rows*cols f32 and `b` cols f32 (checked on the host); the kernel
     // touches y[i] for i < rows*cols and b[i % cols]. Argument types match the signature.
     unsafe { l.launch(grid(rows * cols)) }
         .map(drop)
-        .map_err(launch_err(OP, dev.ordinal, stream))
+        .map_err(launch_err(OP, ordinal, stream))
 }
 
 pub(crate) fn relu_backward(stream: &Stream, g: u64, o: u64, len: usize) -> Result<()> {
     const OP: &str = "relu_backward";
-    let (dev, cs) = parts(stream)?;
-    let k = kernels(OP, dev)?;
+    let (ordinal, st) = parts(stream)?;
+    let k = kernels(OP, ordinal)?;
     let n = len as u64;
-    dev.bind()?;
-    let mut l = cs.launch_builder(&k.relu_backward);
+    let mut l = st.stream.launch_builder(&k.relu_backward);
     l.arg(&g).arg(&o).arg(&n);
     // SAFETY: `g` and `o` each hold `len` f32 (checked on the host); the kernel indexes below
     // `len`. Argument types match the signature.
     unsafe { l.launch(grid(len)) }
         .map(drop)
-        .map_err(launch_err(OP, dev.ordinal, stream))
+        .map_err(launch_err(OP, ordinal, stream))
 }
 
 pub(crate) fn bias_grad(stream: &Stream, dy: u64, db: u64, rows: usize, cols: usize) -> Result<()> {
     const OP: &str = "bias_grad";
-    let (dev, cs) = parts(stream)?;
-    let k = kernels(OP, dev)?;
+    let (ordinal, st) = parts(stream)?;
+    let k = kernels(OP, ordinal)?;
     let (rows64, cols64) = (rows as u64, cols as u64);
-    dev.bind()?;
-    let mut l = cs.launch_builder(&k.bias_grad);
+    let mut l = st.stream.launch_builder(&k.bias_grad);
     l.arg(&db).arg(&dy).arg(&rows64).arg(&cols64);
     // SAFETY: `dy` holds rows*cols f32 and `db` cols f32 (checked on the host); the kernel
     // reads dy[r*cols + j] for r < rows, j < cols and writes db[j]. Types match.
     unsafe { l.launch(grid(cols)) }
         .map(drop)
-        .map_err(launch_err(OP, dev.ordinal, stream))
+        .map_err(launch_err(OP, ordinal, stream))
 }
 
 pub(crate) fn softmax_xent(
     stream: &Stream,
-    [z, y, g, st]: [u64; 4],
+    [z, y, g, stats]: [u64; 4],
     rows: usize,
     classes: usize,
     scale: f32,
 ) -> Result<()> {
     const OP: &str = "softmax_cross_entropy";
-    let (dev, cs) = parts(stream)?;
-    let k = kernels(OP, dev)?;
+    let (ordinal, st) = parts(stream)?;
+    let k = kernels(OP, ordinal)?;
     let (rows64, classes64) = (rows as u64, classes as u64);
-    dev.bind()?;
-    let mut l = cs.launch_builder(&k.softmax_xent);
+    let mut l = st.stream.launch_builder(&k.softmax_xent);
     l.arg(&z)
         .arg(&y)
         .arg(&g)
-        .arg(&st)
+        .arg(&stats)
         .arg(&rows64)
         .arg(&classes64)
         .arg(&scale);
-    // SAFETY: `z` and `g` hold rows*classes f32, `y` rows i64 (8-byte aligned), `st` 3 f32
+    // SAFETY: `z` and `g` hold rows*classes f32, `y` rows i64 (8-byte aligned), `stats` 3 f32
     // (checked on the host); the kernel reads z/g rows r < rows, label r, indexes z[label] only
-    // after checking 0 <= label < classes, and adds to st[0..3]. Types match.
+    // after checking 0 <= label < classes, and adds to stats[0..3]. Types match.
     unsafe { l.launch(grid(rows)) }
         .map(drop)
-        .map_err(launch_err(OP, dev.ordinal, stream))
+        .map_err(launch_err(OP, ordinal, stream))
 }
 
 pub(crate) fn sgd(stream: &Stream, [p, v, g]: [u64; 3], len: usize, sgd: Sgd) -> Result<()> {
     const OP: &str = "sgd_momentum";
-    let (dev, cs) = parts(stream)?;
-    let k = kernels(OP, dev)?;
+    let (ordinal, st) = parts(stream)?;
+    let k = kernels(OP, ordinal)?;
     let n = len as u64;
-    dev.bind()?;
-    let mut l = cs.launch_builder(&k.sgd);
+    let mut l = st.stream.launch_builder(&k.sgd);
     l.arg(&p)
         .arg(&v)
         .arg(&g)
@@ -449,22 +445,21 @@ pub(crate) fn sgd(stream: &Stream, [p, v, g]: [u64; 3], len: usize, sgd: Sgd) ->
     // the kernel indexes below `len`. Types match.
     unsafe { l.launch(grid(len)) }
         .map(drop)
-        .map_err(launch_err(OP, dev.ordinal, stream))
+        .map_err(launch_err(OP, ordinal, stream))
 }
 
 pub(crate) fn scale(stream: &Stream, x: u64, len: usize, alpha: f32) -> Result<()> {
     const OP: &str = "scale";
-    let (dev, cs) = parts(stream)?;
-    let k = kernels(OP, dev)?;
+    let (ordinal, st) = parts(stream)?;
+    let k = kernels(OP, ordinal)?;
     let n = len as u64;
-    dev.bind()?;
-    let mut l = cs.launch_builder(&k.scale);
+    let mut l = st.stream.launch_builder(&k.scale);
     l.arg(&x).arg(&n).arg(&alpha);
     // SAFETY: `x` holds `len` f32 (checked on the host); the kernel indexes below `len`.
     // Types match.
     unsafe { l.launch(grid(len)) }
         .map(drop)
-        .map_err(launch_err(OP, dev.ordinal, stream))
+        .map_err(launch_err(OP, ordinal, stream))
 }
 
 pub(crate) fn normalize_u8(
@@ -475,11 +470,10 @@ pub(crate) fn normalize_u8(
     hw: usize,
 ) -> Result<()> {
     const OP: &str = "normalize_u8";
-    let (dev, cs) = parts(stream)?;
-    let k = kernels(OP, dev)?;
+    let (ordinal, st) = parts(stream)?;
+    let k = kernels(OP, ordinal)?;
     let (n64, c64, hw64) = (n as u64, channels as u64, hw as u64);
-    dev.bind()?;
-    let mut l = cs.launch_builder(&k.normalize_u8);
+    let mut l = st.stream.launch_builder(&k.normalize_u8);
     l.arg(&out)
         .arg(&input)
         .arg(&params)
@@ -490,5 +484,5 @@ pub(crate) fn normalize_u8(
     // the kernel indexes out/input below n and params below 2*channels. Types match.
     unsafe { l.launch(grid(n)) }
         .map(drop)
-        .map_err(launch_err(OP, dev.ordinal, stream))
+        .map_err(launch_err(OP, ordinal, stream))
 }

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use longshore_transfer::collective::{Communicator, Rendezvous, UniqueId, nccl_available};
-use longshore_transfer::ops::ViewMut;
+use longshore_collective::{Communicator, Rendezvous, UniqueId, nccl_available};
+use longshore_ops::ViewMut;
 use longshore_transfer::{Device, TransferError};
 
 fn required() -> bool {

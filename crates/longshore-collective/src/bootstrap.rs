@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::nccl::UniqueId;
-use crate::error::{Result, TransferError};
+use longshore_transfer::{Result, TransferError};
 
 const MAGIC: &[u8; 8] = b"LSNCCLID";
 /// Magic, world size (u32 LE), id.
@@ -60,7 +60,7 @@ impl Rendezvous {
     pub(crate) fn cleanup(&self) {
         if let Rendezvous::File { path, .. } = self {
             if let Err(e) = std::fs::remove_file(path) {
-                tracing::warn!(target: "longshore::transfer", path = %path.display(), error = %e, "removing the nccl id file");
+                tracing::warn!(target: "longshore::collective", path = %path.display(), error = %e, "removing the nccl id file");
             }
         }
     }
@@ -194,10 +194,10 @@ fn serve(world: usize, port: u16, timeout: Duration, id: &UniqueId) -> Result<()
                 match greet {
                     Ok(r) if r < world => served[r] = true,
                     Ok(r) => {
-                        tracing::warn!(target: "longshore::transfer", %peer, rank = r, world, "nccl rendezvous: a rank outside the world connected")
+                        tracing::warn!(target: "longshore::collective", %peer, rank = r, world, "nccl rendezvous: a rank outside the world connected")
                     }
                     Err(err) => {
-                        tracing::warn!(target: "longshore::transfer", %peer, error = %err, "nccl rendezvous: ignored a connection")
+                        tracing::warn!(target: "longshore::collective", %peer, error = %err, "nccl rendezvous: ignored a connection")
                     }
                 }
             }

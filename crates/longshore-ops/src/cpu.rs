@@ -6,10 +6,10 @@
 //! slicing here cannot fail.
 
 use std::borrow::Cow;
-use std::sync::{Arc, MutexGuard};
+
+use longshore_transfer::{CpuMemory, CpuMemoryGuard};
 
 use super::{Activation, Region, Sgd};
-use crate::backend::cpu::CpuMem;
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct GemmShape {
@@ -22,22 +22,22 @@ pub(crate) struct GemmShape {
     pub(crate) trans_b: bool,
 }
 
-fn addr(m: &Arc<CpuMem>) -> usize {
-    Arc::as_ptr(m) as usize
+fn addr(m: &CpuMemory) -> usize {
+    m.addr()
 }
 
 /// Locks `srcs` and `dsts` in address order and calls `f` with their bytes. A buffer listed
 /// as a source more than once is locked once. Returns `None` (and logs) if a destination is
 /// also a source or listed twice, which the public API's borrows rule out.
 fn with_mems<R>(
-    srcs: &[&Arc<CpuMem>],
-    dsts: &[&Arc<CpuMem>],
+    srcs: &[&CpuMemory],
+    dsts: &[&CpuMemory],
     f: impl FnOnce(&[&[u8]], &mut [&mut [u8]]) -> R,
 ) -> Option<R> {
-    let mut all: Vec<&Arc<CpuMem>> = srcs.iter().chain(dsts.iter()).copied().collect();
+    let mut all: Vec<&CpuMemory> = srcs.iter().chain(dsts.iter()).copied().collect();
     all.sort_by_key(|m| addr(m));
     all.dedup_by_key(|m| addr(m));
-    let mut guards: Vec<(usize, MutexGuard<'_, Vec<u8>>)> =
+    let mut guards: Vec<(usize, CpuMemoryGuard<'_>)> =
         all.iter().map(|m| (addr(m), m.lock())).collect();
     let mut src_refs: Vec<Option<&[u8]>> = vec![None; srcs.len()];
     let mut dst_refs: Vec<Option<&mut [u8]>> = (0..dsts.len()).map(|_| None).collect();
@@ -46,16 +46,16 @@ fn with_mems<R>(
         let as_src = srcs.iter().any(|s| addr(s) == *a);
         match (as_dst.as_slice(), as_src) {
             ([], _) => {
-                let g: &Vec<u8> = g;
+                let g: &[u8] = g;
                 for (i, s) in srcs.iter().enumerate() {
                     if addr(s) == *a {
-                        src_refs[i] = Some(g.as_slice());
+                        src_refs[i] = Some(g);
                     }
                 }
             }
-            ([j], false) => dst_refs[*j] = Some(g.as_mut_slice()),
+            ([j], false) => dst_refs[*j] = Some(&mut **g),
             _ => {
-                tracing::error!(target: "longshore::transfer", "an op's output aliases another of its buffers; skipped");
+                tracing::error!(target: "longshore::ops", "an op's output aliases another of its buffers; skipped");
                 return None;
             }
         }
@@ -96,11 +96,11 @@ fn with_f32_mut<R>(bytes: &mut [u8], f: impl FnOnce(&mut [f32]) -> R) -> R {
 
 pub(crate) fn gemm(
     s: GemmShape,
-    a: &Arc<CpuMem>,
+    a: &CpuMemory,
     ra: Region,
-    b: &Arc<CpuMem>,
+    b: &CpuMemory,
     rb: Region,
-    c: &Arc<CpuMem>,
+    c: &CpuMemory,
     rc: Region,
 ) {
     with_mems(&[a, b], &[c], |src, dst| {
@@ -140,9 +140,9 @@ pub(crate) fn gemm(
 }
 
 pub(crate) fn bias_act(
-    y: &Arc<CpuMem>,
+    y: &CpuMemory,
     ry: Region,
-    b: &Arc<CpuMem>,
+    b: &CpuMemory,
     rb: Region,
     cols: usize,
     act: Activation,
@@ -163,7 +163,7 @@ pub(crate) fn bias_act(
     });
 }
 
-pub(crate) fn relu_backward(g: &Arc<CpuMem>, rg: Region, o: &Arc<CpuMem>, ro: Region) {
+pub(crate) fn relu_backward(g: &CpuMemory, rg: Region, o: &CpuMemory, ro: Region) {
     with_mems(&[o], &[g], |src, dst| {
         let out = typed::<f32>(region(src[0], ro));
         with_f32_mut(region_mut(dst[0], rg), |g| {
@@ -177,7 +177,7 @@ pub(crate) fn relu_backward(g: &Arc<CpuMem>, rg: Region, o: &Arc<CpuMem>, ro: Re
     });
 }
 
-pub(crate) fn bias_grad(dy: &Arc<CpuMem>, ry: Region, db: &Arc<CpuMem>, rb: Region, cols: usize) {
+pub(crate) fn bias_grad(dy: &CpuMemory, ry: Region, db: &CpuMemory, rb: Region, cols: usize) {
     with_mems(&[dy], &[db], |src, dst| {
         let dy = typed::<f32>(region(src[0], ry));
         with_f32_mut(region_mut(dst[0], rb), |db| {
@@ -192,10 +192,10 @@ pub(crate) fn bias_grad(dy: &Arc<CpuMem>, ry: Region, db: &Arc<CpuMem>, rb: Regi
 }
 
 pub(crate) fn softmax_xent(
-    logits: (&Arc<CpuMem>, Region),
-    labels: (&Arc<CpuMem>, Region),
-    grad: (&Arc<CpuMem>, Region),
-    stats: (&Arc<CpuMem>, Region),
+    logits: (&CpuMemory, Region),
+    labels: (&CpuMemory, Region),
+    grad: (&CpuMemory, Region),
+    stats: (&CpuMemory, Region),
     classes: usize,
     grad_scale: f32,
 ) {
@@ -254,11 +254,11 @@ fn xent_row(z: &[f32], label: i64, g: &mut [f32], scale: f32) -> (Option<f32>, b
 }
 
 pub(crate) fn sgd(
-    p: &Arc<CpuMem>,
+    p: &CpuMemory,
     rp: Region,
-    v: &Arc<CpuMem>,
+    v: &CpuMemory,
     rv: Region,
-    g: &Arc<CpuMem>,
+    g: &CpuMemory,
     rg: Region,
     sgd: Sgd,
 ) {
@@ -277,7 +277,7 @@ pub(crate) fn sgd(
     });
 }
 
-pub(crate) fn scale(x: &Arc<CpuMem>, rx: Region, alpha: f32) {
+pub(crate) fn scale(x: &CpuMemory, rx: Region, alpha: f32) {
     with_mems(&[], &[x], |_, dst| {
         with_f32_mut(region_mut(dst[0], rx), |x| {
             x.iter_mut().for_each(|v| *v *= alpha)
@@ -287,11 +287,11 @@ pub(crate) fn scale(x: &Arc<CpuMem>, rx: Region, alpha: f32) {
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn normalize_u8(
-    s: &Arc<CpuMem>,
+    s: &CpuMemory,
     rs: Region,
-    d: &Arc<CpuMem>,
+    d: &CpuMemory,
     rd: Region,
-    params: &Arc<CpuMem>,
+    params: &CpuMemory,
     rp: Region,
     channels: usize,
     hw: usize,
