@@ -105,6 +105,18 @@ impl DeviceBuffer {
         }
     }
 
+    /// The address of the memory, to hand it to another library (DLPack): the CUDA device
+    /// pointer, or on `Cpu` the host address of the backend's memory. Reading or writing
+    /// through it is only sound once [`ready_event`](DeviceBuffer::ready_event) has completed,
+    /// with no copy of this crate enqueued on the buffer meanwhile.
+    pub fn raw_address(&self) -> u64 {
+        match &self.mem {
+            DeviceMem::Cpu(m) => m.address() as u64,
+            #[cfg(feature = "cuda")]
+            DeviceMem::Cuda(m) => m.ptr,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Track> {
         self.track.lock().unwrap_or_else(|p| p.into_inner())
     }

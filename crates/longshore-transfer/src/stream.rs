@@ -111,6 +111,39 @@ impl Stream {
         })
     }
 
+    /// Wraps a CUDA stream owned by another library (a framework's current stream, as the
+    /// DLPack protocol passes it: `0x1` is the legacy default stream, `0x2` the per-thread
+    /// default stream), so that it can [`wait_event`](Stream::wait_event) on this crate's
+    /// events and [`record`](Stream::record) its own. Dropping the wrapper leaves the stream
+    /// alive; the copies of this crate are never enqueued on it unless you ask.
+    ///
+    /// # Safety
+    /// `raw` is a stream of `device`'s primary context (or one of the two special handles),
+    /// and it outlives the returned `Stream` and every clone of it.
+    #[cfg(feature = "cuda")]
+    pub unsafe fn from_raw(device: &Device, raw: cudarc::driver::sys::CUstream) -> Result<Stream> {
+        let dev = device.cuda_device().cloned().ok_or_else(|| {
+            TransferError::Invalid(format!(
+                "cannot wrap a CUDA stream on {}: not a CUDA device",
+                device.id()
+            ))
+        })?;
+        // SAFETY: the caller guarantees that `raw` belongs to this context and outlives the
+        // wrapper; cudarc does not destroy a borrowed stream on drop.
+        let stream = unsafe { dev.ctx.wrap_borrowed_stream(raw) };
+        let id = next_stream_id();
+        tracing::debug!(target: "longshore::transfer", stream_id = id, device = %device.id(), "external stream wrapped");
+        Ok(Stream {
+            shared: Arc::new(StreamShared {
+                device: device.clone(),
+                id,
+                backend: StreamBackend::Cuda { dev, stream },
+                #[cfg(feature = "ops")]
+                ops: Default::default(),
+            }),
+        })
+    }
+
     /// The device the stream runs on.
     pub fn device(&self) -> &Device {
         &self.shared.device

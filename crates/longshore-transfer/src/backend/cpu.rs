@@ -163,6 +163,11 @@ impl CpuMem {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
         lock(&self.bytes)
     }
+
+    /// Start of the bytes (the vector is never resized, so the address is fixed).
+    pub(crate) fn address(&self) -> *mut u8 {
+        self.lock().as_mut_ptr()
+    }
 }
 
 /// A raw pointer to host bytes that a job may read; see the `SAFETY` notes where it is built.
