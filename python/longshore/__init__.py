@@ -132,6 +132,10 @@ class DataLoader:
             seed,
             index,
             pool,
+            # Every torch version imports host memory labelled kDLCPU (and still sees the pages
+            # pinned); not every one imports kDLCUDAHost, DLPack's own label for page-locked
+            # memory, which is kept for other consumers.
+            "cpu" if framework == "torch" else "cuda_host",
         )
         self._index = index
         self._single = self._loader.single

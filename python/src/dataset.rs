@@ -129,32 +129,33 @@ impl PyNpyDataset {
     fn new(paths: &Bound<'_, PyAny>, normalize: Option<(Vec<f32>, Vec<f32>)>) -> PyResult<Self> {
         let files = paths_of(paths)?;
         let py = paths.py();
-        let source = py.detach(|| -> Result<Source, DataError> {
-            if let Some((mean, std)) = normalize {
-                if files.len() != 1 {
-                    return Err(DataError::InvalidArgument {
-                        name: "normalize",
-                        reason: format!(
-                            "normalize applies to one image file, {} were given",
-                            files.len()
-                        ),
-                    });
+        let source = py
+            .detach(|| -> Result<Source, DataError> {
+                if let Some((mean, std)) = normalize {
+                    if files.len() != 1 {
+                        return Err(DataError::InvalidArgument {
+                            name: "normalize",
+                            reason: format!(
+                                "normalize applies to one image file, {} were given",
+                                files.len()
+                            ),
+                        });
+                    }
+                    let ds = NpyDataset::open(&files[0])?;
+                    let collate = NormalizeCollate::new(&mean, &std)?;
+                    collate.check(&ds)?;
+                    return Ok(Source::Normalized(Arc::new(ds), collate));
                 }
-                let ds = NpyDataset::open(&files[0])?;
-                let collate = NormalizeCollate::new(&mean, &std)?;
-                collate.check(&ds)?;
-                return Ok(Source::Normalized(Arc::new(ds), collate));
-            }
-            let mut it = files.iter();
-            let first = NpyDataset::open(it.next().expect("at least one file"))?;
-            let mut acc: AnyDataset = Arc::new(Fields(first));
-            for p in it {
-                let next: AnyDataset = Arc::new(Fields(NpyDataset::open(p)?));
-                acc = Arc::new(Fields(Zip::direct(acc, next)?));
-            }
-            Ok(Source::Direct(acc))
-        })
-        .map_err(data_err)?;
+                let mut it = files.iter();
+                let first = NpyDataset::open(it.next().expect("at least one file"))?;
+                let mut acc: AnyDataset = Arc::new(Fields(first));
+                for p in it {
+                    let next: AnyDataset = Arc::new(Fields(NpyDataset::open(p)?));
+                    acc = Arc::new(Fields(Zip::direct(acc, next)?));
+                }
+                Ok(Source::Direct(acc))
+            })
+            .map_err(data_err)?;
         Ok(Self { source, files })
     }
 
@@ -203,11 +204,12 @@ fn dtype_of(name: &str) -> Result<DType, DataError> {
         "f64" => "f8",
         other => other,
     };
-    DType::from_npy_code(code.trim_start_matches(['<', '|', '=']))
-        .ok_or_else(|| DataError::InvalidArgument {
+    DType::from_npy_code(code.trim_start_matches(['<', '|', '='])).ok_or_else(|| {
+        DataError::InvalidArgument {
             name: "fields",
             reason: format!("unknown dtype {name:?}"),
-        })
+        }
+    })
 }
 
 #[pymethods]
@@ -290,7 +292,11 @@ pub(crate) struct StagedImages {
 impl DatasetCollate<Arc<NpyDataset>> for NormalizeCollate {
     type Staged = StagedImages;
 
-    fn stage(&self, dataset: &Arc<NpyDataset>, indices: &[usize]) -> Result<StagedImages, DataError> {
+    fn stage(
+        &self,
+        dataset: &Arc<NpyDataset>,
+        indices: &[usize],
+    ) -> Result<StagedImages, DataError> {
         let len = dataset.len();
         if let Some(&index) = indices.iter().find(|&&i| i >= len) {
             return Err(DataError::IndexOutOfRange {

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use longshore_data::{Batch, DirectCollate};
-use longshore_dlpack::{DlpackError, DlpackTensor, ExportOptions, export_device, export_host};
+use longshore_dlpack::{
+    DlpackError, DlpackTensor, ExportOptions, PinnedLabel, export_device, export_host,
+};
 use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
 use longshore_loader::{
     DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderState, LoaderStats,
@@ -110,9 +112,9 @@ fn configure<D, C>(mut b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuil
 
 fn build(source: Source, o: Options) -> Result<Arc<dyn AnyLoader>, LoaderError> {
     Ok(match source {
-        Source::Direct(ds) => Arc::new(
-            configure(DataLoader::builder(ds).collate(DirectCollate::new()), o).build()?,
-        ),
+        Source::Direct(ds) => {
+            Arc::new(configure(DataLoader::builder(ds).collate(DirectCollate::new()), o).build()?)
+        }
         Source::Normalized(ds, collate) => {
             Arc::new(configure(DataLoader::builder(ds).collate(collate), o).build()?)
         }
@@ -198,13 +200,14 @@ pub(crate) struct PyLoader {
     device: Option<Device>,
     depth: usize,
     single: bool,
+    export: ExportOptions,
 }
 
 #[pymethods]
 impl PyLoader {
     #[new]
     #[pyo3(signature = (dataset, batch_size, shuffle, num_workers, pin_memory, drop_last,
-        prefetch_factor, persistent_workers, timeout, seed, device, pool))]
+        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -220,7 +223,17 @@ impl PyLoader {
         seed: Option<u64>,
         device: Option<usize>,
         pool: Option<PyRef<'_, PyPinnedPool>>,
+        pinned_label: &str,
     ) -> PyResult<Self> {
+        let pinned = match pinned_label {
+            "cuda_host" => PinnedLabel::CudaHost,
+            "cpu" => PinnedLabel::Cpu,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "pinned_label must be 'cuda_host' or 'cpu', not {other:?}"
+                )));
+            }
+        };
         let (source, single) = if let Ok(d) = dataset.cast::<PyNpyDataset>() {
             let d = d.get();
             (d.source.clone(), d.is_single())
@@ -245,15 +258,18 @@ impl PyLoader {
         })?;
         let prefetch_factor = prefetch_factor
             .map(|p| {
-                usize::try_from(p)
-                    .map_err(|_| PyValueError::new_err("prefetch_factor option should be non-negative"))
+                usize::try_from(p).map_err(|_| {
+                    PyValueError::new_err("prefetch_factor option should be non-negative")
+                })
             })
             .transpose()?;
         let timeout = match Duration::try_from_secs_f64(timeout) {
             Ok(d) if d.is_zero() => None,
             Ok(d) => Some(d),
             Err(_) => {
-                return Err(PyValueError::new_err("timeout option should be non-negative"));
+                return Err(PyValueError::new_err(
+                    "timeout option should be non-negative",
+                ));
             }
         };
         let device = device
@@ -279,6 +295,7 @@ impl PyLoader {
             // Batches in flight to the device: enough to overlap one copy with one step.
             depth: 2,
             single,
+            export: ExportOptions::default().pinned(pinned),
         })
     }
 
@@ -287,7 +304,7 @@ impl PyLoader {
         let epoch = py
             .detach(|| self.inner.epoch(self.device.as_ref(), self.depth))
             .map_err(loader_err)?;
-        PyEpoch::start(epoch)
+        PyEpoch::start(epoch, self.export.clone())
     }
 
     /// Whether a batch is one tensor (one-file datasets) rather than a list of fields.
@@ -351,24 +368,23 @@ enum Reply {
     End,
 }
 
-fn export(h: Handoff) -> Result<Vec<DlpackTensor>, DlpackError> {
-    let opts = ExportOptions::default();
+fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackError> {
     match h {
-        Handoff::Host(b) => export_host(b, &opts),
+        Handoff::Host(b) => export_host(b, opts),
         Handoff::Device(p) => {
             let (layout, storage) = p.batch.into_parts();
-            export_device(&layout, storage, Some(p.ready), &opts)
+            export_device(&layout, storage, Some(p.ready), opts)
         }
     }
 }
 
 /// Runs an epoch's iterator on its own thread, one batch per request, exporting it there.
-fn pump(mut epoch: Epoch, requests: Receiver<()>, replies: Sender<Reply>) {
+fn pump(mut epoch: Epoch, opts: ExportOptions, requests: Receiver<()>, replies: Sender<Reply>) {
     while requests.recv().is_ok() {
         let reply = match epoch.next() {
             None => Reply::End,
             Some(Err(e)) => Reply::Failed(e),
-            Some(Ok(h)) => match export(h) {
+            Some(Ok(h)) => match export(h, &opts) {
                 Ok(t) => Reply::Batch(t),
                 Err(e) => Reply::Export(e),
             },
@@ -395,12 +411,12 @@ pub(crate) struct PyEpoch {
 }
 
 impl PyEpoch {
-    fn start(epoch: Epoch) -> PyResult<Self> {
+    fn start(epoch: Epoch, opts: ExportOptions) -> PyResult<Self> {
         let (req_tx, req_rx) = bounded::<()>(1);
         let (rep_tx, rep_rx) = bounded::<Reply>(1);
         std::thread::Builder::new()
             .name("longshore-epoch".into())
-            .spawn(move || pump(epoch, req_rx, rep_tx))
+            .spawn(move || pump(epoch, opts, req_rx, rep_tx))
             .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
             state: Mutex::new(EpochState {
@@ -445,7 +461,9 @@ impl PyEpoch {
                 Err(RecvTimeoutError::Timeout) => py.check_signals()?,
                 Err(RecvTimeoutError::Disconnected) => {
                     st.done = true;
-                    return Err(LoaderFailure::new_err("the epoch thread ended unexpectedly"));
+                    return Err(LoaderFailure::new_err(
+                        "the epoch thread ended unexpectedly",
+                    ));
                 }
             }
         };

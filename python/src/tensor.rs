@@ -56,7 +56,8 @@ fn capsule_of<'py>(
         let raw = tensor.into_raw();
         // SAFETY: `raw` is a live export; the capsule owns it until a consumer renames it, and
         // the destructor runs its deleter otherwise.
-        let cap = unsafe { ffi::PyCapsule_New(raw.cast(), VERSIONED.as_ptr(), Some(destroy_versioned)) };
+        let cap =
+            unsafe { ffi::PyCapsule_New(raw.cast(), VERSIONED.as_ptr(), Some(destroy_versioned)) };
         if cap.is_null() {
             // SAFETY: the capsule was not created, so `raw` is still ours: take it back (drop
             // runs the deleter).
@@ -137,15 +138,17 @@ impl PyTensor {
             device_type: DLDeviceType(ty),
             device_id: id,
         });
-        let prepared = py.detach(|| -> Result<DlpackTensor, (longshore_dlpack::DlpackError, DlpackTensor)> {
-            if let Err(e) = t.request(want, copy) {
-                return Err((e, t));
-            }
-            match t.prepare_for_stream(stream) {
-                Ok(()) => Ok(t),
-                Err(e) => Err((e, t)),
-            }
-        });
+        let prepared = py.detach(
+            || -> Result<DlpackTensor, (longshore_dlpack::DlpackError, DlpackTensor)> {
+                if let Err(e) = t.request(want, copy) {
+                    return Err((e, t));
+                }
+                match t.prepare_for_stream(stream) {
+                    Ok(()) => Ok(t),
+                    Err(e) => Err((e, t)),
+                }
+            },
+        );
         match prepared {
             Ok(t) => capsule_of(py, t, wants_versioned(max_version)),
             Err((e, t)) => {

@@ -371,39 +371,33 @@ impl DlpackTensor {
         if self.device().device_type != DLDeviceType::CUDA {
             return self.synchronize();
         }
-        let raw = match stream {
-            Some(-1) => return Ok(()),
-            None => 1,
-            Some(s) if s <= 0 => {
-                return Err(DlpackError::Unsupported {
-                    what: "a CUDA tensor",
-                    reason: format!("stream {s} is not a valid CUDA stream for __dlpack__"),
-                });
-            }
-            Some(s) => s as usize,
-        };
-        let stream = self.wrap_raw_stream(raw)?;
-        self.hand_to(&stream)
-    }
-
-    #[cfg(feature = "cuda")]
-    fn wrap_raw_stream(&self, raw: usize) -> Result<Stream, DlpackError> {
         let device = self.h().device.clone().ok_or(DlpackError::Unsupported {
             what: "a CUDA tensor",
             reason: "it has no device handle".into(),
         })?;
-        // SAFETY: the DLPack protocol's contract: the consumer passes a live stream of the
-        // tensor's device (or a special handle) that it keeps alive while it uses the tensor,
-        // which covers the release recorded on it by the deleter.
-        Ok(unsafe { Stream::from_raw(&device, raw as _) }?)
+        self.hand_to_protocol_stream(&device, stream.unwrap_or(1))
     }
 
-    #[cfg(not(feature = "cuda"))]
-    fn wrap_raw_stream(&self, _raw: usize) -> Result<Stream, DlpackError> {
-        Err(DlpackError::Unsupported {
-            what: "a CUDA tensor",
-            reason: "longshore-dlpack was built without the `cuda` feature".into(),
-        })
+    /// [`hand_to`](DlpackTensor::hand_to) a CUDA stream of `device` given as the `__dlpack__`
+    /// protocol encodes it (`-1`: nothing to do, `1` / `2`: the legacy / per-thread default
+    /// stream, else a `cudaStream_t`), for example torch's current stream before an
+    /// asynchronous copy of a page-locked tensor.
+    pub fn hand_to_protocol_stream(
+        &mut self,
+        device: &Device,
+        stream: i64,
+    ) -> Result<(), DlpackError> {
+        if stream == -1 {
+            return Ok(());
+        }
+        if stream <= 0 {
+            return Err(DlpackError::Unsupported {
+                what: "a CUDA stream",
+                reason: format!("stream {stream} is not a valid CUDA stream for __dlpack__"),
+            });
+        }
+        let consumer = wrap_raw_stream(device, stream as usize)?;
+        self.hand_to(&consumer)
     }
 
     /// Applies the `dl_device` and `copy` arguments of `__dlpack__`: a page-locked tensor may
@@ -502,4 +496,21 @@ impl fmt::Debug for DlpackTensor {
             .field("read_only", &self.is_read_only())
             .finish()
     }
+}
+
+/// A protocol stream handle of `device` as a [`Stream`].
+#[cfg(feature = "cuda")]
+fn wrap_raw_stream(device: &Device, raw: usize) -> Result<Stream, DlpackError> {
+    // SAFETY: the DLPack protocol's contract: the consumer passes a live stream of the tensor's
+    // device (or a special handle) that it keeps alive while it uses the tensor, which covers
+    // the release recorded on it by the deleter.
+    Ok(unsafe { Stream::from_raw(device, raw as _) }?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn wrap_raw_stream(_device: &Device, _raw: usize) -> Result<Stream, DlpackError> {
+    Err(DlpackError::Unsupported {
+        what: "a CUDA stream",
+        reason: "longshore-dlpack was built without the `cuda` feature".into(),
+    })
 }
