@@ -28,6 +28,8 @@
 //! * [`transfer`]: devices, streams, events, asynchronous copies, the prefetcher.
 //! * [`data`]: datasets, samplers with PyTorch's semantics, collation, memory-mapped files.
 //! * [`loader`]: the multi-worker [`DataLoader`](loader::DataLoader).
+//! * [`dlpack`]: batches handed to other frameworks (PyTorch, NumPy, JAX, CuPy, candle) as
+//!   DLPack 1.x tensors, zero-copy, with their streams ordered after the copies.
 //!
 //! # Features
 //!
@@ -43,6 +45,8 @@
 
 #[doc(inline)]
 pub use longshore_data as data;
+#[doc(inline)]
+pub use longshore_dlpack as dlpack;
 #[doc(inline)]
 pub use longshore_host as host;
 #[doc(inline)]

@@ -17,6 +17,8 @@ fn documented_paths_resolve() {
     let _ = Device::cpu();
     let _ = MemoryKind::PageLocked;
     let _ = BudgetPolicy::FallbackPageable;
+    let _ = longshore::dlpack::ExportOptions::default();
+    let _: Option<longshore::dlpack::DlpackTensor> = None;
 }
 
 #[test]
