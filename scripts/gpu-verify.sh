@@ -30,7 +30,9 @@ logs=$(mktemp -d)
 for t in .gpu/tests/cuda_roundtrip-* .gpu/tests/cuda_device_lifetime-* \
          .gpu/tests/cuda_host-* .gpu/tests/buffer_kinds-* .gpu/tests/cuda_prefetch_async-* \
          .gpu/tests/device_errors-* .gpu/tests/ops_cuda_vs_cpu-* \
-         .gpu/tests/device_delivery-* .gpu/tests/reliability_budget-*; do
+         .gpu/tests/device_delivery-* .gpu/tests/reliability_budget-* \
+         .gpu/tests/cuda_stream_seams-* .gpu/tests/staging_pageable-* \
+         ${SANITIZE_EXTRA:-}; do
   [ -e "$t" ] || continue
   n=$(basename "$t" | sed 's/-[0-9a-f]*$//')
   for tool in memcheck racecheck synccheck; do

@@ -11,6 +11,7 @@
 //! release binary.
 #![forbid(unsafe_code)]
 
+mod python;
 mod report;
 
 use std::path::{Path, PathBuf};
@@ -33,8 +34,8 @@ enum Cmd {
         /// Small sizes and few repetitions, to prove every section runs (CI).
         #[arg(long)]
         quick: bool,
-        /// Only these sections (bandwidth,pool,loader,overlap,pytorch); with --criterion, a
-        /// criterion filter.
+        /// Only these sections (bandwidth,pool,loader,overlap,pytorch,python); with
+        /// --criterion, a criterion filter.
         #[arg(long)]
         only: Option<String>,
         /// Print results.json on stdout (the tables go to stderr).
@@ -105,6 +106,20 @@ fn main() -> Result<()> {
                 .map(abs)
                 .unwrap_or_else(|| root.join("target/longshore-bench"));
             let (data_dir, bench_bin) = (data_dir.map(abs), bench_bin.map(abs));
+            // The `python` section is a script run after the binary (see python.rs).
+            let python_section = only
+                .as_deref()
+                .is_none_or(|l| l.split(',').any(|s| s == "python"));
+            let only = only.map(|l| {
+                l.split(',')
+                    .filter(|s| *s != "python")
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+            if only.as_deref() == Some("") {
+                python::run(&root, &out, data_dir.as_deref(), quick)?;
+                return Ok(());
+            }
             let mut cmd = match &bench_bin {
                 Some(bin) => Command::new(bin),
                 None => {
@@ -143,6 +158,9 @@ fn main() -> Result<()> {
             }
             if json {
                 print!("{}", std::fs::read_to_string(&results)?);
+            }
+            if python_section {
+                python::run(&root, &out, data_dir.as_deref(), quick)?;
             }
             Ok(())
         }

@@ -34,6 +34,8 @@
 //!   an all-reduce across ranks. Both build on transfer's public seams.
 //! * [`data`]: datasets, samplers with PyTorch's semantics, collation, memory-mapped files.
 //! * [`loader`]: the multi-worker [`DataLoader`](loader::DataLoader).
+//! * [`dlpack`]: batches handed to other frameworks (PyTorch, NumPy, JAX, CuPy, candle) as
+//!   DLPack 1.x tensors, zero-copy, with their streams ordered after the copies.
 //!
 //! # Features
 //!
@@ -55,6 +57,8 @@
 pub use longshore_collective as collective;
 #[doc(inline)]
 pub use longshore_data as data;
+#[doc(inline)]
+pub use longshore_dlpack as dlpack;
 #[doc(inline)]
 pub use longshore_host as host;
 #[doc(inline)]

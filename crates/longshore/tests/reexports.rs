@@ -49,6 +49,8 @@ fn loader_aliases_name_the_built_types() {
     let b = l.iter().next().unwrap().unwrap();
     assert_eq!(b.shape(0).unwrap(), &[2, 3]);
     assert_eq!(stacked(3).unwrap().len(), Some(3));
+    let _ = longshore::dlpack::ExportOptions::default();
+    let _: Option<longshore::dlpack::DlpackTensor> = None;
 }
 
 #[test]

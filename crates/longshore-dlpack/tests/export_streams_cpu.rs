@@ -1,0 +1,142 @@
+//! Stream ordering on the Cpu backend: a consumer's stream waits for a device batch's copy
+//! (the host does not), and a released tensor's memory goes back only after the work the
+//! consumer had enqueued on its stream.
+
+mod common;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{batch, f32s, i64s, pool};
+use longshore_dlpack::ffi::DLDeviceType;
+use longshore_dlpack::{ExportOptions, export_device, export_host};
+use longshore_transfer::{Device, upload_new};
+
+/// Polls `f` until it holds or two seconds pass.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    f()
+}
+
+#[test]
+fn release_waits_for_the_consumer_stream() {
+    let pool = pool(false);
+    let consumer = Device::cpu().new_stream().unwrap();
+    let mut tensors = export_host(batch(&pool, 0, 4), &ExportOptions::default()).unwrap();
+    for t in &mut tensors {
+        t.hand_to(&consumer).unwrap();
+    }
+    // The consumer's stream is busy with work that reads the batch (a GPU copy, say).
+    let (go, gate) = mpsc::channel::<()>();
+    consumer
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
+    let raws: Vec<_> = tensors.into_iter().map(|t| t.into_raw()).collect();
+    for r in raws {
+        // SAFETY: a live export, deleted once.
+        unsafe { ((*r).deleter.unwrap())(r) };
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        pool.stats().bytes_in_use > 0,
+        "the lease went back while the consumer's stream could still read it"
+    );
+    go.send(()).unwrap();
+    consumer.synchronize().unwrap();
+    assert!(eventually(|| pool.stats().bytes_in_use == 0));
+    assert_eq!(pool.stats().blocks_cached, 1);
+}
+
+#[test]
+fn consumer_stream_waits_for_the_copy_without_blocking_the_host() {
+    let device = Device::cpu();
+    let (copy, consumer) = (device.new_stream().unwrap(), device.new_stream().unwrap());
+    let pool = pool(false);
+    let host = batch(&pool, 7, 3);
+    let (layout, lease) = host.into_parts();
+    // Hold the copy stream back, then enqueue the upload behind it.
+    let (go, gate) = mpsc::channel::<()>();
+    copy.launch_host_fn(move || {
+        let _ = gate.recv();
+    })
+    .unwrap();
+    let storage = upload_new(&copy, lease).unwrap();
+    let ready = copy.record().unwrap();
+    assert!(!ready.is_complete());
+    let t0 = Instant::now();
+    let mut tensors = export_device(
+        &layout,
+        storage,
+        Some(ready.clone()),
+        &ExportOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(tensors[0].device().device_type, DLDeviceType::CPU);
+    assert!(tensors[0].ready_event().is_some());
+    for t in &mut tensors {
+        t.hand_to(&consumer).unwrap();
+    }
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "hand_to blocked the host"
+    );
+    // The consumer reads the features through the raw pointer, as a kernel would.
+    let x = &tensors[0];
+    let (ptr, len) = (x.data_ptr() as usize, x.byte_len());
+    let (tx, seen) = mpsc::channel::<Vec<u8>>();
+    consumer
+        .launch_host_fn(move || {
+            // SAFETY: the tensor is alive until after `seen` is received below, and the consumer
+            // stream runs this only after the copy (it waits on `ready`).
+            let bytes = unsafe { common::read_raw(ptr as *const std::ffi::c_void, len) };
+            let _ = tx.send(bytes);
+        })
+        .unwrap();
+    assert!(
+        seen.recv_timeout(Duration::from_millis(50)).is_err(),
+        "the consumer ran before the copy"
+    );
+    go.send(()).unwrap();
+    let bytes = seen.recv_timeout(Duration::from_secs(5)).unwrap();
+    let want: Vec<u8> = (7..10)
+        .flat_map(|i| (0..5).map(move |j| (10 * i + j) as f32))
+        .flat_map(f32::to_ne_bytes)
+        .collect();
+    assert_eq!(bytes, want);
+    assert_eq!(i64s(&tensors[1]), vec![7, 8, 9]);
+    drop(tensors);
+    consumer.synchronize().unwrap();
+    // The lease went back once its copy completed, whatever the tensors did.
+    assert!(eventually(|| pool.stats().bytes_in_use == 0));
+}
+
+#[test]
+fn protocol_stream_on_the_cpu_device_waits_on_the_host() {
+    let device = Device::cpu();
+    let copy = device.new_stream().unwrap();
+    let pool = pool(false);
+    let (layout, lease) = batch(&pool, 1, 2).into_parts();
+    let storage = upload_new(&copy, lease).unwrap();
+    let ready = copy.record().unwrap();
+    let mut tensors = export_device(
+        &layout,
+        storage,
+        Some(ready.clone()),
+        &ExportOptions::default(),
+    )
+    .unwrap();
+    tensors[0].prepare_for_stream(None).unwrap();
+    assert!(ready.is_complete());
+    assert_eq!(
+        f32s(&tensors[0]),
+        vec![10., 11., 12., 13., 14., 20., 21., 22., 23., 24.]
+    );
+}

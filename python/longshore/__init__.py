@@ -1,0 +1,217 @@
+"""longshore: a data loader that keeps GPUs fed.
+
+PyTorch's ``DataLoader(pin_memory=True)`` + ``.to(device, non_blocking=True)`` rebuilt in Rust:
+worker threads (no pickling, no GIL) collate batches straight into pooled page-locked memory,
+and every batch is handed to PyTorch (or NumPy) through DLPack without a copy.
+
+>>> import longshore
+>>> ds = longshore.NpyDataset(["x.npy", "y.npy"])          # doctest: +SKIP
+>>> loader = longshore.DataLoader(ds, batch_size=256, shuffle=True, num_workers=4,
+...                               device="cuda")            # doctest: +SKIP
+>>> for x, y in loader:                                     # doctest: +SKIP
+...     loss = model(x).cross_entropy(y)
+
+The options have PyTorch's names, defaults and checks. Batches are:
+
+* with ``device="cuda"`` (or ``"cuda:N"``, or a ``torch.device``): torch tensors on the GPU,
+  zero-copy, ordered on torch's current stream (the GPU waits for the copy, the host does not);
+* otherwise: page-locked (``pin_memory=True``) or pageable CPU torch tensors, or NumPy arrays
+  when torch is not installed (or ``framework="numpy"``).
+
+A batch's memory goes back to longshore's pool when every tensor of the batch has been freed.
+"""
+
+import json as _json
+
+from . import _longshore
+from ._longshore import (  # noqa: F401  (re-exported)
+    LoaderError,
+    LoaderTimeout,
+    NpyDataset,
+    PinnedPool,
+    RecordDataset,
+    SampleError,
+    Tensor,
+    cuda_status,
+)
+
+__all__ = [
+    "DataLoader",
+    "NpyDataset",
+    "RecordDataset",
+    "PinnedPool",
+    "Tensor",
+    "LoaderError",
+    "SampleError",
+    "LoaderTimeout",
+    "cuda_status",
+]
+
+__version__ = "0.1.0"
+
+
+def _import_torch():
+    try:
+        import torch  # noqa: F401
+
+        return torch
+    except ImportError:
+        return None
+
+
+def _cuda_index(device):
+    """The CUDA ordinal of ``device`` (None, "cuda", "cuda:N", an int or a torch.device)."""
+    if device is None:
+        return None
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    text = str(device)
+    if text == "cpu":
+        return None
+    if text == "cuda":
+        torch = _import_torch()
+        return torch.cuda.current_device() if torch is not None else 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+
+
+class DataLoader:
+    """``torch.utils.data.DataLoader``'s options over longshore's Rust loader.
+
+    ``dataset`` is a :class:`NpyDataset` or :class:`RecordDataset`. ``seed`` fixes shuffling
+    and per-worker randomness (PyTorch takes a ``generator``); ``device`` delivers batches on
+    a GPU. ``pool`` (a :class:`PinnedPool`) bounds the host memory batches may hold;
+    ``framework`` picks ``"torch"`` or ``"numpy"`` outputs (default: torch when installed).
+    ``prefetch_factor=None`` means 2 with workers, as in PyTorch.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        batch_size=1,
+        shuffle=False,
+        num_workers=0,
+        pin_memory=False,
+        drop_last=False,
+        prefetch_factor=None,
+        persistent_workers=False,
+        timeout=0,
+        seed=None,
+        device=None,
+        *,
+        pool=None,
+        framework=None,
+    ):
+        if shuffle is None:
+            shuffle = False
+        index = _cuda_index(device)
+        if framework is None:
+            framework = "torch" if (_import_torch() is not None or index is not None) else "numpy"
+        if framework not in ("torch", "numpy"):
+            raise ValueError(f"framework must be 'torch' or 'numpy', not {framework!r}")
+        if framework == "numpy" and index is not None:
+            raise ValueError("NumPy arrays live on the CPU: device='cuda' needs framework='torch'")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.drop_last = drop_last
+        self.timeout = timeout
+        self.device = device
+        self._loader = _longshore._Loader(
+            dataset,
+            batch_size,
+            bool(shuffle),
+            num_workers,
+            bool(pin_memory),
+            bool(drop_last),
+            prefetch_factor,
+            bool(persistent_workers),
+            float(timeout),
+            seed,
+            index,
+            pool,
+            # Every torch version imports host memory labelled kDLCPU (and still sees the pages
+            # pinned); not every one imports kDLCUDAHost, DLPack's own label for page-locked
+            # memory, which is kept for other consumers.
+            "cpu" if framework == "torch" else "cuda_host",
+        )
+        self._index = index
+        self._single = self._loader.single
+        self._convert = self._converter(framework)
+
+    def _converter(self, framework):
+        if framework == "numpy":
+            import numpy as np
+
+            return np.from_dlpack
+        torch = _import_torch()
+        if torch is None:
+            raise ImportError("framework='torch' needs PyTorch installed")
+        from_dlpack = torch.utils.dlpack.from_dlpack
+        if self._index is None and self.pin_memory and torch.cuda.is_available():
+            # Page-locked batches are usually copied to the GPU with non_blocking=True on
+            # torch's current stream: their block goes back to the pool only once that stream
+            # has passed the point where the tensor was freed.
+            current_stream = torch.cuda.current_stream
+            current_device = torch.cuda.current_device
+
+            def pinned(t):
+                stream = current_stream().cuda_stream
+                t.release_after_stream(current_device(), stream if stream != 0 else 1)
+                return from_dlpack(t)
+
+            return pinned
+        return from_dlpack
+
+    def __iter__(self):
+        return _Iterator(self._loader.epoch(), self._convert, self._single)
+
+    def __len__(self):
+        return len(self._loader)
+
+    def set_epoch(self, epoch):
+        """Sets the epoch the next iteration runs (reaches the sampler's ``set_epoch``)."""
+        self._loader.set_epoch(int(epoch))
+
+    def state_dict(self):
+        """Where the loader stands (epoch, delivered batches), as a JSON-serialisable dict."""
+        return _json.loads(self._loader.state_dict_json())
+
+    def load_state_dict(self, state):
+        """Restores a position saved by :meth:`state_dict`."""
+        self._loader.load_state_dict_json(_json.dumps(state))
+
+    @property
+    def stats(self):
+        """Counters: ``wait_fraction`` (share of the consumer's time spent waiting for data),
+        ``consumer_wait_s``, ``consumer_time_s``, ``worker_busy_s``, ``samples_per_second``,
+        and the pool's counters under ``"pool"``."""
+        return self._loader.stats()
+
+    def reset_stats(self):
+        self._loader.reset_stats()
+
+
+class _Iterator:
+    __slots__ = ("_epoch", "_convert", "_single")
+
+    def __init__(self, epoch, convert, single):
+        self._epoch = epoch
+        self._convert = convert
+        self._single = single
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        tensors = next(self._epoch)
+        convert = self._convert
+        if self._single:
+            return convert(tensors[0])
+        return [convert(t) for t in tensors]
+
+    def close(self):
+        """Ends the epoch now (stops its workers, returns its batches' memory)."""
+        self._epoch.close()

@@ -1,0 +1,36 @@
+//! `longshore._longshore`: the native module of the `longshore` Python package, a thin layer
+//! over the Rust crates (`longshore-loader` for the loader, `longshore-dlpack` for handing
+//! batches to PyTorch and NumPy). The Python package (`longshore/__init__.py`) adds the
+//! `DataLoader` class that converts each batch with `torch.from_dlpack` or `np.from_dlpack`.
+
+mod dataset;
+mod errors;
+mod loader;
+mod tensor;
+
+use pyo3::prelude::*;
+
+/// Whether a CUDA driver can be used here, and why not.
+#[pyfunction]
+fn cuda_status() -> (bool, Option<String>) {
+    (
+        longshore_host::driver_available(),
+        longshore_host::driver_unavailable_reason(),
+    )
+}
+
+#[pymodule]
+fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<dataset::PyNpyDataset>()?;
+    m.add_class::<dataset::PyRecordDataset>()?;
+    m.add_class::<loader::PyLoader>()?;
+    m.add_class::<loader::PyEpoch>()?;
+    m.add_class::<loader::PyPinnedPool>()?;
+    m.add_class::<tensor::PyTensor>()?;
+    m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
+    m.add("SampleError", py.get_type::<errors::SampleError>())?;
+    m.add("LoaderTimeout", py.get_type::<errors::LoaderTimeout>())?;
+    m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
+    Ok(())
+}

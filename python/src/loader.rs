@@ -1,0 +1,493 @@
+//! `longshore._Loader` and its epochs: the Rust [`DataLoader`] behind a Python iterator that
+//! waits without the GIL and answers Ctrl-C.
+//!
+//! An epoch's Rust iterator runs on its own thread, one batch per request: `__next__` asks for
+//! the next batch and waits for the answer in short slices with the GIL released, checking for
+//! signals between slices. A `KeyboardInterrupt` leaves the request pending; the next
+//! `__next__` collects its answer, so no batch is lost or loaded twice.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use longshore_data::{Batch, DirectCollate};
+use longshore_dlpack::{
+    DlpackError, DlpackTensor, ExportOptions, PinnedLabel, export_device, export_host,
+};
+use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
+use longshore_loader::{
+    DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderState, LoaderStats,
+};
+use longshore_transfer::{Device, Prefetched};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::dataset::{PyNpyDataset, PyRecordDataset, Source};
+use crate::errors::{LoaderFailure, dlpack_err, loader_err, transfer_err};
+use crate::tensor::PyTensor;
+
+/// What an epoch yields before export: a host batch or a prefetched device batch.
+enum Handoff {
+    Host(Batch<PoolBuffer>),
+    Device(Prefetched<DeviceBatch>),
+}
+
+type Epoch = Box<dyn Iterator<Item = Result<Handoff, LoaderError>> + Send>;
+
+/// A loader of any dataset type, as the binding drives it.
+trait AnyLoader: Send + Sync {
+    fn epoch(&self, device: Option<&Device>, depth: usize) -> Result<Epoch, LoaderError>;
+    fn len(&self) -> Option<usize>;
+    fn set_epoch(&self, epoch: u64);
+    fn state_dict(&self) -> Result<LoaderState, LoaderError>;
+    fn load_state_dict(&self, state: &LoaderState) -> Result<(), LoaderError>;
+    fn stats(&self) -> LoaderStats;
+    fn reset_stats(&self);
+}
+
+impl<F: Fetch<Output = Batch<PoolBuffer>>> AnyLoader for DataLoader<F> {
+    fn epoch(&self, device: Option<&Device>, depth: usize) -> Result<Epoch, LoaderError> {
+        Ok(match device {
+            None => Box::new(self.iter().map(|r| r.map(Handoff::Host))),
+            Some(d) => Box::new(self.to_device(d, depth)?.map(|r| r.map(Handoff::Device))),
+        })
+    }
+    fn len(&self) -> Option<usize> {
+        DataLoader::len(self)
+    }
+    fn set_epoch(&self, epoch: u64) {
+        DataLoader::set_epoch(self, epoch)
+    }
+    fn state_dict(&self) -> Result<LoaderState, LoaderError> {
+        DataLoader::state_dict(self)
+    }
+    fn load_state_dict(&self, state: &LoaderState) -> Result<(), LoaderError> {
+        DataLoader::load_state_dict(self, state)
+    }
+    fn stats(&self) -> LoaderStats {
+        DataLoader::stats(self)
+    }
+    fn reset_stats(&self) {
+        DataLoader::reset_stats(self)
+    }
+}
+
+/// The loader's options, as PyTorch names them.
+struct Options {
+    batch_size: usize,
+    shuffle: bool,
+    num_workers: usize,
+    pin_memory: bool,
+    drop_last: bool,
+    prefetch_factor: Option<usize>,
+    persistent_workers: bool,
+    timeout: Option<Duration>,
+    seed: Option<u64>,
+    pool: Option<PinnedPool>,
+}
+
+fn configure<D, C>(mut b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuilder<D, C> {
+    b = b
+        .batch_size(o.batch_size)
+        .shuffle(o.shuffle)
+        .num_workers(o.num_workers)
+        .pin_memory(o.pin_memory)
+        .drop_last(o.drop_last)
+        .persistent_workers(o.persistent_workers);
+    if let Some(p) = o.prefetch_factor {
+        b = b.prefetch_factor(p);
+    }
+    if let Some(t) = o.timeout {
+        b = b.timeout(t);
+    }
+    if let Some(s) = o.seed {
+        b = b.seed(s);
+    }
+    if let Some(p) = o.pool {
+        b = b.pool(p);
+    }
+    b
+}
+
+fn build(source: Source, o: Options) -> Result<Arc<dyn AnyLoader>, LoaderError> {
+    Ok(match source {
+        Source::Direct(ds) => {
+            Arc::new(configure(DataLoader::builder(ds).collate(DirectCollate::new()), o).build()?)
+        }
+        Source::Normalized(ds, collate) => {
+            Arc::new(configure(DataLoader::builder(ds).collate(collate), o).build()?)
+        }
+    })
+}
+
+/// A pool of (page-locked) host memory with a budget, for `DataLoader(pool=...)`.
+#[pyclass(name = "PinnedPool", module = "longshore", frozen)]
+pub(crate) struct PyPinnedPool {
+    pool: PinnedPool,
+}
+
+#[pymethods]
+impl PyPinnedPool {
+    /// `budget`: most bytes held (default: a quarter of RAM); `policy`: what a request over
+    /// budget does: `"wait"` (up to `wait_timeout` seconds), `"fallback"` (pageable memory) or
+    /// `"error"`; `pinned`: page-locked memory (default: when a CUDA driver is present).
+    #[new]
+    #[pyo3(signature = (*, budget = None, policy = "wait", wait_timeout = 60.0, pinned = None))]
+    fn new(
+        budget: Option<usize>,
+        policy: &str,
+        wait_timeout: f64,
+        pinned: Option<bool>,
+    ) -> PyResult<Self> {
+        let pinned = pinned.unwrap_or_else(longshore_host::driver_available);
+        let kind = if pinned {
+            MemoryKind::PageLocked
+        } else {
+            MemoryKind::Pageable
+        };
+        let policy = match policy {
+            "wait" => BudgetPolicy::Wait {
+                timeout: Duration::try_from_secs_f64(wait_timeout).map_err(|_| {
+                    PyValueError::new_err("wait_timeout must be a non-negative number of seconds")
+                })?,
+            },
+            "fallback" => BudgetPolicy::FallbackPageable,
+            "error" => BudgetPolicy::Error,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "policy must be 'wait', 'fallback' or 'error', not {other:?}"
+                )));
+            }
+        };
+        let mut config = PoolConfig::for_kind(kind).policy(policy);
+        if let Some(b) = budget {
+            config = config.budget(b);
+        }
+        let pool = PinnedPool::new(config).map_err(|e| LoaderFailure::new_err(e.to_string()))?;
+        Ok(Self { pool })
+    }
+
+    /// The pool's counters (`bytes_in_use`, `bytes_cached`, `bytes_pending`, ...).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        pool_dict(py, &self.pool.stats())
+    }
+}
+
+fn pool_dict<'py>(py: Python<'py>, s: &PoolStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bytes_in_use", s.bytes_in_use)?;
+    d.set_item("bytes_cached", s.bytes_cached)?;
+    d.set_item("bytes_pending", s.bytes_pending)?;
+    d.set_item("bytes_held", s.bytes_held)?;
+    d.set_item("peak_bytes_held", s.peak_bytes_held)?;
+    d.set_item("budget", s.budget)?;
+    d.set_item("blocks_in_use", s.blocks_in_use)?;
+    d.set_item("blocks_cached", s.blocks_cached)?;
+    d.set_item("blocks_pending", s.blocks_pending)?;
+    d.set_item("hits", s.hits)?;
+    d.set_item("misses", s.misses)?;
+    d.set_item("allocations", s.allocations)?;
+    d.set_item("fallbacks", s.fallbacks)?;
+    d.set_item("waits", s.waits)?;
+    Ok(d)
+}
+
+/// The Rust side of `longshore.DataLoader` (the Python class converts tensors).
+#[pyclass(name = "_Loader", module = "longshore", frozen)]
+pub(crate) struct PyLoader {
+    inner: Arc<dyn AnyLoader>,
+    device: Option<Device>,
+    depth: usize,
+    single: bool,
+    export: ExportOptions,
+}
+
+#[pymethods]
+impl PyLoader {
+    #[new]
+    #[pyo3(signature = (dataset, batch_size, shuffle, num_workers, pin_memory, drop_last,
+        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host"))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        dataset: &Bound<'_, PyAny>,
+        batch_size: Option<usize>,
+        shuffle: bool,
+        num_workers: i64,
+        pin_memory: bool,
+        drop_last: bool,
+        prefetch_factor: Option<i64>,
+        persistent_workers: bool,
+        timeout: f64,
+        seed: Option<u64>,
+        device: Option<usize>,
+        pool: Option<PyRef<'_, PyPinnedPool>>,
+        pinned_label: &str,
+    ) -> PyResult<Self> {
+        let pinned = match pinned_label {
+            "cuda_host" => PinnedLabel::CudaHost,
+            "cpu" => PinnedLabel::Cpu,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "pinned_label must be 'cuda_host' or 'cpu', not {other:?}"
+                )));
+            }
+        };
+        let (source, single) = if let Ok(d) = dataset.cast::<PyNpyDataset>() {
+            let d = d.get();
+            (d.source.clone(), d.is_single())
+        } else if let Ok(d) = dataset.cast::<PyRecordDataset>() {
+            (d.get().source.clone(), false)
+        } else {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "longshore.DataLoader takes a longshore.NpyDataset or longshore.RecordDataset, not {}",
+                dataset.get_type().name()?
+            )));
+        };
+        // PyTorch's checks that the Rust builder cannot see (its types are unsigned).
+        let Some(batch_size) = batch_size else {
+            return Err(PyValueError::new_err(
+                "batch_size=None (no automatic batching) is not supported by longshore.DataLoader",
+            ));
+        };
+        let num_workers = usize::try_from(num_workers).map_err(|_| {
+            PyValueError::new_err(
+                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.",
+            )
+        })?;
+        let prefetch_factor = prefetch_factor
+            .map(|p| {
+                usize::try_from(p).map_err(|_| {
+                    PyValueError::new_err("prefetch_factor option should be non-negative")
+                })
+            })
+            .transpose()?;
+        let timeout = match Duration::try_from_secs_f64(timeout) {
+            Ok(d) if d.is_zero() => None,
+            Ok(d) => Some(d),
+            Err(_) => {
+                return Err(PyValueError::new_err(
+                    "timeout option should be non-negative",
+                ));
+            }
+        };
+        let device = device
+            .map(|i| py.detach(|| Device::cuda(i)))
+            .transpose()
+            .map_err(transfer_err)?;
+        let options = Options {
+            batch_size,
+            shuffle,
+            num_workers,
+            pin_memory: pin_memory || device.is_some(),
+            drop_last,
+            prefetch_factor,
+            persistent_workers,
+            timeout,
+            seed,
+            pool: pool.map(|p| p.pool.clone()),
+        };
+        let inner = py.detach(|| build(source, options)).map_err(loader_err)?;
+        Ok(Self {
+            inner,
+            device,
+            // Batches in flight to the device: enough to overlap one copy with one step.
+            depth: 2,
+            single,
+            export: ExportOptions::default().pinned(pinned),
+        })
+    }
+
+    /// Starts an epoch.
+    fn epoch(&self, py: Python<'_>) -> PyResult<PyEpoch> {
+        let epoch = py
+            .detach(|| self.inner.epoch(self.device.as_ref(), self.depth))
+            .map_err(loader_err)?;
+        PyEpoch::start(epoch, self.export.clone())
+    }
+
+    /// Whether a batch is one tensor (one-file datasets) rather than a list of fields.
+    #[getter]
+    fn single(&self) -> bool {
+        self.single
+    }
+
+    fn __len__(&self) -> PyResult<usize> {
+        self.inner
+            .len()
+            .ok_or_else(|| PyRuntimeError::new_err("this loader has no length"))
+    }
+
+    fn set_epoch(&self, epoch: u64) {
+        self.inner.set_epoch(epoch)
+    }
+
+    /// The resumable position, as JSON.
+    fn state_dict_json(&self) -> PyResult<String> {
+        let s = self.inner.state_dict().map_err(loader_err)?;
+        serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Restores a position saved by `state_dict_json`.
+    fn load_state_dict_json(&self, json: &str) -> PyResult<()> {
+        let s: LoaderState = serde_json::from_str(json)
+            .map_err(|e| PyValueError::new_err(format!("not a longshore loader state: {e}")))?;
+        self.inner.load_state_dict(&s).map_err(loader_err)
+    }
+
+    /// The loader's counters, with the pool's under `"pool"`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("batches", s.batches)?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("errors", s.errors)?;
+        d.set_item("epochs", s.epochs)?;
+        d.set_item("wait_fraction", s.wait_fraction())?;
+        d.set_item("samples_per_second", s.samples_per_second())?;
+        d.set_item("consumer_wait_s", s.consumer_wait.as_secs_f64())?;
+        d.set_item("consumer_time_s", s.consumer_time.as_secs_f64())?;
+        d.set_item("worker_busy_s", s.worker_busy.as_secs_f64())?;
+        d.set_item("peak_in_flight", s.peak_in_flight)?;
+        d.set_item("worker_restarts", s.worker_restarts)?;
+        d.set_item("pool", pool_dict(py, &s.pool)?)?;
+        Ok(d)
+    }
+
+    fn reset_stats(&self) {
+        self.inner.reset_stats()
+    }
+}
+
+/// A batch exported for Python, or why there is none.
+enum Reply {
+    Batch(Vec<DlpackTensor>),
+    Failed(LoaderError),
+    Export(DlpackError),
+    End,
+}
+
+fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackError> {
+    match h {
+        Handoff::Host(b) => export_host(b, opts),
+        Handoff::Device(p) => {
+            let (layout, storage) = p.batch.into_parts();
+            export_device(&layout, storage, Some(p.ready), opts)
+        }
+    }
+}
+
+/// Runs an epoch's iterator on its own thread, one batch per request, exporting it there.
+fn pump(mut epoch: Epoch, opts: ExportOptions, requests: Receiver<()>, replies: Sender<Reply>) {
+    while requests.recv().is_ok() {
+        let reply = match epoch.next() {
+            None => Reply::End,
+            Some(Err(e)) => Reply::Failed(e),
+            Some(Ok(h)) => match export(h, &opts) {
+                Ok(t) => Reply::Batch(t),
+                Err(e) => Reply::Export(e),
+            },
+        };
+        let end = matches!(reply, Reply::End);
+        if replies.send(reply).is_err() || end {
+            break;
+        }
+    }
+    // Dropping the iterator here stops the workers and returns the leases.
+}
+
+struct EpochState {
+    requests: Option<Sender<()>>,
+    replies: Receiver<Reply>,
+    pending: bool,
+    done: bool,
+}
+
+/// One epoch of a `_Loader`: `__next__` returns a list of `longshore.Tensor`.
+#[pyclass(name = "_Epoch", module = "longshore", frozen)]
+pub(crate) struct PyEpoch {
+    state: Mutex<EpochState>,
+}
+
+impl PyEpoch {
+    fn start(epoch: Epoch, opts: ExportOptions) -> PyResult<Self> {
+        let (req_tx, req_rx) = bounded::<()>(1);
+        let (rep_tx, rep_rx) = bounded::<Reply>(1);
+        std::thread::Builder::new()
+            .name("longshore-epoch".into())
+            .spawn(move || pump(epoch, opts, req_rx, rep_tx))
+            .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
+        Ok(Self {
+            state: Mutex::new(EpochState {
+                requests: Some(req_tx),
+                replies: rep_rx,
+                pending: false,
+                done: false,
+            }),
+        })
+    }
+}
+
+/// How long one wait lasts before signals are checked.
+const SLICE: Duration = Duration::from_millis(50);
+
+#[pymethods]
+impl PyEpoch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Vec<PyTensor>>> {
+        let mut st = self
+            .state
+            .try_lock()
+            .map_err(|_| PyRuntimeError::new_err("this epoch is already being iterated"))?;
+        if st.done {
+            return Ok(None);
+        }
+        if !st.pending {
+            let sent = st.requests.as_ref().is_some_and(|r| r.send(()).is_ok());
+            if !sent {
+                st.done = true;
+                return Err(LoaderFailure::new_err("the epoch thread is gone"));
+            }
+            st.pending = true;
+        }
+        let reply = loop {
+            let replies = &st.replies;
+            match py.detach(|| replies.recv_timeout(SLICE)) {
+                Ok(r) => break r,
+                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
+                Err(RecvTimeoutError::Disconnected) => {
+                    st.done = true;
+                    return Err(LoaderFailure::new_err(
+                        "the epoch thread ended unexpectedly",
+                    ));
+                }
+            }
+        };
+        st.pending = false;
+        match reply {
+            Reply::Batch(tensors) => Ok(Some(tensors.into_iter().map(PyTensor::new).collect())),
+            Reply::End => {
+                st.done = true;
+                st.requests = None;
+                Ok(None)
+            }
+            Reply::Failed(e) => Err(loader_err(e)),
+            Reply::Export(e) => Err(dlpack_err(e)),
+        }
+    }
+
+    /// Ends the epoch now: stops its workers and returns its leases (also done when the epoch
+    /// is garbage-collected).
+    fn close(&self) {
+        if let Ok(mut st) = self.state.lock() {
+            st.requests = None;
+            st.done = true;
+            // A batch already answered goes back to the pool now.
+            while st.replies.try_recv().is_ok() {}
+        }
+    }
+}

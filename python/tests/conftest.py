@@ -1,0 +1,59 @@
+"""Shared fixtures: small .npy and record files, and the CUDA/torch gates.
+
+CUDA tests skip (saying why) without torch or a GPU, and fail instead when
+LONGSHORE_REQUIRE_CUDA=1 is set, like the Rust test suites.
+"""
+import os
+
+import numpy as np
+import pytest
+
+import longshore
+
+REQUIRE_CUDA = os.environ.get("LONGSHORE_REQUIRE_CUDA") == "1"
+
+
+def torch_or_none():
+    try:
+        import torch
+
+        return torch
+    except ImportError:
+        return None
+
+
+def need_torch():
+    torch = torch_or_none()
+    if torch is None:
+        if REQUIRE_CUDA:
+            pytest.fail("LONGSHORE_REQUIRE_CUDA=1 but torch cannot be imported")
+        pytest.skip("torch is not installed")
+    return torch
+
+
+def need_cuda():
+    torch = need_torch()
+    ok, why = longshore.cuda_status()
+    if not torch.cuda.is_available() or not ok:
+        reason = why or "torch.cuda.is_available() is False"
+        if REQUIRE_CUDA:
+            pytest.fail(f"LONGSHORE_REQUIRE_CUDA=1 but CUDA cannot be used: {reason}")
+        pytest.skip(f"no CUDA: {reason}")
+    return torch
+
+
+@pytest.fixture
+def files(tmp_path):
+    """x: f32 [100, 5] (x[i, j] = 10 i + j), y: i64 [100] (y[i] = i), img: u8 [12, 3, 4, 4]."""
+    x = (10 * np.arange(100)[:, None] + np.arange(5)[None, :]).astype(np.float32)
+    y = np.arange(100, dtype=np.int64)
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, size=(12, 3, 4, 4), dtype=np.uint8)
+    paths = {}
+    for name, arr in (("x", x), ("y", y), ("img", img)):
+        p = tmp_path / f"{name}.npy"
+        np.save(p, arr)
+        paths[name] = str(p)
+    paths["arrays"] = {"x": x, "y": y, "img": img}
+    paths["dir"] = tmp_path
+    return paths
