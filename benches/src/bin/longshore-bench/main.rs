@@ -114,6 +114,8 @@ pub(crate) struct Ctx {
     pub(crate) results: Results,
     /// The loader sweep's best configuration per workload (read by `pytorch`).
     pub(crate) best: BTreeMap<&'static str, Best>,
+    /// Steady-state loader runs already measured, by workload and options.
+    pub(crate) runs: BTreeMap<(&'static str, drive::Opts), drive::Run>,
     pub(crate) args: Args,
 }
 
@@ -182,6 +184,7 @@ fn main() -> Result<()> {
             notes: Vec::new(),
         },
         best: BTreeMap::new(),
+        runs: BTreeMap::new(),
         args,
     };
     let started = Instant::now();
