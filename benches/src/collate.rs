@@ -1,19 +1,20 @@
 //! Image collation with the normalisation fused in: each worker reads the memory-mapped `u8`
 //! row and writes normalised `f32` into its slot of the (page-locked) batch buffer, so a batch
-//! is produced with one pass over the data and no intermediate tensor.
+//! is produced with one pass over the data and no intermediate tensor. The normalisation is
+//! the vectorised [`NormalizeKernel`] (AVX2/AVX-512 where the CPU has them).
 
 use std::sync::Arc;
 
+use longshore::data::normalize::NormalizeKernel;
 use longshore::data::{
-    Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, ImageLayout, Normalize,
-    NpyDataset, Storage,
+    Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, ImageLayout, NpyDataset, Storage,
 };
 
 /// Collates rows of a `u8` [`NpyDataset`] of `[N, C, H, W]` images into one `f32` tensor
 /// `[batch, C, H, W]`, normalised per channel (`(x / 255 - mean[c]) / std[c]`).
 #[derive(Debug, Clone)]
 pub struct NormalizeCollate {
-    normalize: Normalize,
+    normalize: NormalizeKernel,
     channels: usize,
     name: Arc<str>,
 }
@@ -23,7 +24,7 @@ impl NormalizeCollate {
     /// baseline script.
     pub fn imagenet(channels: usize) -> NormalizeCollate {
         NormalizeCollate {
-            normalize: Normalize::imagenet(ImageLayout::Chw),
+            normalize: NormalizeKernel::imagenet(ImageLayout::Chw),
             channels,
             name: Arc::from("image"),
         }
@@ -42,7 +43,7 @@ impl DatasetCollate<NpyDataset> for NormalizeCollate {
 
     fn stage(&self, dataset: &NpyDataset, indices: &[usize]) -> Result<StagedImages, DataError> {
         if dataset.array().dtype() != DType::U8
-            || dataset.row_shape().first() != Some(&self.channels)
+            || dataset.row_shape().first() != Some(&self.normalize.channels())
         {
             return Err(DataError::ShapeMismatch(format!(
                 "normalising collate needs u8 rows of shape [{}, H, W], got {} rows of shape {:?}",
@@ -84,8 +85,7 @@ impl DatasetCollate<NpyDataset> for NormalizeCollate {
         let mut batch = Batch::from_parts(layout, storage)?;
         let out = batch.tensor_mut::<f32>(0)?;
         for (&i, slot) in indices.iter().zip(out.chunks_exact_mut(per)) {
-            self.normalize
-                .apply_into(dataset.row_raw(i)?, self.channels, slot)?;
+            self.normalize.apply(dataset.row_raw(i)?, slot)?;
         }
         Ok(batch)
     }
