@@ -263,6 +263,15 @@ impl Workload {
         }
     }
 
+    /// Bytes of one sample as the loader delivers it: normalised f32 image, or the feature
+    /// row plus the i64 label.
+    pub(crate) fn sample_bytes(self) -> usize {
+        match self {
+            Workload::Images => workload::IMAGE_SHAPE.iter().product::<usize>() * 4,
+            Workload::Tabular => workload::TABULAR_FEATURES * 4 + 8,
+        }
+    }
+
     /// Both workloads, in report order.
     pub(crate) const ALL: [Workload; 2] = [Workload::Images, Workload::Tabular];
 }

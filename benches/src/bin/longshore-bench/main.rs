@@ -10,11 +10,14 @@
 
 mod bandwidth;
 mod drive;
+mod limits;
 mod loader;
 mod machine;
 mod overlap;
 mod pool;
 mod pytorch;
+mod roofline;
+mod scaling;
 mod timing;
 
 use std::collections::BTreeMap;
@@ -52,9 +55,19 @@ pub(crate) const SECTIONS: &[Section] = &[
         run: pool::run,
     },
     Section {
+        name: "limits",
+        about: "hardware limits: H2D link, host memory bandwidth, random gather, normalise rate",
+        run: limits::run,
+    },
+    Section {
         name: "loader",
         about: "the DataLoader over two memory-mapped workloads, num_workers x pin_memory",
         run: loader::run,
+    },
+    Section {
+        name: "scaling",
+        about: "samples/s against num_workers from 1 to twice the core count",
+        run: scaling::run,
     },
     Section {
         name: "overlap",
@@ -65,6 +78,11 @@ pub(crate) const SECTIONS: &[Section] = &[
         name: "pytorch",
         about: "PyTorch's DataLoader on the same files, when `torch` imports",
         run: pytorch::run,
+    },
+    Section {
+        name: "roofline",
+        about: "the loader's best rates as fractions of the measured limits",
+        run: roofline::run,
     },
 ];
 
@@ -116,6 +134,8 @@ pub(crate) struct Ctx {
     pub(crate) best: BTreeMap<&'static str, Best>,
     /// Steady-state loader runs already measured, by workload and options.
     pub(crate) runs: BTreeMap<(&'static str, drive::Opts), drive::Run>,
+    /// What the `limits` section measured (read by `roofline`).
+    pub(crate) limits: Option<limits::Limits>,
     pub(crate) args: Args,
 }
 
@@ -185,6 +205,7 @@ fn main() -> Result<()> {
         },
         best: BTreeMap::new(),
         runs: BTreeMap::new(),
+        limits: None,
         args,
     };
     let started = Instant::now();
