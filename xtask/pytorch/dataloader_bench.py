@@ -137,7 +137,7 @@ def main():
     ap.add_argument("--screen-samples-tabular", type=int, default=262144)
     ap.add_argument("--final-top", type=int, default=3)
     ap.add_argument("--final-epochs", type=int, default=2)
-    ap.add_argument("--budget-s", type=float, default=240.0,
+    ap.add_argument("--budget-s", type=float, default=200.0,
                     help="screening of a workload stops (with a note) after its share of this")
     ap.add_argument("--only", default="images,tabular")
     a = ap.parse_args()
