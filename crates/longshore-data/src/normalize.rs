@@ -130,6 +130,8 @@ pub struct NormalizeKernel {
     scale: Vec<f32>,
     bias: Vec<f32>,
     path: KernelPath,
+    /// Non-temporal stores: `None` decides by size ([`STREAM_MIN_BYTES`]).
+    streaming: Option<bool>,
 }
 
 impl NormalizeKernel {
@@ -195,6 +197,7 @@ impl NormalizeKernel {
             scale,
             bias,
             path: KernelPath::detect(),
+            streaming: None,
         })
     }
 
@@ -211,6 +214,15 @@ impl NormalizeKernel {
         }
         self.path = path;
         Ok(self)
+    }
+
+    /// Forces non-temporal stores on (`Some(true)`: the output is not read again soon by this
+    /// core, as a batch bound for the copy engine) or off (`Some(false)`: the output is read
+    /// next from cache, as one reused buffer), or lets the size decide (`None`, the default:
+    /// outputs of at least [`STREAM_MIN_BYTES`]). Only the SIMD paths stream.
+    pub fn with_streaming(mut self, streaming: Option<bool>) -> Self {
+        self.streaming = streaming;
+        self
     }
 
     /// The path [`apply`](NormalizeKernel::apply) runs.
@@ -244,7 +256,7 @@ impl NormalizeKernel {
             )));
         }
         let plane = src.len() / channels;
-        let stream = out.len() * 4 >= STREAM_MIN_BYTES;
+        let stream = self.streaming.unwrap_or(out.len() * 4 >= STREAM_MIN_BYTES);
         match (self.layout, self.path) {
             (ImageLayout::Chw, path) | (ImageLayout::Hwc, path) if channels == 1 => {
                 self.planes(path, src, out, plane, stream)
@@ -670,12 +682,15 @@ mod tests {
             .apply(&src, &mut reference)
             .unwrap();
         for path in KernelPath::available() {
-            // `offset` shifts the output off any alignment (odd slots within a batch).
+            // `offset` shifts the output off any alignment (odd slots within a batch); the
+            // seed picks streaming stores on, off or by size.
             let mut buf = vec![f32::NAN; src.len() + offset];
             let out = &mut buf[offset..];
+            let streaming = [None, Some(true), Some(false)][(seed % 3) as usize];
             base.clone()
                 .with_path(path)
                 .unwrap()
+                .with_streaming(streaming)
                 .apply(&src, out)
                 .unwrap();
             for (i, (&a, &r)) in out.iter().zip(&reference).enumerate() {
