@@ -10,7 +10,7 @@
 //!   kernel the loader uses into batch slots.
 
 use std::hint::black_box;
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use std::time::Instant;
 
 use anyhow::Result;
@@ -42,24 +42,34 @@ pub(crate) struct Limits {
     pub(crate) normalize_images_per_s: f64,
 }
 
-/// Runs `f(thread)` on `threads` threads started together; returns the wall time of the
-/// slowest.
+/// Runs `f(thread)` on `threads` threads released together; returns the seconds from the
+/// first thread's start to the last thread's end (each thread takes its own clock, so a
+/// descheduled coordinator cannot shorten the window).
 fn parallel(threads: usize, f: impl Fn(usize) + Sync) -> f64 {
-    let barrier = Barrier::new(threads + 1);
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let (f, barrier) = (&f, &barrier);
-            s.spawn(move || {
-                barrier.wait();
-                f(t);
-                barrier.wait();
-            });
-        }
-        barrier.wait();
-        let t0 = Instant::now();
-        barrier.wait();
-        t0.elapsed().as_secs_f64()
-    })
+    let barrier = Barrier::new(threads);
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (f, barrier) = (&f, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    f(t);
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a limits thread panicked"))
+            .collect()
+    });
+    let start = spans.iter().map(|s| s.0).min();
+    let end = spans.iter().map(|s| s.1).max();
+    match (start, end) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64(),
+        _ => 0.0,
+    }
 }
 
 /// Sum of a slice of words with four accumulators (so the loop is bound by loads).
@@ -149,11 +159,8 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
         "GB/s",
     );
     let copy = {
-        let chunks: Vec<std::sync::Mutex<&mut [u64]>> = dst
-            .chunks_mut(per)
-            .take(cores)
-            .map(std::sync::Mutex::new)
-            .collect();
+        let chunks: Vec<Mutex<&mut [u64]>> =
+            dst.chunks_mut(per).take(cores).map(Mutex::new).collect();
         best(&|| {
             parallel(cores, |t| {
                 let mut d = chunks[t].lock().unwrap_or_else(|p| p.into_inner());
@@ -180,23 +187,28 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
     let (xb, yb) = (x.row_bytes(), y.row_bytes());
     let tab = Workload::Tabular.batch_size();
     let per_thread = if quick { 16 * tab } else { 256 * tab };
+    // Per-thread destinations, written once before timing (no first-touch faults timed).
+    let bufs: Vec<Mutex<Vec<u8>>> = (0..cores)
+        .map(|_| Mutex::new(vec![1u8; tab * (xb + yb)]))
+        .collect();
     let gather = best(&|| {
         parallel(cores, |t| {
             let mut rng = SplitMix64::new(t as u64 + 1);
-            let mut buf = vec![0u8; tab * (xb + yb)];
+            let mut buf = bufs[t].lock().unwrap_or_else(|p| p.into_inner());
             let n = x.len() as u64;
             for k in 0..per_thread {
                 let i = (rng.next_u64() % n) as usize;
                 let slot = k % tab;
-                let (xs, ys) = buf.split_at_mut(tab * xb);
+                let (xs, ys) = buf.as_mut_slice().split_at_mut(tab * xb);
                 if let (Ok(r), Ok(l)) = (x.row_raw(i), y.row_raw(i)) {
                     xs[slot * xb..(slot + 1) * xb].copy_from_slice(r);
                     ys[slot * yb..(slot + 1) * yb].copy_from_slice(l);
                 }
             }
-            black_box(&buf);
+            black_box(&mut **buf);
         })
     });
+    drop(bufs);
     lim.gather_samples_per_s = (per_thread * cores) as f64 / gather;
     record(
         ctx,
@@ -212,10 +224,13 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
     let img = images.row_bytes();
     let slots = if quick { 4 } else { 64 };
     let per_img = if quick { 8 } else { 128 };
+    let outs: Vec<Mutex<Vec<f32>>> = (0..cores)
+        .map(|_| Mutex::new(vec![1f32; slots * img]))
+        .collect();
     let norm = best(&|| {
         parallel(cores, |t| {
             let mut rng = SplitMix64::new(t as u64 + 100);
-            let mut out = vec![0f32; slots * img];
+            let mut out = outs[t].lock().unwrap_or_else(|p| p.into_inner());
             let n = images.len() as u64;
             for k in 0..per_img {
                 let i = (rng.next_u64() % n) as usize;
@@ -224,9 +239,10 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
                     let _ = kernel.apply(r, slot);
                 }
             }
-            black_box(&out);
+            black_box(&mut **out);
         })
     });
+    drop(outs);
     lim.normalize_images_per_s = (per_img * cores) as f64 / norm;
     record(
         ctx,
