@@ -34,8 +34,8 @@ enum Cmd {
         /// Small sizes and few repetitions, to prove every section runs (CI).
         #[arg(long)]
         quick: bool,
-        /// Only these sections (bandwidth,pool,loader,overlap,pytorch,python); with
-        /// --criterion, a criterion filter.
+        /// Only these sections (bandwidth,pool,limits,loader,scaling,overlap,pytorch,roofline;
+        /// `longshore-bench --list` names them); with --criterion, a criterion filter.
         #[arg(long)]
         only: Option<String>,
         /// Print results.json on stdout (the tables go to stderr).

@@ -58,10 +58,10 @@ impl Rendezvous {
     }
 
     pub(crate) fn cleanup(&self) {
-        if let Rendezvous::File { path, .. } = self {
-            if let Err(e) = std::fs::remove_file(path) {
-                tracing::warn!(target: "longshore::collective", path = %path.display(), error = %e, "removing the nccl id file");
-            }
+        if let Rendezvous::File { path, .. } = self
+            && let Err(e) = std::fs::remove_file(path)
+        {
+            tracing::warn!(target: "longshore::collective", path = %path.display(), error = %e, "removing the nccl id file");
         }
     }
 }

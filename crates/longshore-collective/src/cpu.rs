@@ -240,14 +240,13 @@ impl Member {
             .iter()
             .enumerate()
             .find_map(|(i, s)| s.as_ref().map(|v| (i, v.len())))
+            && n != mine.len()
         {
-            if n != mine.len() {
-                let reason = format!(
-                    "all-reduce #{round}: rank {me} has {} values but rank {other} has {n}",
-                    mine.len()
-                );
-                return Err(self.poison(&mut st, reason));
-            }
+            let reason = format!(
+                "all-reduce #{round}: rank {me} has {} values but rank {other} has {n}",
+                mine.len()
+            );
+            return Err(self.poison(&mut st, reason));
         }
         st.slots[me] = Some(mine);
         st.arrived += 1;

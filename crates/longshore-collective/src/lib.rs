@@ -251,7 +251,7 @@ pub(crate) struct Region {
 
 /// Checks that `len_f32` f32 values at byte `offset` fit `buf` and are 4-byte aligned.
 fn region(op: &'static str, buf: &DeviceBuffer, offset: usize, len_f32: usize) -> Result<Region> {
-    if offset % 4 != 0 {
+    if !offset.is_multiple_of(4) {
         return Err(TransferError::Invalid(format!(
             "{op}: buf starts at byte offset {offset}, which is not a multiple of its 4-byte \
              element"

@@ -72,6 +72,7 @@ pub mod dist;
 pub mod dtype;
 mod error;
 pub mod formats;
+pub mod normalize;
 pub mod rng;
 pub mod sampler;
 pub mod tensor;

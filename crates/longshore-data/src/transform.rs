@@ -11,6 +11,7 @@ use crate::DataError;
 use crate::collate::FieldTransform;
 use crate::dataset::FieldSpec;
 use crate::dtype::{DType, Shape};
+use crate::normalize::NormalizeKernel;
 use crate::rng::{Rng, below, unit_f64};
 use crate::tensor::Tensor;
 
@@ -113,13 +114,13 @@ impl ImageLayout {
 /// Per-channel normalisation of `u8` images to `f32` in CHW order:
 /// `out = (x / 255 - mean[c]) / std[c]`, like `ToTensor()` + `Normalize(mean, std)`.
 ///
-/// Computed as `x * scale[c] + bias[c]` with `scale = 1 / (255 std)` and
-/// `bias = -mean / std` precomputed, over contiguous runs the compiler vectorises.
+/// Computed as `x * scale[c] + bias[c]` (`scale = 1 / (255 std)`, `bias = -mean / std`) by
+/// the vectorised [`NormalizeKernel`], on the widest path the running CPU has (AVX-512, AVX2 +
+/// FMA, or a portable loop the compiler vectorises), chosen at run time: no `target-cpu`
+/// flag is needed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Normalize {
-    layout: ImageLayout,
-    scale: Vec<f32>,
-    bias: Vec<f32>,
+    kernel: NormalizeKernel,
 }
 
 impl Normalize {
@@ -130,46 +131,27 @@ impl Normalize {
     /// [`DataError::InvalidArgument`] when `mean` and `std` differ in length, are
     /// empty, or a `std` is zero, negative or not finite.
     pub fn new(mean: &[f32], std: &[f32], layout: ImageLayout) -> Result<Normalize, DataError> {
-        if mean.is_empty() || mean.len() != std.len() {
-            return Err(DataError::arg(
-                "std",
-                format!(
-                    "{} means and {} stds; need one of each per channel",
-                    mean.len(),
-                    std.len()
-                ),
-            ));
-        }
-        if let Some((c, s)) = std
-            .iter()
-            .enumerate()
-            .find(|(_, s)| !(s.is_finite() && **s > 0.0))
-        {
-            return Err(DataError::arg(
-                "std",
-                format!("std of channel {c} is {s}; must be positive"),
-            ));
-        }
         Ok(Normalize {
-            layout,
-            scale: std.iter().map(|s| 1.0 / (255.0 * s)).collect(),
-            bias: mean.iter().zip(std).map(|(m, s)| -m / s).collect(),
+            kernel: NormalizeKernel::new(mean, std, layout)?,
         })
     }
 
     /// ImageNet's mean and std.
     pub fn imagenet(layout: ImageLayout) -> Normalize {
         Normalize {
-            layout,
-            scale: [0.229f32, 0.224, 0.225]
-                .iter()
-                .map(|s| 1.0 / (255.0 * s))
-                .collect(),
-            bias: [(0.485f32, 0.229f32), (0.456, 0.224), (0.406, 0.225)]
-                .iter()
-                .map(|(m, s)| -m / s)
-                .collect(),
+            kernel: NormalizeKernel::imagenet(layout),
         }
+    }
+
+    /// The kernel doing the work (its path, layout and channels).
+    pub fn kernel(&self) -> &NormalizeKernel {
+        &self.kernel
+    }
+
+    /// The same normalisation with a kernel configured otherwise (a forced path, streaming
+    /// stores on or off).
+    pub fn with_kernel(kernel: NormalizeKernel) -> Normalize {
+        Normalize { kernel }
     }
 
     /// Normalises raw image bytes `src` of `channels x height x width` in this
@@ -183,68 +165,19 @@ impl Normalize {
         channels: usize,
         out: &mut [f32],
     ) -> Result<(), DataError> {
-        if channels != self.scale.len()
-            || channels == 0
-            || src.len() % channels != 0
-            || out.len() != src.len()
-        {
+        if channels != self.kernel.channels() || channels == 0 {
             return Err(DataError::ShapeMismatch(format!(
                 "normalise {} bytes with {channels} channels into {} floats; transform has {} channels",
                 src.len(),
                 out.len(),
-                self.scale.len()
+                self.kernel.channels()
             )));
         }
-        let plane = src.len() / channels;
-        match self.layout {
-            ImageLayout::Chw => {
-                for c in 0..channels {
-                    let range = c * plane..(c + 1) * plane;
-                    normalize_plane(
-                        &src[range.clone()],
-                        &mut out[range],
-                        self.scale[c],
-                        self.bias[c],
-                    );
-                }
-            }
-            ImageLayout::Hwc if channels == 3 => {
-                let (r, rest) = out.split_at_mut(plane);
-                let (g, b) = rest.split_at_mut(plane);
-                let (s0, s1, s2) = (self.scale[0], self.scale[1], self.scale[2]);
-                let (b0, b1, b2) = (self.bias[0], self.bias[1], self.bias[2]);
-                // Strided (deinterleaving) reads limit this path to ~1/3 of the CHW
-                // path's speed on a baseline x86-64 target; two blocked variants measured
-                // no better (docs/benchmarks.md), so the plain loop stays.
-                for (((px, r), g), b) in src.chunks_exact(3).zip(r).zip(g).zip(b) {
-                    *r = f32::from(px[0]) * s0 + b0;
-                    *g = f32::from(px[1]) * s1 + b1;
-                    *b = f32::from(px[2]) * s2 + b2;
-                }
-            }
-            ImageLayout::Hwc => {
-                for (p, px) in src.chunks_exact(channels).enumerate() {
-                    for (c, &x) in px.iter().enumerate() {
-                        out[c * plane + p] = f32::from(x) * self.scale[c] + self.bias[c];
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.kernel.apply(src, out)
     }
-}
 
-/// `out[i] = src[i] * scale + bias`, in chunks of 16 so the loop vectorises.
-fn normalize_plane(src: &[u8], out: &mut [f32], scale: f32, bias: f32) {
-    let mut s = src.chunks_exact(16);
-    let mut o = out.chunks_exact_mut(16);
-    for (s, o) in (&mut s).zip(&mut o) {
-        for (o, &x) in o.iter_mut().zip(s) {
-            *o = f32::from(x) * scale + bias;
-        }
-    }
-    for (o, &x) in o.into_remainder().iter_mut().zip(s.remainder()) {
-        *o = f32::from(x) * scale + bias;
+    fn channels(&self) -> usize {
+        self.kernel.channels()
     }
 }
 
@@ -258,7 +191,7 @@ impl Transform<Tensor> for Normalize {
                 requested: DType::U8,
             });
         }
-        let (c, h, w) = self.layout.dims(&input)?;
+        let (c, h, w) = self.kernel.layout().dims(&input)?;
         let mut out = Tensor::zeros(DType::F32, &[c, h, w])?;
         self.apply_into(input.bytes(), c, out.as_slice_mut::<f32>()?)?;
         Ok(out)
@@ -277,12 +210,12 @@ impl FieldTransform for Normalize {
                 requested: DType::U8,
             });
         }
-        let (c, h, w) = self.layout.dims_of(input.shape.dims())?;
-        if c != self.scale.len() {
+        let (c, h, w) = self.kernel.layout().dims_of(input.shape.dims())?;
+        if c != self.channels() {
             return Err(DataError::ShapeMismatch(format!(
                 "image field of shape {:?} has {c} channels, Normalize has {}",
                 input.shape.dims(),
-                self.scale.len()
+                self.channels()
             )));
         }
         Ok(FieldSpec {
@@ -292,7 +225,7 @@ impl FieldTransform for Normalize {
     }
 
     fn apply(&self, input: &FieldSpec, src: &[u8], dst: &mut [u8]) -> Result<(), DataError> {
-        let (c, _, _) = self.layout.dims_of(input.shape.dims())?;
+        let (c, _, _) = self.kernel.layout().dims_of(input.shape.dims())?;
         match bytemuck::try_cast_slice_mut::<u8, f32>(dst) {
             Ok(out) => self.apply_into(src, c, out),
             Err(_) => {

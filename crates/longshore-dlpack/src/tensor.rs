@@ -354,10 +354,10 @@ impl DlpackTensor {
     /// also for page-locked host tensors that the consumer copies to a GPU asynchronously on
     /// `consumer`, so that their block does not go back to the pool while the copy reads it.
     pub fn hand_to(&mut self, consumer: &Stream) -> Result<(), DlpackError> {
-        if let Some(ready) = self.h().ready.clone() {
-            if !ready.is_complete() {
-                consumer.wait_event(&ready)?;
-            }
+        if let Some(ready) = self.h().ready.clone()
+            && !ready.is_complete()
+        {
+            consumer.wait_event(&ready)?;
         }
         self.h_mut().consumer = Some(consumer.clone());
         Ok(())

@@ -9,7 +9,7 @@ fn pageable_buffers_are_zeroed_page_aligned_and_rounded() {
         assert_eq!(buf.kind(), MemoryKind::Pageable);
         assert_eq!(buf.len(), len);
         assert_eq!(buf.as_ptr() as usize % sys::page_size(), 0, "len {len}");
-        assert!(buf.capacity() >= len && buf.capacity() % sys::page_size() == 0);
+        assert!(buf.capacity() >= len && buf.capacity().is_multiple_of(sys::page_size()));
         assert!(
             buf.as_bytes().iter().all(|&b| b == 0),
             "len {len} not zeroed"

@@ -75,17 +75,15 @@ impl<F: Fetch> LoaderIter<F> {
             let epoch = plan.next_epoch;
             plan.next_epoch = epoch + 1;
             let restored = plan.restored.take();
-            if indexed {
-                if let Some(s) = plan.sampler.get() {
-                    s.set_epoch(epoch);
-                    for (i, b) in s.iter().enumerate() {
-                        let seq = i as u64;
-                        if restored.as_ref().is_none_or(|r| !r.is_done(seq)) {
-                            to_send.push_back((seq, b));
-                        }
+            if indexed && let Some(s) = plan.sampler.get() {
+                s.set_epoch(epoch);
+                for (i, b) in s.iter().enumerate() {
+                    let seq = i as u64;
+                    if restored.as_ref().is_none_or(|r| !r.is_done(seq)) {
+                        to_send.push_back((seq, b));
                     }
-                    num_batches = s.len() as u64;
                 }
+                num_batches = s.len() as u64;
             }
             (plan.config.clone(), epoch, restored)
         };
@@ -262,14 +260,14 @@ impl<F: Fetch> LoaderIter<F> {
                 Err(RecvTimeoutError::Timeout) => {
                     let seq = awaited.or_else(|| self.order.front().copied()).unwrap_or(0);
                     let worker = self.sent_to.get(&seq).copied().unwrap_or(0);
-                    if let Some(t) = self.config.timeout {
-                        if t0.elapsed() >= t {
-                            return Err(LoaderError::Timeout {
-                                worker,
-                                batch: seq,
-                                waited: t0.elapsed(),
-                            });
-                        }
+                    if let Some(t) = self.config.timeout
+                        && t0.elapsed() >= t
+                    {
+                        return Err(LoaderError::Timeout {
+                            worker,
+                            batch: seq,
+                            waited: t0.elapsed(),
+                        });
                     }
                     let dead = engine.dead_workers();
                     if let Some(&w) = dead.iter().find(|&&w| self.outstanding[w] > 0) {

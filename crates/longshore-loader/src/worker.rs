@@ -64,10 +64,10 @@ pub(crate) fn worker_body<F: Fetch>(
                 if needs_init {
                     needs_init = false;
                     init_failed = None;
-                    if let Some(f) = &init {
-                        if let Err(m) = guarded(|| f(&info)) {
-                            init_failed = Some(format!("worker_init panicked: {m}"));
-                        }
+                    if let Some(f) = &init
+                        && let Err(m) = guarded(|| f(&info))
+                    {
+                        init_failed = Some(format!("worker_init panicked: {m}"));
                     }
                 }
                 match guarded(|| fetch.worker(info)) {

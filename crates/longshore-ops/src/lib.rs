@@ -373,7 +373,7 @@ pub(crate) fn check(
             found,
         });
     }
-    if offset % size != 0 {
+    if !offset.is_multiple_of(size) {
         return Err(TransferError::Invalid(format!(
             "{op}: {what} starts at byte offset {offset}, which is not a multiple of its \
              {size}-byte element"

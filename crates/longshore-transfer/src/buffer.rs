@@ -71,7 +71,7 @@ impl DeviceBuffer {
     /// `size_of::<T>()`.
     pub fn len_of<T: bytemuck::Pod>(&self) -> Result<usize> {
         let size = std::mem::size_of::<T>();
-        if size == 0 || self.len % size != 0 {
+        if size == 0 || !self.len.is_multiple_of(size) {
             return Err(TransferError::Invalid(format!(
                 "a {}-byte device buffer is not a whole number of {} ({size} bytes each)",
                 self.len,

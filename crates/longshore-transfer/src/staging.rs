@@ -271,13 +271,12 @@ impl Stager {
                 if i >= pieces {
                     break;
                 }
-                if in_flight.len() >= plan.depth {
-                    if let Some(oldest) = in_flight.pop_front() {
-                        if let Err(e) = oldest.synchronize() {
-                            fail(e);
-                            break;
-                        }
-                    }
+                if in_flight.len() >= plan.depth
+                    && let Some(oldest) = in_flight.pop_front()
+                    && let Err(e) = oldest.synchronize()
+                {
+                    fail(e);
+                    break;
                 }
                 let range = plan.range(i, src.len());
                 let at = dst.1 + range.start;

@@ -182,7 +182,7 @@ fn pieces_shrink_with_the_upload_and_every_lease_is_one_reserved_class() {
     {
         let piece = stager.piece_bytes(len);
         assert!(
-            (1 << 10..=64 << 10).contains(&piece) && piece % 1024 == 0,
+            (1 << 10..=64 << 10).contains(&piece) && piece.is_multiple_of(1024),
             "piece {piece} for {len}"
         );
         // About PIECES_PER_THREAD pieces a thread until the pieces reach the block size.

@@ -177,7 +177,7 @@ impl RecordDataset {
             });
         }
         let body = actual - layout.header_bytes;
-        if body % layout.record_size != 0 {
+        if !body.is_multiple_of(layout.record_size) {
             return Err(DataError::InvalidFile {
                 path: path.to_owned(),
                 reason: format!(

@@ -68,10 +68,10 @@ impl PoolConfig {
     pub fn for_kind(kind: MemoryKind) -> Self {
         let ram = sys::physical_memory().unwrap_or(8 << 30);
         let mut budget = ram / 4;
-        if kind == MemoryKind::Locked {
-            if let Some(limit) = sys::memlock_limit() {
-                budget = budget.min(limit);
-            }
+        if kind == MemoryKind::Locked
+            && let Some(limit) = sys::memlock_limit()
+        {
+            budget = budget.min(limit);
         }
         Self {
             kind,

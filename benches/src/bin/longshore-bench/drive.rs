@@ -1,0 +1,374 @@
+//! Shared driver code: the two loader workloads, building their loaders, and the
+//! steady-state driver every loader figure comes from.
+//!
+//! The method (issue 14): a loader is built with persistent workers, one whole epoch is
+//! consumed untimed (worker start-up, page cache, pool), then whole epochs are timed. Each
+//! timed epoch starts and ends with an empty pipeline, so no pre-filled queue is ever timed,
+//! and each pays its own fill as a training run does. Epochs are added until the window holds
+//! at least [`Window::Epochs::min_epochs`] epochs, `min_secs` seconds and 10x the batches that
+//! can be in flight (`num_workers x prefetch_factor`).
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use longshore::data::{Batch, DirectCollate, ImageLayout, Normalize, NpyDataset, Zip};
+use longshore::host::PoolBuffer;
+use longshore::loader::{DataLoader, Fetch};
+use longshore::transfer::{Device, Event, Stream};
+use longshore_benches::workload;
+
+use crate::Ctx;
+
+/// Epochs of one run are never more than this (a guard against a broken clock or loader).
+const MAX_EPOCHS: usize = 10_000;
+
+/// What a run measured.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Run {
+    /// Samples per second over the timed window.
+    pub(crate) samples_per_s: f64,
+    /// Share of the consumer's time spent waiting for a batch, over the timed window.
+    pub(crate) wait_fraction: f64,
+    /// Batches in the timed window.
+    pub(crate) batches: usize,
+    /// Whole epochs in the timed window (0 for [`Window::Batches`]).
+    pub(crate) epochs: usize,
+    /// Length of the timed window.
+    pub(crate) secs: f64,
+}
+
+/// Which batches are timed.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Window {
+    /// One untimed warm-up epoch, then whole epochs until all three minimums are reached
+    /// (`min_batches` is raised to 10x the batches in flight).
+    Epochs {
+        min_epochs: usize,
+        min_secs: f64,
+        min_batches: usize,
+    },
+    /// Within epochs: `warmup` untimed batches, then `batches` timed ones (the overlap
+    /// section, which asks how the copy overlaps compute once the pipeline is full).
+    Batches { warmup: usize, batches: usize },
+}
+
+impl Window {
+    /// The loader sweep's window: 2 epochs and 1 s at least (quick: 2 epochs).
+    pub(crate) fn steady(quick: bool) -> Window {
+        Window::Epochs {
+            min_epochs: 2,
+            min_secs: if quick { 0.0 } else { 1.0 },
+            min_batches: 0,
+        }
+    }
+}
+
+/// The loader options a run varies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Opts {
+    pub(crate) num_workers: usize,
+    pub(crate) pin_memory: bool,
+}
+
+/// Consumes batches the way a training step does: delivered to `device` through `to_device`
+/// and `wait_on` a compute stream, or read on the CPU without a device; with `compute`, each
+/// batch is followed by a simulated step of that length (a host function sleeping on the
+/// compute stream, at most two steps in flight, or a sleep on the consumer thread).
+struct Consumer<'d> {
+    device: Option<&'d Device>,
+    compute_stream: Option<Stream>,
+    compute: Option<Duration>,
+    steps: VecDeque<Event>,
+}
+
+impl<'d> Consumer<'d> {
+    fn new(device: Option<&'d Device>, compute: Option<Duration>) -> Result<Self> {
+        Ok(Consumer {
+            device,
+            compute_stream: device.map(Device::new_stream).transpose()?,
+            compute,
+            steps: VecDeque::new(),
+        })
+    }
+
+    /// Consumes one epoch, calling `on_batch(samples)` after each batch until it returns
+    /// `false`; returns the batches consumed.
+    fn epoch<F: Fetch<Output = Batch<PoolBuffer>>>(
+        &mut self,
+        loader: &DataLoader<F>,
+        mut on_batch: impl FnMut(usize) -> bool,
+    ) -> Result<usize> {
+        let mut seen = 0;
+        match (self.device, &self.compute_stream) {
+            (Some(dev), Some(cs)) => {
+                for item in loader.to_device(dev, 2)? {
+                    let batch = item?.wait_on(cs)?;
+                    let n = batch.batch_size();
+                    if let Some(t) = self.compute {
+                        cs.launch_host_fn(move || std::thread::sleep(t))?;
+                        self.steps.push_back(cs.record()?);
+                        if self.steps.len() > 2 {
+                            self.steps.pop_front().expect("step").synchronize()?;
+                        }
+                    }
+                    drop(batch);
+                    seen += 1;
+                    if !on_batch(n) {
+                        break;
+                    }
+                }
+            }
+            _ => {
+                for item in loader {
+                    let batch = item?;
+                    let bytes = batch.bytes();
+                    black_box(
+                        bytes.first().copied().unwrap_or(0) ^ bytes.last().copied().unwrap_or(0),
+                    );
+                    let n = batch.batch_size();
+                    drop(batch);
+                    if let Some(t) = self.compute {
+                        std::thread::sleep(t);
+                    }
+                    seen += 1;
+                    if !on_batch(n) {
+                        break;
+                    }
+                }
+            }
+        }
+        if seen == 0 {
+            bail!("the loader yields no batch");
+        }
+        Ok(seen)
+    }
+
+    /// Waits for the work already given to the device.
+    fn finish(&mut self) -> Result<()> {
+        if let Some(cs) = &self.compute_stream {
+            cs.synchronize()?;
+        }
+        self.steps.clear();
+        Ok(())
+    }
+}
+
+/// Drives `loader` over `window` (see the module docs), delivering as [`Consumer`] does.
+pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
+    loader: &DataLoader<F>,
+    device: Option<&Device>,
+    window: Window,
+    compute: Option<Duration>,
+) -> Result<Run> {
+    let mut c = Consumer::new(device, compute)?;
+    let cfg = loader.config();
+    let in_flight = cfg.num_workers.max(1) * cfg.prefetch_factor;
+    match window {
+        Window::Epochs {
+            min_epochs,
+            min_secs,
+            min_batches,
+        } => {
+            c.epoch(loader, |_| true)?;
+            c.finish()?;
+            loader.reset_stats();
+            let min_batches = min_batches.max(10 * in_flight);
+            let (mut batches, mut samples, mut epochs) = (0usize, 0usize, 0usize);
+            let t0 = Instant::now();
+            loop {
+                batches += c.epoch(loader, |n| {
+                    samples += n;
+                    true
+                })?;
+                epochs += 1;
+                let done = epochs >= min_epochs
+                    && batches >= min_batches
+                    && t0.elapsed().as_secs_f64() >= min_secs;
+                if done || epochs >= MAX_EPOCHS {
+                    break;
+                }
+            }
+            c.finish()?;
+            let secs = t0.elapsed().as_secs_f64();
+            Ok(Run {
+                samples_per_s: samples as f64 / secs.max(1e-9),
+                wait_fraction: loader.stats().wait_fraction(),
+                batches,
+                epochs,
+                secs,
+            })
+        }
+        Window::Batches { warmup, batches } => {
+            let target = warmup + batches;
+            let (mut seen, mut samples) = (0usize, 0usize);
+            let mut t0 = Instant::now();
+            let mut epochs = 0;
+            while seen < target && epochs < MAX_EPOCHS {
+                epochs += 1;
+                c.epoch(loader, |n| {
+                    seen += 1;
+                    if seen == warmup {
+                        loader.reset_stats();
+                        t0 = Instant::now();
+                    } else if seen > warmup {
+                        samples += n;
+                    }
+                    seen < target
+                })?;
+            }
+            c.finish()?;
+            let secs = t0.elapsed().as_secs_f64();
+            Ok(Run {
+                samples_per_s: samples as f64 / secs.max(1e-9),
+                wait_fraction: loader.stats().wait_fraction(),
+                batches,
+                epochs: 0,
+                secs,
+            })
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Workload {
+    Images,
+    Tabular,
+}
+
+impl Workload {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Workload::Images => "images",
+            Workload::Tabular => "tabular",
+        }
+    }
+
+    pub(crate) fn batch_size(self) -> usize {
+        match self {
+            Workload::Images => 256,
+            Workload::Tabular => 1024,
+        }
+    }
+
+    /// Rows generated (full, quick).
+    pub(crate) fn rows(self, quick: bool) -> usize {
+        match (self, quick) {
+            (Workload::Images, false) => 8192,
+            (Workload::Images, true) => 512,
+            (Workload::Tabular, false) => 2_000_000,
+            (Workload::Tabular, true) => 65_536,
+        }
+    }
+
+    /// Bytes of one sample as the loader delivers it: normalised f32 image, or the feature
+    /// row plus the i64 label.
+    pub(crate) fn sample_bytes(self) -> usize {
+        match self {
+            Workload::Images => workload::IMAGE_SHAPE.iter().product::<usize>() * 4,
+            Workload::Tabular => workload::TABULAR_FEATURES * 4 + 8,
+        }
+    }
+
+    /// Both workloads, in report order.
+    pub(crate) const ALL: [Workload; 2] = [Workload::Images, Workload::Tabular];
+}
+
+/// Builds the loader for `w` (shuffled, `drop_last`, persistent workers when there are any,
+/// the default `prefetch_factor` of 2) and drives it over `window`.
+pub(crate) fn run_workload(
+    w: Workload,
+    files: &workload::Workloads,
+    opts: Opts,
+    device: Option<&Device>,
+    window: Window,
+    compute: Option<Duration>,
+) -> Result<Run> {
+    let Opts {
+        num_workers,
+        pin_memory,
+    } = opts;
+    match w {
+        Workload::Images => {
+            let ds = NpyDataset::open(&files.images)?;
+            let loader = DataLoader::builder(ds)
+                .collate(
+                    DirectCollate::new()
+                        .with_names(["image"])
+                        .with_transform(0, Normalize::imagenet(ImageLayout::Chw)),
+                )
+                .batch_size(w.batch_size())
+                .shuffle(true)
+                .drop_last(true)
+                .num_workers(num_workers)
+                .pin_memory(pin_memory)
+                .persistent_workers(num_workers > 0)
+                .seed(0)
+                .build()?;
+            drive(&loader, device, window, compute)
+        }
+        Workload::Tabular => {
+            let ds = Zip::direct(
+                NpyDataset::open(&files.tabular_x)?,
+                NpyDataset::open(&files.tabular_y)?,
+            )?;
+            let loader = DataLoader::builder(ds)
+                .collate(DirectCollate::new().with_names(["x", "y"]))
+                .batch_size(w.batch_size())
+                .shuffle(true)
+                .drop_last(true)
+                .num_workers(num_workers)
+                .pin_memory(pin_memory)
+                .persistent_workers(num_workers > 0)
+                .seed(0)
+                .build()?;
+            drive(&loader, device, window, compute)
+        }
+    }
+}
+
+pub(crate) fn ensure_data(ctx: &mut Ctx) -> Result<workload::Workloads> {
+    let files = workload::ensure(
+        &ctx.data_dir,
+        Workload::Images.rows(ctx.quick),
+        Workload::Tabular.rows(ctx.quick),
+    )?;
+    if files.generated.is_empty() {
+        println!("  reusing workloads in {}", ctx.data_dir.display());
+    } else {
+        println!(
+            "  generated {} file(s) in {}",
+            files.generated.len(),
+            ctx.data_dir.display()
+        );
+    }
+    Ok(files)
+}
+
+/// A steady-state run of `w` with `opts` (window [`Window::steady`], no compute), measured
+/// once per bench run: the loader sweep and the scaling curve share their common points.
+pub(crate) fn steady_run(
+    ctx: &mut Ctx,
+    files: &workload::Workloads,
+    w: Workload,
+    opts: Opts,
+) -> Result<Run> {
+    if let Some(r) = ctx.runs.get(&(w.name(), opts)) {
+        return Ok(*r);
+    }
+    let device = ctx.cuda.clone();
+    let r = run_workload(
+        w,
+        files,
+        opts,
+        device.as_ref(),
+        Window::steady(ctx.quick),
+        None,
+    )?;
+    ctx.runs.insert((w.name(), opts), r);
+    Ok(r)
+}
+
+/// What the steady-state window means, for notes and table titles.
+pub(crate) const METHOD: &str = "whole epochs timed after one untimed warm-up epoch, persistent workers, prefetch_factor 2; at least 2 epochs, 1 s and 10 x num_workers x prefetch_factor batches (quick: no 1 s minimum)";
