@@ -35,6 +35,18 @@ pub enum Step {
     CenterCrop(CenterCrop),
     /// [`RandomHorizontalFlip`].
     RandomHorizontalFlip(RandomHorizontalFlip),
+    /// A fixed box resized to `height x width` (torchvision's `F.resized_crop`); the box
+    /// must lie inside the image (it is clamped to it).
+    ResizedCrop {
+        /// The box, in the image's coordinates.
+        crop: CropBox,
+        /// Output height.
+        height: usize,
+        /// Output width.
+        width: usize,
+        /// The interpolation.
+        interpolation: crate::transforms::Interpolation,
+    },
 }
 
 impl From<RandomResizedCrop> for Step {
@@ -121,6 +133,7 @@ impl Compose {
                 Step::RandomResizedCrop(t) => size = Some(t.size()),
                 Step::Resize(t) => size = t.fixed_size(),
                 Step::CenterCrop(t) => size = Some(t.size()),
+                Step::ResizedCrop { height, width, .. } => size = Some((*height, *width)),
                 Step::RandomHorizontalFlip(_) => {}
             }
         }
@@ -284,48 +297,7 @@ impl Compose {
                 got: out.len(),
             });
         }
-        let mut cur = Current {
-            pixels: Cow::Borrowed(src),
-            width,
-            height,
-            view: Rect {
-                x: 0,
-                y: 0,
-                w: width,
-                h: height,
-            },
-            flip: false,
-        };
-        for step in &self.steps {
-            match step {
-                Step::RandomResizedCrop(t) => {
-                    cur.apply_flip();
-                    let b = t.get_params(cur.view.w, cur.view.h, rng);
-                    let (bw, bh) = (b.width, b.height);
-                    let rect = cur.sub_rect(b);
-                    let (h, w) = t.size();
-                    cur.resize(s, rect, w, h, t.get_interpolation())?;
-                    debug_assert!(rect.w == bw && rect.h == bh);
-                }
-                Step::Resize(t) => {
-                    cur.apply_flip();
-                    let (w, h) = t.output_size(cur.view.w, cur.view.h);
-                    if (w, h) != (cur.view.w, cur.view.h) {
-                        cur.resize(s, cur.view, w, h, t.get_interpolation())?;
-                    }
-                }
-                Step::CenterCrop(t) => {
-                    cur.apply_flip();
-                    let b = t.get_params(cur.view.w, cur.view.h);
-                    cur.crop(s, b);
-                }
-                Step::RandomHorizontalFlip(t) => {
-                    if t.draw(rng) {
-                        cur.flip = !cur.flip;
-                    }
-                }
-            }
-        }
+        let cur = run_steps(&self.steps, src, width, height, rng, s)?;
         let (h, w) = self.size;
         if (cur.view.h, cur.view.w) != (h, w) {
             return Err(DataError::ShapeMismatch(format!(
@@ -337,6 +309,90 @@ impl Compose {
         cur.recycle(s);
         Ok(())
     }
+}
+
+/// Runs `steps` on `image` and returns the transformed image, whatever its size: the
+/// functional form (torchvision's `Compose` on a PIL image, without `ToTensor`).
+///
+/// # Errors
+/// [`DataError::Other`] when the resizer fails (it does not for valid sizes).
+pub fn apply_steps(steps: &[Step], image: &RgbImage, rng: &mut Rng) -> Result<RgbImage, DataError> {
+    with_scratch(|s| {
+        let cur = run_steps(
+            steps,
+            image.as_bytes(),
+            image.width(),
+            image.height(),
+            rng,
+            s,
+        )?;
+        let (w, h) = (cur.view.w, cur.view.h);
+        let mut out = vec![0u8; w * h * 3];
+        cur.write(Output::U8Hwc, &mut out);
+        cur.recycle(s);
+        RgbImage::from_vec(w, h, out)
+    })
+}
+
+fn run_steps<'a>(
+    steps: &[Step],
+    src: &'a [u8],
+    width: usize,
+    height: usize,
+    rng: &mut Rng,
+    s: &mut Scratch,
+) -> Result<Current<'a>, DataError> {
+    let mut cur = Current {
+        pixels: Cow::Borrowed(src),
+        width,
+        height,
+        view: Rect {
+            x: 0,
+            y: 0,
+            w: width,
+            h: height,
+        },
+        flip: false,
+    };
+    for step in steps {
+        match step {
+            Step::RandomResizedCrop(t) => {
+                cur.apply_flip();
+                let b = t.get_params(cur.view.w, cur.view.h, rng);
+                let rect = cur.sub_rect(b);
+                let (h, w) = t.size();
+                cur.resize(s, rect, w, h, t.get_interpolation())?;
+            }
+            Step::ResizedCrop {
+                crop,
+                height,
+                width,
+                interpolation,
+            } => {
+                cur.apply_flip();
+                let rect = cur.sub_rect(*crop);
+                cur.resize(s, rect, *width, *height, *interpolation)?;
+            }
+            Step::Resize(t) => {
+                cur.apply_flip();
+                let (w, h) = t.output_size(cur.view.w, cur.view.h);
+                if (w, h) != (cur.view.w, cur.view.h) {
+                    cur.resize(s, cur.view, w, h, t.get_interpolation())?;
+                }
+            }
+            Step::CenterCrop(t) => {
+                cur.apply_flip();
+                let b = t.get_params(cur.view.w, cur.view.h);
+                cur.crop(s, b);
+            }
+            Step::RandomHorizontalFlip(t) => {
+                if t.draw(rng) {
+                    cur.flip = !cur.flip;
+                }
+            }
+        }
+    }
+    Ok(cur)
 }
 
 /// Buffers a worker thread reuses for every image.

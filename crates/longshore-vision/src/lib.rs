@@ -55,7 +55,7 @@ mod resize;
 pub mod synth;
 pub mod transforms;
 
-pub use compose::{Compose, Output, Step};
+pub use compose::{Compose, Output, Step, apply_steps};
 pub use dataset::{ImageDataset, RandomSource, sample_rng};
 pub use decode::{DecodeError, DecodeOptions, ImageFormat, PIL_MAX_IMAGE_PIXELS};
 pub use folder::{IMG_EXTENSIONS, ImageFolder, ImageFolderOptions};
