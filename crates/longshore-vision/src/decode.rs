@@ -273,10 +273,23 @@ pub fn decode_rgb_into(
 ) -> Result<(usize, usize), DecodeError> {
     let header = probe(bytes)?;
     options.check(&header)?;
-    match header.format {
+    // A decoder bug must not take a loader worker down: a panic is this file's error.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match header.format {
         ImageFormat::Jpeg => decode_jpeg(bytes, out),
         ImageFormat::Png => decode_png(bytes, out),
-    }
+    }))
+    .unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let e = format!("the decoder panicked: {message}");
+        Err(match header.format {
+            ImageFormat::Jpeg => DecodeError::Jpeg(e),
+            ImageFormat::Png => DecodeError::Png(e),
+        })
+    })
 }
 
 fn decode_jpeg(bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize), DecodeError> {
