@@ -28,6 +28,9 @@
 //! * [`transfer`]: devices, streams, events, asynchronous copies, the prefetcher.
 //! * [`data`]: datasets, samplers with PyTorch's semantics, collation, memory-mapped files.
 //! * [`loader`]: the multi-worker [`DataLoader`](loader::DataLoader).
+//! * `vision` (feature `vision`, default): torchvision for longshore — `ImageFolder`, JPEG and
+//!   PNG decoding, `RandomResizedCrop` / `Resize` / `CenterCrop` with torchvision's semantics,
+//!   written straight into the batch buffer.
 //!
 //! # Features
 //!
@@ -40,6 +43,8 @@
 //!   time; a missing library is an error naming it), or ranks as threads on the Cpu device
 //!   (`CpuGroup`) so data-parallel training is testable without GPUs. Pair it with
 //!   `DistributedSampler::from_env` and `longshore::loader::dist::local_device` under torchrun.
+//! * `vision` (default): `longshore::vision`, the image pipeline (pure Rust: zune-jpeg,
+//!   zune-png, fast_image_resize).
 
 #[doc(inline)]
 pub use longshore_data as data;
@@ -49,6 +54,9 @@ pub use longshore_host as host;
 pub use longshore_loader as loader;
 #[doc(inline)]
 pub use longshore_transfer as transfer;
+#[cfg(feature = "vision")]
+#[doc(inline)]
+pub use longshore_vision as vision;
 
 /// The README, whose example is compiled and run as a doctest.
 #[doc = include_str!("../../../README.md")]
