@@ -391,10 +391,17 @@ fn markdown(r: &Value) -> String {
             ("longshore", &r["longshore"][name]["best"]),
             ("pytorch", &r["pytorch"]["best"][name]),
         ] {
+            let or_dash = |v: &Value| {
+                if v.is_null() {
+                    "-".to_owned()
+                } else {
+                    v.to_string()
+                }
+            };
             s += &format!(
                 "| {name} | {who} (best) | {} | {} | {} | {} |\n",
-                b["num_workers"],
-                b["pin_memory"],
+                or_dash(&b["num_workers"]),
+                or_dash(&b["pin_memory"]),
                 f(&b["samples_per_s"]),
                 pct(&b["cpu_share"])
             );
