@@ -17,7 +17,7 @@
 //! // What the loader does for each batch: decode + transform straight into the buffer.
 //! let collate = DirectCollate::new().with_names(["image", "label"]);
 //! let staged = collate.stage(&train, &[0, 1, 2])?;
-//! let buffer = AlignedBuf::zeroed(collate.staged_layout(&staged).total_bytes());
+//! let buffer = AlignedBuf::zeroed(staged.layout().total_bytes());
 //! let batch = collate.write(&train, staged, buffer)?;
 //! assert_eq!(batch.shape(0)?, &[3, 3, 224, 224]);
 //! assert_eq!(batch.tensor_by_name::<i64>("label")?.len(), 3);
