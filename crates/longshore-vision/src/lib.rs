@@ -32,11 +32,11 @@
 //! # Map of the crate
 //!
 //! - [`folder`]: [`ImageFolder`] (torchvision's semantics: sorted classes, `class_to_idx`,
-//!   sample order, [`IMG_EXTENSIONS`](folder::IMG_EXTENSIONS), `allow_empty`) and
+//!   sample order, [`IMG_EXTENSIONS`], `allow_empty`) and
 //!   [`ImageFolder::from_samples`].
 //! - [`decode`]: [`decode_rgb`](decode::decode_rgb) (JPEG with zune-jpeg, PNG with zune-png,
 //!   converted to RGB as PIL's `convert("RGB")`), the pixel limit of
-//!   [`DecodeOptions`](decode::DecodeOptions).
+//!   [`DecodeOptions`].
 //! - [`transforms`]: `RandomResizedCrop`, `Resize`, `CenterCrop`, `RandomHorizontalFlip`,
 //!   `Normalize`, with torchvision's parameters and rounding.
 //! - [`Compose`]: a pipeline with a fixed output size, presets
