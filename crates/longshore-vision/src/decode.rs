@@ -14,7 +14,12 @@
 //!
 //! Reduced-scale decoding (PIL's `draft`, libjpeg's DCT scaling) is not offered: zune-jpeg
 //! has no scaled IDCT, and torchvision's ImageFolder does not use draft mode either, so
-//! decoding at full size is also what keeps the pixels equal to torchvision's.
+//! decoding at full size is also what keeps the pixels equal to torchvision's. Nor would it
+//! pay on ImageNet-sized images: a scaled IDCT needs the output to be at most half the source
+//! on both sides, and `RandomResizedCrop(224)` would need a crop of at least 448x448 (larger
+//! than a whole 500x375 ImageNet photo), `Resize(256)` a short side of at least 512. It pays
+//! only for high-resolution sources, where the `jpeg-decoder` crate's `scale` is the
+//! alternative to measure.
 
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
