@@ -11,6 +11,7 @@
 //! release binary.
 #![forbid(unsafe_code)]
 
+mod jpeg;
 mod python;
 mod report;
 
@@ -34,8 +35,9 @@ enum Cmd {
         /// Small sizes and few repetitions, to prove every section runs (CI).
         #[arg(long)]
         quick: bool,
-        /// Only these sections (bandwidth,pool,limits,loader,scaling,overlap,pytorch,roofline;
-        /// `longshore-bench --list` names them); with --criterion, a criterion filter.
+        /// Only these sections (bandwidth,pool,limits,loader,scaling,overlap,pytorch,roofline,
+        /// jpeg,python; `longshore-bench --list` names its own); with --criterion, a criterion
+        /// filter.
         #[arg(long)]
         only: Option<String>,
         /// Print results.json on stdout (the tables go to stderr).
@@ -106,7 +108,7 @@ fn main() -> Result<()> {
                 .map(abs)
                 .unwrap_or_else(|| root.join("target/longshore-bench"));
             let (data_dir, bench_bin) = (data_dir.map(abs), bench_bin.map(abs));
-            // The `python` section is a script run after the binary (see python.rs).
+            // The `python` section is a script run after the binaries (see python.rs).
             let python_section = only
                 .as_deref()
                 .is_none_or(|l| l.split(',').any(|s| s == "python"));
@@ -116,48 +118,13 @@ fn main() -> Result<()> {
                     .collect::<Vec<_>>()
                     .join(",")
             });
-            if only.as_deref() == Some("") {
-                python::run(&root, &out, data_dir.as_deref(), quick)?;
-                return Ok(());
+            // The `jpeg` section is its own binary (jpeg-bench); the others are longshore-bench's.
+            let (jpeg, only) = jpeg::split_only(only);
+            if only.as_deref() != Some("") {
+                longshore_bench(&root, &out, quick, &only, &data_dir, &bench_bin, json)?;
             }
-            let mut cmd = match &bench_bin {
-                Some(bin) => Command::new(bin),
-                None => {
-                    let mut c = Command::new(cargo());
-                    c.args([
-                        "run",
-                        "--release",
-                        "-p",
-                        "longshore-benches",
-                        "--bin",
-                        "longshore-bench",
-                        "--",
-                    ]);
-                    c
-                }
-            };
-            cmd.current_dir(&root).arg("--out").arg(&out);
-            if quick {
-                cmd.arg("--quick");
-            }
-            if let Some(only) = &only {
-                cmd.args(["--only", only]);
-            }
-            if let Some(dir) = &data_dir {
-                cmd.arg("--data-dir").arg(dir);
-            }
-            if json {
-                cmd.stdout(std::io::stderr());
-            }
-            let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
-            anyhow::ensure!(status.success(), "longshore-bench failed: {status}");
-            let results = out.join("results.json");
-            let written = report::render(&results, &out)?;
-            for p in &written {
-                eprintln!("wrote {}", p.display());
-            }
-            if json {
-                print!("{}", std::fs::read_to_string(&results)?);
+            if jpeg {
+                jpeg::run(&root, &out, quick, &data_dir, &bench_bin)?;
             }
             if python_section {
                 python::run(&root, &out, data_dir.as_deref(), quick)?;
@@ -177,6 +144,58 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Runs longshore-bench (built here, or prebuilt) and renders its results.json.
+fn longshore_bench(
+    root: &Path,
+    out: &Path,
+    quick: bool,
+    only: &Option<String>,
+    data_dir: &Option<PathBuf>,
+    bench_bin: &Option<PathBuf>,
+    json: bool,
+) -> Result<()> {
+    let mut cmd = match &bench_bin {
+        Some(bin) => Command::new(bin),
+        None => {
+            let mut c = Command::new(cargo());
+            c.args([
+                "run",
+                "--release",
+                "-p",
+                "longshore-benches",
+                "--bin",
+                "longshore-bench",
+                "--",
+            ]);
+            c
+        }
+    };
+    cmd.current_dir(root).arg("--out").arg(out);
+    if quick {
+        cmd.arg("--quick");
+    }
+    if let Some(only) = &only {
+        cmd.args(["--only", only]);
+    }
+    if let Some(dir) = &data_dir {
+        cmd.arg("--data-dir").arg(dir);
+    }
+    if json {
+        cmd.stdout(std::io::stderr());
+    }
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    anyhow::ensure!(status.success(), "longshore-bench failed: {status}");
+    let results = out.join("results.json");
+    let written = report::render(&results, out)?;
+    for p in &written {
+        eprintln!("wrote {}", p.display());
+    }
+    if json {
+        print!("{}", std::fs::read_to_string(&results)?);
+    }
+    Ok(())
 }
 
 /// `cargo bench -p longshore-benches`, quick with short measurement times.

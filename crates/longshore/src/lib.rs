@@ -36,6 +36,9 @@
 //! * [`loader`]: the multi-worker [`DataLoader`](loader::DataLoader).
 //! * [`dlpack`]: batches handed to other frameworks (PyTorch, NumPy, JAX, CuPy, candle) as
 //!   DLPack 1.x tensors, zero-copy, with their streams ordered after the copies.
+//! * `vision` (feature `vision`, default): torchvision for longshore — `ImageFolder`, JPEG and
+//!   PNG decoding, `RandomResizedCrop` / `Resize` / `CenterCrop` with torchvision's semantics,
+//!   written straight into the batch buffer.
 //!
 //! # Features
 //!
@@ -50,6 +53,8 @@
 //!   time; a missing library is an error naming it), or ranks as threads on the Cpu device
 //!   (`CpuGroup`) so data-parallel training is testable without GPUs. Pair it with
 //!   `DistributedSampler::from_env` and `longshore::loader::dist::local_device` under torchrun.
+//! * `vision` (default): `longshore::vision`, the image pipeline (pure Rust: zune-jpeg,
+//!   zune-png, fast_image_resize).
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "nccl")]
@@ -66,6 +71,9 @@ pub use longshore_loader as loader;
 #[cfg(feature = "ops")]
 #[doc(inline)]
 pub use longshore_ops as ops;
+#[cfg(feature = "vision")]
+#[doc(inline)]
+pub use longshore_vision as vision;
 
 /// Devices, streams, events, device buffers and asynchronous copies: the crate
 /// `longshore-transfer`, re-exported whole.

@@ -1,0 +1,420 @@
+//! `jpeg-bench`: the `jpeg` section of `cargo xtask bench` — an ImageNet-like JPEG folder
+//! through longshore's CPU decoding pipelines and through PyTorch + torchvision.
+//!
+//! 1. Generates the folder once (`longshore::vision::synth`, 10,000 JPEGs in 100 classes,
+//!    about 400x350 and 110 KB each; `--quick`: 64 small ones), reused while its spec holds.
+//! 2. Per core: decode-only, decode + train pipeline and decode + val pipeline rates on one
+//!    thread, over files already in memory (what one worker can do).
+//! 3. The loader, steady state: persistent workers, one warm-up epoch, then whole epochs
+//!    timed, for PyTorch's ImageNet train (`RandomResizedCrop(224)`, flip, normalise) and val
+//!    (`Resize(256)`, `CenterCrop(224)`, normalise) pipelines, swept over `num_workers` x
+//!    `pin_memory`, delivered to the GPU when one is present; samples/s and the machine's CPU
+//!    share (from /proc/stat) over the timed epochs.
+//! 4. PyTorch: `xtask/pytorch/imagefolder_bench.py` on the same folder (torchvision's
+//!    ImageFolder and transforms through DataLoader, workers {0,4,8,16,32} x pin_memory, same
+//!    steady-state protocol), when `python -c "import torchvision"` works.
+//!
+//! Writes `jpeg.json` and `jpeg.md` under `--out`.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use longshore::data::DirectCollate;
+use longshore::data::rng::epoch_rng;
+use longshore::prelude::*;
+use longshore::vision::decode::{DecodeOptions, decode_rgb};
+use longshore::vision::synth::{FolderSpec, write_folder};
+use longshore::vision::{Compose, ImageFolder};
+use serde_json::{Value, json};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "jpeg-bench",
+    about = "ImageNet-like JPEG pipelines: longshore vs torchvision"
+)]
+struct Args {
+    /// A tiny folder and one timed epoch: proves the section runs (CI), in seconds.
+    #[arg(long)]
+    quick: bool,
+    /// Where jpeg.json and jpeg.md go.
+    #[arg(long, default_value = "target/longshore-bench")]
+    out: PathBuf,
+    /// Where the folder is generated and reused (default: `<out>/data`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// longshore worker counts to sweep (default: cores/2, cores, 2 x cores).
+    #[arg(long, value_delimiter = ',')]
+    workers: Vec<usize>,
+    /// Timed epochs after the warm-up epoch.
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Samples per batch.
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// The Python interpreter for the torchvision baseline.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// PyTorch worker counts to sweep.
+    #[arg(long, default_value = "0,4,8,16,32")]
+    torch_workers: String,
+    /// Skip the torchvision baseline.
+    #[arg(long)]
+    no_pytorch: bool,
+}
+
+/// Busy and total jiffies of the whole machine (/proc/stat), for the CPU share.
+fn cpu_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+fn share(before: Option<(u64, u64)>, after: Option<(u64, u64)>) -> Option<f64> {
+    let ((b0, t0), (b1, t1)) = (before?, after?);
+    (t1 > t0).then(|| (b1 - b0) as f64 / (t1 - t0) as f64)
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Single-thread rates over files in memory.
+fn per_core(folder: &ImageFolder, quick: bool) -> Result<Value> {
+    let n = folder.len().min(if quick { 32 } else { 400 });
+    let files: Vec<Vec<u8>> = (0..n)
+        .map(|i| folder.read(i).map(|(_, b, _)| b))
+        .collect::<Result<_, _>>()?;
+    let opts = DecodeOptions::default();
+    let (mut pixels, mut bytes) = (0u64, 0u64);
+    let t = Instant::now();
+    for f in &files {
+        let img = decode_rgb(f, &opts)?;
+        pixels += (img.width() * img.height()) as u64;
+        bytes += f.len() as u64;
+        black_box(&img);
+    }
+    let decode = n as f64 / t.elapsed().as_secs_f64();
+    let mut rates = serde_json::Map::new();
+    rates.insert("decode_images_per_s".into(), json!(decode));
+    rates.insert("mean_pixels".into(), json!(pixels as f64 / n as f64));
+    rates.insert("mean_file_bytes".into(), json!(bytes as f64 / n as f64));
+    let decoded: Vec<_> = files
+        .iter()
+        .map(|f| decode_rgb(f, &opts))
+        .collect::<Result<_, _>>()?;
+    for (name, pipeline) in [
+        ("train", Compose::imagenet_train()),
+        ("val", Compose::imagenet_val()),
+    ] {
+        let mut out = vec![0u8; pipeline.output_bytes()];
+        let mut rng = epoch_rng(0, 0);
+        let t = Instant::now();
+        for img in &decoded {
+            pipeline.apply_into(img, &mut rng, &mut out)?;
+            black_box(&out);
+        }
+        let transform = n as f64 / t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for (i, f) in files.iter().enumerate() {
+            pipeline.decode_into(Path::new("mem"), f, &opts, &mut rng, &mut out)?;
+            black_box((i, &out));
+        }
+        let both = n as f64 / t.elapsed().as_secs_f64();
+        rates.insert(format!("{name}_transform_images_per_s"), json!(transform));
+        rates.insert(format!("{name}_decode_transform_images_per_s"), json!(both));
+    }
+    Ok(Value::Object(rates))
+}
+
+/// Steady state: one warm-up epoch, then `epochs` whole epochs timed.
+fn steady(
+    dataset: &longshore::vision::ImageDataset,
+    workers: usize,
+    pin: bool,
+    batch: usize,
+    epochs: usize,
+    device: Option<&Device>,
+) -> Result<Value> {
+    let mut b = DataLoader::builder(dataset.clone())
+        .collate(DirectCollate::new())
+        .batch_size(batch)
+        .shuffle(true)
+        .num_workers(workers)
+        .pin_memory(pin)
+        .seed(0);
+    if workers > 0 {
+        b = b.persistent_workers(true);
+    }
+    let loader = b.build()?;
+    let compute = device.map(|d| d.new_stream()).transpose()?;
+    let run_epoch = || -> Result<usize> {
+        let mut n = 0;
+        match (device, &compute) {
+            (Some(d), Some(s)) => {
+                for item in loader.to_device(d, 2)? {
+                    let batch = item?.wait_on(s)?;
+                    n += batch.batch_size();
+                }
+                s.synchronize()?;
+            }
+            _ => {
+                for item in loader.iter() {
+                    let batch = item?;
+                    black_box(batch.bytes().first().copied());
+                    n += batch.batch_size();
+                }
+            }
+        }
+        Ok(n)
+    };
+    run_epoch()?;
+    loader.reset_stats();
+    let (cpu0, t0) = (cpu_jiffies(), Instant::now());
+    let mut samples = 0;
+    for _ in 0..epochs {
+        samples += run_epoch()?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = share(cpu0, cpu_jiffies());
+    Ok(json!({
+        "num_workers": workers,
+        "pin_memory": pin,
+        "samples_per_s": samples as f64 / secs,
+        "cpu_share": cpu,
+        "wait_fraction": loader.stats().wait_fraction(),
+        "epochs": epochs,
+    }))
+}
+
+fn best(runs: &[Value]) -> Option<&Value> {
+    runs.iter().max_by(|a, b| {
+        a["samples_per_s"]
+            .as_f64()
+            .partial_cmp(&b["samples_per_s"].as_f64())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    })
+}
+
+fn script() -> Option<PathBuf> {
+    let rel = Path::new("xtask/pytorch/imagefolder_bench.py");
+    let from_manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    [rel.to_path_buf(), from_manifest]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+fn pytorch(args: &Args, root: &Path, batch: usize, epochs: usize) -> Result<Value> {
+    let probe = Command::new(&args.python)
+        .args(["-c", "import torch, torchvision"])
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("import failed");
+            return Ok(
+                json!({"skipped": format!("`{} -c \"import torch, torchvision\"` failed: {}", args.python, last.trim())}),
+            );
+        }
+        Err(e) => return Ok(json!({"skipped": format!("cannot run {}: {e}", args.python)})),
+    }
+    let script = script().context("xtask/pytorch/imagefolder_bench.py not found")?;
+    let workers = if args.quick {
+        "0,2".to_owned()
+    } else {
+        args.torch_workers.clone()
+    };
+    let out = Command::new(&args.python)
+        .arg(&script)
+        .arg("--root")
+        .arg(root)
+        .args([
+            "--workers",
+            &workers,
+            "--batch-size",
+            &batch.to_string(),
+            "--epochs",
+            &epochs.to_string(),
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed: {}", script.display(), out.status);
+    }
+    serde_json::from_slice(&out.stdout).context("parsing the torchvision script's JSON")
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    std::fs::create_dir_all(&args.out)?;
+    let data = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| args.out.join("data"));
+    let spec = if args.quick {
+        FolderSpec {
+            classes: 4,
+            per_class: 16,
+            mean_area: 60_000.0,
+            ..FolderSpec::imagenet_like()
+        }
+    } else {
+        FolderSpec::imagenet_like()
+    };
+    let root = data.join(if args.quick {
+        "jpeg-quick"
+    } else {
+        "jpeg-imagenet-like"
+    });
+    let t = Instant::now();
+    let made =
+        write_folder(&root, &spec).with_context(|| format!("generating {}", root.display()))?;
+    eprintln!(
+        "jpeg: folder {} ({} images, {:.1} KB mean, {} in {:.1} s)",
+        root.display(),
+        made.images,
+        made.bytes as f64 / made.images as f64 / 1e3,
+        if made.reused { "reused" } else { "generated" },
+        t.elapsed().as_secs_f64()
+    );
+    let folder = ImageFolder::new(&root)?;
+    let device = Device::cuda(0).ok();
+    let per_core = per_core(&folder, args.quick)?;
+    eprintln!("jpeg: one core: {per_core}");
+
+    let batch = args.batch_size.unwrap_or(if args.quick { 16 } else { 256 });
+    let epochs = args.epochs.unwrap_or(if args.quick { 1 } else { 2 });
+    let c = cores();
+    let workers = if !args.workers.is_empty() {
+        args.workers.clone()
+    } else if args.quick {
+        vec![c.min(2)]
+    } else {
+        let mut w = vec![(c / 2).max(1), c, 2 * c];
+        w.dedup();
+        w
+    };
+    let mut pipelines = serde_json::Map::new();
+    for (name, pipeline) in [
+        ("train", Compose::imagenet_train()),
+        ("val", Compose::imagenet_val()),
+    ] {
+        let dataset = folder.clone().with_transform(pipeline);
+        let mut runs = Vec::new();
+        for &w in &workers {
+            for pin in [false, true] {
+                let r = steady(&dataset, w, pin, batch, epochs, device.as_ref())?;
+                eprintln!(
+                    "jpeg: longshore {name} workers={w} pin={pin}: {:.0} images/s, cpu {:.0}%",
+                    r["samples_per_s"].as_f64().unwrap_or(0.0),
+                    100.0 * r["cpu_share"].as_f64().unwrap_or(0.0)
+                );
+                runs.push(r);
+            }
+        }
+        let b = best(&runs).cloned();
+        pipelines.insert(name.into(), json!({"runs": runs, "best": b}));
+    }
+    let torch = if args.no_pytorch {
+        json!({"skipped": "--no-pytorch"})
+    } else {
+        pytorch(&args, &root, batch, epochs)?
+    };
+    let mut ratios = serde_json::Map::new();
+    for name in ["train", "val"] {
+        let ours = pipelines[name]["best"]["samples_per_s"].as_f64();
+        let theirs = torch["best"][name]["samples_per_s"].as_f64();
+        if let (Some(o), Some(t)) = (ours, theirs) {
+            ratios.insert(name.into(), json!(o / t));
+        }
+    }
+    let result = json!({
+        "machine": {"cores": c, "cuda": device.is_some()},
+        "folder": {"root": root, "images": made.images, "bytes": made.bytes},
+        "quick": args.quick,
+        "batch_size": batch,
+        "per_core": per_core,
+        "longshore": pipelines,
+        "pytorch": torch,
+        "ratio_vs_pytorch": ratios,
+    });
+    std::fs::write(
+        args.out.join("jpeg.json"),
+        serde_json::to_string_pretty(&result)? + "\n",
+    )?;
+    let md = markdown(&result);
+    std::fs::write(args.out.join("jpeg.md"), &md)?;
+    eprintln!("{md}");
+    Ok(())
+}
+
+fn markdown(r: &Value) -> String {
+    let f = |v: &Value| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.0}"));
+    let pct = |v: &Value| {
+        v.as_f64()
+            .map_or("-".to_owned(), |x| format!("{:.0}%", 100.0 * x))
+    };
+    let pc = &r["per_core"];
+    let mut s = format!(
+        "## jpeg: ImageNet-like folder ({} images, {:.0} KB mean, {:.0} px mean), {} cores, cuda: {}\n\n\
+         One core: decode {} images/s; train decode+transform {} (transform alone {}); val {} ({}).\n\n\
+         | pipeline | who | workers | pin | images/s | CPU share |\n|---|---|---|---|---|---|\n",
+        r["folder"]["images"],
+        pc["mean_file_bytes"].as_f64().unwrap_or(0.0) / 1e3,
+        pc["mean_pixels"].as_f64().unwrap_or(0.0),
+        r["machine"]["cores"],
+        r["machine"]["cuda"],
+        f(&pc["decode_images_per_s"]),
+        f(&pc["train_decode_transform_images_per_s"]),
+        f(&pc["train_transform_images_per_s"]),
+        f(&pc["val_decode_transform_images_per_s"]),
+        f(&pc["val_transform_images_per_s"]),
+    );
+    for name in ["train", "val"] {
+        for (who, b) in [
+            ("longshore", &r["longshore"][name]["best"]),
+            ("pytorch", &r["pytorch"]["best"][name]),
+        ] {
+            let or_dash = |v: &Value| {
+                if v.is_null() {
+                    "-".to_owned()
+                } else {
+                    v.to_string()
+                }
+            };
+            s += &format!(
+                "| {name} | {who} (best) | {} | {} | {} | {} |\n",
+                or_dash(&b["num_workers"]),
+                or_dash(&b["pin_memory"]),
+                f(&b["samples_per_s"]),
+                pct(&b["cpu_share"])
+            );
+        }
+    }
+    if let Some(skip) = r["pytorch"]["skipped"].as_str() {
+        s += &format!("\nPyTorch baseline skipped: {skip}\n");
+    }
+    for (name, ratio) in r["ratio_vs_pytorch"].as_object().into_iter().flatten() {
+        s += &format!(
+            "\n{name}: longshore / PyTorch best = {:.2}x",
+            ratio.as_f64().unwrap_or(0.0)
+        );
+    }
+    s + "\n"
+}

@@ -1,0 +1,597 @@
+//! [`Compose`]: torchvision's `transforms.Compose` for the image path, run on 8-bit pixels
+//! and written straight into a batch slot.
+//!
+//! Steps run in order on the decoded image, as torchvision runs them on a PIL image, with
+//! three economies that do not change the pixels: a crop only narrows a view of the current
+//! image (no copy), a resize reads just that view (crop before resize), and a flip is applied
+//! while writing the output (or to the view, if a geometric step follows it). The output is
+//! `ToTensor()` + `Normalize(mean, std)` fused, as f32 CHW, or the raw u8 pixels (CHW or HWC)
+//! for normalising on the device.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::path::Path;
+
+use fast_image_resize::Resizer;
+use longshore_data::rng::Rng;
+use longshore_data::{DType, DataError, FieldSpec, Shape, Tensor};
+
+use crate::decode::{DecodeOptions, decode_rgb_into};
+use crate::image::RgbImage;
+use crate::resize::{Rect, resize_box};
+use crate::transforms::{
+    CenterCrop, CropBox, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
+};
+
+/// One step of a [`Compose`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Step {
+    /// [`RandomResizedCrop`].
+    RandomResizedCrop(RandomResizedCrop),
+    /// [`Resize`].
+    Resize(Resize),
+    /// [`CenterCrop`].
+    CenterCrop(CenterCrop),
+    /// [`RandomHorizontalFlip`].
+    RandomHorizontalFlip(RandomHorizontalFlip),
+    /// A fixed box resized to `height x width` (torchvision's `F.resized_crop`); the box
+    /// must lie inside the image (it is clamped to it).
+    ResizedCrop {
+        /// The box, in the image's coordinates.
+        crop: CropBox,
+        /// Output height.
+        height: usize,
+        /// Output width.
+        width: usize,
+        /// The interpolation.
+        interpolation: crate::transforms::Interpolation,
+    },
+}
+
+impl From<RandomResizedCrop> for Step {
+    fn from(t: RandomResizedCrop) -> Step {
+        Step::RandomResizedCrop(t)
+    }
+}
+impl From<Resize> for Step {
+    fn from(t: Resize) -> Step {
+        Step::Resize(t)
+    }
+}
+impl From<CenterCrop> for Step {
+    fn from(t: CenterCrop) -> Step {
+        Step::CenterCrop(t)
+    }
+}
+impl From<RandomHorizontalFlip> for Step {
+    fn from(t: RandomHorizontalFlip) -> Step {
+        Step::RandomHorizontalFlip(t)
+    }
+}
+
+/// What a [`Compose`] writes for each image.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Output {
+    /// `ToTensor()` then `Normalize(mean, std)`: f32 `[3, H, W]`. `ToTensor()` alone is
+    /// `Normalize` with mean 0 and std 1.
+    Normalized(Normalize),
+    /// The pixels as u8 `[3, H, W]`, to normalise on the device.
+    U8Chw,
+    /// The pixels as u8 `[H, W, 3]`.
+    U8Hwc,
+}
+
+impl Output {
+    /// `ToTensor()` alone: f32 in `[0, 1]`.
+    pub const TO_TENSOR: Output = Output::Normalized(Normalize {
+        mean: [0.0; 3],
+        std: [1.0; 3],
+    });
+}
+
+/// A pipeline of transforms with a fixed output size, like torchvision's
+/// `transforms.Compose([...])` for a classification model.
+///
+/// ```
+/// use longshore_vision::{Compose, Output, RgbImage};
+/// use longshore_vision::transforms::{CenterCrop, Normalize, Resize};
+///
+/// let val = Compose::new(
+///     [Resize::new(8)?.into(), CenterCrop::new(6)?.into()],
+///     Output::Normalized(Normalize::IMAGENET),
+/// )?;
+/// assert_eq!(val.output_size(), (6, 6));
+/// let image = RgbImage::from_vec(16, 12, vec![128; 16 * 12 * 3])?;
+/// let mut rng = longshore_data::rng::epoch_rng(0, 0);
+/// let tensor = val.apply(&image, &mut rng)?;
+/// assert_eq!(tensor.shape(), &[3, 6, 6]);
+/// # Ok::<(), longshore_data::DataError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compose {
+    steps: Vec<Step>,
+    output: Output,
+    size: (usize, usize),
+}
+
+impl Compose {
+    /// A pipeline of `steps` writing `output`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] when the output size depends on the image (the
+    /// pipeline must end its geometry with a crop or a fixed-size resize).
+    pub fn new(
+        steps: impl IntoIterator<Item = Step>,
+        output: Output,
+    ) -> Result<Compose, DataError> {
+        let steps: Vec<Step> = steps.into_iter().collect();
+        let mut size = None;
+        for s in &steps {
+            match s {
+                Step::RandomResizedCrop(t) => size = Some(t.size()),
+                Step::Resize(t) => size = t.fixed_size(),
+                Step::CenterCrop(t) => size = Some(t.size()),
+                Step::ResizedCrop { height, width, .. } => size = Some((*height, *width)),
+                Step::RandomHorizontalFlip(_) => {}
+            }
+        }
+        let size = size.ok_or_else(|| DataError::InvalidArgument {
+            name: "steps",
+            reason: "the output size depends on the image: end with a crop or a resize to \
+                     (height, width) so images can be batched"
+                .into(),
+        })?;
+        Ok(Compose {
+            steps,
+            output,
+            size,
+        })
+    }
+
+    /// PyTorch's ImageNet training transform: `RandomResizedCrop(224)`,
+    /// `RandomHorizontalFlip()`, `ToTensor()`, `Normalize(IMAGENET)`.
+    pub fn imagenet_train() -> Compose {
+        Compose::train(224, Output::Normalized(Normalize::IMAGENET))
+    }
+
+    /// PyTorch's ImageNet validation transform: `Resize(256)`, `CenterCrop(224)`,
+    /// `ToTensor()`, `Normalize(IMAGENET)`.
+    pub fn imagenet_val() -> Compose {
+        Compose::val(256, 224, Output::Normalized(Normalize::IMAGENET))
+    }
+
+    /// `RandomResizedCrop(size)`, `RandomHorizontalFlip()`, then `output`.
+    ///
+    /// # Panics
+    /// When `size` is 0.
+    pub fn train(size: usize, output: Output) -> Compose {
+        let rrc = RandomResizedCrop::new(size).expect("a positive crop size");
+        Compose::new([rrc.into(), RandomHorizontalFlip::default().into()], output)
+            .expect("a crop fixes the size")
+    }
+
+    /// `Resize(resize)`, `CenterCrop(crop)`, then `output`.
+    ///
+    /// # Panics
+    /// When a size is 0.
+    pub fn val(resize: usize, crop: usize, output: Output) -> Compose {
+        let r = Resize::new(resize).expect("a positive resize");
+        let c = CenterCrop::new(crop).expect("a positive crop size");
+        Compose::new([r.into(), c.into()], output).expect("a crop fixes the size")
+    }
+
+    /// The same steps with another output.
+    pub fn with_output(mut self, output: Output) -> Compose {
+        self.output = output;
+        self
+    }
+
+    /// The steps.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// The output kind.
+    pub fn output(&self) -> Output {
+        self.output
+    }
+
+    /// Output `(height, width)`.
+    pub fn output_size(&self) -> (usize, usize) {
+        self.size
+    }
+
+    /// The dtype and per-image shape written.
+    pub fn field(&self) -> FieldSpec {
+        let (h, w) = self.size;
+        match self.output {
+            Output::Normalized(_) => FieldSpec {
+                dtype: DType::F32,
+                shape: Shape::new(&[3, h, w]).expect("3 dimensions"),
+            },
+            Output::U8Chw => FieldSpec {
+                dtype: DType::U8,
+                shape: Shape::new(&[3, h, w]).expect("3 dimensions"),
+            },
+            Output::U8Hwc => FieldSpec {
+                dtype: DType::U8,
+                shape: Shape::new(&[h, w, 3]).expect("3 dimensions"),
+            },
+        }
+    }
+
+    /// Bytes written per image.
+    pub fn output_bytes(&self) -> usize {
+        let (h, w) = self.size;
+        let n = 3 * h * w;
+        match self.output {
+            Output::Normalized(_) => n * 4,
+            Output::U8Chw | Output::U8Hwc => n,
+        }
+    }
+
+    /// Runs the pipeline on a decoded image and returns the tensor.
+    ///
+    /// # Errors
+    /// As [`Compose::apply_into`].
+    pub fn apply(&self, image: &RgbImage, rng: &mut Rng) -> Result<Tensor, DataError> {
+        let f = self.field();
+        let mut t = Tensor::zeros(f.dtype, f.shape.dims())?;
+        self.apply_into(image, rng, t.bytes_mut())?;
+        Ok(t)
+    }
+
+    /// Runs the pipeline on a decoded image, writing [`Compose::output_bytes`] bytes (native
+    /// byte order) into `out`.
+    ///
+    /// # Errors
+    /// [`DataError::BufferTooSmall`] when `out` has the wrong length.
+    pub fn apply_into(
+        &self,
+        image: &RgbImage,
+        rng: &mut Rng,
+        out: &mut [u8],
+    ) -> Result<(), DataError> {
+        with_scratch(|s| self.run(image.as_bytes(), image.width(), image.height(), rng, s, out))
+    }
+
+    /// Decodes `bytes` (the file at `path`, named in errors) and runs the pipeline into `out`:
+    /// what a dataset does per sample, reusing this thread's buffers.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidFile`] naming `path` when the bytes do not decode (or the image is
+    /// over the pixel limit), [`DataError::BufferTooSmall`] for a wrong `out`.
+    pub fn decode_into(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        decode: &DecodeOptions,
+        rng: &mut Rng,
+        out: &mut [u8],
+    ) -> Result<(), DataError> {
+        with_scratch(|s| {
+            let mut decoded = std::mem::take(&mut s.decoded);
+            let r = decode_rgb_into(bytes, decode, &mut decoded)
+                .map_err(|e| crate::folder::invalid(path, e))
+                .and_then(|(w, h)| self.run(&decoded, w, h, rng, s, out));
+            s.decoded = decoded;
+            r
+        })
+    }
+
+    fn run(
+        &self,
+        src: &[u8],
+        width: usize,
+        height: usize,
+        rng: &mut Rng,
+        s: &mut Scratch,
+        out: &mut [u8],
+    ) -> Result<(), DataError> {
+        if out.len() != self.output_bytes() {
+            return Err(DataError::BufferTooSmall {
+                what: "image slot",
+                needed: self.output_bytes(),
+                got: out.len(),
+            });
+        }
+        let cur = run_steps(&self.steps, src, width, height, rng, s)?;
+        let (h, w) = self.size;
+        if (cur.view.h, cur.view.w) != (h, w) {
+            return Err(DataError::ShapeMismatch(format!(
+                "pipeline produced a {}x{} image, its output is {w}x{h}",
+                cur.view.w, cur.view.h
+            )));
+        }
+        cur.write(self.output, out);
+        cur.recycle(s);
+        Ok(())
+    }
+}
+
+/// Runs `steps` on `image` and returns the transformed image, whatever its size: the
+/// functional form (torchvision's `Compose` on a PIL image, without `ToTensor`).
+///
+/// # Errors
+/// [`DataError::Other`] when the resizer fails (it does not for valid sizes).
+pub fn apply_steps(steps: &[Step], image: &RgbImage, rng: &mut Rng) -> Result<RgbImage, DataError> {
+    with_scratch(|s| {
+        let cur = run_steps(
+            steps,
+            image.as_bytes(),
+            image.width(),
+            image.height(),
+            rng,
+            s,
+        )?;
+        let (w, h) = (cur.view.w, cur.view.h);
+        let mut out = vec![0u8; w * h * 3];
+        cur.write(Output::U8Hwc, &mut out);
+        cur.recycle(s);
+        RgbImage::from_vec(w, h, out)
+    })
+}
+
+fn run_steps<'a>(
+    steps: &[Step],
+    src: &'a [u8],
+    width: usize,
+    height: usize,
+    rng: &mut Rng,
+    s: &mut Scratch,
+) -> Result<Current<'a>, DataError> {
+    let mut cur = Current {
+        pixels: Cow::Borrowed(src),
+        width,
+        height,
+        view: Rect {
+            x: 0,
+            y: 0,
+            w: width,
+            h: height,
+        },
+        flip: false,
+    };
+    for step in steps {
+        match step {
+            Step::RandomResizedCrop(t) => {
+                cur.apply_flip();
+                let b = t.get_params(cur.view.w, cur.view.h, rng);
+                let rect = cur.sub_rect(b);
+                let (h, w) = t.size();
+                cur.resize(s, rect, w, h, t.get_interpolation())?;
+            }
+            Step::ResizedCrop {
+                crop,
+                height,
+                width,
+                interpolation,
+            } => {
+                cur.apply_flip();
+                let rect = cur.sub_rect(*crop);
+                cur.resize(s, rect, *width, *height, *interpolation)?;
+            }
+            Step::Resize(t) => {
+                cur.apply_flip();
+                let (w, h) = t.output_size(cur.view.w, cur.view.h);
+                if (w, h) != (cur.view.w, cur.view.h) {
+                    cur.resize(s, cur.view, w, h, t.get_interpolation())?;
+                }
+            }
+            Step::CenterCrop(t) => {
+                cur.apply_flip();
+                let b = t.get_params(cur.view.w, cur.view.h);
+                cur.crop(s, b);
+            }
+            Step::RandomHorizontalFlip(t) => {
+                if t.draw(rng) {
+                    cur.flip = !cur.flip;
+                }
+            }
+        }
+    }
+    Ok(cur)
+}
+
+/// Buffers a worker thread reuses for every image.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    decoded: Vec<u8>,
+    spare: Vec<u8>,
+    pub(crate) file: Vec<u8>,
+    resizer: Resizer,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Runs `f` with this thread's buffers (fresh ones if they are already in use).
+pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut Scratch::default()),
+    })
+}
+
+/// The image between steps: pixels (borrowed until a step writes new ones), a view of them,
+/// and a pending horizontal flip of the view.
+struct Current<'a> {
+    pixels: Cow<'a, [u8]>,
+    width: usize,
+    height: usize,
+    view: Rect,
+    flip: bool,
+}
+
+impl Current<'_> {
+    /// The box `b` (relative to the view, inside it) in the pixels' coordinates.
+    fn sub_rect(&self, b: CropBox) -> Rect {
+        let x = self.view.x + (b.left.max(0) as usize).min(self.view.w);
+        let y = self.view.y + (b.top.max(0) as usize).min(self.view.h);
+        Rect {
+            x,
+            y,
+            w: b.width.min(self.view.x + self.view.w - x),
+            h: b.height.min(self.view.y + self.view.h - y),
+        }
+    }
+
+    fn replace(&mut self, s: &mut Scratch, pixels: Vec<u8>, width: usize, height: usize) {
+        if let Cow::Owned(old) = std::mem::replace(&mut self.pixels, Cow::Owned(pixels)) {
+            s.spare = old;
+        }
+        self.width = width;
+        self.height = height;
+        self.view = Rect {
+            x: 0,
+            y: 0,
+            w: width,
+            h: height,
+        };
+    }
+
+    fn resize(
+        &mut self,
+        s: &mut Scratch,
+        rect: Rect,
+        w: usize,
+        h: usize,
+        interpolation: crate::transforms::Interpolation,
+    ) -> Result<(), DataError> {
+        let mut dst = std::mem::take(&mut s.spare);
+        resize_box(
+            &mut s.resizer,
+            &self.pixels,
+            self.width,
+            self.height,
+            rect,
+            &mut dst,
+            w,
+            h,
+            interpolation,
+        )?;
+        self.replace(s, dst, w, h);
+        Ok(())
+    }
+
+    /// Crops the view to `b`, padding with zeros where `b` extends past it.
+    fn crop(&mut self, s: &mut Scratch, b: CropBox) {
+        let inside = b.top >= 0
+            && b.left >= 0
+            && b.top as usize + b.height <= self.view.h
+            && b.left as usize + b.width <= self.view.w;
+        if inside {
+            self.view = self.sub_rect(b);
+            return;
+        }
+        let mut dst = std::mem::take(&mut s.spare);
+        dst.clear();
+        dst.resize(b.width * b.height * 3, 0);
+        for y in 0..b.height {
+            let sy = y as i64 + b.top;
+            if sy < 0 || sy as usize >= self.view.h {
+                continue;
+            }
+            let row = (self.view.y + sy as usize) * self.width;
+            for x in 0..b.width {
+                let sx = x as i64 + b.left;
+                if sx < 0 || sx as usize >= self.view.w {
+                    continue;
+                }
+                let si = (row + self.view.x + sx as usize) * 3;
+                let di = (y * b.width + x) * 3;
+                dst[di..di + 3].copy_from_slice(&self.pixels[si..si + 3]);
+            }
+        }
+        self.replace(s, dst, b.width, b.height);
+    }
+
+    /// Mirrors the view's pixels now (a geometric step follows a flip).
+    fn apply_flip(&mut self) {
+        if !self.flip {
+            return;
+        }
+        self.flip = false;
+        let (v, width) = (self.view, self.width);
+        let pixels = self.pixels.to_mut();
+        for y in v.y..v.y + v.h {
+            let row = &mut pixels[(y * width + v.x) * 3..(y * width + v.x + v.w) * 3];
+            let n = v.w;
+            for x in 0..n / 2 {
+                for c in 0..3 {
+                    row.swap(x * 3 + c, (n - 1 - x) * 3 + c);
+                }
+            }
+        }
+    }
+
+    fn recycle(self, s: &mut Scratch) {
+        if let Cow::Owned(v) = self.pixels {
+            s.spare = v;
+        }
+    }
+
+    /// Writes the view (mirrored if a flip is pending) as `output` into `out`.
+    fn write(&self, output: Output, out: &mut [u8]) {
+        let v = self.view;
+        let px = |y: usize| {
+            let start = ((v.y + y) * self.width + v.x) * 3;
+            &self.pixels[start..start + v.w * 3]
+        };
+        let col = |x: usize| if self.flip { v.w - 1 - x } else { x };
+        match output {
+            Output::Normalized(n) => {
+                let affine = n.affine();
+                let plane = v.w * v.h;
+                // One row of one channel at a time, then one copy into the slot: no
+                // alignment is required of `out`.
+                let mut buf = vec![0f32; v.w];
+                for y in 0..v.h {
+                    let row = px(y);
+                    for (c, &(scale, bias)) in affine.iter().enumerate() {
+                        if self.flip {
+                            for (x, d) in buf.iter_mut().enumerate() {
+                                *d = f32::from(row[(v.w - 1 - x) * 3 + c]) * scale + bias;
+                            }
+                        } else {
+                            for (d, p) in buf.iter_mut().zip(row.chunks_exact(3)) {
+                                *d = f32::from(p[c]) * scale + bias;
+                            }
+                        }
+                        let at = (c * plane + y * v.w) * 4;
+                        out[at..at + v.w * 4].copy_from_slice(bytemuck::cast_slice(&buf));
+                    }
+                }
+            }
+            Output::U8Chw => {
+                let plane = v.w * v.h;
+                for y in 0..v.h {
+                    let row = px(y);
+                    for c in 0..3 {
+                        let dst = &mut out[c * plane + y * v.w..c * plane + (y + 1) * v.w];
+                        for (x, d) in dst.iter_mut().enumerate() {
+                            *d = row[col(x) * 3 + c];
+                        }
+                    }
+                }
+            }
+            Output::U8Hwc => {
+                for y in 0..v.h {
+                    let row = px(y);
+                    let dst = &mut out[y * v.w * 3..(y + 1) * v.w * 3];
+                    if self.flip {
+                        for (x, d) in dst.chunks_exact_mut(3).enumerate() {
+                            let si = col(x) * 3;
+                            d.copy_from_slice(&row[si..si + 3]);
+                        }
+                    } else {
+                        dst.copy_from_slice(row);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! [`ImageDataset`]: an [`ImageFolder`] with a [`Compose`] pipeline, writing each image
+//! straight into its slot of the (page-locked) batch buffer through
+//! [`longshore_data::DirectCollate`].
+
+use std::io::Read;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use longshore_data::rng::Rng;
+use longshore_data::{DType, DataError, Dataset, DirectDataset, FieldSpec, Shape, Tensor};
+use rand_chacha::rand_core::SeedableRng;
+
+use crate::compose::{Compose, with_scratch};
+use crate::folder::ImageFolder;
+
+/// Where the random transforms of a sample draw from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RandomSource {
+    /// The loader worker's seeded generator ([`longshore_data::worker::with_rng`]), as
+    /// PyTorch's transforms draw from the worker's torch generator: reproducible for a given
+    /// seed and number of workers when an epoch is run from its start.
+    #[default]
+    Worker,
+    /// A generator per sample, a pure function of `(seed, epoch, index)`: the same crops
+    /// whatever the number of workers, and a resumed epoch draws the crops the interrupted
+    /// one would have. Set the epoch with [`ImageDataset::set_epoch`] before each epoch.
+    PerSample {
+        /// The base seed.
+        seed: u64,
+    },
+}
+
+/// SplitMix64's finaliser.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The generator of sample `index` in `epoch` under [`RandomSource::PerSample`].
+pub fn sample_rng(seed: u64, epoch: u64, index: usize) -> Rng {
+    let mut rng = Rng::seed_from_u64(mix(seed ^ mix(epoch)));
+    rng.set_stream(index as u64);
+    rng
+}
+
+/// An image folder with a transform pipeline: torchvision's
+/// `ImageFolder(root, transform=Compose([...]))`.
+///
+/// Samples are `(image, label)`: the image as the pipeline's output (f32 `[3, H, W]`
+/// normalised, or u8) and the label as `i64`. As a [`DirectDataset`] it decodes and
+/// transforms each image straight into its batch slot (use it with
+/// [`longshore_data::DirectCollate`]); as a [`Dataset`] it returns owned tensors.
+#[derive(Debug, Clone)]
+pub struct ImageDataset {
+    folder: ImageFolder,
+    transform: Arc<Compose>,
+    random: RandomSource,
+    epoch: Arc<AtomicU64>,
+    fields: [FieldSpec; 2],
+}
+
+impl ImageFolder {
+    /// Attaches a transform pipeline (torchvision's `transform=`).
+    pub fn with_transform(self, transform: Compose) -> ImageDataset {
+        ImageDataset::new(self, transform)
+    }
+}
+
+impl ImageDataset {
+    /// `folder` with `transform`, drawing randomness from the worker's generator.
+    pub fn new(folder: ImageFolder, transform: Compose) -> ImageDataset {
+        let fields = [
+            transform.field(),
+            FieldSpec {
+                dtype: DType::I64,
+                shape: Shape::new(&[]).expect("a scalar shape"),
+            },
+        ];
+        ImageDataset {
+            folder,
+            transform: Arc::new(transform),
+            random: RandomSource::Worker,
+            epoch: Arc::new(AtomicU64::new(0)),
+            fields,
+        }
+    }
+
+    /// Chooses where random transforms draw from.
+    pub fn random_source(mut self, random: RandomSource) -> ImageDataset {
+        self.random = random;
+        self
+    }
+
+    /// Sets the epoch of [`RandomSource::PerSample`] streams (shared by clones of this
+    /// dataset, so it reaches a loader's copy). Call it before iterating each epoch, as with
+    /// PyTorch's `DistributedSampler.set_epoch`.
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// The folder.
+    pub fn folder(&self) -> &ImageFolder {
+        &self.folder
+    }
+
+    /// The pipeline.
+    pub fn transform(&self) -> &Compose {
+        &self.transform
+    }
+
+    /// Decodes and transforms sample `index` into `out` (the pipeline's output bytes).
+    ///
+    /// # Errors
+    /// [`DataError::Io`] or [`DataError::InvalidFile`] naming the file.
+    pub fn image_into(&self, index: usize, out: &mut [u8]) -> Result<(), DataError> {
+        let (path, _) = self
+            .folder
+            .samples()
+            .get(index)
+            .ok_or(DataError::IndexOutOfRange {
+                index,
+                len: self.folder.len(),
+                what: "image folder",
+            })?;
+        let bytes = with_scratch(|s| {
+            let mut file = std::mem::take(&mut s.file);
+            file.clear();
+            let r = std::fs::File::open(path)
+                .and_then(|mut f| f.read_to_end(&mut file))
+                .map_err(|source| DataError::Io {
+                    path: path.clone(),
+                    source,
+                });
+            r.map(|_| file)
+        })?;
+        let decode = self.folder.decode();
+        let result = match self.random {
+            RandomSource::Worker => longshore_data::worker::with_rng(|rng| {
+                self.transform.decode_into(path, &bytes, decode, rng, out)
+            }),
+            RandomSource::PerSample { seed } => {
+                let mut rng = sample_rng(seed, self.epoch.load(Ordering::Relaxed), index);
+                self.transform
+                    .decode_into(path, &bytes, decode, &mut rng, out)
+            }
+        };
+        with_scratch(|s| s.file = bytes);
+        result
+    }
+
+    fn label(&self, index: usize) -> Result<i64, DataError> {
+        self.folder
+            .samples()
+            .get(index)
+            .map(|(_, l)| *l as i64)
+            .ok_or(DataError::IndexOutOfRange {
+                index,
+                len: self.folder.len(),
+                what: "image folder",
+            })
+    }
+}
+
+impl Dataset for ImageDataset {
+    type Item = (Tensor, i64);
+
+    fn len(&self) -> usize {
+        self.folder.len()
+    }
+
+    fn get(&self, index: usize) -> Result<(Tensor, i64), DataError> {
+        let f = self.transform.field();
+        let mut t = Tensor::zeros(f.dtype, f.shape.dims())?;
+        self.image_into(index, t.bytes_mut())?;
+        Ok((t, self.label(index)?))
+    }
+}
+
+impl DirectDataset for ImageDataset {
+    fn fields(&self) -> &[FieldSpec] {
+        &self.fields
+    }
+
+    fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        match field {
+            0 => self.image_into(index, out),
+            1 => {
+                let label = self.label(index)?;
+                if out.len() != 8 {
+                    return Err(DataError::BufferTooSmall {
+                        what: "label slot",
+                        needed: 8,
+                        got: out.len(),
+                    });
+                }
+                out.copy_from_slice(&label.to_ne_bytes());
+                Ok(())
+            }
+            f => Err(DataError::IndexOutOfRange {
+                index: f,
+                len: 2,
+                what: "fields",
+            }),
+        }
+    }
+}
