@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use longshore_data::{
-    Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, DirectDataset, FieldSpec,
-    ImageLayout, Normalize, NpyDataset, RecordDataset, RecordLayout, Storage, Tensor, Zip,
+    DType, DataError, Dataset, DirectCollate, DirectDataset, FieldSpec, ImageLayout, Normalize,
+    NpyDataset, RecordDataset, RecordLayout, Tensor, Zip,
 };
 use pyo3::prelude::*;
 
@@ -71,21 +71,24 @@ where
 /// Any built-in dataset, read field by field straight into a batch.
 pub(crate) type AnyDataset = Arc<dyn DirectDataset<Item = Vec<Tensor>>>;
 
-/// What a Python dataset object stands for.
+/// What a Python dataset object stands for: a dataset whose fields are written straight into
+/// the batch by a [`DirectCollate`], with a fused [`Normalize`] on the image field when asked.
 #[derive(Clone)]
-pub(crate) enum Source {
-    /// Fields copied as they are (`DirectCollate`).
-    Direct(AnyDataset),
-    /// `u8 [C, H, W]` images normalised to `f32` while collating.
-    Normalized(Arc<NpyDataset>, NormalizeCollate),
+pub(crate) struct Source {
+    pub(crate) dataset: AnyDataset,
+    pub(crate) collate: DirectCollate,
 }
 
 impl Source {
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Source::Direct(d) => d.len(),
-            Source::Normalized(d, _) => d.len(),
+    fn direct(dataset: AnyDataset) -> Source {
+        Source {
+            dataset,
+            collate: DirectCollate::new(),
         }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.dataset.len()
     }
 }
 
@@ -142,9 +145,12 @@ impl PyNpyDataset {
                         });
                     }
                     let ds = NpyDataset::open(&files[0])?;
-                    let collate = NormalizeCollate::new(&mean, &std)?;
-                    collate.check(&ds)?;
-                    return Ok(Source::Normalized(Arc::new(ds), collate));
+                    let normalize = Normalize::new(&mean, &std, ImageLayout::Chw)?;
+                    check_images(&ds, mean.len())?;
+                    return Ok(Source {
+                        dataset: Arc::new(Fields(ds)),
+                        collate: DirectCollate::new().with_transform(0, normalize),
+                    });
                 }
                 let mut it = files.iter();
                 let first = NpyDataset::open(it.next().expect("at least one file"))?;
@@ -153,7 +159,7 @@ impl PyNpyDataset {
                     let next: AnyDataset = Arc::new(Fields(NpyDataset::open(p)?));
                     acc = Arc::new(Fields(Zip::direct(acc, next)?));
                 }
-                Ok(Source::Direct(acc))
+                Ok(Source::direct(acc))
             })
             .map_err(data_err)?;
         Ok(Self { source, files })
@@ -230,7 +236,7 @@ impl PyRecordDataset {
                     .collect::<Result<Vec<_>, DataError>>()?;
                 let layout = RecordLayout::packed(&specs)?.header_bytes(header_bytes);
                 let ds = RecordDataset::open(&path, layout)?;
-                Ok(Source::Direct(Arc::new(Fields(ds))))
+                Ok(Source::direct(Arc::new(Fields(ds))))
             })
             .map_err(data_err)?;
         Ok(Self { source, path })
@@ -245,94 +251,18 @@ impl PyRecordDataset {
     }
 }
 
-/// Collates rows of a `u8 [N, C, H, W]` [`NpyDataset`] into one `f32 [batch, C, H, W]` tensor,
-/// normalised per channel by [`Normalize::apply_into`] as each row is written into the batch.
-///
-/// The same collate as the Rust benchmark's (`longshore-benches`' `NormalizeCollate`), over
-/// the public `DatasetCollate` API; it belongs in a library crate (data, or vision) from
-/// which both would take it.
-#[derive(Debug, Clone)]
-pub(crate) struct NormalizeCollate {
-    normalize: Normalize,
-    channels: usize,
-}
-
-impl NormalizeCollate {
-    fn new(mean: &[f32], std: &[f32]) -> Result<Self, DataError> {
-        Ok(Self {
-            normalize: Normalize::new(mean, std, ImageLayout::Chw)?,
-            channels: mean.len(),
-        })
+/// Checks that `dataset` holds `u8 [N, channels, H, W]` images, naming the file otherwise.
+fn check_images(dataset: &NpyDataset, channels: usize) -> Result<(), DataError> {
+    if dataset.array().dtype() != DType::U8
+        || dataset.row_shape().len() != 3
+        || dataset.row_shape()[0] != channels
+    {
+        return Err(DataError::ShapeMismatch(format!(
+            "normalize needs u8 rows of shape [{channels}, H, W] in {}, got {} rows of shape {:?}",
+            dataset.array().path().display(),
+            dataset.array().dtype(),
+            dataset.row_shape()
+        )));
     }
-
-    fn check(&self, dataset: &NpyDataset) -> Result<(), DataError> {
-        if dataset.array().dtype() != DType::U8
-            || dataset.row_shape().len() != 3
-            || dataset.row_shape()[0] != self.channels
-        {
-            return Err(DataError::ShapeMismatch(format!(
-                "normalize needs u8 rows of shape [{}, H, W] in {}, got {} rows of shape {:?}",
-                self.channels,
-                dataset.array().path().display(),
-                dataset.array().dtype(),
-                dataset.row_shape()
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// The indices of a staged image batch and its layout.
-#[derive(Debug)]
-pub(crate) struct StagedImages {
-    indices: Vec<usize>,
-    layout: BatchLayout,
-}
-
-impl DatasetCollate<Arc<NpyDataset>> for NormalizeCollate {
-    type Staged = StagedImages;
-
-    fn stage(
-        &self,
-        dataset: &Arc<NpyDataset>,
-        indices: &[usize],
-    ) -> Result<StagedImages, DataError> {
-        let len = dataset.len();
-        if let Some(&index) = indices.iter().find(|&&i| i >= len) {
-            return Err(DataError::IndexOutOfRange {
-                index,
-                len,
-                what: "image dataset",
-            });
-        }
-        let mut shape = vec![indices.len()];
-        shape.extend_from_slice(dataset.row_shape());
-        let mut layout = BatchLayout::new(indices.len());
-        layout.push(None, DType::F32, shape)?;
-        Ok(StagedImages {
-            indices: indices.to_vec(),
-            layout,
-        })
-    }
-
-    fn staged_layout<'a>(&self, staged: &'a StagedImages) -> &'a BatchLayout {
-        &staged.layout
-    }
-
-    fn write<S: Storage>(
-        &self,
-        dataset: &Arc<NpyDataset>,
-        staged: StagedImages,
-        storage: S,
-    ) -> Result<Batch<S>, DataError> {
-        let StagedImages { indices, layout } = staged;
-        let per = dataset.row_bytes();
-        let mut batch = Batch::from_parts(layout, storage)?;
-        let out = batch.tensor_mut::<f32>(0)?;
-        for (&i, slot) in indices.iter().zip(out.chunks_exact_mut(per)) {
-            self.normalize
-                .apply_into(dataset.row_raw(i)?, self.channels, slot)?;
-        }
-        Ok(batch)
-    }
+    Ok(())
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
-use longshore_data::{Batch, DirectCollate};
+use longshore_data::Batch;
 use longshore_dlpack::{
     DlpackError, DlpackTensor, ExportOptions, PinnedLabel, export_device, export_host,
 };
@@ -111,14 +111,10 @@ fn configure<D, C>(mut b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuil
 }
 
 fn build(source: Source, o: Options) -> Result<Arc<dyn AnyLoader>, LoaderError> {
-    Ok(match source {
-        Source::Direct(ds) => {
-            Arc::new(configure(DataLoader::builder(ds).collate(DirectCollate::new()), o).build()?)
-        }
-        Source::Normalized(ds, collate) => {
-            Arc::new(configure(DataLoader::builder(ds).collate(collate), o).build()?)
-        }
-    })
+    let Source { dataset, collate } = source;
+    Ok(Arc::new(
+        configure(DataLoader::builder(dataset).collate(collate), o).build()?,
+    ))
 }
 
 /// A pool of (page-locked) host memory with a budget, for `DataLoader(pool=...)`.

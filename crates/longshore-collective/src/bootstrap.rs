@@ -134,27 +134,21 @@ pub fn share_unique_id(
                     })?;
                 Ok(id)
             } else {
-                let deadline = Instant::now() + *timeout;
-                loop {
-                    let last = match std::fs::read(path) {
-                        Ok(m) => match decode(&m, world_size) {
-                            Ok(id) => return Ok(id),
-                            Err(e) => e,
-                        },
-                        Err(e) => e.to_string(),
-                    };
-                    if Instant::now() >= deadline {
-                        return Err(fail(
-                            rank,
-                            world_size,
-                            format!(
-                                "no id from rank 0 in {} after {timeout:?}: {last}",
-                                path.display()
-                            ),
-                        ));
-                    }
-                    std::thread::sleep(RETRY);
-                }
+                let timeout = *timeout;
+                retry_until(timeout, || match std::fs::read(path) {
+                    Ok(m) => decode(&m, world_size).map_err(Retry::Again),
+                    Err(e) => Err(Retry::Again(e.to_string())),
+                })
+                .map_err(|(Retry::Again(last) | Retry::Fatal(last))| {
+                    fail(
+                        rank,
+                        world_size,
+                        format!(
+                            "no id from rank 0 in {} after {timeout:?}: {last}",
+                            path.display()
+                        ),
+                    )
+                })
             }
         }
     }
@@ -218,8 +212,7 @@ fn serve(world: usize, port: u16, timeout: Duration, id: &UniqueId) -> Result<()
 
 /// Ranks other than 0: connect to rank 0 (retrying until the deadline) and read the id.
 fn fetch(rank: usize, world: usize, addr: &str, port: u16, timeout: Duration) -> Result<UniqueId> {
-    let deadline = Instant::now() + timeout;
-    loop {
+    retry_until(timeout, || {
         let attempt = (|| -> std::result::Result<UniqueId, String> {
             let addrs: Vec<SocketAddr> = (addr, port)
                 .to_socket_addrs()
@@ -245,21 +238,44 @@ fn fetch(rank: usize, world: usize, addr: &str, port: u16, timeout: Duration) ->
             }
             Err(errs.join("; "))
         })();
-        let last = match attempt {
-            Ok(id) => return Ok(id),
+        match attempt {
+            Ok(id) => Ok(id),
             // A world-size mismatch will not heal: fail at once.
-            Err(e) if e.contains("runs a world of") => return Err(fail(rank, world, e)),
-            Err(e) => e,
-        };
-        if Instant::now() >= deadline {
-            return Err(fail(
-                rank,
-                world,
-                format!(
-                    "could not get the id from rank 0 at {addr}:{port} within {timeout:?}: {last}"
-                ),
-            ));
+            Err(e) if e.contains("runs a world of") => Err(Retry::Fatal(e)),
+            Err(e) => Err(Retry::Again(e)),
         }
-        std::thread::sleep(RETRY);
+    })
+    .map_err(|last| match last {
+        Retry::Fatal(e) => fail(rank, world, e),
+        Retry::Again(last) => fail(
+            rank,
+            world,
+            format!("could not get the id from rank 0 at {addr}:{port} within {timeout:?}: {last}"),
+        ),
+    })
+}
+
+/// Why one attempt of [`retry_until`] failed.
+enum Retry {
+    /// Try again until the deadline; the text is kept for the final error.
+    Again(String),
+    /// Give up at once.
+    Fatal(String),
+}
+
+/// Calls `attempt` every [`RETRY`] until it succeeds, fails fatally, or `timeout` has passed;
+/// the error is the last attempt's. The one wait loop of both rendezvous kinds.
+fn retry_until<T>(
+    timeout: Duration,
+    mut attempt: impl FnMut() -> std::result::Result<T, Retry>,
+) -> std::result::Result<T, Retry> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match attempt() {
+            Ok(v) => return Ok(v),
+            Err(Retry::Fatal(e)) => return Err(Retry::Fatal(e)),
+            Err(Retry::Again(e)) if Instant::now() >= deadline => return Err(Retry::Again(e)),
+            Err(Retry::Again(_)) => std::thread::sleep(RETRY),
+        }
     }
 }
