@@ -37,18 +37,21 @@ cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # On the GPU machine (Python 3.12 + torch + numpy, no registry), from the project root:
 #   bash gpu-python/run.sh [--no-bench]
-# Installs the wheel and pytest from gpu-python/wheels into a venv that sees the system's
+# Installs the wheel and pytest from gpu-python/wheels into a private folder on PYTHONPATH, beside the system's
 # torch and numpy, runs the pytest suite with CUDA required, then the python benchmark.
 # Logs and results go to $OUT (the device tool's folder) or ./gpu-out.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out=${OUT:-gpu-out}; mkdir -p "$out"; out="$(cd "$out" && pwd)"
-venv="${TMPDIR:-/tmp}/longshore-gpu-venv"
-python3 -m venv --system-site-packages "$venv"
-"$venv/bin/python" -m pip install --quiet --no-index --find-links "$here/wheels" longshore pytest
-"$venv/bin/python" -c "import longshore, torch; print('longshore', longshore.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), longshore.cuda_status())" | tee "$out/python-versions.txt"
+# Not a venv: torch may live in the user site-packages, which a venv hides even with
+# --system-site-packages. The wheels go to a private folder on PYTHONPATH instead.
+site="${TMPDIR:-/tmp}/longshore-gpu-site"
+python3 -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$site" "$here"/wheels/*.whl
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+py=python3
+"$py" -c "import longshore, torch; print('longshore', longshore.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), longshore.cuda_status())" | tee "$out/python-versions.txt"
 cd "$out"
-LONGSHORE_REQUIRE_CUDA=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider -rxs "$here/tests" 2>&1 | tee "$out/pytest.log"
+LONGSHORE_REQUIRE_CUDA=1 "$py" -m pytest -q -p no:cacheprovider -rxs "$here/tests" 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 if [ "${1:-}" != "--no-bench" ]; then
     # The Rust sections' results.json, if xtask bench ran first, for the Python/Rust ratio.
@@ -56,7 +59,7 @@ if [ "${1:-}" != "--no-bench" ]; then
     for r in "$here/../gpu-out/results.json" "$out/results.json" "$here/../target/longshore-bench/results.json"; do
         [ -f "$r" ] && rust="--rust-results $r" && break
     done
-    "$venv/bin/python" "$here/bench/python_bench.py" --data-dir "${DATA_DIR:-/tmp/longshore-bench-data}" \
+    "$py" "$here/bench/python_bench.py" --data-dir "${DATA_DIR:-/tmp/longshore-bench-data}" \
         --out "$out/python.json" $rust 2>&1 | tee "$out/python-bench.log"
 fi
 exit $rc
