@@ -4,7 +4,7 @@
 //!
 //! One thread per output pixel (all three channels), one grid row per image. The arithmetic is
 //! [`render_reference`](super::plan::render_reference)'s: PIL's antialiased bilinear taps of
-//! the plan's box, a horizontal pass rounded to 8 bits, then a vertical pass rounded to 8 bits,
+//! the plan's box, a vertical pass rounded to 8 bits, then a horizontal pass rounded to 8 bits,
 //! then `x * scale + bias` per channel (f32 CHW) or the 8-bit value (u8 CHW or HWC).
 
 use std::sync::Arc;
@@ -72,15 +72,15 @@ extern "C" __global__ void ls_nvjpeg_resample(void* out, const unsigned char* sr
         if (sy <= 0.0f) sy = 1.0f;
         for (int c = 0; c < 3; ++c) {
             float acc = 0.0f;
-            for (int j = y0; j < y1; ++j) {
-                const float wy = ls_tri(((float)j - cy + 0.5f) / fy) / sy;
-                const unsigned char* row = base + c * cs + (p[5] + j) * rs + p[4] * ps;
-                float h = 0.0f;
-                for (int i = x0; i < x1; ++i) {
-                    const float wx = ls_tri(((float)i - cx + 0.5f) / fx) / sx;
-                    h += wx * (float)row[(i64)i * ps];
+            for (int i = x0; i < x1; ++i) {
+                const float wx = ls_tri(((float)i - cx + 0.5f) / fx) / sx;
+                const unsigned char* col = base + c * cs + p[5] * rs + (p[4] + i) * ps;
+                float t = 0.0f;
+                for (int j = y0; j < y1; ++j) {
+                    const float wy = ls_tri(((float)j - cy + 0.5f) / fy) / sy;
+                    t += wy * (float)col[(i64)j * rs];
                 }
-                acc += wy * ls_clip8(h);
+                acc += wx * ls_clip8(t);
             }
             v[c] = ls_clip8(acc);
         }

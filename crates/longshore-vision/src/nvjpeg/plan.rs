@@ -346,8 +346,9 @@ pub(crate) fn clip8(v: f32) -> u8 {
 }
 
 /// What the device kernel writes for one image, computed on the CPU: the RGB pixels (HWC) of
-/// the `out_w x out_h` output of `plan` on `src` (`width x height`, RGB HWC). Horizontal pass
-/// then vertical, each rounded to 8 bits, as PIL resamples.
+/// the `out_w x out_h` output of `plan` on `src` (`width x height`, RGB HWC). Vertical pass
+/// then horizontal, each rounded to 8 bits, in the order fast_image_resize (the CPU path) uses
+/// for 8-bit images; PIL runs the horizontal pass first, which changes some values by 1.
 ///
 /// # Panics
 /// When `src` is shorter than `width * height * 3` or the plan's box lies outside it.
@@ -374,14 +375,14 @@ pub fn render_reference(
             let (y0, wy) = taps(ry, plan.box_h, plan.resized_h);
             for c in 0..3 {
                 let mut acc = 0f32;
-                for (j, wyj) in wy.iter().enumerate() {
-                    let row = (plan.box_y + y0 + j as i64) as usize;
-                    let mut h = 0f32;
-                    for (i, wxi) in wx.iter().enumerate() {
-                        let col = (plan.box_x + x0 + i as i64) as usize;
-                        h += wxi * f32::from(src[(row * width + col) * 3 + c]);
+                for (i, wxi) in wx.iter().enumerate() {
+                    let col = (plan.box_x + x0 + i as i64) as usize;
+                    let mut v = 0f32;
+                    for (j, wyj) in wy.iter().enumerate() {
+                        let row = (plan.box_y + y0 + j as i64) as usize;
+                        v += wyj * f32::from(src[(row * width + col) * 3 + c]);
                     }
-                    acc += wyj * f32::from(clip8(h));
+                    acc += wxi * f32::from(clip8(v));
                 }
                 out[((oy as usize) * out_w + ox as usize) * 3 + c] = clip8(acc);
             }
