@@ -236,7 +236,7 @@ proptest! {
         let image = RgbImage::from_vec(w, h, px).unwrap();
         for steps in [train(out), val(out + 3, out)] {
             let (max, mean) = compare(&steps, &image, seed);
-            prop_assert!(max <= 1 && mean < 0.05, "{w}x{h} -> {out}: max {max} mean {mean}");
+            prop_assert!(max <= 1 && mean < 0.1, "{w}x{h} -> {out}: max {max} mean {mean}");
         }
     }
 }
