@@ -62,6 +62,11 @@ where
         &self.decoder
     }
 
+    /// The decoder back, to decode the next epoch with the same states.
+    pub fn into_decoder(self) -> NvjpegDecoder {
+        self.decoder
+    }
+
     fn fill(&mut self) {
         while self.queue.len() < self.depth {
             let Some(item) = self.source.next() else {
