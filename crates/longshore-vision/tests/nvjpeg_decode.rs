@@ -126,8 +126,12 @@ fn decoded_pixels_match_the_cpu_decoder_on_both_backends() {
             worst_mean = worst_mean.max(mean);
         }
         eprintln!(
-            "{name} backend vs zune-jpeg: worst max abs diff {worst_max}, worst mean {worst_mean:.3}"
+            "{name} backend vs zune-jpeg: worst max abs diff {worst_max}, worst mean {worst_mean:.3}, {hardware} of {} by the engines",
+            jpegs.len()
         );
+        if name == "hardware" {
+            assert!(hardware > 0, "no image went to the hardware engines");
+        }
         assert!(
             worst_mean < 1.5,
             "{name}: mean abs diff {worst_mean} (max {worst_max})"
