@@ -24,6 +24,7 @@ use longshore::ops::{
     self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
 };
 use longshore::transfer::{DeviceBuffer, Stream};
+use longshore::vision::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageDataset, ImageFolder};
 use longshore_examples::{DeviceChoice, data_root, pick_device};
@@ -56,6 +57,10 @@ struct Args {
     /// training.
     #[arg(long)]
     tune: bool,
+    /// Where images are decoded: `cpu` (the loader's workers) or `nvjpeg` (on the GPU with
+    /// nvJPEG; the workers only read files into pinned memory).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "nvjpeg"])]
+    decode: String,
 }
 
 /// A linear classifier `[b, features] -> [b, classes]` with SGD momentum.
@@ -299,6 +304,9 @@ fn main() -> Result<()> {
         return Ok(());
     }
 
+    if args.decode == "nvjpeg" {
+        return train_nvjpeg(&args, &device, &train, &val, classes, workers);
+    }
     let train_loader = loader(&train, args.batch_size, workers, true, true, args.seed)?;
     let val_loader = loader(&val, args.batch_size, workers, true, false, args.seed)?;
     let compute = device.new_stream()?;
@@ -330,6 +338,86 @@ fn main() -> Result<()> {
             println!(
                 "epoch {} {phase:<5}: loss {:.4}  accuracy {:>5.1}%  {:>6.0} images/s  waited {:>4.1}% for data",
                 epoch + 1,
+                st.loss_sum / seen.max(1) as f64,
+                100.0 * st.correct as f64 / seen.max(1) as f64,
+                seen as f64 / t.elapsed().as_secs_f64(),
+                100.0 * l.stats().wait_fraction()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Training with nvJPEG decoding: the workers read files into pinned batches
+/// ([`EncodedCollate`]), the GPU decodes, crops, resizes and normalises.
+fn train_nvjpeg(
+    args: &Args,
+    device: &longshore::transfer::Device,
+    train: &ImageDataset,
+    val: &ImageDataset,
+    classes: usize,
+    workers: usize,
+) -> Result<()> {
+    ensure!(!device.is_cpu(), "--decode nvjpeg needs a CUDA device");
+    let encoded =
+        |ds: &ImageDataset| EncodedImages::new(ds.folder().clone(), ds.transform().clone());
+    let (train, val) = (encoded(train)?, encoded(val)?);
+    let build = |files: &EncodedImages, shuffle: bool| {
+        let mut b = DataLoader::builder(files.clone())
+            .dataset_collate(EncodedCollate)
+            .batch_size(args.batch_size)
+            .shuffle(shuffle)
+            .num_workers(workers)
+            .pin_memory(true)
+            .seed(args.seed);
+        if workers > 0 {
+            b = b.persistent_workers(true);
+        }
+        b.build()
+    };
+    let loaders = [
+        ("train", build(&train, true)?, true),
+        ("val", build(&val, false)?, false),
+    ];
+    let mut decoders = [
+        Some(NvjpegDecoder::new(device, &train)?),
+        Some(NvjpegDecoder::new(device, &val)?),
+    ];
+    let compute = device.new_stream()?;
+    let mut head = Head::new(&compute, 3 * 224 * 224, classes, args.batch_size, args.lr)?;
+    let mut stats = compute.alloc_zeroed(CrossEntropyStats::LEN * 4)?;
+    for epoch in 0..args.epochs {
+        for (k, (phase, l, training)) in loaders.iter().enumerate() {
+            let t = Instant::now();
+            l.set_epoch(epoch as u64);
+            l.reset_stats();
+            compute.memset(&mut stats, 0)?;
+            let mut seen = 0;
+            let decoder = decoders[k].take().context("decoder")?;
+            let mut it = l.nvjpeg(decoder, 2)?;
+            for item in &mut it {
+                let batch = item?.wait_on(&compute)?;
+                let b = batch.batch_size();
+                head.step(
+                    &compute,
+                    View::new(batch.images(), 0),
+                    View::new(batch.labels(), 0),
+                    b,
+                    &mut stats,
+                    *training,
+                )?;
+                seen += b;
+            }
+            let d = it.into_decoder();
+            let ds = d.stats();
+            decoders[k] = Some(d);
+            let st = CrossEntropyStats::from_slice(&compute.read_to_vec::<f32>(&stats)?)?;
+            println!(
+                "epoch {} {phase:<5} (nvjpeg: {} hardware, {} default, {} cpu): loss {:.4}  accuracy {:>5.1}%  {:>6.0} images/s  waited {:>4.1}% for data",
+                epoch + 1,
+                ds.hardware,
+                ds.default_backend,
+                ds.cpu_fallback + ds.worker,
                 st.loss_sum / seen.max(1) as f64,
                 100.0 * st.correct as f64 / seen.max(1) as f64,
                 seen as f64 / t.elapsed().as_secs_f64(),

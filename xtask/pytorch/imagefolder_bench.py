@@ -11,7 +11,11 @@ non_blocking=True when CUDA is available (as the Rust side delivers to the devic
 
 The CPU share is the machine's busy fraction from /proc/stat over the timed epochs (workers are
 processes, so the whole machine is what counts). Prints one JSON object on stdout; progress on
-stderr. Run by `jpeg-bench`, or by hand:
+stderr. With --gpu-decode (and CUDA), also the GPU-decoding baseline: file bytes read by
+DataLoader workers (torchvision.io.read_file), torchvision.io.decode_jpeg(device="cuda") on each
+batch (batches of --batch-size, 256 by default), then the same crops, resizes (antialiased
+bilinear), flips and normalisation on the GPU, one image at a time as torchvision's functional
+API does. Run by `jpeg-bench`, or by hand:
 
   python xtask/pytorch/imagefolder_bench.py --root target/longshore-bench/data/jpeg-imagenet-like
 """
@@ -68,6 +72,68 @@ def run(dataset, batch, workers, pin, epochs, device):
     return {"num_workers": workers, "pin_memory": pin, "samples_per_s": n / dt, "cpu_share": share, "epochs": epochs}
 
 
+class FileBytes(torch.utils.data.Dataset):
+    """The ImageFolder's files as raw bytes (uint8 tensors) and labels."""
+
+    def __init__(self, root):
+        self.samples = datasets.ImageFolder(root).samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        return torchvision.io.read_file(path), label
+
+
+def collate_bytes(items):
+    return [d for d, _ in items], torch.tensor([label for _, label in items])
+
+
+def gpu_transform(name, img):
+    import torchvision.transforms.functional as F
+
+    if name == "train":
+        i, j, h, w = T.RandomResizedCrop.get_params(img, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+        img = F.resized_crop(img, i, j, h, w, [224, 224], antialias=True)
+        if torch.rand(1).item() < 0.5:
+            img = F.hflip(img)
+    else:
+        img = F.center_crop(F.resize(img, 256, antialias=True), 224)
+    return img
+
+
+def run_gpu_decode(root, name, batch, workers, epochs):
+    device = torch.device("cuda")
+    mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
+    kw = dict(batch_size=batch, shuffle=True, num_workers=workers, pin_memory=False,
+              collate_fn=collate_bytes)
+    if workers > 0:
+        kw.update(persistent_workers=True, prefetch_factor=2)
+    loader = DataLoader(FileBytes(root), **kw)
+
+    def epoch():
+        n = 0
+        for data, labels in loader:
+            images = torchvision.io.decode_jpeg(data, mode=torchvision.io.ImageReadMode.RGB, device=device)
+            out = torch.stack([gpu_transform(name, im) for im in images])
+            out = (out.float() / 255.0 - mean) / std
+            labels = labels.to(device, non_blocking=True)
+            n += out.shape[0]
+        torch.cuda.synchronize()
+        return n
+
+    epoch()
+    c0, t0 = cpu_jiffies(), time.perf_counter()
+    n = sum(epoch() for _ in range(epochs))
+    dt = time.perf_counter() - t0
+    c1 = cpu_jiffies()
+    share = (c1[0] - c0[0]) / (c1[1] - c0[1]) if c0 and c1 and c1[1] > c0[1] else None
+    return {"num_workers": workers, "batch_size": batch, "samples_per_s": n / dt, "cpu_share": share,
+            "epochs": epochs, "what": "torchvision.io.decode_jpeg(device='cuda') + resize"}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
@@ -75,6 +141,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--only", default="train,val")
+    ap.add_argument("--gpu-decode", action="store_true")
+    ap.add_argument("--gpu-decode-workers", type=int, default=8)
     a = ap.parse_args()
     device = torch.device("cuda") if torch.cuda.is_available() else None
     workers = [int(w) for w in a.workers.split(",") if w != ""]
@@ -91,6 +159,15 @@ def main():
                       f"cpu {100 * (r['cpu_share'] or 0):.0f}%", file=sys.stderr, flush=True)
         out["results"][name] = runs
         out["best"][name] = max(runs, key=lambda r: r["samples_per_s"])
+    if a.gpu_decode and device is not None:
+        out["gpu_decode"] = {}
+        for name in a.only.split(","):
+            try:
+                r = run_gpu_decode(a.root, name, a.batch_size, a.gpu_decode_workers, a.epochs)
+            except Exception as e:  # an old torchvision without batched GPU decode_jpeg
+                r = {"skipped": f"{type(e).__name__}: {e}"}
+            out["gpu_decode"][name] = r
+            print(f"jpeg: torchvision gpu decode {name}: {r}", file=sys.stderr, flush=True)
     print(json.dumps(out))
 
 

@@ -14,6 +14,12 @@
 //!    ImageFolder and transforms through DataLoader, workers {0,4,8,16,32} x pin_memory, same
 //!    steady-state protocol), when `python -c "import torchvision"` works.
 //!
+//! 5. With `--decode nvjpeg` (or `both`) and a GPU: the same pipelines with nvJPEG decoding
+//!    on the device (`longshore::vision::nvjpeg`: workers only read files into pinned memory,
+//!    nvJPEG's hardware engines or default backend decode, one kernel crops, resizes and
+//!    normalises), pinned, swept over `num_workers`; the torchvision script then also
+//!    measures `torchvision.io.decode_jpeg(device="cuda")` + resize on batches of 256.
+//!
 //! Writes `jpeg.json` and `jpeg.md` under `--out`.
 
 use std::hint::black_box;
@@ -27,6 +33,7 @@ use longshore::data::DirectCollate;
 use longshore::data::rng::epoch_rng;
 use longshore::prelude::*;
 use longshore::vision::decode::{DecodeOptions, decode_rgb};
+use longshore::vision::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageFolder};
 use serde_json::{Value, json};
@@ -64,6 +71,9 @@ struct Args {
     /// Skip the torchvision baseline.
     #[arg(long)]
     no_pytorch: bool,
+    /// Where longshore decodes: `cpu` (the workers), `nvjpeg` (the GPU), or `both`.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "nvjpeg", "both"])]
+    decode: String,
 }
 
 /// Busy and total jiffies of the whole machine (/proc/stat), for the CPU share.
@@ -197,6 +207,64 @@ fn steady(
     }))
 }
 
+/// Steady state with nvJPEG decoding on `device`: workers read files into pinned batches.
+fn steady_nvjpeg(
+    files: &EncodedImages,
+    workers: usize,
+    batch: usize,
+    epochs: usize,
+    device: &Device,
+) -> Result<Value> {
+    let mut b = DataLoader::builder(files.clone())
+        .dataset_collate(EncodedCollate)
+        .batch_size(batch)
+        .shuffle(true)
+        .num_workers(workers)
+        .pin_memory(true)
+        .seed(0);
+    if workers > 0 {
+        b = b.persistent_workers(true);
+    }
+    let loader = b.build()?;
+    let compute = device.new_stream()?;
+    let mut decoder = Some(NvjpegDecoder::new(device, files)?);
+    let mut run_epoch = || -> Result<usize> {
+        let mut it = loader.nvjpeg(decoder.take().context("decoder")?, 2)?;
+        let mut n = 0;
+        for item in &mut it {
+            n += item?.wait_on(&compute)?.batch_size();
+        }
+        compute.synchronize()?;
+        decoder = Some(it.into_decoder());
+        Ok(n)
+    };
+    run_epoch()?;
+    loader.reset_stats();
+    let (cpu0, t0) = (cpu_jiffies(), Instant::now());
+    let mut samples = 0;
+    for _ in 0..epochs {
+        samples += run_epoch()?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = share(cpu0, cpu_jiffies());
+    let stats = decoder.as_ref().map(|d| d.stats()).unwrap_or_default();
+    Ok(json!({
+        "num_workers": workers,
+        "pin_memory": true,
+        "samples_per_s": samples as f64 / secs,
+        "cpu_share": cpu,
+        "wait_fraction": loader.stats().wait_fraction(),
+        "epochs": epochs,
+        "decoded": {
+            "hardware": stats.hardware,
+            "default_backend": stats.default_backend,
+            "cpu_fallback": stats.cpu_fallback,
+            "worker": stats.worker,
+            "hardware_batch_failures": stats.hardware_batch_failures,
+        },
+    }))
+}
+
 fn best(runs: &[Value]) -> Option<&Value> {
     runs.iter().max_by(|a, b| {
         a["samples_per_s"]
@@ -214,7 +282,13 @@ fn script() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn pytorch(args: &Args, root: &Path, batch: usize, epochs: usize) -> Result<Value> {
+fn pytorch(
+    args: &Args,
+    root: &Path,
+    batch: usize,
+    epochs: usize,
+    gpu_decode: bool,
+) -> Result<Value> {
     let probe = Command::new(&args.python)
         .args(["-c", "import torch, torchvision"])
         .output();
@@ -243,6 +317,11 @@ fn pytorch(args: &Args, root: &Path, batch: usize, epochs: usize) -> Result<Valu
         .arg(&script)
         .arg("--root")
         .arg(root)
+        .args(if gpu_decode {
+            &["--gpu-decode"][..]
+        } else {
+            &[][..]
+        })
         .args([
             "--workers",
             &workers,
@@ -310,11 +389,40 @@ fn main() -> Result<()> {
         w.dedup();
         w
     };
+    let cpu_decode = args.decode != "nvjpeg";
+    let nvjpeg = args.decode != "cpu";
     let mut pipelines = serde_json::Map::new();
+    let mut nv_pipelines = serde_json::Map::new();
     for (name, pipeline) in [
         ("train", Compose::imagenet_train()),
         ("val", Compose::imagenet_val()),
     ] {
+        if nvjpeg {
+            match &device {
+                Some(d) => {
+                    let files = EncodedImages::new(folder.clone(), pipeline.clone())?;
+                    let mut runs = Vec::new();
+                    for &w in &workers {
+                        let r = steady_nvjpeg(&files, w, batch, epochs, d)?;
+                        eprintln!(
+                            "jpeg: longshore nvjpeg {name} workers={w}: {:.0} images/s, cpu {:.0}%, decoded {}",
+                            r["samples_per_s"].as_f64().unwrap_or(0.0),
+                            100.0 * r["cpu_share"].as_f64().unwrap_or(0.0),
+                            r["decoded"]
+                        );
+                        runs.push(r);
+                    }
+                    let b = best(&runs).cloned();
+                    nv_pipelines.insert(name.into(), json!({"runs": runs, "best": b}));
+                }
+                None => {
+                    nv_pipelines.insert(name.into(), json!({"skipped": "no cuda device"}));
+                }
+            }
+        }
+        if !cpu_decode {
+            continue;
+        }
         let dataset = folder.clone().with_transform(pipeline);
         let mut runs = Vec::new();
         for &w in &workers {
@@ -334,7 +442,7 @@ fn main() -> Result<()> {
     let torch = if args.no_pytorch {
         json!({"skipped": "--no-pytorch"})
     } else {
-        pytorch(&args, &root, batch, epochs)?
+        pytorch(&args, &root, batch, epochs, nvjpeg && device.is_some())?
     };
     let mut ratios = serde_json::Map::new();
     for name in ["train", "val"] {
@@ -342,6 +450,19 @@ fn main() -> Result<()> {
         let theirs = torch["best"][name]["samples_per_s"].as_f64();
         if let (Some(o), Some(t)) = (ours, theirs) {
             ratios.insert(name.into(), json!(o / t));
+        }
+        let nv = nv_pipelines
+            .get(name)
+            .and_then(|p| p["best"]["samples_per_s"].as_f64());
+        if let (Some(o), Some(t)) = (nv, theirs) {
+            ratios.insert(format!("nvjpeg_{name}"), json!(o / t));
+        }
+        let gpu = torch["gpu_decode"][name]["samples_per_s"].as_f64();
+        if let (Some(o), Some(t)) = (nv, gpu) {
+            ratios.insert(
+                format!("nvjpeg_{name}_vs_torchvision_gpu_decode"),
+                json!(o / t),
+            );
         }
     }
     let result = json!({
@@ -351,6 +472,7 @@ fn main() -> Result<()> {
         "batch_size": batch,
         "per_core": per_core,
         "longshore": pipelines,
+        "longshore_nvjpeg": nv_pipelines,
         "pytorch": torch,
         "ratio_vs_pytorch": ratios,
     });
@@ -389,8 +511,16 @@ fn markdown(r: &Value) -> String {
     for name in ["train", "val"] {
         for (who, b) in [
             ("longshore", &r["longshore"][name]["best"]),
+            ("longshore nvjpeg", &r["longshore_nvjpeg"][name]["best"]),
             ("pytorch", &r["pytorch"]["best"][name]),
+            (
+                "torchvision decode_jpeg(cuda) + resize, batch 256",
+                &r["pytorch"]["gpu_decode"][name],
+            ),
         ] {
+            if b.is_null() {
+                continue;
+            }
             let or_dash = |v: &Value| {
                 if v.is_null() {
                     "-".to_owned()
@@ -406,6 +536,9 @@ fn markdown(r: &Value) -> String {
                 pct(&b["cpu_share"])
             );
         }
+    }
+    if let Some(skip) = r["longshore_nvjpeg"]["train"]["skipped"].as_str() {
+        s += &format!("\nnvJPEG rows skipped: {skip}\n");
     }
     if let Some(skip) = r["pytorch"]["skipped"].as_str() {
         s += &format!("\nPyTorch baseline skipped: {skip}\n");

@@ -43,14 +43,20 @@
 //!   [`Compose::imagenet_train`] and [`Compose::imagenet_val`] (PyTorch's ImageNet example).
 //! - [`ImageDataset`]: folder + pipeline, a [`longshore_data::DirectDataset`];
 //!   [`RandomSource`] picks the worker's generator or per-sample streams.
+//! - [`nvjpeg`]: device decoding (feature `cuda`): workers read files into pinned memory
+//!   ([`nvjpeg::EncodedImages`], [`nvjpeg::EncodedCollate`]), nvJPEG decodes on the GPU and one
+//!   kernel crops, resizes and normalises ([`nvjpeg::NvjpegDecoder`], `loader.nvjpeg(..)`).
 //! - [`synth`]: an ImageNet-like synthetic folder generator (for benchmarks and examples).
-#![forbid(unsafe_code)]
+// Unsafe code only in the FFI modules of `nvjpeg` (libnvjpeg, NVRTC, kernel launches), each
+// block with its SAFETY comment.
+#![deny(unsafe_code)]
 
 pub mod compose;
 pub mod dataset;
 pub mod decode;
 pub mod folder;
 pub mod image;
+pub mod nvjpeg;
 mod resize;
 pub mod synth;
 pub mod transforms;

@@ -1,0 +1,395 @@
+//! The worker side of device decoding: [`EncodedImages`] (an image folder whose samples are
+//! file bytes) and [`EncodedCollate`], which writes a batch of them into one (page-locked)
+//! buffer: the files' bytes, one metadata row per sample, and the labels.
+//!
+//! Workers only read files, parse headers and draw the crop boxes; JPEGs are decoded on the
+//! device. Files that are not JPEG (PNG) are decoded by the worker on the CPU and travel as RGB
+//! pixels, so the device stage only uploads them.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use longshore_data::rng::Rng;
+use longshore_data::{Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, Storage};
+
+use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
+use crate::compose::Compose;
+use crate::dataset::{RandomSource, sample_rng};
+use crate::decode::{DecodeError, DecodeOptions, ImageFormat, decode_rgb, probe};
+use crate::folder::{ImageFolder, invalid};
+
+/// How a sample's bytes are stored in a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Payload {
+    /// The JPEG file as it is, to decode on the device.
+    Jpeg,
+    /// RGB pixels (HWC), decoded by the worker (PNG).
+    Rgb,
+}
+
+/// Fields of a metadata row before the plan: index, label, payload, offset, length, width,
+/// height.
+const HEAD: usize = 7;
+/// `i64`s per sample in a batch's `meta` tensor.
+pub const META_FIELDS: usize = HEAD + PLAN_FIELDS;
+
+/// Name of the batch tensor holding the files' bytes (u8, one dimension).
+pub const BYTES: &str = "bytes";
+/// Name of the metadata tensor (i64 `[B, META_FIELDS]`).
+pub const META: &str = "meta";
+/// Name of the label tensor (i64 `[B]`).
+pub const LABEL: &str = "label";
+
+/// One sample of an encoded batch, read back from its metadata row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodedEntry {
+    /// The dataset index.
+    pub index: usize,
+    /// The class.
+    pub label: i64,
+    /// What the bytes are.
+    pub payload: Payload,
+    /// Offset of the bytes in the `bytes` tensor.
+    pub offset: usize,
+    /// Number of bytes.
+    pub len: usize,
+    /// Image width.
+    pub width: usize,
+    /// Image height.
+    pub height: usize,
+    /// Where the output pixels come from.
+    pub plan: SamplePlan,
+}
+
+impl EncodedEntry {
+    fn to_row(self) -> [i64; META_FIELDS] {
+        let mut row = [0i64; META_FIELDS];
+        row[0] = self.index as i64;
+        row[1] = self.label;
+        row[2] = match self.payload {
+            Payload::Jpeg => 0,
+            Payload::Rgb => 1,
+        };
+        row[3] = self.offset as i64;
+        row[4] = self.len as i64;
+        row[5] = self.width as i64;
+        row[6] = self.height as i64;
+        row[HEAD..].copy_from_slice(&self.plan.to_fields());
+        row
+    }
+
+    fn from_row(row: &[i64]) -> Result<EncodedEntry, DataError> {
+        let bad = |what: &str| DataError::ShapeMismatch(format!("encoded batch: {what}"));
+        if row.len() != META_FIELDS {
+            return Err(bad("metadata row of the wrong length"));
+        }
+        let u = |v: i64| usize::try_from(v).map_err(|_| bad("negative size or offset"));
+        let payload = match row[2] {
+            0 => Payload::Jpeg,
+            1 => Payload::Rgb,
+            _ => return Err(bad("unknown payload kind")),
+        };
+        let plan: &[i64; PLAN_FIELDS] = row[HEAD..].try_into().map_err(|_| bad("plan"))?;
+        Ok(EncodedEntry {
+            index: u(row[0])?,
+            label: row[1],
+            payload,
+            offset: u(row[3])?,
+            len: u(row[4])?,
+            width: u(row[5])?,
+            height: u(row[6])?,
+            plan: SamplePlan::from_fields(plan),
+        })
+    }
+}
+
+/// The entries of an encoded batch and the bytes of the `bytes` tensor.
+///
+/// # Errors
+/// [`DataError::ShapeMismatch`] when the batch was not written by [`EncodedCollate`].
+pub fn entries<S: Storage>(batch: &Batch<S>) -> Result<(Vec<EncodedEntry>, &[u8]), DataError> {
+    let pos = |name: &str| {
+        batch.layout().position(name).ok_or_else(|| {
+            DataError::ShapeMismatch(format!("encoded batch has no '{name}' tensor"))
+        })
+    };
+    let meta: &[i64] = batch.tensor(pos(META)?)?;
+    let bytes = batch.tensor_bytes(pos(BYTES)?)?;
+    let rows: Vec<EncodedEntry> = meta
+        .chunks_exact(META_FIELDS)
+        .map(EncodedEntry::from_row)
+        .collect::<Result<_, _>>()?;
+    if let Some(e) = rows.iter().find(|e| e.offset + e.len > bytes.len()) {
+        return Err(DataError::ShapeMismatch(format!(
+            "encoded batch: sample {} reaches past the bytes tensor",
+            e.index
+        )));
+    }
+    Ok((rows, bytes))
+}
+
+/// An image folder whose samples are the files' bytes, with the pipeline whose geometry the
+/// workers draw: the dataset of device decoding ([`EncodedCollate`] writes its batches).
+///
+/// ```
+/// use longshore_data::{AlignedBuf, DatasetCollate};
+/// use longshore_vision::nvjpeg::{EncodedCollate, EncodedImages, entries};
+/// use longshore_vision::{Compose, ImageFolder};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # longshore_vision::synth::write_folder(dir.path(), &longshore_vision::synth::FolderSpec::tiny())?;
+/// let files = EncodedImages::new(ImageFolder::new(dir.path())?, Compose::imagenet_train())?;
+/// let staged = EncodedCollate.stage(&files, &[0, 1])?;
+/// let batch = EncodedCollate.write(&files, staged, AlignedBuf::zeroed(1 << 20))?;
+/// let (rows, bytes) = entries(&batch)?;
+/// assert_eq!(rows.len(), 2);
+/// assert_eq!(&bytes[rows[0].offset..rows[0].offset + 2], &[0xFF, 0xD8]); // a JPEG's SOI
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct EncodedImages {
+    folder: ImageFolder,
+    transform: Arc<Compose>,
+    random: RandomSource,
+    epoch: Arc<AtomicU64>,
+}
+
+/// A sample of [`EncodedImages`]: the file's bytes and what its header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedSample {
+    /// The file.
+    pub path: PathBuf,
+    /// The class.
+    pub label: i64,
+    /// The file's format.
+    pub format: ImageFormat,
+    /// Width from the header.
+    pub width: usize,
+    /// Height from the header.
+    pub height: usize,
+    /// The file's bytes (JPEG), or the decoded RGB pixels (other formats).
+    pub bytes: Vec<u8>,
+}
+
+impl EncodedImages {
+    /// `folder` with `transform`, drawing randomness from the worker's generator.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for a pipeline the device cannot run
+    /// ([`check_steps`](super::plan::check_steps)).
+    pub fn new(folder: ImageFolder, transform: Compose) -> Result<EncodedImages, DataError> {
+        check_steps(transform.steps())?;
+        Ok(EncodedImages {
+            folder,
+            transform: Arc::new(transform),
+            random: RandomSource::Worker,
+            epoch: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// Chooses where random transforms draw from (as [`crate::ImageDataset::random_source`]:
+    /// the same source and seed draw the same boxes on both paths).
+    pub fn random_source(mut self, random: RandomSource) -> EncodedImages {
+        self.random = random;
+        self
+    }
+
+    /// Sets the epoch of [`RandomSource::PerSample`] streams (shared by clones).
+    pub fn set_epoch(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// The folder.
+    pub fn folder(&self) -> &ImageFolder {
+        &self.folder
+    }
+
+    /// The pipeline.
+    pub fn transform(&self) -> &Compose {
+        &self.transform
+    }
+
+    fn path(&self, index: usize) -> Result<(&Path, i64), DataError> {
+        self.folder
+            .samples()
+            .get(index)
+            .map(|(p, l)| (p.as_path(), *l as i64))
+            .ok_or(DataError::IndexOutOfRange {
+                index,
+                len: self.folder.len(),
+                what: "image folder",
+            })
+    }
+
+    /// Reads sample `index`: a JPEG's bytes with its dimensions, or another format decoded to
+    /// RGB. The same checks as the CPU path: format, pixel limit, a readable header.
+    ///
+    /// # Errors
+    /// [`DataError::Io`] or [`DataError::InvalidFile`] naming the file.
+    pub fn read(&self, index: usize) -> Result<EncodedSample, DataError> {
+        let (path, label) = self.path(index)?;
+        let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let options = self.folder.decode();
+        let header = probe(&bytes).map_err(|e| invalid(path, e))?;
+        check_limit(options, header.width, header.height).map_err(|e| invalid(path, e))?;
+        let (bytes, format) = match header.format {
+            ImageFormat::Jpeg => (bytes, ImageFormat::Jpeg),
+            other => {
+                let image = decode_rgb(&bytes, options).map_err(|e| invalid(path, e))?;
+                (image.into_vec(), other)
+            }
+        };
+        Ok(EncodedSample {
+            path: path.to_path_buf(),
+            label,
+            format,
+            width: header.width,
+            height: header.height,
+            bytes,
+        })
+    }
+
+    fn plan(&self, index: usize, width: usize, height: usize) -> Result<SamplePlan, DataError> {
+        let size = self.transform.output_size();
+        let steps = self.transform.steps();
+        match self.random {
+            RandomSource::Worker => longshore_data::worker::with_rng(|rng: &mut Rng| {
+                plan(steps, width, height, size, rng)
+            }),
+            RandomSource::PerSample { seed } => {
+                let mut rng = sample_rng(seed, self.epoch.load(Ordering::Relaxed), index);
+                plan(steps, width, height, size, &mut rng)
+            }
+        }
+    }
+}
+
+/// The pixel limit of `options` (and zero sizes), as the CPU decoder checks them.
+pub(crate) fn check_limit(
+    options: &DecodeOptions,
+    width: usize,
+    height: usize,
+) -> Result<(), DecodeError> {
+    let pixels = width as u64 * height as u64;
+    if width == 0 || height == 0 {
+        return Err(DecodeError::ZeroSize { width, height });
+    }
+    match options.max_pixels {
+        Some(limit) if pixels > limit => Err(DecodeError::TooManyPixels {
+            width,
+            height,
+            pixels,
+            limit,
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl Dataset for EncodedImages {
+    type Item = EncodedSample;
+
+    fn len(&self) -> usize {
+        self.folder.len()
+    }
+
+    fn get(&self, index: usize) -> Result<EncodedSample, DataError> {
+        self.read(index)
+    }
+}
+
+/// Writes batches of [`EncodedImages`]: tensors `bytes` (u8, the files back to back, each at
+/// a multiple of 16), `meta` (i64 `[B, META_FIELDS]`: index, label, payload, offset, length,
+/// width, height, then the [`SamplePlan`]) and `label` (i64 `[B]`), in one buffer. The crop
+/// boxes are drawn while staging, in sample order, as the CPU pipeline draws them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EncodedCollate;
+
+/// A staged batch of [`EncodedCollate`]: the samples read and planned, and the layout.
+#[derive(Debug)]
+pub struct StagedEncoded {
+    layout: BatchLayout,
+    samples: Vec<(EncodedEntry, Vec<u8>)>,
+}
+
+const SLOT_ALIGN: usize = 16;
+
+impl DatasetCollate<EncodedImages> for EncodedCollate {
+    type Staged = StagedEncoded;
+
+    fn stage(
+        &self,
+        dataset: &EncodedImages,
+        indices: &[usize],
+    ) -> Result<StagedEncoded, DataError> {
+        if indices.is_empty() {
+            return Err(DataError::Empty { what: "batch" });
+        }
+        let mut samples = Vec::with_capacity(indices.len());
+        let mut total = 0usize;
+        for &index in indices {
+            let s = dataset.read(index)?;
+            let plan = dataset.plan(index, s.width, s.height)?;
+            let entry = EncodedEntry {
+                index,
+                label: s.label,
+                payload: match s.format {
+                    ImageFormat::Jpeg => Payload::Jpeg,
+                    _ => Payload::Rgb,
+                },
+                offset: total,
+                len: s.bytes.len(),
+                width: s.width,
+                height: s.height,
+                plan,
+            };
+            total = (total + s.bytes.len())
+                .checked_next_multiple_of(SLOT_ALIGN)
+                .ok_or(DataError::Overflow("encoded batch"))?;
+            samples.push((entry, s.bytes));
+        }
+        let b = indices.len();
+        let mut layout = BatchLayout::new(b);
+        layout.push(Some(BYTES.into()), DType::U8, vec![total.max(1)])?;
+        layout.push(Some(META.into()), DType::I64, vec![b, META_FIELDS])?;
+        layout.push(Some(LABEL.into()), DType::I64, vec![b])?;
+        Ok(StagedEncoded { layout, samples })
+    }
+
+    fn staged_layout<'a>(&self, staged: &'a StagedEncoded) -> &'a BatchLayout {
+        &staged.layout
+    }
+
+    fn write<S: Storage>(
+        &self,
+        _dataset: &EncodedImages,
+        staged: StagedEncoded,
+        storage: S,
+    ) -> Result<Batch<S>, DataError> {
+        let StagedEncoded { layout, samples } = staged;
+        let mut batch = Batch::from_parts(layout, storage)?;
+        {
+            let bytes: &mut [u8] = batch.tensor_mut(0)?;
+            for (e, data) in &samples {
+                bytes[e.offset..e.offset + e.len].copy_from_slice(data);
+            }
+        }
+        {
+            let meta: &mut [i64] = batch.tensor_mut(1)?;
+            for ((e, _), row) in samples.iter().zip(meta.chunks_exact_mut(META_FIELDS)) {
+                row.copy_from_slice(&e.to_row());
+            }
+        }
+        let labels: &mut [i64] = batch.tensor_mut(2)?;
+        for ((e, _), l) in samples.iter().zip(labels.iter_mut()) {
+            *l = e.label;
+        }
+        Ok(batch)
+    }
+}

@@ -1,0 +1,117 @@
+//! Device decoding with nvJPEG: JPEG folders decoded, cropped, resized and normalised on the
+//! GPU, while the loader's workers only read files into page-locked memory.
+//!
+//! ```no_run
+//! # #[cfg(feature = "cuda")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use longshore_loader::DataLoader;
+//! use longshore_transfer::Device;
+//! use longshore_vision::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader};
+//! use longshore_vision::{Compose, ImageFolder};
+//!
+//! let device = Device::cuda(0)?;
+//! let files = EncodedImages::new(ImageFolder::new("/data/imagenet/train")?, Compose::imagenet_train())?;
+//! let decoder = NvjpegDecoder::new(&device, &files)?; // loads libnvjpeg and NVRTC
+//! let loader = DataLoader::builder(files)
+//!     .batch_size(256)
+//!     .num_workers(8)
+//!     .pin_memory(true)
+//!     .shuffle(true)
+//!     .dataset_collate(EncodedCollate)
+//!     .build()?;
+//! let compute = device.new_stream()?;
+//! for batch in loader.nvjpeg(decoder, 2)? {
+//!     let batch = batch?.wait_on(&compute)?; // [256, 3, 224, 224] f32 on the GPU
+//!     assert_eq!(batch.shape(), [256, 3, 224, 224]);
+//! }
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "cuda"))]
+//! # fn main() {}
+//! ```
+//!
+//! # The stages
+//!
+//! 1. **Workers** ([`EncodedImages`] + [`EncodedCollate`]): read each file, parse its header
+//!    (format, dimensions, the pixel limit), draw its crop box and flip with the same
+//!    generator and the same calls as the CPU [`Compose`](crate::Compose) ([`plan`]), and
+//!    write the bytes, one metadata row and the label into the batch's page-locked buffer.
+//!    A file that is not a JPEG (PNG) is decoded there, on the CPU, and travels as pixels. A
+//!    file whose header does not parse is a `DataError` naming it, and the loader's
+//!    `on_sample_error` applies as on the CPU path.
+//! 2. **Device stage** ([`NvjpegDecoder`], on its own stream; [`NvjpegLoader::nvjpeg`] or
+//!    [`NvjpegIter`] drive it like `to_device`): JPEGs the hardware engines support
+//!    (`nvjpegDecodeBatchedSupported`) are decoded in one `nvjpegDecodeBatched` call with
+//!    `NVJPEG_BACKEND_HARDWARE` (A100, H100, H200); the rest by the default backend, one
+//!    `nvjpegDecode` per image; planar RGB into one device buffer. A JPEG nvJPEG refuses,
+//!    or one without its end-of-image marker (truncated), is decoded by the CPU decoder
+//!    instead, and if that fails too it is a `LoaderError::Sample` naming the file, or
+//!    dropped under `SampleErrorPolicy::Skip`.
+//! 3. **One kernel** ([NVRTC](https://docs.nvidia.com/cuda/nvrtc/), compiled once per process)
+//!    writes the `[B, 3, H, W]` f32 batch (or u8 CHW / HWC, as the pipeline's
+//!    [`Output`](crate::Output)): per output pixel, PIL's antialiased bilinear filter over the
+//!    crop box (torchvision's default `Resize`/`RandomResizedCrop` interpolation; plain
+//!    bilinear when upscaling, as PIL), vertical pass then horizontal, each rounded to 8 bits
+//!    as the CPU path's fast_image_resize does, then `Normalize`. [`render_reference`] is the same arithmetic on the CPU.
+//!
+//! The host batch (a pool lease) is handed back to its pool only after the event that ends
+//! the batch's work on the stream, since nvJPEG reads the bitstreams from it; each device
+//! batch comes with that event ([`Prefetched`](longshore_transfer::Prefetched)).
+//!
+//! # How close to the CPU path
+//!
+//! The geometry is exact: same boxes, same flips, same output sizes, for a given seed and
+//! [`RandomSource`](crate::RandomSource). The resampling is the CPU path's filter in `f32`
+//! instead of 16-bit fixed point: on the same decoded pixels the outputs differ by at most 1
+//! level, on about 1 value in 150 (`tests/nvjpeg_plan.rs` checks this on the CPU with
+//! [`render_reference`]). The decoded pixels are
+//! nvJPEG's, not zune-jpeg's: IDCT and chroma upsampling differ slightly (chroma interpolation
+//! is requested with `NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION` where the library knows it),
+//! so expect mean absolute differences around 1 on 0..255 and maxima of a few levels at sharp
+//! colour edges; `tests/nvjpeg_decode.rs` measures both on the GPU.
+//!
+//! # Libraries
+//!
+//! libnvjpeg ([`NVJPEG`]: `libnvjpeg.so.13`, `.12`, `.11`; the CUDA toolkit's `lib64`, the
+//! `nvidia/nvjpeg/lib` folder of the `nvidia-nvjpeg-cu12` pip package) and NVRTC are loaded
+//! at run time by [`longshore_transfer::cuda_libs`]; when one is missing the decoder's
+//! constructor fails with `TransferError::LibraryUnavailable` naming every place searched, and
+//! the CPU pipeline ([`ImageDataset`](crate::ImageDataset)) still works.
+
+mod encoded;
+pub mod plan;
+
+pub use encoded::{
+    BYTES, EncodedCollate, EncodedEntry, EncodedImages, EncodedSample, LABEL, META, META_FIELDS,
+    Payload, StagedEncoded, entries,
+};
+pub use plan::{PLAN_FIELDS, SamplePlan, check_steps, render_reference};
+
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod decoder;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod ffi;
+#[cfg(feature = "cuda")]
+mod iter;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+mod kernel;
+
+#[cfg(feature = "cuda")]
+pub use decoder::{Backend, DecodedBy, NvjpegBatch, NvjpegDecoder, NvjpegStats};
+#[cfg(feature = "cuda")]
+pub use ffi::NVJPEG;
+#[cfg(feature = "cuda")]
+pub use iter::{NvjpegIter, NvjpegLoader};
+
+/// Whether libnvjpeg can be loaded (the error names every place searched).
+#[cfg(feature = "cuda")]
+pub fn available() -> Result<(), String> {
+    ffi::available()
+}
+
+/// The source of the device kernel (CUDA C++, compiled with NVRTC), for reading.
+#[cfg(feature = "cuda")]
+pub const KERNEL_SOURCE: &str = kernel::SOURCE;

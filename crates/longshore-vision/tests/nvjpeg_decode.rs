@@ -1,0 +1,366 @@
+//! Device decoding on a GPU: nvJPEG's pixels against the CPU decoder, the train and val
+//! pipelines against the CPU Compose, the hardware and the default backends, a batch mixing a
+//! PNG and broken JPEGs under both sample-error policies, u8 outputs, and no leaked pinned
+//! memory. Skips without a driver unless LONGSHORE_REQUIRE_CUDA=1. Each check prints what it
+//! measured (run with `--nocapture`).
+#![cfg(feature = "cuda")]
+
+mod nvjpeg_support;
+
+use std::path::Path;
+
+use longshore_data::{DataError, Dataset, DatasetCollate, Tensor};
+use longshore_host::{HostBuffer, MemoryKind};
+use longshore_loader::{DataLoader, LoaderError, SampleErrorPolicy};
+use longshore_transfer::{Device, Stream};
+use longshore_vision::decode::{DecodeOptions, decode_rgb};
+use longshore_vision::nvjpeg::{
+    Backend, DecodedBy, EncodedCollate, EncodedImages, NvjpegBatch, NvjpegDecoder, NvjpegIter,
+    NvjpegLoader,
+};
+use longshore_vision::transforms::{CenterCrop, Normalize};
+use longshore_vision::{Compose, ImageFolder, Output, RandomSource};
+use nvjpeg_support::{gpu, write_mixed};
+
+const SEED: u64 = 42;
+
+fn encoded(root: &Path, compose: Compose) -> EncodedImages {
+    EncodedImages::new(ImageFolder::new(root).unwrap(), compose)
+        .unwrap()
+        .random_source(RandomSource::PerSample { seed: SEED })
+}
+
+/// Decodes one host batch of `indices` with `decoder`, waits, and returns it.
+fn decode_once(
+    decoder: &mut NvjpegDecoder,
+    data: &EncodedImages,
+    indices: &[usize],
+) -> NvjpegBatch {
+    let staged = EncodedCollate.stage(data, indices).unwrap();
+    let n = EncodedCollate.staged_layout(&staged).total_bytes();
+    let host = HostBuffer::alloc(MemoryKind::PageLocked, n).unwrap();
+    let batch = EncodedCollate.write(data, staged, host).unwrap();
+    decoder
+        .decode(0, batch)
+        .unwrap()
+        .expect("a batch")
+        .wait()
+        .unwrap()
+}
+
+/// Max and mean absolute difference.
+fn diff(a: &[u8], b: &[u8]) -> (u8, f64) {
+    assert_eq!(a.len(), b.len());
+    let (mut max, mut sum) = (0u8, 0u64);
+    for (x, y) in a.iter().zip(b) {
+        max = max.max(x.abs_diff(*y));
+        sum += u64::from(x.abs_diff(*y));
+    }
+    (max, sum as f64 / a.len().max(1) as f64)
+}
+
+fn decoders(dev: &Device, data: &EncodedImages) -> Vec<(&'static str, NvjpegDecoder)> {
+    let mut out = vec![(
+        "default",
+        NvjpegDecoder::with_backend(dev, data, Backend::Default).unwrap(),
+    )];
+    match NvjpegDecoder::with_backend(dev, data, Backend::Hardware) {
+        Ok(d) => out.push(("hardware", d)),
+        Err(e) => eprintln!("no hardware backend on this GPU: {e}"),
+    }
+    out
+}
+
+#[test]
+fn decoded_pixels_match_the_cpu_decoder_on_both_backends() {
+    let Some(dev) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let folder = ImageFolder::new(dir.path()).unwrap();
+    let jpegs: Vec<_> = folder
+        .samples()
+        .iter()
+        .filter(|(p, _)| p.extension().unwrap() == "jpg")
+        .cloned()
+        .collect();
+    let first = encoded(dir.path(), Compose::imagenet_val());
+    let names: Vec<&str> = decoders(&dev, &first).into_iter().map(|(n, _)| n).collect();
+    for name in names {
+        let (mut worst_max, mut worst_mean) = (0u8, 0f64);
+        let mut hardware = 0;
+        for (path, label) in &jpegs {
+            let file = std::fs::read(path).unwrap();
+            let cpu = decode_rgb(&file, &DecodeOptions::default()).unwrap();
+            // An identity pipeline of the image's own size: the kernel copies the pixels.
+            let crop = CenterCrop::with_size(cpu.height(), cpu.width()).unwrap();
+            let compose = Compose::new([crop.into()], Output::U8Hwc).unwrap();
+            let one =
+                EncodedImages::new(ImageFolder::from_samples([(path.clone(), *label)]), compose)
+                    .unwrap();
+            // The decoder's pipeline is fixed at construction: one per image.
+            let mut d = NvjpegDecoder::with_backend(
+                &dev,
+                &one,
+                if name == "hardware" {
+                    Backend::Hardware
+                } else {
+                    Backend::Default
+                },
+            )
+            .unwrap();
+            let b = decode_once(&mut d, &one, &[0]);
+            // The engines take baseline JPEGs; a progressive one goes to the default backend.
+            let by = b.decoded_by()[0];
+            match name {
+                "hardware" => assert!(
+                    matches!(by, DecodedBy::Hardware | DecodedBy::Default),
+                    "{}: {by:?}",
+                    path.display()
+                ),
+                _ => assert_eq!(by, DecodedBy::Default, "{}", path.display()),
+            }
+            hardware += usize::from(by == DecodedBy::Hardware);
+            let got: Vec<u8> = b.read_images(d.stream()).unwrap();
+            let (max, mean) = diff(&got, cpu.as_bytes());
+            worst_max = worst_max.max(max);
+            worst_mean = worst_mean.max(mean);
+        }
+        eprintln!(
+            "{name} backend vs zune-jpeg: worst max abs diff {worst_max}, worst mean {worst_mean:.3}, {hardware} of {} by the engines",
+            jpegs.len()
+        );
+        if name == "hardware" {
+            assert!(hardware > 0, "no image went to the hardware engines");
+        }
+        assert!(
+            worst_mean < 1.5,
+            "{name}: mean abs diff {worst_mean} (max {worst_max})"
+        );
+    }
+}
+
+/// The CPU pipeline's output for `index` with the same seed and epoch.
+fn cpu_tensor(root: &Path, compose: &Compose, index: usize) -> Tensor {
+    let cpu = ImageFolder::new(root)
+        .unwrap()
+        .with_transform(compose.clone())
+        .random_source(RandomSource::PerSample { seed: SEED });
+    cpu.get(index).unwrap().0
+}
+
+/// Max and mean difference of normalised outputs, in 8-bit levels.
+fn compare_normalised(got: &[f32], want: &[f32], plane: usize, n: Normalize) -> (f32, f32) {
+    let (mut max, mut sum) = (0f32, 0f32);
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let d = (a - b).abs() * 255.0 * n.std[i / plane % 3];
+        max = max.max(d);
+        sum += d;
+    }
+    (max, sum / got.len() as f32)
+}
+
+fn check_pipeline(dev: &Device, compose: Compose, what: &str, max_mean: f32) {
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = encoded(dir.path(), compose.clone());
+    for (name, decoder) in decoders(dev, &data) {
+        let loader = DataLoader::builder(data.clone())
+            .batch_size(5)
+            .num_workers(2)
+            .pin_memory(true)
+            .dataset_collate(EncodedCollate)
+            .build()
+            .unwrap();
+        let stream: Stream = decoder.stream().clone();
+        let (mut worst_max, mut worst_mean, mut n) = (0f32, 0f32, 0);
+        for batch in loader.nvjpeg(decoder, 2).unwrap() {
+            let batch = batch.unwrap().wait().unwrap();
+            let (h, w) = compose.output_size();
+            assert_eq!(batch.shape(), [batch.batch_size(), 3, h, w]);
+            let got: Vec<f32> = batch.read_images(&stream).unwrap();
+            let per = 3 * h * w;
+            for (k, &index) in batch.indices().iter().enumerate() {
+                let want = cpu_tensor(dir.path(), &compose, index);
+                let want: &[f32] = want.as_slice().unwrap();
+                let Output::Normalized(norm) = compose.output() else {
+                    unreachable!()
+                };
+                let (max, mean) =
+                    compare_normalised(&got[k * per..(k + 1) * per], want, h * w, norm);
+                worst_max = worst_max.max(max);
+                worst_mean = worst_mean.max(mean);
+                n += 1;
+            }
+            let labels: Vec<i64> = stream.read_to_vec(batch.labels()).unwrap();
+            assert_eq!(labels, batch.host_labels());
+        }
+        assert_eq!(n, data.folder().samples().len());
+        eprintln!(
+            "{what} ({name}): vs the CPU Compose, worst max {worst_max:.2} levels, worst mean {worst_mean:.3}"
+        );
+        assert!(
+            worst_mean < max_mean,
+            "{what} ({name}): mean {worst_mean} levels (max {worst_max})"
+        );
+    }
+}
+
+#[test]
+fn the_val_pipeline_matches_the_cpu_compose() {
+    let Some(dev) = gpu() else { return };
+    check_pipeline(
+        &dev,
+        Compose::val(96, 80, Output::Normalized(Normalize::IMAGENET)),
+        "val",
+        1.5,
+    );
+}
+
+#[test]
+fn the_train_pipeline_draws_the_same_boxes_and_matches_the_cpu_compose() {
+    let Some(dev) = gpu() else { return };
+    // A wrong box or flip would be tens of levels off on average.
+    check_pipeline(
+        &dev,
+        Compose::train(64, Output::Normalized(Normalize::IMAGENET)),
+        "train",
+        2.0,
+    );
+}
+
+#[test]
+fn u8_outputs_match_the_cpu_compose() {
+    let Some(dev) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    for output in [Output::U8Chw, Output::U8Hwc] {
+        let compose = Compose::val(72, 64, output);
+        let data = encoded(dir.path(), compose.clone());
+        let mut d = NvjpegDecoder::new(&dev, &data).unwrap();
+        let indices: Vec<usize> = (0..data.folder().samples().len()).collect();
+        let b = decode_once(&mut d, &data, &indices);
+        assert_eq!(b.dtype(), longshore_data::DType::U8);
+        let got: Vec<u8> = b.read_images(d.stream()).unwrap();
+        let per = 3 * 64 * 64;
+        let mut worst = 0f64;
+        for (k, &i) in b.indices().iter().enumerate() {
+            let want = cpu_tensor(dir.path(), &compose, i);
+            let (_, mean) = diff(&got[k * per..(k + 1) * per], want.as_slice::<u8>().unwrap());
+            worst = worst.max(mean);
+        }
+        eprintln!("{output:?}: worst mean {worst:.3}");
+        assert!(worst < 1.5, "{output:?}: {worst}");
+    }
+}
+
+fn position(data: &EncodedImages, name: &str) -> usize {
+    data.folder()
+        .samples()
+        .iter()
+        .position(|(p, _)| p.ends_with(name))
+        .unwrap()
+}
+
+#[test]
+fn a_png_is_decoded_by_the_worker_and_broken_jpegs_follow_on_sample_error() {
+    let Some(dev) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), true);
+    let compose = Compose::val(48, 40, Output::Normalized(Normalize::IMAGENET));
+    let data = encoded(dir.path(), compose.clone());
+    let (png, truncated, garbled) = (
+        position(&data, "x_image.png"),
+        position(&data, "y_truncated.jpg"),
+        position(&data, "z_garbled.jpg"),
+    );
+    // Skip: the header-less file is dropped by the worker, the truncated one by the device
+    // stage; the PNG arrives decoded.
+    let loader = DataLoader::builder(data.clone())
+        .batch_size(64)
+        .pin_memory(true)
+        .on_sample_error(SampleErrorPolicy::Skip)
+        .dataset_collate(EncodedCollate)
+        .build()
+        .unwrap();
+    let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
+    let stream = decoder.stream().clone();
+    let mut it = loader.nvjpeg(decoder, 1).unwrap();
+    let batch = it.next().unwrap().unwrap().wait().unwrap();
+    let idx = batch.indices().to_vec();
+    assert!(!idx.contains(&truncated), "{idx:?}");
+    let k = idx
+        .iter()
+        .position(|&i| i == png)
+        .expect("the png is in the batch");
+    assert_eq!(batch.decoded_by()[k], DecodedBy::Worker);
+    let got: Vec<f32> = batch.read_images(&stream).unwrap();
+    let per = 3 * 40 * 40;
+    let want = cpu_tensor(dir.path(), &compose, png);
+    let (max, _) = compare_normalised(
+        &got[k * per..(k + 1) * per],
+        want.as_slice().unwrap(),
+        1600,
+        Normalize::IMAGENET,
+    );
+    assert!(
+        max <= 1.01,
+        "png through the device stage: max {max} levels"
+    );
+    match idx.iter().position(|&i| i == garbled) {
+        Some(g) => eprintln!(
+            "the garbled JPEG decoded without an error ({:?})",
+            batch.decoded_by()[g]
+        ),
+        None => eprintln!("the garbled JPEG was refused and skipped"),
+    }
+    assert!(
+        it.decoder().stats().skipped >= 1,
+        "{:?}",
+        it.decoder().stats()
+    );
+    drop(it);
+
+    // FailBatch in the device stage: the truncated JPEG is a sample error naming it.
+    let decoder = NvjpegDecoder::new(&dev, &data)
+        .unwrap()
+        .on_sample_error(SampleErrorPolicy::FailBatch);
+    let mut it = NvjpegIter::new(loader.iter(), decoder, 1).unwrap();
+    match it.next().unwrap() {
+        Err(LoaderError::Sample { index, source, .. }) => {
+            assert_eq!(index, truncated);
+            let DataError::InvalidFile { path, reason } = &source else {
+                panic!("{source:?}")
+            };
+            assert!(path.ends_with("y_truncated.jpg"), "{path:?}: {reason}");
+        }
+        Err(e) => panic!("expected the truncated file's error, got {e}"),
+        Ok(_) => panic!("expected the truncated file's error, got a batch"),
+    }
+}
+
+#[test]
+fn every_pinned_lease_goes_back_to_the_pool() {
+    let Some(dev) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = encoded(dir.path(), Compose::imagenet_train());
+    let loader = DataLoader::builder(data.clone())
+        .batch_size(4)
+        .num_workers(2)
+        .pin_memory(true)
+        .dataset_collate(EncodedCollate)
+        .build()
+        .unwrap();
+    for epoch in 0..2 {
+        data.set_epoch(epoch);
+        let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
+        let mut n = 0;
+        for b in loader.nvjpeg(decoder, 2).unwrap() {
+            n += b.unwrap().wait().unwrap().batch_size();
+        }
+        assert_eq!(n, data.folder().samples().len());
+    }
+    // The decoder (dropped with the iterator) synchronised its stream: every lease is back.
+    let stats = loader.pool().stats();
+    assert_eq!(stats.bytes_in_use, 0, "{stats:?}");
+}

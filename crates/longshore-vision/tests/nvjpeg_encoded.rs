@@ -1,0 +1,186 @@
+//! The worker side of device decoding, without a GPU: what EncodedCollate writes (file bytes,
+//! PNGs as pixels, plans drawn with the CPU pipeline's draws), the loader's on_sample_error
+//! for files whose header does not parse, where libnvjpeg is looked for and what the error
+//! says when it is missing, and that the decoder refuses the Cpu device.
+#![cfg(feature = "cuda")]
+
+mod nvjpeg_support;
+
+use longshore_data::DataError;
+use longshore_loader::{DataLoader, LoaderError, SampleErrorPolicy};
+use longshore_transfer::Device;
+use longshore_transfer::cuda_libs::{self, Candidate, SearchEnv};
+use longshore_vision::decode::{DecodeOptions, decode_rgb};
+use longshore_vision::nvjpeg::plan::plan;
+use longshore_vision::nvjpeg::{
+    EncodedCollate, EncodedImages, NVJPEG, NvjpegDecoder, Payload, entries,
+};
+use longshore_vision::{Compose, ImageFolder, RandomSource, sample_rng};
+use nvjpeg_support::write_mixed;
+
+fn files(root: &std::path::Path, seed: u64) -> EncodedImages {
+    EncodedImages::new(ImageFolder::new(root).unwrap(), Compose::imagenet_train())
+        .unwrap()
+        .random_source(RandomSource::PerSample { seed })
+}
+
+#[test]
+fn batches_hold_the_files_the_pixels_of_pngs_and_the_cpu_pipelines_boxes() {
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = files(dir.path(), 5);
+    data.set_epoch(2);
+    let samples = data.folder().samples().to_vec();
+    let loader = DataLoader::builder(data.clone())
+        .batch_size(5)
+        .num_workers(2)
+        .dataset_collate(EncodedCollate)
+        .build()
+        .unwrap();
+    let mut seen = 0;
+    for batch in loader.iter() {
+        let batch = batch.unwrap();
+        let (rows, bytes) = entries(&batch).unwrap();
+        let labels: &[i64] = batch.tensor_by_name("label").unwrap();
+        for (row, label) in rows.iter().zip(labels) {
+            let (path, class) = &samples[row.index];
+            assert_eq!((*label, row.label), (*class as i64, *class as i64));
+            let file = std::fs::read(path).unwrap();
+            let got = &bytes[row.offset..row.offset + row.len];
+            let image = decode_rgb(&file, &DecodeOptions::default()).unwrap();
+            assert_eq!((row.width, row.height), (image.width(), image.height()));
+            if path.extension().unwrap() == "png" {
+                assert_eq!(row.payload, Payload::Rgb);
+                assert_eq!(got, image.as_bytes());
+            } else {
+                assert_eq!(row.payload, Payload::Jpeg);
+                assert_eq!(got, &file[..]);
+            }
+            // The plan is the CPU pipeline's, drawn from the same per-sample stream.
+            let want = plan(
+                Compose::imagenet_train().steps(),
+                row.width,
+                row.height,
+                (224, 224),
+                &mut sample_rng(5, 2, row.index),
+            )
+            .unwrap();
+            assert_eq!(row.plan, want);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, samples.len());
+}
+
+#[test]
+fn a_file_whose_header_does_not_parse_is_a_sample_error_or_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), true);
+    let data = files(dir.path(), 0);
+    let bad = data
+        .folder()
+        .samples()
+        .iter()
+        .position(|(p, _)| p.ends_with("w_badheader.jpg"))
+        .unwrap();
+    let build = |policy| {
+        DataLoader::builder(data.clone())
+            .batch_size(32)
+            .dataset_collate(EncodedCollate)
+            .on_sample_error(policy)
+            .build()
+            .unwrap()
+    };
+    let mut it = build(SampleErrorPolicy::FailBatch).iter();
+    match it.next().unwrap() {
+        Err(LoaderError::Sample { index, source, .. }) => {
+            assert_eq!(index, bad);
+            let DataError::InvalidFile { path, .. } = &source else {
+                panic!("{source:?}")
+            };
+            assert!(path.ends_with("w_badheader.jpg"));
+        }
+        other => panic!("expected a sample error, got {other:?}"),
+    }
+    let batch = build(SampleErrorPolicy::Skip)
+        .iter()
+        .next()
+        .unwrap()
+        .unwrap();
+    let (rows, _) = entries(&batch).unwrap();
+    assert_eq!(rows.len(), data.folder().samples().len() - 1);
+    assert!(rows.iter().all(|r| r.index != bad));
+}
+
+#[test]
+fn libnvjpeg_is_looked_for_where_pip_and_the_toolkit_put_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("venv/lib/python3.12/site-packages/nvidia")).unwrap();
+    let env = SearchEnv::with_vars(
+        tmp.path(),
+        &[("VIRTUAL_ENV", "/venv"), ("CUDA_HOME", "/opt/cuda")],
+    );
+    let c = cuda_libs::search_order_in(&NVJPEG, &env);
+    let files: Vec<String> = c.iter().map(|c| c.file.display().to_string()).collect();
+    assert_eq!(
+        &files[..4],
+        [
+            "libnvjpeg.so.13",
+            "libnvjpeg.so.12",
+            "libnvjpeg.so.11",
+            "libnvjpeg.so"
+        ]
+    );
+    for want in [
+        "/opt/cuda/lib64/libnvjpeg.so.12",
+        "/venv/lib/python3.12/site-packages/nvidia/nvjpeg/lib/libnvjpeg.so.12",
+        "/usr/local/cuda/lib64/libnvjpeg.so.12",
+    ] {
+        assert!(files.iter().any(|f| f == want), "{want} not in {files:#?}");
+    }
+}
+
+#[test]
+fn a_missing_libnvjpeg_names_every_place_searched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("nvidia/nvjpeg/lib");
+    let candidates = vec![
+        Candidate {
+            file: "libnvjpeg-longshore-absent.so.12".into(),
+            origin: "the system search path (LD_LIBRARY_PATH, ldconfig cache)".into(),
+        },
+        Candidate {
+            file: missing.join("libnvjpeg.so.12"),
+            origin: "the nvidia-* pip packages of VIRTUAL_ENV (/venv)".into(),
+        },
+    ];
+    let e = cuda_libs::load_from(&NVJPEG, &candidates).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.starts_with("nvJPEG could not be loaded; searched, in order:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("libnvjpeg-longshore-absent.so.12 ("),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("{}/ (no libnvjpeg.so.12)", missing.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_decoder_needs_a_cuda_device_and_the_cpu_pipeline_remains() {
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = files(dir.path(), 0);
+    let e = NvjpegDecoder::new(&Device::cpu(), &data).unwrap_err();
+    assert!(e.to_string().contains("cuda device"), "{e}");
+    // The same folder decodes on the CPU path.
+    let cpu = data
+        .folder()
+        .clone()
+        .with_transform(Compose::imagenet_train());
+    assert!(longshore_data::Dataset::get(&cpu, 0).is_ok());
+}
