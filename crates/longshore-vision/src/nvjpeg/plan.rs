@@ -4,8 +4,8 @@
 //!
 //! The CPU pipeline runs its steps on pixels; the device runs one kernel per output pixel. So
 //! the steps are replayed here on the image's *dimensions* only, in the same order and with the
-//! same calls into the generator ([`RandomResizedCrop::get_params`], then
-//! [`RandomHorizontalFlip::draw`], ...), and what they do to the pixels is summed up as:
+//! same calls into the generator ([`RandomResizedCrop::get_params`](crate::transforms::RandomResizedCrop::get_params), then
+//! [`RandomHorizontalFlip::draw`](crate::transforms::RandomHorizontalFlip::draw), ...), and what they do to the pixels is summed up as:
 //!
 //! 1. a box of the decoded image (`box_*`) resampled to `resized_w x resized_h` with PIL's
 //!    antialiased bilinear filter (an identity resampling when no step resizes);
