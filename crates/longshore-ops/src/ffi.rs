@@ -8,19 +8,15 @@
 //! searched. The signatures are those of `cublas_api.h` and `nvrtc.h`, stable across CUDA
 //! 11-13.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
-use longshore_transfer::cuda_libs::{self, CUBLAS, NVRTC};
+use longshore_transfer::cuda_libs::{self, CUBLAS};
 
 /// `cublasHandle_t`.
 type BlasHandle = *mut c_void;
 /// `cublasStatus_t` (`CUBLAS_STATUS_SUCCESS` is 0).
 type BlasStatus = c_int;
-/// `nvrtcProgram`.
-type Program = *mut c_void;
-/// `nvrtcResult` (`NVRTC_SUCCESS` is 0).
-type NvrtcResult = c_int;
 
 /// `CUBLAS_OP_N` and `CUBLAS_OP_T` of `cublasOperation_t`.
 pub(crate) const OP_N: c_int = 0;
@@ -49,24 +45,6 @@ struct BlasApi {
     ) -> BlasStatus,
 }
 
-struct NvrtcApi {
-    create: unsafe extern "C" fn(
-        *mut Program,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> NvrtcResult,
-    compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> NvrtcResult,
-    ptx_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
-    ptx: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
-    log_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
-    log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
-    destroy: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
-    error_string: unsafe extern "C" fn(NvrtcResult) -> *const c_char,
-}
-
 fn blas_api() -> Result<&'static BlasApi, String> {
     static API: OnceLock<Result<BlasApi, String>> = OnceLock::new();
     API.get_or_init(|| {
@@ -85,36 +63,9 @@ fn blas_api() -> Result<&'static BlasApi, String> {
     .map_err(Clone::clone)
 }
 
-fn nvrtc_api() -> Result<&'static NvrtcApi, String> {
-    static API: OnceLock<Result<NvrtcApi, String>> = OnceLock::new();
-    API.get_or_init(|| {
-        let lib = cuda_libs::load(&NVRTC).map_err(|e| e.to_string())?;
-        // SAFETY: each type is the `extern "C"` signature of that function in nvrtc.h.
-        unsafe {
-            Ok(NvrtcApi {
-                create: lib.get("nvrtcCreateProgram")?,
-                compile: lib.get("nvrtcCompileProgram")?,
-                ptx_size: lib.get("nvrtcGetPTXSize")?,
-                ptx: lib.get("nvrtcGetPTX")?,
-                log_size: lib.get("nvrtcGetProgramLogSize")?,
-                log: lib.get("nvrtcGetProgramLog")?,
-                destroy: lib.get("nvrtcDestroyProgram")?,
-                error_string: lib.get("nvrtcGetErrorString")?,
-            })
-        }
-    })
-    .as_ref()
-    .map_err(Clone::clone)
-}
-
 /// Whether cuBLAS loads (why not, naming every place searched).
 pub(crate) fn blas_available() -> Result<(), String> {
     blas_api().map(drop)
-}
-
-/// Whether NVRTC loads (why not, naming every place searched).
-pub(crate) fn nvrtc_available() -> Result<(), String> {
-    nvrtc_api().map(drop)
 }
 
 fn blas_check(call: &str, status: BlasStatus) -> Result<(), String> {
@@ -203,75 +154,12 @@ impl Drop for Blas {
     }
 }
 
-fn nvrtc_err(api: &NvrtcApi, call: &str, r: NvrtcResult) -> String {
-    // SAFETY: nvrtcGetErrorString takes any result and returns a static string (or null).
-    let p = unsafe { (api.error_string)(r) };
-    let text = if p.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-null, NUL-terminated, static.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    };
-    format!("{call} returned {r} ({text})")
+/// Whether NVRTC loads (why not, naming every place searched).
+pub(crate) fn nvrtc_available() -> Result<(), String> {
+    cuda_libs::nvrtc_available()
 }
 
 /// Compiles CUDA C++ `src` to PTX with NVRTC; the error carries the compiler's log.
 pub(crate) fn compile_ptx(src: &str) -> Result<String, String> {
-    let api = nvrtc_api()?;
-    let src = CString::new(src).map_err(|e| e.to_string())?;
-    let name = c"longshore_ops.cu";
-    let mut prog: Program = std::ptr::null_mut();
-    let ok = |call, r| {
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(nvrtc_err(api, call, r))
-        }
-    };
-    // SAFETY: valid out-pointer and NUL-terminated strings; no headers.
-    ok("nvrtcCreateProgram", unsafe {
-        (api.create)(
-            &mut prog,
-            src.as_ptr(),
-            name.as_ptr(),
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    })?;
-    let result = (|| {
-        // SAFETY: `prog` is a live program; no options.
-        let compiled = unsafe { (api.compile)(prog, 0, std::ptr::null()) };
-        if compiled != 0 {
-            let mut n = 0usize;
-            let mut log = Vec::new();
-            // SAFETY: live program, valid out-pointer; the buffer has the size NVRTC reported.
-            if unsafe { (api.log_size)(prog, &mut n) } == 0 && n > 0 {
-                log = vec![0u8; n];
-                // SAFETY: `log` holds `n` bytes as NVRTC asked.
-                unsafe { (api.log)(prog, log.as_mut_ptr().cast()) };
-            }
-            let log = String::from_utf8_lossy(&log)
-                .trim_end_matches('\0')
-                .to_owned();
-            return Err(format!(
-                "{}: {log}",
-                nvrtc_err(api, "nvrtcCompileProgram", compiled)
-            ));
-        }
-        let mut n = 0usize;
-        // SAFETY: live, compiled program; valid out-pointer.
-        ok("nvrtcGetPTXSize", unsafe { (api.ptx_size)(prog, &mut n) })?;
-        let mut ptx = vec![0u8; n];
-        // SAFETY: `ptx` holds the `n` bytes NVRTC reported.
-        ok("nvrtcGetPTX", unsafe {
-            (api.ptx)(prog, ptx.as_mut_ptr().cast())
-        })?;
-        Ok(String::from_utf8_lossy(&ptx)
-            .trim_end_matches('\0')
-            .to_owned())
-    })();
-    // SAFETY: `prog` is live and destroyed once.
-    unsafe { (api.destroy)(&mut prog) };
-    result
+    cuda_libs::compile_ptx(src, c"longshore_ops.cu")
 }

@@ -414,3 +414,5 @@ impl std::error::Error for LibraryNotFound {}
 
 #[cfg(feature = "cuda")]
 pub use crate::backend::cuda::libs::{Library, load, load_from};
+#[cfg(feature = "cuda")]
+pub use crate::backend::cuda::nvrtc::{compile_ptx, nvrtc_available};

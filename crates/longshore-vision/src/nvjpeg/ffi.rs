@@ -5,10 +5,10 @@
 //! The signatures are those of `nvjpeg.h` (CUDA 11-13) and `nvrtc.h`; enums are C `int`s.
 //! Every call's status is checked; the RAII types destroy what they create.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
-use longshore_transfer::cuda_libs::{self, LibrarySpec, NVRTC};
+use longshore_transfer::cuda_libs::{self, LibrarySpec};
 
 /// libnvjpeg, as the CUDA toolkit (`lib64`) and the `nvidia-nvjpeg-cu12`/`-cu13` pip packages
 /// (`nvidia/nvjpeg/lib`, or `nvidia/cu13/lib`) ship it.
@@ -431,103 +431,8 @@ impl Drop for NvState {
     }
 }
 
-/// `nvrtcProgram`.
-type Program = *mut c_void;
-/// `nvrtcResult` (`NVRTC_SUCCESS` is 0).
-type NvrtcResult = c_int;
-
-struct NvrtcApi {
-    create: unsafe extern "C" fn(
-        *mut Program,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> NvrtcResult,
-    compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> NvrtcResult,
-    ptx_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
-    ptx: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
-    log_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
-    log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
-    destroy: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
-}
-
-fn nvrtc_api() -> Result<&'static NvrtcApi, String> {
-    static API: OnceLock<Result<NvrtcApi, String>> = OnceLock::new();
-    API.get_or_init(|| {
-        let lib = cuda_libs::load(&NVRTC).map_err(|e| e.to_string())?;
-        // SAFETY: each type is the `extern "C"` signature of that function in nvrtc.h.
-        unsafe {
-            Ok(NvrtcApi {
-                create: lib.get("nvrtcCreateProgram")?,
-                compile: lib.get("nvrtcCompileProgram")?,
-                ptx_size: lib.get("nvrtcGetPTXSize")?,
-                ptx: lib.get("nvrtcGetPTX")?,
-                log_size: lib.get("nvrtcGetProgramLogSize")?,
-                log: lib.get("nvrtcGetProgramLog")?,
-                destroy: lib.get("nvrtcDestroyProgram")?,
-            })
-        }
-    })
-    .as_ref()
-    .map_err(Clone::clone)
-}
-
-/// Compiles CUDA C++ `src` to PTX with NVRTC; the error carries the compiler's log.
+/// Compiles CUDA C++ `src` to PTX with NVRTC (loaded by transfer's `cuda_libs`); the error
+/// carries the compiler's log.
 pub(crate) fn compile_ptx(src: &str) -> Result<String, String> {
-    let api = nvrtc_api()?;
-    let src = CString::new(src).map_err(|e| e.to_string())?;
-    let name = c"longshore_nvjpeg.cu";
-    let mut prog: Program = std::ptr::null_mut();
-    let ok = |call: &str, r: NvrtcResult| {
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(format!("{call} returned nvrtcResult {r}"))
-        }
-    };
-    // SAFETY: valid out-pointer and NUL-terminated strings; no headers.
-    ok("nvrtcCreateProgram", unsafe {
-        (api.create)(
-            &mut prog,
-            src.as_ptr(),
-            name.as_ptr(),
-            0,
-            std::ptr::null(),
-            std::ptr::null(),
-        )
-    })?;
-    let result = (|| {
-        // SAFETY: `prog` is a live program; no options.
-        let compiled = unsafe { (api.compile)(prog, 0, std::ptr::null()) };
-        if compiled != 0 {
-            let mut n = 0usize;
-            let mut log = Vec::new();
-            // SAFETY: live program, valid out-pointer; the buffer has the size NVRTC reported.
-            if unsafe { (api.log_size)(prog, &mut n) } == 0 && n > 0 {
-                log = vec![0u8; n];
-                // SAFETY: `log` holds `n` bytes as NVRTC asked.
-                unsafe { (api.log)(prog, log.as_mut_ptr().cast()) };
-            }
-            let log = CStr::from_bytes_until_nul(&log)
-                .map(|c| c.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            return Err(format!("nvrtcCompileProgram returned {compiled}: {log}"));
-        }
-        let mut n = 0usize;
-        // SAFETY: live, compiled program; valid out-pointer.
-        ok("nvrtcGetPTXSize", unsafe { (api.ptx_size)(prog, &mut n) })?;
-        let mut ptx = vec![0u8; n];
-        // SAFETY: `ptx` holds the `n` bytes NVRTC reported.
-        ok("nvrtcGetPTX", unsafe {
-            (api.ptx)(prog, ptx.as_mut_ptr().cast())
-        })?;
-        Ok(String::from_utf8_lossy(&ptx)
-            .trim_end_matches('\0')
-            .to_owned())
-    })();
-    // SAFETY: `prog` is live and destroyed once.
-    unsafe { (api.destroy)(&mut prog) };
-    result
+    cuda_libs::compile_ptx(src, c"longshore_nvjpeg.cu")
 }

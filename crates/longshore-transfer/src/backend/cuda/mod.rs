@@ -17,6 +17,7 @@ use crate::id::DeviceId;
 
 mod event;
 pub(crate) mod libs;
+pub(crate) mod nvrtc;
 pub(crate) mod staging;
 
 pub(crate) use event::{CuEvent, on_complete};
