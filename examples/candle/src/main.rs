@@ -25,8 +25,8 @@ use std::ops::{Deref, DerefMut};
 use anyhow::{Context, Result};
 use candle_core::{D, DType, Device, Storage, Tensor, Var};
 use longshore_data::{
-    BatchSampler, BatchedSampler, DatasetCollate, DirectCollate, Element, NpyDataset,
-    RandomSampler, write_npy,
+    BatchSampler, BatchSampling, DatasetCollate, DirectCollate, Element, NpyDataset, RandomSampler,
+    write_npy,
 };
 use longshore_dlpack::{ExportOptions, export_host};
 use longshore_loader::DataLoader;
@@ -114,7 +114,7 @@ fn main() -> Result<()> {
     let ys = NpyDataset::open(dir.join("y.npy"))?;
 
     // Part 1: batches written straight into candle-owned memory, and a training loop.
-    let mut sampler = BatchedSampler::new(RandomSampler::new(n, 7)?, 256, true)?;
+    let mut sampler = BatchSampler::new(RandomSampler::new(n, 7)?, 256, true)?;
     let w = Var::zeros((f, classes), DType::F32, &Device::Cpu)?;
     let b = Var::zeros(classes, DType::F32, &Device::Cpu)?;
     let lr = 0.5;
