@@ -188,23 +188,15 @@ fn steady(
         }
         Ok(n)
     };
-    run_epoch()?;
-    loader.reset_stats();
-    let (cpu0, t0) = (cpu_jiffies(), Instant::now());
-    let mut samples = 0;
-    for _ in 0..epochs {
-        samples += run_epoch()?;
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    let cpu = share(cpu0, cpu_jiffies());
-    Ok(json!({
-        "num_workers": workers,
-        "pin_memory": pin,
-        "samples_per_s": samples as f64 / secs,
-        "cpu_share": cpu,
-        "wait_fraction": loader.stats().wait_fraction(),
-        "epochs": epochs,
-    }))
+    let (rate, cpu) = time_epochs(epochs, run_epoch, || loader.reset_stats())?;
+    Ok(run_json(
+        workers,
+        pin,
+        rate,
+        cpu,
+        loader.stats().wait_fraction(),
+        epochs,
+    ))
 }
 
 /// Steady state with nvJPEG decoding on `device`: workers read files into pinned batches.
@@ -228,7 +220,7 @@ fn steady_nvjpeg(
     let loader = b.build()?;
     let compute = device.new_stream()?;
     let mut decoder = Some(NvjpegDecoder::new(device, files)?);
-    let mut run_epoch = || -> Result<usize> {
+    let run_epoch = || -> Result<usize> {
         let mut it = loader.nvjpeg(decoder.take().context("decoder")?, 2)?;
         let mut n = 0;
         for item in &mut it {
@@ -238,31 +230,61 @@ fn steady_nvjpeg(
         decoder = Some(it.into_decoder());
         Ok(n)
     };
+    let (rate, cpu) = time_epochs(epochs, run_epoch, || loader.reset_stats())?;
+    let stats = decoder.as_ref().map(|d| d.stats()).unwrap_or_default();
+    let mut run = run_json(
+        workers,
+        true,
+        rate,
+        cpu,
+        loader.stats().wait_fraction(),
+        epochs,
+    );
+    run["decoded"] = json!({
+            "hardware": stats.hardware,
+            "default_backend": stats.default_backend,
+            "cpu_fallback": stats.cpu_fallback,
+            "worker": stats.worker,
+        "hardware_batch_failures": stats.hardware_batch_failures,
+    });
+    Ok(run)
+}
+
+/// The steady-state method of both decoding paths: one untimed warm-up epoch, `reset` (the
+/// loader's stats), then `epochs` whole epochs timed; samples/s and the CPU share meanwhile.
+fn time_epochs(
+    epochs: usize,
+    mut run_epoch: impl FnMut() -> Result<usize>,
+    reset: impl FnOnce(),
+) -> Result<(f64, Option<f64>)> {
     run_epoch()?;
-    loader.reset_stats();
+    reset();
     let (cpu0, t0) = (cpu_jiffies(), Instant::now());
     let mut samples = 0;
     for _ in 0..epochs {
         samples += run_epoch()?;
     }
     let secs = t0.elapsed().as_secs_f64();
-    let cpu = share(cpu0, cpu_jiffies());
-    let stats = decoder.as_ref().map(|d| d.stats()).unwrap_or_default();
-    Ok(json!({
+    Ok((samples as f64 / secs, share(cpu0, cpu_jiffies())))
+}
+
+/// One run's row of jpeg.json.
+fn run_json(
+    workers: usize,
+    pin: bool,
+    rate: f64,
+    cpu: Option<f64>,
+    wait: f64,
+    epochs: usize,
+) -> Value {
+    json!({
         "num_workers": workers,
-        "pin_memory": true,
-        "samples_per_s": samples as f64 / secs,
+        "pin_memory": pin,
+        "samples_per_s": rate,
         "cpu_share": cpu,
-        "wait_fraction": loader.stats().wait_fraction(),
+        "wait_fraction": wait,
         "epochs": epochs,
-        "decoded": {
-            "hardware": stats.hardware,
-            "default_backend": stats.default_backend,
-            "cpu_fallback": stats.cpu_fallback,
-            "worker": stats.worker,
-            "hardware_batch_failures": stats.hardware_batch_failures,
-        },
-    }))
+    })
 }
 
 fn best(runs: &[Value]) -> Option<&Value> {

@@ -7,6 +7,8 @@ use longshore_vision::synth::{FolderSpec, image_jpeg};
 use longshore_vision::{Compose, ImageFolder, RgbImage};
 use proptest::prelude::*;
 
+mod png_support;
+
 fn jpeg() -> Vec<u8> {
     image_jpeg(&FolderSpec::tiny(), 0, 0)
 }
@@ -17,49 +19,6 @@ fn encode_jpeg(w: u16, h: u16, rgb: &[u8]) -> Vec<u8> {
         .encode(rgb, w, h, jpeg_encoder::ColorType::Rgb)
         .unwrap();
     out
-}
-
-/// A 1x1 RGB PNG written by hand (zlib stored block).
-fn png_1x1(rgb: [u8; 3]) -> Vec<u8> {
-    fn crc32(data: &[u8]) -> u32 {
-        let mut crc = 0xFFFF_FFFFu32;
-        for &b in data {
-            crc ^= u32::from(b);
-            for _ in 0..8 {
-                crc = if crc & 1 != 0 {
-                    (crc >> 1) ^ 0xEDB8_8320
-                } else {
-                    crc >> 1
-                };
-            }
-        }
-        !crc
-    }
-    fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
-        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        let mut body = kind.to_vec();
-        body.extend_from_slice(data);
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&crc32(&body).to_be_bytes());
-    }
-    let raw = [0u8, rgb[0], rgb[1], rgb[2]];
-    let (mut a, mut b) = (1u32, 0u32);
-    for &x in &raw {
-        a = (a + u32::from(x)) % 65521;
-        b = (b + a) % 65521;
-    }
-    let mut z = vec![0x78, 0x01, 0x01, 4, 0, !4, 0xFF];
-    z.extend_from_slice(&raw);
-    z.extend_from_slice(&((b << 16) | a).to_be_bytes());
-    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut ihdr = Vec::new();
-    ihdr.extend_from_slice(&1u32.to_be_bytes());
-    ihdr.extend_from_slice(&1u32.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    chunk(&mut png, b"IHDR", &ihdr);
-    chunk(&mut png, b"IDAT", &z);
-    chunk(&mut png, b"IEND", &[]);
-    png
 }
 
 #[test]
@@ -99,7 +58,11 @@ fn one_pixel_images_decode_and_go_through_the_pipelines() {
     )
     .unwrap();
     assert_eq!((j.width(), j.height()), (1, 1));
-    let p = decode_rgb(&png_1x1([200, 100, 50]), &DecodeOptions::default()).unwrap();
+    let p = decode_rgb(
+        &png_support::png_rgb(1, 1, &[200, 100, 50]),
+        &DecodeOptions::default(),
+    )
+    .unwrap();
     assert_eq!(p.as_bytes(), &[200, 100, 50]);
     for pipeline in [Compose::imagenet_train(), Compose::imagenet_val()] {
         let t = pipeline.apply(&p, &mut epoch_rng(1, 0)).unwrap();
