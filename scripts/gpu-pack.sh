@@ -26,5 +26,8 @@ for line in sys.stdin:
 ' | while IFS=$'\t' read -r name exe; do
   cp "$exe" ".gpu/bin/$name-bench"; strip ".gpu/bin/$name-bench"
 done
+# The sampling profiler of `longshore-bench --profile` names functions from the symbol table:
+# keep it (debug info only is stripped).
+strip --strip-debug -o .gpu/bin/longshore-bench target/release/longshore-bench
 tar -cJf gpu-pack/gpu.tar.xz .gpu
 ls -la gpu-pack/gpu.tar.xz

@@ -31,6 +31,15 @@ pub unsafe trait HostMemory: Send + 'static {
     fn as_bytes_mut(&mut self) -> &mut [u8];
     /// Keeps the memory from being freed or reused until `fence` completes.
     fn record_fence(&mut self, fence: SharedFence);
+
+    /// Whether dropping this value while a recorded fence is still pending is free: the drop
+    /// neither blocks nor frees memory the device may still use, because the memory itself
+    /// waits for its fences (a pool block waits in its pool's pending list). A copy can then
+    /// release its source at once instead of keeping it until the copy completes. The default
+    /// is `false` (a [`HostBuffer`]'s drop blocks on its fences).
+    fn drop_defers_reuse(&self) -> bool {
+        false
+    }
 }
 
 // SAFETY: a HostBuffer owns a heap allocation whose address and length never change, and
@@ -54,6 +63,9 @@ unsafe impl HostMemory for HostBuffer {
 // goes to the pool's pending list and is not handed out again until its fences complete (a
 // pageable fallback buffer is freed by HostBuffer's drop, which waits for the fences).
 unsafe impl HostMemory for PoolBuffer {
+    fn drop_defers_reuse(&self) -> bool {
+        !self.is_fallback()
+    }
     fn kind(&self) -> MemoryKind {
         PoolBuffer::kind(self)
     }

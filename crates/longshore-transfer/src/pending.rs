@@ -110,6 +110,20 @@ impl<T: Send + 'static> Pending<T> {
     }
 }
 
+impl<S: longshore_host::HostMemory> Pending<S> {
+    /// Drops the held source of a host -> device copy: at once if its memory defers its own
+    /// reuse until the copy's fence completes ([`HostMemory::drop_defers_reuse`]: a pool lease,
+    /// which waits in its pool's pending list), so no background thread has to watch the
+    /// event; otherwise as dropping the `Pending` does.
+    ///
+    /// [`HostMemory::drop_defers_reuse`]: longshore_host::HostMemory::drop_defers_reuse
+    pub fn release(mut self) {
+        if self.value.as_ref().is_some_and(|v| v.drop_defers_reuse()) {
+            drop(self.value.take());
+        }
+    }
+}
+
 impl<T: Send + 'static> Future for Pending<T> {
     type Output = Result<T>;
 

@@ -55,7 +55,7 @@ pub trait ToDevice: Send + 'static {
 /// released (back to its pool, for a lease) once the copy has completed.
 pub fn upload_new<S: HostMemory>(stream: &Stream, src: S) -> Result<DeviceBuffer> {
     let mut dst = stream.alloc(src.as_bytes().len())?;
-    drop(stream.upload(src, &mut dst)?);
+    stream.upload(src, &mut dst)?.release();
     Ok(dst)
 }
 

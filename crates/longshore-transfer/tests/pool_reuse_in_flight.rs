@@ -80,3 +80,74 @@ fn host_buffer_source_is_returned_after_the_copy() {
     src.as_bytes_mut().fill(2); // free to refill now: the device copy keeps the old bytes
     assert_eq!(stream.read_to_vec::<u8>(&dst).unwrap(), vec![1u8; 4096]);
 }
+
+/// `Pending::release` (what `upload_new` and so `to_device` use) gives a pool lease back at
+/// once, into the pool's pending list, not through the event watcher: the block is counted as
+/// pending (and against the budget) and handed out again only after its copy.
+#[test]
+fn released_lease_waits_in_the_pools_pending_list() {
+    let pool = PinnedPool::new(
+        PoolConfig::for_kind(MemoryKind::Pageable)
+            .budget(64 << 20)
+            .policy(BudgetPolicy::Error),
+    )
+    .unwrap();
+    let stream = Device::cpu().new_stream().unwrap();
+    let mut dst = stream.alloc(1 << 20).unwrap();
+    let (release, gate) = mpsc::channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
+    let mut lease = pool.alloc(1 << 20).unwrap();
+    lease.as_bytes_mut().fill(0x5A);
+    let first_ptr = lease.as_ptr();
+    let upload = stream.upload(lease, &mut dst).unwrap();
+    let ev = upload.event().clone();
+    upload.release();
+
+    // Released synchronously: no longer in use, pending on the copy's fence.
+    let s = pool.stats();
+    assert_eq!(s.bytes_in_use, 0, "{s:?}");
+    assert_eq!(s.blocks_pending, 1, "{s:?}");
+    assert!(s.bytes_pending >= 1 << 20, "{s:?}");
+    assert!(s.bytes_held >= 1 << 20, "the budget still counts it: {s:?}");
+    let other = pool.alloc(1 << 20).unwrap();
+    assert_ne!(other.as_ptr(), first_ptr, "reused under an in-flight copy");
+    drop(other);
+
+    release.send(()).unwrap();
+    ev.synchronize().unwrap();
+    assert_eq!(stream.read_to_vec::<u8>(&dst).unwrap(), vec![0x5A; 1 << 20]);
+    let taken: Vec<_> = (0..3).map(|_| pool.alloc(1 << 20).unwrap()).collect();
+    assert!(
+        taken.iter().any(|b| b.as_ptr() == first_ptr),
+        "the block comes back once its copy is done"
+    );
+    drop(taken);
+    assert_eq!(pool.stats().blocks_pending, 0);
+}
+
+/// A source whose drop would block (a `HostBuffer`) is not dropped by `release`: it waits for
+/// the copy off the caller's thread, as dropping the `Pending` does.
+#[test]
+fn release_of_a_host_buffer_does_not_block() {
+    let stream = Device::cpu().new_stream().unwrap();
+    let mut dst = stream.alloc(4096).unwrap();
+    let (release, gate) = mpsc::channel::<()>();
+    stream
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
+    let src = longshore_host::HostBuffer::from_slice(MemoryKind::Pageable, &[7u8; 4096]).unwrap();
+    let t0 = Instant::now();
+    stream.upload(src, &mut dst).unwrap().release();
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "release blocked on a queued copy"
+    );
+    release.send(()).unwrap();
+    assert_eq!(stream.read_to_vec::<u8>(&dst).unwrap(), vec![7u8; 4096]);
+}

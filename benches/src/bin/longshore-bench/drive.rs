@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::hint::black_box;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -20,6 +21,7 @@ use longshore::transfer::{Device, Event, Stream};
 use longshore_benches::workload;
 
 use crate::Ctx;
+use crate::profile::Profile;
 
 /// Epochs of one run are never more than this (a guard against a broken clock or loader).
 const MAX_EPOCHS: usize = 10_000;
@@ -161,6 +163,7 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
     device: Option<&Device>,
     window: Window,
     compute: Option<Duration>,
+    profile: Option<PathBuf>,
 ) -> Result<Run> {
     let mut c = Consumer::new(device, compute)?;
     let cfg = loader.config();
@@ -174,6 +177,7 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
             c.epoch(loader, |_| true)?;
             c.finish()?;
             loader.reset_stats();
+            let profile = profile.map(Profile::start).transpose()?;
             let min_batches = min_batches.max(10 * in_flight);
             let (mut batches, mut samples, mut epochs) = (0usize, 0usize, 0usize);
             let t0 = Instant::now();
@@ -192,6 +196,9 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
             }
             c.finish()?;
             let secs = t0.elapsed().as_secs_f64();
+            if let Some(p) = profile {
+                p.finish()?;
+            }
             Ok(Run {
                 samples_per_s: samples as f64 / secs.max(1e-9),
                 wait_fraction: loader.stats().wait_fraction(),
@@ -284,6 +291,7 @@ pub(crate) fn run_workload(
     device: Option<&Device>,
     window: Window,
     compute: Option<Duration>,
+    profile: Option<PathBuf>,
 ) -> Result<Run> {
     let Opts {
         num_workers,
@@ -306,7 +314,7 @@ pub(crate) fn run_workload(
                 .persistent_workers(num_workers > 0)
                 .seed(0)
                 .build()?;
-            drive(&loader, device, window, compute)
+            drive(&loader, device, window, compute, profile)
         }
         Workload::Tabular => {
             let ds = Zip::direct(
@@ -323,7 +331,7 @@ pub(crate) fn run_workload(
                 .persistent_workers(num_workers > 0)
                 .seed(0)
                 .build()?;
-            drive(&loader, device, window, compute)
+            drive(&loader, device, window, compute, profile)
         }
     }
 }
@@ -358,6 +366,17 @@ pub(crate) fn steady_run(
         return Ok(*r);
     }
     let device = ctx.cuda.clone();
+    let profile = ctx.args.profile.as_ref().map(|dir| {
+        crate::profile::prefix(
+            dir,
+            &format!(
+                "{}-w{}-pin{}",
+                w.name(),
+                opts.num_workers,
+                u8::from(opts.pin_memory)
+            ),
+        )
+    });
     let r = run_workload(
         w,
         files,
@@ -365,6 +384,7 @@ pub(crate) fn steady_run(
         device.as_ref(),
         Window::steady(ctx.quick),
         None,
+        profile,
     )?;
     ctx.runs.insert((w.name(), opts), r);
     Ok(r)

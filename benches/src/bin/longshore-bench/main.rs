@@ -15,6 +15,7 @@ mod loader;
 mod machine;
 mod overlap;
 mod pool;
+mod profile;
 mod pytorch;
 mod roofline;
 mod scaling;
@@ -113,6 +114,10 @@ pub(crate) struct Args {
     /// The PyTorch baseline script (default: `xtask/pytorch/dataloader_bench.py`).
     #[arg(long)]
     pub(crate) pytorch_script: Option<PathBuf>,
+    /// Sample every thread during each steady-state loader run's timed window and write a
+    /// flame graph and a per-thread summary per run into this folder (see `profile.rs`).
+    #[arg(long)]
+    pub(crate) profile: Option<PathBuf>,
 }
 
 /// The best configuration found for a workload by the loader sweep.

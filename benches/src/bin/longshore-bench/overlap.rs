@@ -46,7 +46,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
         let per_batch = w.batch_size() as f64 / cal.samples_per_s.max(1e-9);
         let t = Duration::from_secs_f64((1.5 * per_batch).max(2e-3));
         let window = Window::Batches { warmup, batches };
-        let r = run_workload(w, &files, opts, device.as_ref(), window, Some(t))?;
+        let r = run_workload(w, &files, opts, device.as_ref(), window, Some(t), None)?;
         let p = json!({"workload": w.name(), "num_workers": nw, "pin_memory": true, "compute_ms": t.as_secs_f64() * 1e3, "data_ms": per_batch * 1e3});
         ctx.results.push(
             "overlap",

@@ -1,7 +1,7 @@
 //! CUDA events: recorded `CUevent`s, and the watcher thread that runs callbacks (wakes
 //! futures) when the events being awaited complete.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
@@ -11,45 +11,67 @@ use longshore_host::Fence;
 use super::{CudaDevice, HostFn, err};
 use crate::error::Result;
 
+/// Events of one context that nobody references any more, reused by the next record instead
+/// of a `cuEventCreate` + `cuEventDestroy` pair per event (several per batch on the loader's
+/// hot path). Re-recording an event is safe once its last [`CuEvent`] is gone: a
+/// `cuStreamWaitEvent` made earlier waits for the record it saw, and no one can query it.
+#[derive(Debug, Default)]
+pub(crate) struct EventCache {
+    free: Mutex<Vec<CudaEvent>>,
+}
+
+/// Events kept per device at most; more are destroyed.
+const EVENT_CACHE_MAX: usize = 1024;
+
+impl EventCache {
+    fn take(&self) -> Option<CudaEvent> {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    fn give(&self, ev: CudaEvent) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < EVENT_CACHE_MAX {
+            free.push(ev);
+        }
+    }
+}
+
 /// A recorded CUDA event.
 #[derive(Debug)]
 pub(crate) struct CuEvent {
-    ev: CudaEvent,
+    /// Always `Some` until drop hands it back to `cache`.
+    ev: Option<CudaEvent>,
     ordinal: usize,
+    cache: Arc<EventCache>,
 }
 
 impl CuEvent {
     pub(crate) fn record(dev: &CudaDevice, stream: &CudaStream, stream_id: u64) -> Result<Self> {
-        let ev = stream.record_event(None).map_err(|e| {
-            err(
-                "cuEventRecord",
-                e,
-                dev.ordinal,
-                format!("recording an event on stream {stream_id}"),
-            )
-        })?;
-        Ok(Self {
-            ev,
-            ordinal: dev.ordinal,
-        })
+        let ev = Self::create(dev)?;
+        ev.rerecord(stream, stream_id)?;
+        Ok(ev)
     }
 
-    /// A new event, not yet recorded (complete until it is).
+    /// An event, not yet recorded (complete until it is): a cached one, or a new one.
     pub(crate) fn create(dev: &CudaDevice) -> Result<Self> {
-        let ev = dev
-            .ctx
-            .new_event(None)
-            .map_err(|e| err("cuEventCreate", e, dev.ordinal, "creating an event"))?;
+        let ev = match dev.events.take() {
+            Some(ev) => ev,
+            None => dev
+                .ctx
+                .new_event(None)
+                .map_err(|e| err("cuEventCreate", e, dev.ordinal, "creating an event"))?,
+        };
         Ok(Self {
-            ev,
+            ev: Some(ev),
             ordinal: dev.ordinal,
+            cache: dev.events.clone(),
         })
     }
 
     /// Records the event again, at the current end of `stream`: from now on it completes with
     /// that work. Whoever holds it as a fence must not need its earlier position any more.
     pub(crate) fn rerecord(&self, stream: &CudaStream, stream_id: u64) -> Result<()> {
-        self.ev.record(stream).map_err(|e| {
+        self.raw().record(stream).map_err(|e| {
             err(
                 "cuEventRecord",
                 e,
@@ -60,13 +82,15 @@ impl CuEvent {
     }
 
     pub(super) fn raw(&self) -> &CudaEvent {
-        &self.ev
+        self.ev
+            .as_ref()
+            .expect("a CuEvent holds its event until dropped")
     }
 
     /// Non-blocking query. A failed query (a broken context) counts as complete: no device
     /// access can happen any more, and reporting incomplete forever would hang every waiter.
     pub(crate) fn is_complete(&self) -> bool {
-        match self.ev.try_is_complete() {
+        match self.raw().try_is_complete() {
             Ok(done) => done,
             Err(e) => {
                 tracing::error!(target: "longshore::transfer", device = self.ordinal, error = ?e.0, "cuEventQuery failed; treating the event as complete");
@@ -76,7 +100,7 @@ impl CuEvent {
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
-        self.ev.synchronize().map_err(|e| {
+        self.raw().synchronize().map_err(|e| {
             err(
                 "cuEventSynchronize",
                 e,
@@ -84,6 +108,14 @@ impl CuEvent {
                 "waiting for an event",
             )
         })
+    }
+}
+
+impl Drop for CuEvent {
+    fn drop(&mut self) {
+        if let Some(ev) = self.ev.take() {
+            self.cache.give(ev);
+        }
     }
 }
 

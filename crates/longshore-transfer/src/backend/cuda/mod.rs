@@ -42,6 +42,8 @@ pub(crate) struct CudaDevice {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) ordinal: usize,
     pub(crate) async_alloc: bool,
+    /// Events no longer referenced, kept for the next record (see [`event::EventCache`]).
+    pub(crate) events: Arc<event::EventCache>,
 }
 
 /// Opens (once per process) the primary context of GPU `ordinal`.
@@ -84,6 +86,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
         ctx,
         ordinal,
         async_alloc,
+        events: Arc::default(),
     });
     guard.push(dev.clone());
     Ok(dev)
