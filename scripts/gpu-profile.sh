@@ -14,7 +14,7 @@ timeout 330 $B/jpeg-bench --decode both --workers 8,16 --torch-workers 16 --epoc
 python3 - /tmp/jdata <<'PY'
 import sys, glob, time, io
 from PIL import Image
-fs = sorted(glob.glob(sys.argv[1] + "/**/*.jpg", recursive=True))[:400]
+fs = sorted(glob.glob(sys.argv[1] + "/**/*.JPEG", recursive=True))[:400]
 data = [open(f, "rb").read() for f in fs]
 t = time.perf_counter()
 for d in data:

@@ -104,6 +104,10 @@ def gpu_transform(name, img):
 
 
 def run_gpu_decode(root, name, batch, workers, epochs):
+    # Each batch is a list of 256 byte tensors: with the default `file_descriptor` sharing
+    # strategy every one costs an open descriptor in flight and the workers run out of them
+    # ("Bad file descriptor"); `file_system` is what PyTorch's docs advise for many tensors.
+    torch.multiprocessing.set_sharing_strategy("file_system")
     device = torch.device("cuda")
     mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
     std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)

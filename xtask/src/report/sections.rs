@@ -130,7 +130,7 @@ pub(crate) fn loader(p: &mut Page<'_>) -> Result<()> {
         );
     }
     let r = p.r;
-    for w in ["images", "tabular"] {
+    for w in ["images", "images-u8", "tabular"] {
         p.plot(&format!("loader_{w}.svg"), &format!("loader {w}"), |path| {
             plot::plot_loader(r, w, path)
         })?;

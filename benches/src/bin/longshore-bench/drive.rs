@@ -17,11 +17,17 @@ use anyhow::{Result, bail};
 use longshore::data::{Batch, DirectCollate, ImageLayout, Normalize, NpyDataset, Zip};
 use longshore::host::PoolBuffer;
 use longshore::loader::{DataLoader, Fetch};
-use longshore::transfer::{Device, Event, Stream};
+use longshore::ops::{self, NormalizeU8, View, ViewMut};
+use longshore::transfer::{Device, DeviceBuffer, Event, Stream};
 use longshore_benches::workload;
 
 use crate::Ctx;
 use crate::profile::Profile;
+
+/// ImageNet's per-channel mean and standard deviation (torchvision's `Normalize` constants),
+/// for the `images-u8` workload's device-side normalisation.
+const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
 
 /// Epochs of one run are never more than this (a guard against a broken clock or loader).
 const MAX_EPOCHS: usize = 10_000;
@@ -83,15 +89,28 @@ struct Consumer<'d> {
     compute_stream: Option<Stream>,
     compute: Option<Duration>,
     steps: VecDeque<Event>,
+    /// The `images-u8` workload on a device: each batch is normalised there into `out`.
+    normalize: Option<(NormalizeU8, DeviceBuffer)>,
 }
 
 impl<'d> Consumer<'d> {
-    fn new(device: Option<&'d Device>, compute: Option<Duration>) -> Result<Self> {
+    fn new(device: Option<&'d Device>, compute: Option<Duration>, w: Workload) -> Result<Self> {
+        let compute_stream = device.map(Device::new_stream).transpose()?;
+        let normalize = match (&compute_stream, w) {
+            (Some(cs), Workload::ImagesU8) => {
+                let [c, h, wd] = workload::IMAGE_SHAPE;
+                let norm = NormalizeU8::new(cs, &IMAGENET_MEAN, &IMAGENET_STD, h, wd)?;
+                let out = cs.alloc(w.batch_size() * c * h * wd * 4)?;
+                Some((norm, out))
+            }
+            _ => None,
+        };
         Ok(Consumer {
             device,
-            compute_stream: device.map(Device::new_stream).transpose()?,
+            compute_stream,
             compute,
             steps: VecDeque::new(),
+            normalize,
         })
     }
 
@@ -108,6 +127,21 @@ impl<'d> Consumer<'d> {
                 for item in loader.to_device(dev, 2)? {
                     let batch = item?.wait_on(cs)?;
                     let n = batch.batch_size();
+                    if let Some((norm, out)) = &mut self.normalize {
+                        let offset = batch.spec(0)?.offset;
+                        ops::normalize_u8(
+                            cs,
+                            norm,
+                            View::new(batch.storage(), offset),
+                            ViewMut::from(out),
+                            n,
+                        )?;
+                        // At most two steps in flight, as a training loop's step would.
+                        self.steps.push_back(cs.record()?);
+                        if self.steps.len() > 2 {
+                            self.steps.pop_front().expect("step").synchronize()?;
+                        }
+                    }
                     if let Some(t) = self.compute {
                         cs.launch_host_fn(move || std::thread::sleep(t))?;
                         self.steps.push_back(cs.record()?);
@@ -164,8 +198,9 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
     window: Window,
     compute: Option<Duration>,
     profile: Option<PathBuf>,
+    w: Workload,
 ) -> Result<Run> {
-    let mut c = Consumer::new(device, compute)?;
+    let mut c = Consumer::new(device, compute, w)?;
     let cfg = loader.config();
     let in_flight = cfg.num_workers.max(1) * cfg.prefetch_factor;
     match window {
@@ -238,9 +273,13 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Workload {
+    /// u8 images normalised to f32 in the workers, f32 to the device.
     Images,
+    /// The same u8 images to the device, normalised there (with a device; read on the CPU
+    /// without one).
+    ImagesU8,
     Tabular,
 }
 
@@ -248,13 +287,14 @@ impl Workload {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Workload::Images => "images",
+            Workload::ImagesU8 => "images-u8",
             Workload::Tabular => "tabular",
         }
     }
 
     pub(crate) fn batch_size(self) -> usize {
         match self {
-            Workload::Images => 256,
+            Workload::Images | Workload::ImagesU8 => 256,
             Workload::Tabular => 1024,
         }
     }
@@ -262,8 +302,8 @@ impl Workload {
     /// Rows generated (full, quick).
     pub(crate) fn rows(self, quick: bool) -> usize {
         match (self, quick) {
-            (Workload::Images, false) => 8192,
-            (Workload::Images, true) => 512,
+            (Workload::Images | Workload::ImagesU8, false) => 8192,
+            (Workload::Images | Workload::ImagesU8, true) => 512,
             (Workload::Tabular, false) => 2_000_000,
             (Workload::Tabular, true) => 65_536,
         }
@@ -274,12 +314,13 @@ impl Workload {
     pub(crate) fn sample_bytes(self) -> usize {
         match self {
             Workload::Images => workload::IMAGE_SHAPE.iter().product::<usize>() * 4,
+            Workload::ImagesU8 => workload::IMAGE_SHAPE.iter().product::<usize>(),
             Workload::Tabular => workload::TABULAR_FEATURES * 4 + 8,
         }
     }
 
     /// Both workloads, in report order.
-    pub(crate) const ALL: [Workload; 2] = [Workload::Images, Workload::Tabular];
+    pub(crate) const ALL: [Workload; 3] = [Workload::Images, Workload::ImagesU8, Workload::Tabular];
 }
 
 /// Builds the loader for `w` (shuffled, `drop_last`, persistent workers when there are any,
@@ -314,7 +355,21 @@ pub(crate) fn run_workload(
                 .persistent_workers(num_workers > 0)
                 .seed(0)
                 .build()?;
-            drive(&loader, device, window, compute, profile)
+            drive(&loader, device, window, compute, profile, w)
+        }
+        Workload::ImagesU8 => {
+            let ds = NpyDataset::open(&files.images)?;
+            let loader = DataLoader::builder(ds)
+                .collate(DirectCollate::new().with_names(["image"]))
+                .batch_size(w.batch_size())
+                .shuffle(true)
+                .drop_last(true)
+                .num_workers(num_workers)
+                .pin_memory(pin_memory)
+                .persistent_workers(num_workers > 0)
+                .seed(0)
+                .build()?;
+            drive(&loader, device, window, compute, profile, w)
         }
         Workload::Tabular => {
             let ds = Zip::direct(
@@ -331,7 +386,7 @@ pub(crate) fn run_workload(
                 .persistent_workers(num_workers > 0)
                 .seed(0)
                 .build()?;
-            drive(&loader, device, window, compute, profile)
+            drive(&loader, device, window, compute, profile, w)
         }
     }
 }

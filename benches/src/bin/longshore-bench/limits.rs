@@ -30,8 +30,9 @@ use crate::{Ctx, MIB};
 /// The limits of this machine, for the roofline.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Limits {
-    /// Bare page-locked H2D GB/s at the image and tabular batch sizes.
+    /// Bare page-locked H2D GB/s at the image (f32, u8) and tabular batch sizes.
     pub(crate) link_images_gbps: Option<f64>,
+    pub(crate) link_images_u8_gbps: Option<f64>,
     pub(crate) link_tabular_gbps: Option<f64>,
     /// Streaming read and copy over all cores, GB/s (a copy counts its bytes once).
     pub(crate) mem_read_gbps: f64,
@@ -116,6 +117,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
             let g = gbps(bytes, s);
             match w {
                 Workload::Images => lim.link_images_gbps = Some(g),
+                Workload::ImagesU8 => lim.link_images_u8_gbps = Some(g),
                 Workload::Tabular => lim.link_tabular_gbps = Some(g),
             }
             record(

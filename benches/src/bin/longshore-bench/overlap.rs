@@ -35,7 +35,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
             (Workload::Tabular, true) => 40,
             (Workload::Tabular, false) => 200,
             // One epoch holds 32 image batches: measure within it, after the pipeline fill.
-            (Workload::Images, _) => 32 - warmup,
+            (Workload::Images | Workload::ImagesU8, _) => 32 - warmup,
         };
         let opts = Opts {
             num_workers: nw,

@@ -41,6 +41,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
         let mut limits: Vec<(&str, f64)> = Vec::new();
         let link = match w {
             Workload::Images => lim.link_images_gbps,
+            Workload::ImagesU8 => lim.link_images_u8_gbps,
             Workload::Tabular => lim.link_tabular_gbps,
         };
         if let Some(g) = link {
@@ -48,7 +49,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
         }
         let source = match w {
             Workload::Images => per / 4.0, // u8 pixels in, f32 out
-            Workload::Tabular => per,
+            Workload::ImagesU8 | Workload::Tabular => per,
         };
         let dma = if link.is_some() { per } else { 0.0 };
         limits.push((
@@ -57,6 +58,8 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
         ));
         match w {
             Workload::Images => limits.push(("normalise, all cores", lim.normalize_images_per_s)),
+            // Normalised on the device: the host only copies u8 rows into the batch.
+            Workload::ImagesU8 => {}
             Workload::Tabular => {
                 limits.push(("random gather, all cores", lim.gather_samples_per_s))
             }
