@@ -394,7 +394,9 @@ pub(crate) fn run_workload(
 pub(crate) fn ensure_data(ctx: &mut Ctx) -> Result<workload::Workloads> {
     let files = workload::ensure(
         &ctx.data_dir,
-        Workload::Images.rows(ctx.quick),
+        ctx.args
+            .image_rows
+            .unwrap_or(Workload::Images.rows(ctx.quick)),
         Workload::Tabular.rows(ctx.quick),
     )?;
     if files.generated.is_empty() {

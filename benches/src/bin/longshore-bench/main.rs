@@ -114,6 +114,11 @@ pub(crate) struct Args {
     /// The PyTorch baseline script (default: `xtask/pytorch/dataloader_bench.py`).
     #[arg(long)]
     pub(crate) pytorch_script: Option<PathBuf>,
+    /// Images in the image workloads' file, so in one epoch (default 8192; quick 512). Longer
+    /// epochs amortise each epoch's pipeline fill: the scaling curve at two lengths tells the
+    /// fill from the steady rate.
+    #[arg(long)]
+    pub(crate) image_rows: Option<usize>,
     /// Sample every thread during each steady-state loader run's timed window and write a
     /// flame graph and a per-thread summary per run into this folder (see `profile.rs`).
     #[arg(long)]
