@@ -49,7 +49,7 @@ fn batches_hold_the_files_the_pixels_of_pngs_and_the_cpu_pipelines_boxes() {
             let got = &bytes[row.offset..row.offset + row.len];
             let image = decode_rgb(&file, &DecodeOptions::default()).unwrap();
             assert_eq!((row.width, row.height), (image.width(), image.height()));
-            if path.extension().unwrap() == "png" {
+            if path.extension().unwrap() == "png" || is_progressive(&file) {
                 assert_eq!(row.payload, Payload::Rgb);
                 assert_eq!(got, image.as_bytes());
             } else {
@@ -70,6 +70,69 @@ fn batches_hold_the_files_the_pixels_of_pngs_and_the_cpu_pipelines_boxes() {
         }
     }
     assert_eq!(seen, samples.len());
+}
+
+/// Whether a JPEG's frame header is progressive (SOF2), found independently of the crate's
+/// marker walk: the first SOFn marker before the first scan.
+fn is_progressive(file: &[u8]) -> bool {
+    let sos = file
+        .windows(2)
+        .position(|w| w == [0xFF, 0xDA])
+        .unwrap_or(file.len());
+    file[..sos].windows(2).any(|w| w == [0xFF, 0xC2])
+}
+
+/// JPEGs the hardware engines do not take (progressive) are decoded by the worker and travel
+/// as pixels, like PNGs; baseline JPEGs travel as files; grayscale baseline ones too.
+#[test]
+fn progressive_jpegs_are_decoded_by_the_worker() {
+    use jpeg_encoder::{ColorType, Encoder};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("c");
+    std::fs::create_dir_all(&root).unwrap();
+    let (w, h) = (67u16, 41u16);
+    let rgb: Vec<u8> = (0..usize::from(w) * usize::from(h) * 3)
+        .map(|i| ((i * 13) % 241) as u8)
+        .collect();
+    let encode = |progressive: bool, color: ColorType, px: &[u8]| {
+        let mut out = Vec::new();
+        let mut e = Encoder::new(&mut out, 90);
+        e.set_progressive(progressive);
+        e.encode(px, w, h, color).unwrap();
+        out
+    };
+    let grey: Vec<u8> = rgb.iter().step_by(3).copied().collect();
+    let files = [
+        ("a_baseline.jpg", encode(false, ColorType::Rgb, &rgb)),
+        ("b_progressive.jpg", encode(true, ColorType::Rgb, &rgb)),
+        ("c_grey.jpg", encode(false, ColorType::Luma, &grey)),
+        (
+            "d_grey_progressive.jpg",
+            encode(true, ColorType::Luma, &grey),
+        ),
+    ];
+    for (name, bytes) in &files {
+        std::fs::write(root.join(name), bytes).unwrap();
+    }
+    let data = files_of(dir.path());
+    for (i, (name, file)) in files.iter().enumerate() {
+        let s = data.read(i).unwrap();
+        assert!(s.path.ends_with(name), "{:?}", s.path);
+        assert_eq!((s.width, s.height), (usize::from(w), usize::from(h)));
+        if name.contains("progressive") {
+            assert!(is_progressive(file));
+            assert_eq!(s.payload, Payload::Rgb, "{name}");
+            let image = decode_rgb(file, &DecodeOptions::default()).unwrap();
+            assert_eq!(s.bytes, image.as_bytes(), "{name}");
+        } else {
+            assert_eq!(s.payload, Payload::Jpeg, "{name}");
+            assert_eq!(&s.bytes, file, "{name}");
+        }
+    }
+}
+
+fn files_of(root: &std::path::Path) -> EncodedImages {
+    files(root, 1)
 }
 
 #[test]

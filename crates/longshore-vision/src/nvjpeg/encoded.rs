@@ -25,7 +25,8 @@ use crate::folder::{ImageFolder, invalid};
 pub enum Payload {
     /// The JPEG file as it is, to decode on the device.
     Jpeg,
-    /// RGB pixels (HWC), decoded by the worker (PNG).
+    /// RGB pixels (HWC), decoded by the worker (a PNG, or a JPEG the hardware engines do not
+    /// take).
     Rgb,
 }
 
@@ -167,11 +168,14 @@ pub struct EncodedSample {
     pub label: i64,
     /// The file's format.
     pub format: ImageFormat,
+    /// What `bytes` hold: the JPEG file for the device to decode, or RGB pixels decoded by the
+    /// worker (a PNG, or a JPEG the hardware engines do not take, such as a progressive one).
+    pub payload: Payload,
     /// Width from the header.
     pub width: usize,
     /// Height from the header.
     pub height: usize,
-    /// The file's bytes (JPEG), or the decoded RGB pixels (other formats).
+    /// The file's bytes ([`Payload::Jpeg`]) or the decoded RGB pixels ([`Payload::Rgb`]).
     pub bytes: Vec<u8>,
 }
 
@@ -239,17 +243,22 @@ impl EncodedImages {
         let options = self.folder.decode();
         let header = probe(&bytes).map_err(|e| invalid(path, e))?;
         check_limit(options, header.width, header.height).map_err(|e| invalid(path, e))?;
-        let (bytes, format) = match header.format {
-            ImageFormat::Jpeg => (bytes, ImageFormat::Jpeg),
-            other => {
+        let (bytes, payload) = match header.format {
+            ImageFormat::Jpeg if !needs_cpu_huffman(&bytes) => (bytes, Payload::Jpeg),
+            // A PNG, or a JPEG that nvJPEG's hardware engines do not take (progressive,
+            // arithmetic, lossless: about 5% of ImageNet). nvJPEG's default backend would run
+            // its Huffman pass on the CPU, one image at a time on the device stage's single
+            // thread; decoding it here, in parallel workers, keeps that thread free.
+            _ => {
                 let image = decode_rgb(&bytes, options).map_err(|e| invalid(path, e))?;
-                (image.into_vec(), other)
+                (image.into_vec(), Payload::Rgb)
             }
         };
         Ok(EncodedSample {
             path: path.to_path_buf(),
             label,
-            format,
+            format: header.format,
+            payload,
             width: header.width,
             height: header.height,
             bytes,
@@ -269,6 +278,49 @@ impl EncodedImages {
             }
         }
     }
+}
+
+/// Whether the first frame header of JPEG `bytes` is one nvJPEG's hardware engines do not
+/// decode: anything but baseline (SOF0) and extended sequential (SOF1) Huffman coding, i.e.
+/// progressive (SOF2), lossless (SOF3) and the arithmetic and hierarchical kinds. A stream
+/// whose markers do not parse is left to the device stage (which names the file if it
+/// fails).
+pub(crate) fn needs_cpu_huffman(bytes: &[u8]) -> bool {
+    if bytes.get(..2) != Some(&[0xFF, 0xD8]) {
+        return false;
+    }
+    let mut i = 2;
+    while i + 4 <= bytes.len() {
+        if bytes[i] != 0xFF {
+            return false;
+        }
+        let marker = bytes[i + 1];
+        match marker {
+            // Fill bytes before a marker.
+            0xFF => {
+                i += 1;
+                continue;
+            }
+            // Standalone markers carry no length.
+            0x01 | 0xD0..=0xD7 => {
+                i += 2;
+                continue;
+            }
+            // SOF0 / SOF1: what the hardware decodes.
+            0xC0 | 0xC1 => return false,
+            // Every other start-of-frame (DHT 0xC4, JPG 0xC8 and DAC 0xCC are not frames).
+            0xC2 | 0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF => return true,
+            // Scan data before any frame header, or the end: not a stream we judge.
+            0xDA | 0xD9 => return false,
+            _ => {}
+        }
+        let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
+        if len < 2 {
+            return false;
+        }
+        i += 2 + len;
+    }
+    false
 }
 
 /// The pixel limit of `options` (and zero sizes), as the CPU decoder checks them.
@@ -339,10 +391,7 @@ impl DatasetCollate<EncodedImages> for EncodedCollate {
             let entry = EncodedEntry {
                 index,
                 label: s.label,
-                payload: match s.format {
-                    ImageFormat::Jpeg => Payload::Jpeg,
-                    _ => Payload::Rgb,
-                },
+                payload: s.payload,
                 offset: total,
                 len: s.bytes.len(),
                 width: s.width,

@@ -36,7 +36,10 @@
 //!    (format, dimensions, the pixel limit), draw its crop box and flip with the same
 //!    generator and the same calls as the CPU [`Compose`](crate::Compose) ([`plan`]), and
 //!    write the bytes, one metadata row and the label into the batch's page-locked buffer.
-//!    A file that is not a JPEG (PNG) is decoded there, on the CPU, and travels as pixels. A
+//!    A file that is not a JPEG (PNG), or a JPEG the hardware engines do not take
+//!    (progressive, arithmetic, lossless: about 5% of ImageNet, which nvJPEG's default
+//!    backend would decode with a CPU Huffman pass on the device stage's one thread), is
+//!    decoded there, on the CPU, in parallel workers, and travels as pixels. A
 //!    file whose header does not parse is a `DataError` naming it, and the loader's
 //!    `on_sample_error` applies as on the CPU path.
 //! 2. **Device stage** ([`NvjpegDecoder`], on its own stream; [`NvjpegLoader::nvjpeg`] or
