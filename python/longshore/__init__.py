@@ -138,7 +138,6 @@ class DataLoader:
             "cpu" if framework == "torch" else "cuda_host",
         )
         self._index = index
-        self._single = self._loader.single
         self._convert = self._converter(framework)
 
     def _converter(self, framework):
@@ -166,7 +165,8 @@ class DataLoader:
         return from_dlpack
 
     def __iter__(self):
-        return _Iterator(self._loader.epoch(), self._convert, self._single)
+        # The epoch converts each tensor itself (no Python frame per batch); it has close().
+        return self._loader.epoch(self._convert)
 
     def __len__(self):
         return len(self._loader)
@@ -192,26 +192,3 @@ class DataLoader:
 
     def reset_stats(self):
         self._loader.reset_stats()
-
-
-class _Iterator:
-    __slots__ = ("_epoch", "_convert", "_single")
-
-    def __init__(self, epoch, convert, single):
-        self._epoch = epoch
-        self._convert = convert
-        self._single = single
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        tensors = next(self._epoch)
-        convert = self._convert
-        if self._single:
-            return convert(tensors[0])
-        return [convert(t) for t in tensors]
-
-    def close(self):
-        """Ends the epoch now (stops its workers, returns its batches' memory)."""
-        self._epoch.close()

@@ -4,6 +4,7 @@
 //! `DataLoader` class that converts each batch with `torch.from_dlpack` or `np.from_dlpack`.
 
 mod dataset;
+mod epoch;
 mod errors;
 mod loader;
 mod tensor;
@@ -25,7 +26,7 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyNpyDataset>()?;
     m.add_class::<dataset::PyRecordDataset>()?;
     m.add_class::<loader::PyLoader>()?;
-    m.add_class::<loader::PyEpoch>()?;
+    m.add_class::<epoch::PyEpoch>()?;
     m.add_class::<loader::PyPinnedPool>()?;
     m.add_class::<tensor::PyTensor>()?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
