@@ -23,7 +23,7 @@ A batch's memory goes back to longshore's pool when every tensor of the batch ha
 
 import json as _json
 
-from . import _longshore
+from . import _longshore, datasets, transforms  # noqa: F401  (submodules)
 from ._longshore import (  # noqa: F401  (re-exported)
     LoaderError,
     LoaderTimeout,
@@ -37,6 +37,8 @@ from ._longshore import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "DataLoader",
+    "datasets",
+    "transforms",
     "NpyDataset",
     "RecordDataset",
     "PinnedPool",
@@ -79,7 +81,8 @@ def _cuda_index(device):
 class DataLoader:
     """``torch.utils.data.DataLoader``'s options over longshore's Rust loader.
 
-    ``dataset`` is a :class:`NpyDataset` or :class:`RecordDataset`. ``seed`` fixes shuffling
+    ``dataset`` is a :class:`NpyDataset`, a :class:`RecordDataset` or a
+    :class:`datasets.ImageFolder` with a transform (batches ``[images, labels]``). ``seed`` fixes shuffling
     and per-worker randomness (PyTorch takes a ``generator``); ``device`` delivers batches on
     a GPU. ``pool`` (a :class:`PinnedPool`) bounds the host memory batches may hold;
     ``framework`` picks ``"torch"`` or ``"numpy"`` outputs (default: torch when installed).
@@ -120,7 +123,8 @@ class DataLoader:
         self.timeout = timeout
         self.device = device
         self._loader = _longshore._Loader(
-            dataset,
+            # datasets.ImageFolder wraps its native dataset.
+            getattr(dataset, "_native", dataset),
             batch_size,
             bool(shuffle),
             num_workers,

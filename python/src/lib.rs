@@ -8,6 +8,7 @@ mod epoch;
 mod errors;
 mod loader;
 mod tensor;
+mod vision;
 
 use pyo3::prelude::*;
 
@@ -29,6 +30,8 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<epoch::PyEpoch>()?;
     m.add_class::<loader::PyPinnedPool>()?;
     m.add_class::<tensor::PyTensor>()?;
+    m.add_class::<vision::PyImageFolder>()?;
+    m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
     m.add("SampleError", py.get_type::<errors::SampleError>())?;
     m.add("LoaderTimeout", py.get_type::<errors::LoaderTimeout>())?;

@@ -18,6 +18,7 @@ use pyo3::types::PyDict;
 use crate::dataset::{PyNpyDataset, PyRecordDataset, Source};
 use crate::epoch::{Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
+use crate::vision::PyImageFolder;
 
 /// What an epoch yields before export: a host batch or a prefetched device batch.
 pub(crate) enum Handoff {
@@ -228,9 +229,17 @@ impl PyLoader {
             (d.source.clone(), d.is_single())
         } else if let Ok(d) = dataset.cast::<PyRecordDataset>() {
             (d.get().source.clone(), false)
+        } else if let Ok(d) = dataset.cast::<PyImageFolder>() {
+            let source = d.get().source.clone().ok_or_else(|| {
+                PyValueError::new_err(
+                    "an ImageFolder without a transform yields PIL images in torchvision, which \
+                     cannot be batched: give it transform=Compose([..., ToTensor()])",
+                )
+            })?;
+            (source, false)
         } else {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                "longshore.DataLoader takes a longshore.NpyDataset or longshore.RecordDataset, not {}",
+                "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset or datasets.ImageFolder, not {}",
                 dataset.get_type().name()?
             )));
         };
