@@ -51,7 +51,7 @@ class ImageFolder:
             transform = _Compose([transform])
         self.root = str(root)
         self.transform = transform
-        steps, output = (transform._steps, transform._output) if transform is not None else (None, None)
+        steps, output = transform._plan() if transform is not None else (None, None)
         self._native = _longshore._ImageFolder(
             self.root, steps, output, allow_empty=bool(allow_empty),
             max_pixels=max_pixels or None, no_pixel_limit=max_pixels == 0,

@@ -208,11 +208,16 @@ class Normalize:
 
 class Compose:
     """A pipeline of the transforms of this module, in torchvision's order (see the module's
-    documentation for what it can hold). Nested ``Compose`` are flattened."""
+    documentation for what it can hold). Nested ``Compose`` are flattened. The pipeline is
+    checked when an ``ImageFolder`` takes it."""
 
     def __init__(self, transforms):
         self.transforms = list(transforms)
-        self._steps, self._output = _plan(self.transforms)
+
+    def _plan(self):
+        """(step descriptions, output description) for the Rust pipeline; checked when a
+        dataset takes the pipeline (a nested Compose may hold a part of one)."""
+        return _plan(self.transforms)
 
     def __repr__(self):
         inner = "".join(f"\n    {t!r}" for t in self.transforms)

@@ -1,13 +1,16 @@
 """longshore.datasets.ImageFolder and longshore.transforms on the CPU: torchvision's folder
 semantics, pixel values against references computed here with NumPy, errors, determinism."""
+import gc
 import os
 import struct
+import time
 import zlib
 
 import numpy as np
 import pytest
 
 import longshore
+from conftest import need_cuda
 from longshore import transforms as T
 
 MEAN = [0.485, 0.456, 0.406]
@@ -214,6 +217,34 @@ def test_option_checks(tmp_path):
         T.Normalize(MEAN, [0.2, 0.0, 0.2])
     with pytest.raises(ValueError, match="p="):
         T.RandomHorizontalFlip(1.5)
-    # A single transform is wrapped in a Compose.
-    ds = longshore.datasets.ImageFolder(root, T.Compose([T.Resize(4), T.CenterCrop(4), T.ToTensor()]))
+    # Nested Compose are flattened; a bare transform is wrapped in one (and needs a size).
+    inner = T.Compose([T.Resize(4), T.CenterCrop(4)])
+    ds = longshore.datasets.ImageFolder(root, T.Compose([inner, T.ToTensor()]))
     assert ds[0][0].shape == (3, 4, 4)
+    with pytest.raises(ValueError, match="ToTensor"):
+        longshore.datasets.ImageFolder(root, T.CenterCrop(4))
+
+
+def test_image_folder_to_the_gpu_equals_the_cpu_batches(tmp_path):
+    """On a GPU: ImageFolder batches with device="cuda" are torch tensors on the device, equal
+    to the CPU path's (same seed and workers: same crops), and every lease comes back."""
+    torch = need_cuda()
+    longshore.datasets.write_synthetic_folder(tmp_path / "g", classes=3, per_class=4)
+    pipeline = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = longshore.datasets.ImageFolder(str(tmp_path / "g"), pipeline)
+    cpu = batches(ds, batch_size=5, shuffle=True, seed=9, num_workers=2)
+    pool = longshore.PinnedPool()
+    dl = longshore.DataLoader(ds, batch_size=5, shuffle=True, seed=9, num_workers=2, device="cuda", pool=pool)
+    gpu = list(dl)
+    assert len(gpu) == len(cpu)
+    for (x, y), (cx, cy) in zip(gpu, cpu):
+        assert x.is_cuda and x.dtype == torch.float32 and y.dtype == torch.int64
+        np.testing.assert_array_equal(x.cpu().numpy(), cx)
+        np.testing.assert_array_equal(y.cpu().numpy(), cy)
+    del gpu, x, y
+    torch.cuda.synchronize()
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while pool.stats()["bytes_in_use"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.stats()["bytes_in_use"] == 0
