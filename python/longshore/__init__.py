@@ -86,7 +86,9 @@ class DataLoader:
     and per-worker randomness (PyTorch takes a ``generator``); ``device`` delivers batches on
     a GPU. ``pool`` (a :class:`PinnedPool`) bounds the host memory batches may hold;
     ``framework`` picks ``"torch"`` or ``"numpy"`` outputs (default: torch when installed).
-    ``prefetch_factor=None`` means 2 with workers, as in PyTorch.
+    ``prefetch_factor=None`` means 2 with workers, as in PyTorch. ``decode="nvjpeg"`` (with an
+    ImageFolder and ``device="cuda"``) decodes the JPEGs on the GPU with nvJPEG: the workers
+    only read the files and draw the crops (the same crops as ``decode="cpu"`` for a seed).
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class DataLoader:
         *,
         pool=None,
         framework=None,
+        decode="cpu",
     ):
         if shuffle is None:
             shuffle = False
@@ -140,6 +143,7 @@ class DataLoader:
             # pinned); not every one imports kDLCUDAHost, DLPack's own label for page-locked
             # memory, which is kept for other consumers.
             "cpu" if framework == "torch" else "cuda_host",
+            decode,
         )
         self._index = index
         self._convert = self._converter(framework)

@@ -97,6 +97,7 @@ fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackE
             let (layout, storage) = p.batch.into_parts();
             export_device(&layout, storage, Some(p.ready), opts)
         }
+        Handoff::Nvjpeg(p) => crate::nvjpeg::export(p, opts),
     }
 }
 

@@ -7,6 +7,7 @@ mod dataset;
 mod epoch;
 mod errors;
 mod loader;
+mod nvjpeg;
 mod tensor;
 mod vision;
 

@@ -11,6 +11,7 @@ use longshore_loader::{
     DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderState, LoaderStats,
 };
 use longshore_transfer::{Device, Prefetched};
+use longshore_vision::nvjpeg::NvjpegBatch;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -24,6 +25,8 @@ use crate::vision::PyImageFolder;
 pub(crate) enum Handoff {
     Host(Batch<PoolBuffer>),
     Device(Prefetched<DeviceBatch>),
+    /// A batch decoded on the device by nvJPEG.
+    Nvjpeg(Prefetched<NvjpegBatch>),
 }
 
 pub(crate) type Epoch = Box<dyn Iterator<Item = Result<Handoff, LoaderError>> + Send>;
@@ -67,7 +70,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> AnyLoader for DataLoader<F> {
 }
 
 /// The loader's options, as PyTorch names them.
-struct Options {
+pub(crate) struct Options {
     batch_size: usize,
     shuffle: bool,
     num_workers: usize,
@@ -80,7 +83,10 @@ struct Options {
     pool: Option<PinnedPool>,
 }
 
-fn configure<D, C>(mut b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuilder<D, C> {
+pub(crate) fn configure<D, C>(
+    mut b: DataLoaderBuilder<D, C>,
+    o: Options,
+) -> DataLoaderBuilder<D, C> {
     b = b
         .batch_size(o.batch_size)
         .shuffle(o.shuffle)
@@ -197,7 +203,7 @@ pub(crate) struct PyLoader {
 impl PyLoader {
     #[new]
     #[pyo3(signature = (dataset, batch_size, shuffle, num_workers, pin_memory, drop_last,
-        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host"))]
+        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host", decode = "cpu"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -214,6 +220,7 @@ impl PyLoader {
         device: Option<usize>,
         pool: Option<PyRef<'_, PyPinnedPool>>,
         pinned_label: &str,
+        decode: &str,
     ) -> PyResult<Self> {
         let pinned = match pinned_label {
             "cuda_host" => PinnedLabel::CudaHost,
@@ -221,6 +228,29 @@ impl PyLoader {
             other => {
                 return Err(PyValueError::new_err(format!(
                     "pinned_label must be 'cuda_host' or 'cpu', not {other:?}"
+                )));
+            }
+        };
+        // Device decoding reads the files in the workers and decodes them on the GPU.
+        let nvjpeg_files = match decode {
+            "cpu" => None,
+            "nvjpeg" => {
+                let Ok(d) = dataset.cast::<PyImageFolder>() else {
+                    return Err(PyValueError::new_err(
+                        "decode=\"nvjpeg\" decodes image folders: the dataset must be a \
+                         longshore.datasets.ImageFolder",
+                    ));
+                };
+                if device.is_none() {
+                    return Err(PyValueError::new_err(
+                        "decode=\"nvjpeg\" decodes on a GPU: it needs device=\"cuda\"",
+                    ));
+                }
+                Some(d.get().encoded()?)
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "decode must be 'cpu' or 'nvjpeg', not {other:?}"
                 )));
             }
         };
@@ -286,7 +316,12 @@ impl PyLoader {
             seed,
             pool: pool.map(|p| p.pool.clone()),
         };
-        let inner = py.detach(|| build(source, options)).map_err(loader_err)?;
+        let inner = py
+            .detach(|| match (nvjpeg_files, device.as_ref()) {
+                (Some(files), Some(d)) => crate::nvjpeg::build(files, options, d),
+                _ => build(source, options),
+            })
+            .map_err(loader_err)?;
         Ok(Self {
             inner,
             device,

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use longshore_data::{DType, DataError, Dataset, DirectCollate, Tensor};
+use longshore_vision::nvjpeg::EncodedImages;
 use longshore_vision::transforms::{
     CenterCrop, Interpolation, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
@@ -110,8 +111,22 @@ fn output(desc: &Bound<'_, PyTuple>) -> PyResult<Output> {
 #[pyclass(name = "_ImageFolder", module = "longshore", frozen)]
 pub(crate) struct PyImageFolder {
     folder: ImageFolder,
+    compose: Option<Compose>,
     pub(crate) source: Option<Source>,
     output_shape: Option<Vec<usize>>,
+}
+
+impl PyImageFolder {
+    /// The folder and pipeline for device decoding (workers read the files, nvJPEG decodes):
+    /// a `ValueError` when the pipeline has no device form.
+    pub(crate) fn encoded(&self) -> PyResult<EncodedImages> {
+        let compose = self.compose.clone().ok_or_else(|| {
+            PyValueError::new_err(
+                "decode=\"nvjpeg\" needs an ImageFolder with a transform ending in ToTensor()",
+            )
+        })?;
+        EncodedImages::new(self.folder.clone(), compose).map_err(data_err)
+    }
 }
 
 #[pymethods]
@@ -156,12 +171,13 @@ impl PyImageFolder {
             .detach(|| ImageFolder::with_options(&root, options))
             .map_err(data_err)?;
         let output_shape = compose.as_ref().map(|c| c.field().shape.dims().to_vec());
-        let source = compose.map(|c| Source {
+        let source = compose.clone().map(|c| Source {
             dataset: Arc::new(Fields(ImageDataset::new(folder.clone(), c))),
             collate: DirectCollate::new().with_names(["image", "label"]),
         });
         Ok(Self {
             folder,
+            compose,
             source,
             output_shape,
         })

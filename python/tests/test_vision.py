@@ -248,3 +248,42 @@ def test_image_folder_to_the_gpu_equals_the_cpu_batches(tmp_path):
     while pool.stats()["bytes_in_use"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert pool.stats()["bytes_in_use"] == 0
+
+
+def test_nvjpeg_option_checks(tmp_path):
+    root = png_folder(tmp_path / "n", {"a": [np.zeros((8, 8, 3), np.uint8)]})
+    ds = longshore.datasets.ImageFolder(root, T.Compose([T.CenterCrop(4), T.ToTensor()]))
+    with pytest.raises(ValueError, match="device"):
+        longshore.DataLoader(ds, framework="numpy", decode="nvjpeg")
+    with pytest.raises(ValueError, match="'cpu' or 'nvjpeg'"):
+        longshore.DataLoader(ds, framework="numpy", decode="gpu")
+    with pytest.raises(ValueError, match="ImageFolder"):
+        longshore.DataLoader(longshore.NpyDataset(_npy(tmp_path)), framework="numpy", decode="nvjpeg")
+
+
+def _npy(tmp_path):
+    p = tmp_path / "x.npy"
+    np.save(p, np.zeros((4, 2), np.float32))
+    return str(p)
+
+
+def test_nvjpeg_batches_match_the_cpu_pipeline(tmp_path):
+    """On a GPU: decode="nvjpeg" yields the CPU path's batches (same seed and workers: same
+    crops and labels), pixels within nvJPEG's decoding differences."""
+    torch = need_cuda()
+    longshore.datasets.write_synthetic_folder(tmp_path / "j", classes=3, per_class=6)
+    for pipeline in (
+        T.Compose([T.RandomResizedCrop(48), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]),
+        T.Compose([T.Resize(56), T.CenterCrop(48), T.ToTensor(), T.Normalize(MEAN, STD)]),
+    ):
+        ds = longshore.datasets.ImageFolder(str(tmp_path / "j"), pipeline)
+        cpu = batches(ds, batch_size=6, shuffle=True, seed=5, num_workers=2)
+        dl = longshore.DataLoader(ds, batch_size=6, shuffle=True, seed=5, num_workers=2,
+                                  device="cuda", decode="nvjpeg")
+        gpu = list(dl)
+        assert len(gpu) == len(cpu) == 3
+        for (x, y), (cx, cy) in zip(gpu, cpu):
+            assert x.is_cuda and x.dtype == torch.float32 and tuple(x.shape) == cx.shape
+            np.testing.assert_array_equal(y.cpu().numpy(), cy)
+            diff = np.abs(x.cpu().numpy() - cx) * np.asarray(STD, np.float32)[:, None, None] * 255
+            assert diff.mean() < 2.0 and diff.max() < 40, (diff.mean(), diff.max())
