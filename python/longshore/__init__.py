@@ -23,7 +23,7 @@ A batch's memory goes back to longshore's pool when every tensor of the batch ha
 
 import json as _json
 
-from . import _longshore
+from . import _longshore, datasets, transforms  # noqa: F401  (submodules)
 from ._longshore import (  # noqa: F401  (re-exported)
     LoaderError,
     LoaderTimeout,
@@ -37,6 +37,8 @@ from ._longshore import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "DataLoader",
+    "datasets",
+    "transforms",
     "NpyDataset",
     "RecordDataset",
     "PinnedPool",
@@ -79,11 +81,14 @@ def _cuda_index(device):
 class DataLoader:
     """``torch.utils.data.DataLoader``'s options over longshore's Rust loader.
 
-    ``dataset`` is a :class:`NpyDataset` or :class:`RecordDataset`. ``seed`` fixes shuffling
+    ``dataset`` is a :class:`NpyDataset`, a :class:`RecordDataset` or a
+    :class:`datasets.ImageFolder` with a transform (batches ``[images, labels]``). ``seed`` fixes shuffling
     and per-worker randomness (PyTorch takes a ``generator``); ``device`` delivers batches on
     a GPU. ``pool`` (a :class:`PinnedPool`) bounds the host memory batches may hold;
     ``framework`` picks ``"torch"`` or ``"numpy"`` outputs (default: torch when installed).
-    ``prefetch_factor=None`` means 2 with workers, as in PyTorch.
+    ``prefetch_factor=None`` means 2 with workers, as in PyTorch. ``decode="nvjpeg"`` (with an
+    ImageFolder and ``device="cuda"``) decodes the JPEGs on the GPU with nvJPEG: the workers
+    only read the files and draw the crops (the same crops as ``decode="cpu"`` for a seed).
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class DataLoader:
         *,
         pool=None,
         framework=None,
+        decode="cpu",
     ):
         if shuffle is None:
             shuffle = False
@@ -120,7 +126,8 @@ class DataLoader:
         self.timeout = timeout
         self.device = device
         self._loader = _longshore._Loader(
-            dataset,
+            # datasets.ImageFolder wraps its native dataset.
+            getattr(dataset, "_native", dataset),
             batch_size,
             bool(shuffle),
             num_workers,
@@ -136,9 +143,9 @@ class DataLoader:
             # pinned); not every one imports kDLCUDAHost, DLPack's own label for page-locked
             # memory, which is kept for other consumers.
             "cpu" if framework == "torch" else "cuda_host",
+            decode,
         )
         self._index = index
-        self._single = self._loader.single
         self._convert = self._converter(framework)
 
     def _converter(self, framework):
@@ -166,7 +173,8 @@ class DataLoader:
         return from_dlpack
 
     def __iter__(self):
-        return _Iterator(self._loader.epoch(), self._convert, self._single)
+        # The epoch converts each tensor itself (no Python frame per batch); it has close().
+        return self._loader.epoch(self._convert)
 
     def __len__(self):
         return len(self._loader)
@@ -192,26 +200,3 @@ class DataLoader:
 
     def reset_stats(self):
         self._loader.reset_stats()
-
-
-class _Iterator:
-    __slots__ = ("_epoch", "_convert", "_single")
-
-    def __init__(self, epoch, convert, single):
-        self._epoch = epoch
-        self._convert = convert
-        self._single = single
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        tensors = next(self._epoch)
-        convert = self._convert
-        if self._single:
-            return convert(tensors[0])
-        return [convert(t) for t in tensors]
-
-    def close(self):
-        """Ends the epoch now (stops its workers, returns its batches' memory)."""
-        self._epoch.close()

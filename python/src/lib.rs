@@ -4,9 +4,12 @@
 //! `DataLoader` class that converts each batch with `torch.from_dlpack` or `np.from_dlpack`.
 
 mod dataset;
+mod epoch;
 mod errors;
 mod loader;
+mod nvjpeg;
 mod tensor;
+mod vision;
 
 use pyo3::prelude::*;
 
@@ -25,9 +28,11 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyNpyDataset>()?;
     m.add_class::<dataset::PyRecordDataset>()?;
     m.add_class::<loader::PyLoader>()?;
-    m.add_class::<loader::PyEpoch>()?;
+    m.add_class::<epoch::PyEpoch>()?;
     m.add_class::<loader::PyPinnedPool>()?;
     m.add_class::<tensor::PyTensor>()?;
+    m.add_class::<vision::PyImageFolder>()?;
+    m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
     m.add("SampleError", py.get_type::<errors::SampleError>())?;
     m.add("LoaderTimeout", py.get_type::<errors::LoaderTimeout>())?;

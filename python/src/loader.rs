@@ -1,42 +1,38 @@
-//! `longshore._Loader` and its epochs: the Rust [`DataLoader`] behind a Python iterator that
-//! waits without the GIL and answers Ctrl-C.
-//!
-//! An epoch's Rust iterator runs on its own thread, one batch per request: `__next__` asks for
-//! the next batch and waits for the answer in short slices with the GIL released, checking for
-//! signals between slices. A `KeyboardInterrupt` leaves the request pending; the next
-//! `__next__` collects its answer, so no batch is lost or loaded twice.
+//! `longshore._Loader`: the Rust [`DataLoader`] of any built-in dataset, behind one Python
+//! class; its epochs are [`PyEpoch`](crate::epoch::PyEpoch) iterators.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
 use longshore_data::Batch;
-use longshore_dlpack::{
-    DlpackError, DlpackTensor, ExportOptions, PinnedLabel, export_device, export_host,
-};
+use longshore_dlpack::{ExportOptions, PinnedLabel};
 use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
 use longshore_loader::{
     DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderState, LoaderStats,
 };
 use longshore_transfer::{Device, Prefetched};
+use longshore_vision::nvjpeg::NvjpegBatch;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::dataset::{PyNpyDataset, PyRecordDataset, Source};
-use crate::errors::{LoaderFailure, dlpack_err, loader_err, transfer_err};
-use crate::tensor::PyTensor;
+use crate::epoch::{Position, PyEpoch};
+use crate::errors::{LoaderFailure, loader_err, transfer_err};
+use crate::vision::PyImageFolder;
 
 /// What an epoch yields before export: a host batch or a prefetched device batch.
-enum Handoff {
+pub(crate) enum Handoff {
     Host(Batch<PoolBuffer>),
     Device(Prefetched<DeviceBatch>),
+    /// A batch decoded on the device by nvJPEG.
+    Nvjpeg(Prefetched<NvjpegBatch>),
 }
 
-type Epoch = Box<dyn Iterator<Item = Result<Handoff, LoaderError>> + Send>;
+pub(crate) type Epoch = Box<dyn Iterator<Item = Result<Handoff, LoaderError>> + Send>;
 
 /// A loader of any dataset type, as the binding drives it.
-trait AnyLoader: Send + Sync {
+pub(crate) trait AnyLoader: Send + Sync {
     fn epoch(&self, device: Option<&Device>, depth: usize) -> Result<Epoch, LoaderError>;
     fn len(&self) -> Option<usize>;
     fn set_epoch(&self, epoch: u64);
@@ -74,7 +70,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> AnyLoader for DataLoader<F> {
 }
 
 /// The loader's options, as PyTorch names them.
-struct Options {
+pub(crate) struct Options {
     batch_size: usize,
     shuffle: bool,
     num_workers: usize,
@@ -87,7 +83,10 @@ struct Options {
     pool: Option<PinnedPool>,
 }
 
-fn configure<D, C>(mut b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuilder<D, C> {
+pub(crate) fn configure<D, C>(
+    mut b: DataLoaderBuilder<D, C>,
+    o: Options,
+) -> DataLoaderBuilder<D, C> {
     b = b
         .batch_size(o.batch_size)
         .shuffle(o.shuffle)
@@ -197,13 +196,14 @@ pub(crate) struct PyLoader {
     depth: usize,
     single: bool,
     export: ExportOptions,
+    position: Arc<Position>,
 }
 
 #[pymethods]
 impl PyLoader {
     #[new]
     #[pyo3(signature = (dataset, batch_size, shuffle, num_workers, pin_memory, drop_last,
-        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host"))]
+        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host", decode = "cpu"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -220,6 +220,7 @@ impl PyLoader {
         device: Option<usize>,
         pool: Option<PyRef<'_, PyPinnedPool>>,
         pinned_label: &str,
+        decode: &str,
     ) -> PyResult<Self> {
         let pinned = match pinned_label {
             "cuda_host" => PinnedLabel::CudaHost,
@@ -230,14 +231,45 @@ impl PyLoader {
                 )));
             }
         };
+        // Device decoding reads the files in the workers and decodes them on the GPU.
+        let nvjpeg_files = match decode {
+            "cpu" => None,
+            "nvjpeg" => {
+                let Ok(d) = dataset.cast::<PyImageFolder>() else {
+                    return Err(PyValueError::new_err(
+                        "decode=\"nvjpeg\" decodes image folders: the dataset must be a \
+                         longshore.datasets.ImageFolder",
+                    ));
+                };
+                if device.is_none() {
+                    return Err(PyValueError::new_err(
+                        "decode=\"nvjpeg\" decodes on a GPU: it needs device=\"cuda\"",
+                    ));
+                }
+                Some(d.get().encoded()?)
+            }
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "decode must be 'cpu' or 'nvjpeg', not {other:?}"
+                )));
+            }
+        };
         let (source, single) = if let Ok(d) = dataset.cast::<PyNpyDataset>() {
             let d = d.get();
             (d.source.clone(), d.is_single())
         } else if let Ok(d) = dataset.cast::<PyRecordDataset>() {
             (d.get().source.clone(), false)
+        } else if let Ok(d) = dataset.cast::<PyImageFolder>() {
+            let source = d.get().source.clone().ok_or_else(|| {
+                PyValueError::new_err(
+                    "an ImageFolder without a transform yields PIL images in torchvision, which \
+                     cannot be batched: give it transform=Compose([..., ToTensor()])",
+                )
+            })?;
+            (source, false)
         } else {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                "longshore.DataLoader takes a longshore.NpyDataset or longshore.RecordDataset, not {}",
+                "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset or datasets.ImageFolder, not {}",
                 dataset.get_type().name()?
             )));
         };
@@ -284,7 +316,12 @@ impl PyLoader {
             seed,
             pool: pool.map(|p| p.pool.clone()),
         };
-        let inner = py.detach(|| build(source, options)).map_err(loader_err)?;
+        let inner = py
+            .detach(|| match (nvjpeg_files, device.as_ref()) {
+                (Some(files), Some(d)) => crate::nvjpeg::build(files, options, d),
+                _ => build(source, options),
+            })
+            .map_err(loader_err)?;
         Ok(Self {
             inner,
             device,
@@ -292,15 +329,32 @@ impl PyLoader {
             depth: 2,
             single,
             export: ExportOptions::default().pinned(pinned),
+            position: Arc::new(Position::default()),
         })
     }
 
-    /// Starts an epoch.
-    fn epoch(&self, py: Python<'_>) -> PyResult<PyEpoch> {
-        let epoch = py
-            .detach(|| self.inner.epoch(self.device.as_ref(), self.depth))
+    /// Starts an epoch whose batches are `convert(tensor)` (or lists of them), or lists of
+    /// `longshore.Tensor` without `convert`.
+    #[pyo3(signature = (convert = None))]
+    fn epoch(&self, py: Python<'_>, convert: Option<Py<PyAny>>) -> PyResult<PyEpoch> {
+        let (epoch, id) = py
+            .detach(|| {
+                // Where Python stands until it receives this epoch's first batch.
+                let id = self.position.begin(self.inner.state_dict().ok());
+                self.inner
+                    .epoch(self.device.as_ref(), self.depth)
+                    .map(|e| (e, id))
+            })
             .map_err(loader_err)?;
-        PyEpoch::start(epoch, self.export.clone())
+        PyEpoch::start(
+            epoch,
+            self.inner.clone(),
+            self.export.clone(),
+            self.position.clone(),
+            id,
+            convert,
+            self.single,
+        )
     }
 
     /// Whether a batch is one tensor (one-file datasets) rather than a list of fields.
@@ -316,12 +370,17 @@ impl PyLoader {
     }
 
     fn set_epoch(&self, epoch: u64) {
+        self.position.clear();
         self.inner.set_epoch(epoch)
     }
 
-    /// The resumable position, as JSON.
+    /// The resumable position, as JSON: while an epoch is under way, the batches Python has
+    /// received (not those the epoch thread holds ready).
     fn state_dict_json(&self) -> PyResult<String> {
-        let s = self.inner.state_dict().map_err(loader_err)?;
+        let s = match self.position.get() {
+            Some(s) => s,
+            None => self.inner.state_dict().map_err(loader_err)?,
+        };
         serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
     }
 
@@ -329,6 +388,7 @@ impl PyLoader {
     fn load_state_dict_json(&self, json: &str) -> PyResult<()> {
         let s: LoaderState = serde_json::from_str(json)
             .map_err(|e| PyValueError::new_err(format!("not a longshore loader state: {e}")))?;
+        self.position.clear();
         self.inner.load_state_dict(&s).map_err(loader_err)
     }
 
@@ -353,137 +413,5 @@ impl PyLoader {
 
     fn reset_stats(&self) {
         self.inner.reset_stats()
-    }
-}
-
-/// A batch exported for Python, or why there is none.
-enum Reply {
-    Batch(Vec<DlpackTensor>),
-    Failed(LoaderError),
-    Export(DlpackError),
-    End,
-}
-
-fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackError> {
-    match h {
-        Handoff::Host(b) => export_host(b, opts),
-        Handoff::Device(p) => {
-            let (layout, storage) = p.batch.into_parts();
-            export_device(&layout, storage, Some(p.ready), opts)
-        }
-    }
-}
-
-/// Runs an epoch's iterator on its own thread, one batch per request, exporting it there.
-fn pump(mut epoch: Epoch, opts: ExportOptions, requests: Receiver<()>, replies: Sender<Reply>) {
-    while requests.recv().is_ok() {
-        let reply = match epoch.next() {
-            None => Reply::End,
-            Some(Err(e)) => Reply::Failed(e),
-            Some(Ok(h)) => match export(h, &opts) {
-                Ok(t) => Reply::Batch(t),
-                Err(e) => Reply::Export(e),
-            },
-        };
-        let end = matches!(reply, Reply::End);
-        if replies.send(reply).is_err() || end {
-            break;
-        }
-    }
-    // Dropping the iterator here stops the workers and returns the leases.
-}
-
-struct EpochState {
-    requests: Option<Sender<()>>,
-    replies: Receiver<Reply>,
-    pending: bool,
-    done: bool,
-}
-
-/// One epoch of a `_Loader`: `__next__` returns a list of `longshore.Tensor`.
-#[pyclass(name = "_Epoch", module = "longshore", frozen)]
-pub(crate) struct PyEpoch {
-    state: Mutex<EpochState>,
-}
-
-impl PyEpoch {
-    fn start(epoch: Epoch, opts: ExportOptions) -> PyResult<Self> {
-        let (req_tx, req_rx) = bounded::<()>(1);
-        let (rep_tx, rep_rx) = bounded::<Reply>(1);
-        std::thread::Builder::new()
-            .name("longshore-epoch".into())
-            .spawn(move || pump(epoch, opts, req_rx, rep_tx))
-            .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
-        Ok(Self {
-            state: Mutex::new(EpochState {
-                requests: Some(req_tx),
-                replies: rep_rx,
-                pending: false,
-                done: false,
-            }),
-        })
-    }
-}
-
-/// How long one wait lasts before signals are checked.
-const SLICE: Duration = Duration::from_millis(50);
-
-#[pymethods]
-impl PyEpoch {
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Vec<PyTensor>>> {
-        let mut st = self
-            .state
-            .try_lock()
-            .map_err(|_| PyRuntimeError::new_err("this epoch is already being iterated"))?;
-        if st.done {
-            return Ok(None);
-        }
-        if !st.pending {
-            let sent = st.requests.as_ref().is_some_and(|r| r.send(()).is_ok());
-            if !sent {
-                st.done = true;
-                return Err(LoaderFailure::new_err("the epoch thread is gone"));
-            }
-            st.pending = true;
-        }
-        let reply = loop {
-            let replies = &st.replies;
-            match py.detach(|| replies.recv_timeout(SLICE)) {
-                Ok(r) => break r,
-                Err(RecvTimeoutError::Timeout) => py.check_signals()?,
-                Err(RecvTimeoutError::Disconnected) => {
-                    st.done = true;
-                    return Err(LoaderFailure::new_err(
-                        "the epoch thread ended unexpectedly",
-                    ));
-                }
-            }
-        };
-        st.pending = false;
-        match reply {
-            Reply::Batch(tensors) => Ok(Some(tensors.into_iter().map(PyTensor::new).collect())),
-            Reply::End => {
-                st.done = true;
-                st.requests = None;
-                Ok(None)
-            }
-            Reply::Failed(e) => Err(loader_err(e)),
-            Reply::Export(e) => Err(dlpack_err(e)),
-        }
-    }
-
-    /// Ends the epoch now: stops its workers and returns its leases (also done when the epoch
-    /// is garbage-collected).
-    fn close(&self) {
-        if let Ok(mut st) = self.state.lock() {
-            st.requests = None;
-            st.done = true;
-            // A batch already answered goes back to the pool now.
-            while st.replies.try_recv().is_ok() {}
-        }
     }
 }

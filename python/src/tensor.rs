@@ -90,7 +90,9 @@ fn capsule_of<'py>(
 pub(crate) struct PyTensor {
     inner: Mutex<Option<DlpackTensor>>,
     device: DLDevice,
-    shape: Vec<i64>,
+    /// Whether the tensor came with an event to wait for (a device copy in flight).
+    pending: bool,
+    shape: Box<[i64]>,
     dtype: (u8, u8),
     name: Option<String>,
 }
@@ -100,7 +102,8 @@ impl PyTensor {
         let d = t.dtype();
         Self {
             device: t.device(),
-            shape: t.shape().to_vec(),
+            pending: t.ready_event().is_some(),
+            shape: t.shape().into(),
             dtype: (d.code, d.bits),
             name: t.name().map(str::to_owned),
             inner: Mutex::new(Some(t)),
@@ -138,8 +141,8 @@ impl PyTensor {
             device_type: DLDeviceType(ty),
             device_id: id,
         });
-        let prepared = py.detach(
-            || -> Result<DlpackTensor, (longshore_dlpack::DlpackError, DlpackTensor)> {
+        let prepare =
+            move || -> Result<DlpackTensor, (longshore_dlpack::DlpackError, DlpackTensor)> {
                 if let Err(e) = t.request(want, copy) {
                     return Err((e, t));
                 }
@@ -147,8 +150,14 @@ impl PyTensor {
                     Ok(()) => Ok(t),
                     Err(e) => Err((e, t)),
                 }
-            },
-        );
+            };
+        // Host memory with no copy in flight is ready now: nothing to wait for, so the GIL is
+        // kept (releasing and taking it back costs more than the checks).
+        let prepared = if self.device.device_type != DLDeviceType::CUDA && !self.pending {
+            prepare()
+        } else {
+            py.detach(prepare)
+        };
         match prepared {
             Ok(t) => capsule_of(py, t, wants_versioned(max_version)),
             Err((e, t)) => {
@@ -180,7 +189,7 @@ impl PyTensor {
     /// The shape, batch dimension first.
     #[getter]
     fn shape(&self) -> Vec<i64> {
-        self.shape.clone()
+        self.shape.to_vec()
     }
 
     /// The NumPy name of the element type (`"float32"`, `"int64"`, ...).

@@ -126,6 +126,13 @@ impl NvjpegBatch {
         &self.decoded_by
     }
 
+    /// The device buffers `(images, labels)`, to hand the batch on (a DLPack export, for
+    /// example): the images are the first [`images_bytes`](NvjpegBatch::images_bytes) bytes
+    /// of the first, the labels `batch_size()` i64 at the start of the second.
+    pub fn into_buffers(self) -> (DeviceBuffer, DeviceBuffer) {
+        (self.images, self.labels)
+    }
+
     /// Copies the images back to the host (for checks; blocks until done).
     ///
     /// # Errors

@@ -1,0 +1,315 @@
+//! `longshore._Epoch`: one epoch of a loader as a Python iterator that waits without the GIL,
+//! answers Ctrl-C, and runs a bounded number of batches ahead of Python.
+//!
+//! The epoch's Rust iterator runs on its own thread (the *pump*), which takes each batch from
+//! the loader, exports it for DLPack and queues it, up to [`AHEAD`] batches ahead of Python.
+//! `__next__` takes a queued batch at once, holding the GIL; only when none is ready does it
+//! wait, in short slices with the GIL released, checking for signals between slices. So the
+//! loader's per-batch work (its consumer side, the device copy, the export) overlaps Python's
+//! per-batch work, and a steady stream of batches costs Python no thread wake-up.
+//!
+//! Guarantees:
+//! - A `KeyboardInterrupt` while waiting takes nothing from the queue: the next `__next__`
+//!   yields the batch that would have come, so no batch is lost or loaded twice.
+//! - `close()` (or dropping the epoch) returns every queued batch's memory at once, and the
+//!   pump stops at its next hand-over (a batch it is collating then is returned as soon as it
+//!   is ready).
+//! - The loader's resumable position counts only the batches Python has received: the pump
+//!   records the position after each batch it takes, and the batch carries it through the
+//!   queue to [`Position`], which `state_dict()` reads while an epoch is under way.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded};
+use longshore_dlpack::{DlpackError, DlpackTensor, ExportOptions, export_device, export_host};
+use longshore_loader::{LoaderError, LoaderState};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::errors::{LoaderFailure, dlpack_err, loader_err};
+use crate::loader::{AnyLoader, Epoch, Handoff};
+use crate::tensor::PyTensor;
+
+/// Batches the pump may hold ready for Python, queued or being queued.
+///
+/// One ready batch is what overlaps the loader's per-batch work with Python's; a second
+/// absorbs the jitter of a single slow hand-over. More would buy nothing: the loader's own
+/// prefetch (`num_workers * prefetch_factor` batches being collated) is what absorbs the
+/// workers' jitter, and every ready batch holds a block of the pool beyond that prefetch, so
+/// under a tight pool budget a deeper queue would only take blocks from the workers.
+pub(crate) const AHEAD: usize = 2;
+
+/// How long one wait lasts before signals are checked.
+const SLICE: Duration = Duration::from_millis(50);
+
+/// How long `__next__` polls the queue (GIL released) before it sleeps. When Python consumes
+/// faster than the loader produces, the next batch is usually due within a few microseconds;
+/// catching it while polling spares the pump a wake-up call on its critical path (a sleeping
+/// receiver costs the sender a futex syscall and the receiver a reschedule, several
+/// microseconds per batch at tens of thousands of batches per second).
+const POLL: Duration = Duration::from_micros(50);
+
+/// A batch exported for Python, or why there is none.
+enum Reply {
+    Batch(Vec<DlpackTensor>),
+    Failed(LoaderError),
+    Export(DlpackError),
+    End,
+}
+
+/// A reply with the loader's position once it was taken (`None` when the loader has no
+/// resumable position).
+struct Ready {
+    reply: Reply,
+    state: Option<LoaderState>,
+}
+
+/// Waits up to [`SLICE`] for the next reply: polls for [`POLL`] first, then sleeps.
+fn wait(rx: &Receiver<Ready>) -> Result<Ready, RecvTimeoutError> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        match rx.try_recv() {
+            Ok(r) => return Ok(r),
+            Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+            Err(TryRecvError::Empty) => {}
+        }
+        spins += 1;
+        if spins.is_multiple_of(64) {
+            if start.elapsed() >= POLL {
+                return rx.recv_timeout(SLICE);
+            }
+            // Lets the pump run where it shares a core with this thread.
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackError> {
+    match h {
+        Handoff::Host(b) => export_host(b, opts),
+        Handoff::Device(p) => {
+            let (layout, storage) = p.batch.into_parts();
+            export_device(&layout, storage, Some(p.ready), opts)
+        }
+        Handoff::Nvjpeg(p) => crate::nvjpeg::export(p, opts),
+    }
+}
+
+/// Runs an epoch's iterator ahead of Python: each batch is exported and queued with the
+/// loader's position after it; the queue's bound makes the pump wait for Python.
+fn pump(mut epoch: Epoch, loader: Arc<dyn AnyLoader>, opts: ExportOptions, out: Sender<Ready>) {
+    loop {
+        let reply = match epoch.next() {
+            None => Reply::End,
+            Some(Err(e)) => Reply::Failed(e),
+            Some(Ok(h)) => match export(h, &opts) {
+                Ok(t) => Reply::Batch(t),
+                Err(e) => Reply::Export(e),
+            },
+        };
+        // Only this thread advances the epoch, so the position read now is the one right
+        // after this reply.
+        let state = loader.state_dict().ok();
+        let end = matches!(reply, Reply::End);
+        // A closed queue hands the reply back; dropping it returns its memory.
+        if out.send(Ready { reply, state }).is_err() || end {
+            break;
+        }
+    }
+    // Dropping the iterator here stops the workers and returns the leases.
+}
+
+/// The loader's position as Python has received it, while an epoch is under way.
+///
+/// Each epoch has an id; only the newest epoch's batches move the position, and an epoch's
+/// end (or `set_epoch` / `load_state_dict`) leaves the loader's own position in charge.
+#[derive(Debug, Default)]
+pub(crate) struct Position {
+    inner: Mutex<(u64, Option<LoaderState>)>,
+}
+
+impl Position {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Option<LoaderState>)> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new epoch starts at `state` (the loader's position before its first batch); returns
+    /// its id.
+    pub(crate) fn begin(&self, state: Option<LoaderState>) -> u64 {
+        let mut g = self.lock();
+        g.0 += 1;
+        g.1 = state;
+        g.0
+    }
+
+    fn received(&self, id: u64, state: Option<LoaderState>) {
+        let mut g = self.lock();
+        if g.0 == id {
+            g.1 = state;
+        }
+    }
+
+    /// The loader's own position applies again (for example after `set_epoch`).
+    pub(crate) fn clear(&self) {
+        let mut g = self.lock();
+        g.0 += 1;
+        g.1 = None;
+    }
+
+    /// The position as Python received it, if an epoch is under way.
+    pub(crate) fn get(&self) -> Option<LoaderState> {
+        self.lock().1.clone()
+    }
+}
+
+/// One epoch of a `_Loader`. `__next__` returns `convert(tensor)` (one-tensor batches) or a
+/// list of `convert(tensor)`, or a list of `longshore.Tensor` when no `convert` was given.
+#[pyclass(name = "_Epoch", module = "longshore", frozen)]
+pub(crate) struct PyEpoch {
+    /// The queue from the pump; `None` once the epoch ended or was closed.
+    ready: Mutex<Option<Receiver<Ready>>>,
+    /// Set by `close()`, for a `__next__` waiting on another thread.
+    closed: AtomicBool,
+    position: Arc<Position>,
+    id: u64,
+    convert: Option<Py<PyAny>>,
+    single: bool,
+}
+
+impl PyEpoch {
+    /// Starts the pump of `epoch`; `position` has already begun epoch `id`.
+    pub(crate) fn start(
+        epoch: Epoch,
+        loader: Arc<dyn AnyLoader>,
+        opts: ExportOptions,
+        position: Arc<Position>,
+        id: u64,
+        convert: Option<Py<PyAny>>,
+        single: bool,
+    ) -> PyResult<Self> {
+        // The pump holds one batch while it waits for room: the queue holds the rest.
+        let (tx, rx) = bounded::<Ready>(AHEAD - 1);
+        std::thread::Builder::new()
+            .name("longshore-epoch".into())
+            .spawn(move || pump(epoch, loader, opts, tx))
+            .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
+        Ok(Self {
+            ready: Mutex::new(Some(rx)),
+            closed: AtomicBool::new(false),
+            position,
+            id,
+            convert,
+            single,
+        })
+    }
+
+    /// The Python value of one batch.
+    fn deliver(&self, py: Python<'_>, tensors: Vec<DlpackTensor>) -> PyResult<Py<PyAny>> {
+        let Some(convert) = &self.convert else {
+            let raw: Vec<PyTensor> = tensors.into_iter().map(PyTensor::new).collect();
+            return Ok(PyList::new(py, raw)?.into_any().unbind());
+        };
+        let convert = convert.bind(py);
+        if self.single && tensors.len() == 1 {
+            let t = tensors.into_iter().next().expect("one tensor");
+            return Ok(convert.call1((PyTensor::new(t),))?.unbind());
+        }
+        let list = PyList::empty(py);
+        for t in tensors {
+            list.append(convert.call1((PyTensor::new(t),))?)?;
+        }
+        Ok(list.into_any().unbind())
+    }
+}
+
+#[pymethods]
+impl PyEpoch {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        let mut guard = self
+            .ready
+            .try_lock()
+            .map_err(|_| PyRuntimeError::new_err("this epoch is already being iterated"))?;
+        if self.closed.load(Ordering::Acquire) {
+            *guard = None;
+        }
+        let Some(rx) = guard.as_ref() else {
+            return Ok(None);
+        };
+        let ready = match rx.try_recv() {
+            Ok(r) => r,
+            Err(TryRecvError::Disconnected) => {
+                *guard = None;
+                return Err(LoaderFailure::new_err(
+                    "the epoch thread ended unexpectedly",
+                ));
+            }
+            Err(TryRecvError::Empty) => loop {
+                // An interrupt returns here with the queue untouched: the batch is taken by
+                // the next call.
+                match py.detach(|| wait(rx)) {
+                    Ok(r) => break r,
+                    Err(RecvTimeoutError::Timeout) => {
+                        if self.closed.load(Ordering::Acquire) {
+                            *guard = None;
+                            return Ok(None);
+                        }
+                        py.check_signals()?
+                    }
+                    Err(RecvTimeoutError::Disconnected) => {
+                        *guard = None;
+                        return Err(LoaderFailure::new_err(
+                            "the epoch thread ended unexpectedly",
+                        ));
+                    }
+                }
+            },
+        };
+        let Ready { reply, state } = ready;
+        match reply {
+            Reply::Batch(tensors) => {
+                self.position.received(self.id, state);
+                self.deliver(py, tensors).map(Some)
+            }
+            Reply::End => {
+                *guard = None;
+                // The loader's own position is right again: the pump holds nothing.
+                self.position.received(self.id, None);
+                Ok(None)
+            }
+            Reply::Failed(e) => {
+                self.position.received(self.id, state);
+                Err(loader_err(e))
+            }
+            Reply::Export(e) => {
+                self.position.received(self.id, state);
+                Err(dlpack_err(e))
+            }
+        }
+    }
+
+    /// Ends the epoch now: returns the memory of the batches queued for Python and stops the
+    /// workers (also done when the epoch is garbage-collected). The loader's position stays
+    /// at the last batch Python received.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        // When another thread is waiting in `__next__`, it drops the queue at its next slice
+        // (blocking here, with the GIL held, could deadlock with it).
+        if let Ok(mut guard) = self.ready.try_lock()
+            && let Some(rx) = guard.take()
+        {
+            // Queued batches go back to the pool now; dropping the receiver makes the pump's
+            // next hand-over fail, which ends it.
+            while rx.try_recv().is_ok() {}
+        }
+    }
+}

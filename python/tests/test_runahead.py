@@ -1,0 +1,107 @@
+"""The epoch thread runs ahead of Python by a bounded number of batches: the resumable
+position counts only the batches Python received, and close() returns the queued ones."""
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import longshore
+
+# Batches the epoch thread holds ready beyond those Python received (epoch.rs: AHEAD).
+AHEAD = 2
+
+
+def wait_for(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def make(files, **kw):
+    ds = longshore.NpyDataset(files["y"])
+    kw.setdefault("batch_size", 10)
+    return longshore.DataLoader(ds, framework="numpy", shuffle=True, seed=11, **kw)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_dict_resumes_at_the_first_batch_python_did_not_receive(files, workers):
+    full = [b.copy() for b in make(files, num_workers=workers)]
+    assert len(full) == 10
+    dl = make(files, num_workers=workers)
+    it = iter(dl)
+    got = [next(it).copy() for _ in range(3)]
+    # Let the epoch thread fill its queue: the loader has handed out more than Python took.
+    assert wait_for(lambda: dl.stats["batches"] == 3 + AHEAD)
+    state = dl.state_dict()
+    assert state["epoch"] == 0 and state["done_prefix"] == 3 and state["done_extra"] == []
+    it.close()
+    assert dl.state_dict() == state  # closing does not count the dropped batches either
+    resumed = make(files, num_workers=workers)
+    resumed.load_state_dict(state)
+    rest = [b.copy() for b in resumed]
+    assert len(got) + len(rest) == len(full)
+    for a, b in zip(got + rest, full):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_state_before_the_first_batch_and_after_the_end(files):
+    dl = make(files, num_workers=1)
+    it = iter(dl)
+    assert wait_for(lambda: dl.stats["batches"] == AHEAD)
+    assert dl.state_dict()["done_prefix"] == 0 and dl.state_dict()["epoch"] == 0
+    batches = list(it)
+    assert len(batches) == 10
+    s = dl.state_dict()
+    assert s["epoch"] == 1 and s["done_prefix"] == 0
+    # After the last batch, before the end is seen: the same as after the end (the next
+    # epoch, from its start), although the epoch thread has not finished.
+    it = iter(dl)
+    for _ in range(10):
+        next(it)
+    s = dl.state_dict()
+    assert s["epoch"] == 2 and s["done_prefix"] == 0
+    assert list(it) == []
+    assert dl.state_dict() == s
+
+
+def test_set_epoch_and_load_state_dict_take_over_from_a_closed_epoch(files):
+    dl = make(files)
+    it = iter(dl)
+    next(it)
+    it.close()
+    assert dl.state_dict()["done_prefix"] == 1
+    dl.set_epoch(4)
+    s = dl.state_dict()
+    assert s["epoch"] == 4 and s["done_prefix"] == 0
+
+
+def test_close_returns_the_queued_batches(files):
+    pool = longshore.PinnedPool(pinned=False)
+    dl = make(files, num_workers=2, pool=pool)
+    it = iter(dl)
+    held = next(it)
+    assert wait_for(lambda: dl.stats["batches"] == 1 + AHEAD)
+    assert pool.stats()["blocks_in_use"] > 1
+    it.close()
+    # Only the batch Python holds keeps its block.
+    assert wait_for(lambda: pool.stats()["blocks_in_use"] == 1)
+    with pytest.raises(StopIteration):
+        next(it)
+    del held
+    gc.collect()
+    assert pool.stats()["bytes_in_use"] == 0
+
+
+def test_dropping_an_epoch_returns_its_batches(files):
+    pool = longshore.PinnedPool(pinned=False)
+    dl = make(files, num_workers=1, pool=pool)
+    it = iter(dl)
+    next(it)
+    assert wait_for(lambda: dl.stats["batches"] == 1 + AHEAD)
+    del it
+    gc.collect()
+    assert wait_for(lambda: pool.stats()["bytes_in_use"] == 0)
