@@ -240,12 +240,22 @@ fn steady_nvjpeg(
         loader.stats().wait_fraction(),
         epochs,
     );
+    let images =
+        (stats.hardware + stats.default_backend + stats.cpu_fallback + stats.worker).max(1) as f64;
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / images;
     run["decoded"] = json!({
-            "hardware": stats.hardware,
-            "default_backend": stats.default_backend,
-            "cpu_fallback": stats.cpu_fallback,
-            "worker": stats.worker,
+        "hardware": stats.hardware,
+        "default_backend": stats.default_backend,
+        "cpu_fallback": stats.cpu_fallback,
+        "worker": stats.worker,
         "hardware_batch_failures": stats.hardware_batch_failures,
+    });
+    // The device stage's thread, per image over every epoch (warm-up included): routing,
+    // enqueueing (nvJPEG's host-side work), and waiting for the device.
+    run["device_stage_us_per_image"] = json!({
+        "route": us(stats.route_time),
+        "enqueue": us(stats.enqueue_time),
+        "slot_wait": us(stats.slot_wait_time),
     });
     Ok(run)
 }
@@ -427,10 +437,11 @@ fn main() -> Result<()> {
                     for &w in &workers {
                         let r = steady_nvjpeg(&files, w, batch, epochs, d)?;
                         eprintln!(
-                            "jpeg: longshore nvjpeg {name} workers={w}: {:.0} images/s, cpu {:.0}%, decoded {}",
+                            "jpeg: longshore nvjpeg {name} workers={w}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}",
                             r["samples_per_s"].as_f64().unwrap_or(0.0),
                             100.0 * r["cpu_share"].as_f64().unwrap_or(0.0),
-                            r["decoded"]
+                            r["decoded"],
+                            r["device_stage_us_per_image"]
                         );
                         runs.push(r);
                     }

@@ -6,6 +6,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use longshore_data::{Batch, DType, DataError, Storage};
 use longshore_host::HostMemory;
@@ -50,7 +51,8 @@ pub enum DecodedBy {
     Worker,
 }
 
-/// What a decoder has done so far.
+/// What a decoder has done so far, and where its thread's time went (the device stage runs on
+/// the thread iterating the loader).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NvjpegStats {
     /// Images decoded by the hardware backend.
@@ -65,6 +67,15 @@ pub struct NvjpegStats {
     pub skipped: u64,
     /// Times a hardware batch failed as a whole and was decoded per image instead.
     pub hardware_batch_failures: u64,
+    /// Host time choosing each image's route (its header, `nvjpegJpegStreamParse` and
+    /// `nvjpegDecodeBatchedSupported`), and CPU decoding of the JPEGs nvJPEG refuses.
+    pub route_time: Duration,
+    /// Host time enqueueing the batch's work: the nvJPEG decode calls (whose host-side
+    /// parsing and submission run here) and the crop/resize/normalise kernel.
+    pub enqueue_time: Duration,
+    /// Host time blocked until a batch slot's previous work completed (the device side,
+    /// engines and kernels, being the slower stage).
+    pub slot_wait_time: Duration,
 }
 
 /// A batch decoded, cropped, resized and normalised on the device.
@@ -407,10 +418,13 @@ impl NvjpegDecoder {
         let slot_i = self.next;
         self.next = (self.next + 1) % self.slots.len();
         if let Some(ev) = self.slots[slot_i].last.take() {
+            let t = Instant::now();
             ev.synchronize()?;
+            self.stats.slot_wait_time += t.elapsed();
         }
         self.slots[slot_i].keep.clear();
         let (rows, bytes) = entries(&batch)?;
+        let t_route = Instant::now();
         let mut items = Vec::with_capacity(rows.len());
         for e in rows {
             let data = &bytes[e.offset..e.offset + e.len];
@@ -435,9 +449,11 @@ impl NvjpegDecoder {
                 dropped: false,
             });
         }
+        self.stats.route_time += t_route.elapsed();
         if items.is_empty() {
             return Ok(None);
         }
+        let t_enqueue = Instant::now();
         let mut total = 0usize;
         for it in &mut items {
             it.at = total;
@@ -485,6 +501,7 @@ impl NvjpegDecoder {
         };
         storage.record_fence(ev.to_fence());
         drop(storage);
+        self.stats.enqueue_time += t_enqueue.elapsed();
         self.slots[slot_i].last = Some(ev.clone());
         if let Some(e) = late {
             return Err(e);
