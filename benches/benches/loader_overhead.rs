@@ -113,9 +113,8 @@ fn per_batch(c: &mut Criterion) {
 
 fn sampler_order(c: &mut Criterion) {
     let rows = if quick() { 65_536 } else { 2_000_000 };
-    let mut sampler =
-        BatchSampler::new(RandomSampler::new(rows, 7).expect("sampler"), 1024, false)
-            .expect("batch sampler");
+    let mut sampler = BatchSampler::new(RandomSampler::new(rows, 7).expect("sampler"), 1024, false)
+        .expect("batch sampler");
     let mut g = c.benchmark_group("sampler_epoch_order");
     g.sample_size(20);
     let mut epoch = 0;
