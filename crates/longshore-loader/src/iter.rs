@@ -15,6 +15,7 @@ use crate::engine::{Engine, Outcome, Reply, Task, guarded};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::loader::{Inner, lock};
+use crate::prepare::Prepared;
 use crate::state::Progress;
 use crate::stats::LoaderStats;
 use crate::worker::{worker_body, worker_seed};
@@ -135,20 +136,32 @@ impl<F: Fetch> LoaderIter<F> {
         let mut batches = None;
         let mut num_batches = 0u64;
         let (config, epoch, restored) = {
-            let mut plan = lock(&inner.plan);
+            let mut guard = lock(&inner.plan);
+            let plan = &mut *guard;
             let epoch = plan.next_epoch;
             plan.next_epoch = epoch + 1;
             let restored = plan.restored.take();
+            let seed = plan.config.seed;
+            let prepares = plan.sampler.prepares();
+            let prepared = plan.prepared.take();
             if indexed && let Some(s) = plan.sampler.get() {
                 s.set_epoch(epoch);
                 num_batches = s.len() as u64;
                 // Batches below the restored prefix were delivered: the sampler skips them.
                 let from = restored.as_ref().map_or(0, |r| r.prefix.min(num_batches));
+                let iter = match prepared {
+                    Some(p) if from == 0 => p.take(epoch, seed),
+                    _ => None,
+                }
+                .unwrap_or_else(|| s.iter_owned_from(from as usize));
                 batches = Some(Batches {
-                    iter: s.iter_owned_from(from as usize),
+                    iter,
                     next: from,
                     done: restored.clone(),
                 });
+                if prepares {
+                    plan.prepared = Prepared::spawn(&mut **s, epoch + 1, seed);
+                }
             }
             (plan.config.clone(), epoch, restored)
         };

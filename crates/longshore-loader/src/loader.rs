@@ -29,6 +29,7 @@ use crate::engine::Engine;
 use crate::error::LoaderError;
 use crate::fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
 use crate::iter::LoaderIter;
+use crate::prepare::Prepared;
 use crate::state::{LoaderState, Progress};
 use crate::stats::LoaderStats;
 use crate::worker::WorkerInit;
@@ -94,6 +95,12 @@ impl SamplerSource {
     fn len(&mut self) -> Option<usize> {
         self.get().map(|s| s.len())
     }
+
+    /// Whether the next epoch's order is worth drawing in the background: the built-in
+    /// shuffled sampler over a large dataset.
+    pub(crate) fn prepares(&self) -> bool {
+        matches!(self, SamplerSource::Builtin { shuffle: true, len, .. } if *len >= crate::prepare::MIN_LEN)
+    }
 }
 
 /// What the next epoch runs: the options, the sampler, the epoch number and what of it a
@@ -105,6 +112,9 @@ pub(crate) struct Plan {
     pub(crate) next_epoch: u64,
     /// What of `next_epoch` is already done (after a restore).
     pub(crate) restored: Option<Progress>,
+    /// The built-in shuffled sampler's order for the epoch after the one in progress, drawn
+    /// in the background (see `prepare.rs`).
+    pub(crate) prepared: Option<Prepared>,
 }
 
 /// The state a loader, its clones and its iterators share. See the module docs for the lock
@@ -225,6 +235,7 @@ impl<F: Fetch> DataLoader<F> {
                     sampler,
                     next_epoch: 0,
                     restored: None,
+                    prepared: None,
                 }),
                 progress: Mutex::new(Progress::default()),
                 stats: Mutex::new(LoaderStats::default()),
@@ -352,6 +363,7 @@ impl<F: Fetch> DataLoader<F> {
             if plan.config.seed != state.seed {
                 plan.sampler =
                     SamplerSource::builtin(*len, *shuffle, *batch_size, *drop_last, state.seed)?;
+                plan.prepared = None;
             }
         } else if plan.config.seed != state.seed {
             tracing::warn!(target: "longshore::loader", "restoring a state with another seed: the user sampler keeps its own seed");

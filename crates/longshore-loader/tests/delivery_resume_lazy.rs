@@ -182,3 +182,47 @@ fn batches_are_pulled_as_they_are_dealt() {
         assert_eq!(pulled.load(Ordering::SeqCst), 500);
     }
 }
+
+/// A large shuffled dataset's next epoch order is drawn in the background while an epoch
+/// runs: consecutive epochs, a jump with `set_epoch`, a restore with another seed and an
+/// epoch abandoned half-way still yield exactly the sampler's order for (seed, epoch).
+#[test]
+fn background_drawn_orders_equal_the_samplers() {
+    let len = 70_000;
+    let reference = |seed: u64, epoch: u64| -> Vec<Vec<usize>> {
+        let mut s =
+            BatchSampler::new(RandomSampler::new(len, seed).unwrap(), 5_000, false).unwrap();
+        s.set_epoch(epoch);
+        s.iter().collect()
+    };
+    for workers in [0usize, 2] {
+        let l = DataLoader::builder(Probe::new(len))
+            .batch_size(5_000)
+            .shuffle(true)
+            .num_workers(workers)
+            .seed(3)
+            .build()
+            .unwrap();
+        let epoch = |l: &longshore_loader::StackLoader<Probe>| -> Vec<Vec<usize>> {
+            l.iter().map(|b| ids(&b.unwrap())).collect()
+        };
+        assert_eq!(epoch(&l), reference(3, 0));
+        assert_eq!(epoch(&l), reference(3, 1));
+        // Abandon epoch 2 after one batch; epoch 3 is still right.
+        {
+            let mut it = l.iter();
+            assert_eq!(ids(&it.next().unwrap().unwrap()), reference(3, 2)[0]);
+        }
+        assert_eq!(epoch(&l), reference(3, 3));
+        l.set_epoch(1);
+        assert_eq!(epoch(&l), reference(3, 1));
+        // A restore with another seed rebuilds the sampler: epoch 2 of seed 11.
+        let mut state = l.state_dict().unwrap();
+        state.seed = 11;
+        l.load_state_dict(&state).unwrap();
+        assert_eq!(state.epoch, 2);
+        assert_eq!(epoch(&l), reference(11, 2));
+        assert_eq!(epoch(&l), reference(11, 3));
+        assert_eq!(l.stats().pool.bytes_in_use, 0);
+    }
+}
