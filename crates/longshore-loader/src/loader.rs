@@ -7,13 +7,14 @@
 //! holds one of them may only take those after it in this list. Today only
 //! [`DataLoader::load_state_dict`] holds two at once (`plan`, then `progress`, so a restore is
 //! seen whole by the next epoch); every other path takes one at a time. The hot path (one
-//! batch) takes `progress` once and `stats` a few times, all on the consumer thread, so they
-//! are uncontended; workers never touch them.
+//! batch) takes `progress` once and `stats` once (counters gathered since the previous batch),
+//! both on the consumer thread, so they are uncontended; workers never touch them.
 //!
 //! Two other locks are on a loader's paths, and neither is taken while one of the four above
-//! is held: the engine's reply gate (`engine.rs`, taken by a worker around each reply and by
-//! the consumer when it starts a new generation) and the pool's state lock (taken to lease a
-//! block and when a batch is dropped; a batch is never dropped under a loader lock).
+//! is held: the engine's reply gate (`engine.rs`, an `RwLock` whose read side every worker
+//! shares around each reply and whose write side the consumer takes when it starts a new
+//! generation) and the pool's state lock (taken to lease a block and when a batch is dropped;
+//! a batch is never dropped under a loader lock).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
