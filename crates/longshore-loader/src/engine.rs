@@ -5,11 +5,12 @@
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+use crossbeam::utils::CachePadded;
 
 use crate::error::LoaderError;
 
@@ -46,28 +47,56 @@ pub(crate) struct Reply<O> {
     pub(crate) seq: u64,
     pub(crate) worker: usize,
     pub(crate) outcome: Outcome<O>,
+    /// The task's indices, moved back (the consumer keeps them to reload a held-back batch,
+    /// without a copy per batch).
+    pub(crate) indices: Vec<usize>,
     /// Time the worker spent on the task.
     pub(crate) busy: Duration,
     /// Samples skipped because they failed to load.
     pub(crate) skipped: u64,
 }
 
-/// State shared by the engine and its workers.
+/// The generation and shutdown flag: read by every worker for every task (and by
+/// cancellation checks), written only when an epoch starts or ends.
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+pub(crate) struct Flags {
     pub(crate) generation: AtomicU64,
     pub(crate) shutdown: AtomicBool,
-    pub(crate) restarts: AtomicU64,
-    /// Held by a worker while it checks its reply's generation and sends it, and by the
-    /// consumer while it starts a new generation and drains the replies of the old one: a
-    /// reply of a cancelled epoch is then either drained or never sent, and cannot sit in the
-    /// channel holding a pooled lease (persistent workers park the channel between epochs).
-    reply_gate: Mutex<()>,
+}
+
+/// State shared by the engine and its workers. The read-mostly flags, the reply gate (whose
+/// lock word every reply writes) and the restart counter sit on cache lines of their own, so
+/// a reply does not invalidate the line every worker reads its generation from.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub(crate) flags: CachePadded<Flags>,
+    pub(crate) restarts: CachePadded<AtomicU64>,
+    /// Read-held by a worker while it checks its reply's generation and sends it, and
+    /// write-held by the consumer while it starts a new generation and drains the replies of
+    /// the old one: a reply of a cancelled epoch is then either drained or never sent, and
+    /// cannot sit in the channel holding a pooled lease (persistent workers park the channel
+    /// between epochs). Workers share the read side, so their replies do not serialize.
+    reply_gate: CachePadded<RwLock<()>>,
 }
 
 impl Shared {
-    fn gate(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.reply_gate.lock().unwrap_or_else(|p| p.into_inner())
+    /// The workers' side of the reply gate.
+    fn sending(&self) -> RwLockReadGuard<'_, ()> {
+        self.reply_gate.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The consumer's side: no reply is being sent while it is held.
+    fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+        self.reply_gate.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current generation.
+    pub(crate) fn generation(&self) -> u64 {
+        self.flags.generation.load(Ordering::Acquire)
+    }
+
+    fn shut_down(&self) -> bool {
+        self.flags.shutdown.load(Ordering::Acquire)
     }
 }
 
@@ -84,10 +113,10 @@ impl<O> WorkerCtx<O> {
     pub(crate) fn next_task(&self) -> Option<Task> {
         loop {
             let task = self.tasks.recv().ok()?;
-            if self.shared.shutdown.load(Ordering::Acquire) {
+            if self.shared.shut_down() {
                 return None;
             }
-            if task.generation == self.shared.generation.load(Ordering::Acquire) {
+            if task.generation == self.shared.generation() {
                 return Some(task);
             }
             tracing::trace!(target: "longshore::loader", task_generation = task.generation, worker.id = self.id, batch.seq = task.seq, "skipping a task of a cancelled epoch");
@@ -96,15 +125,14 @@ impl<O> WorkerCtx<O> {
 
     /// Whether the task's epoch has been cancelled (checked between samples).
     pub(crate) fn cancelled(&self, task: &Task) -> bool {
-        self.shared.shutdown.load(Ordering::Acquire)
-            || task.generation != self.shared.generation.load(Ordering::Acquire)
+        self.shared.shut_down() || task.generation != self.shared.generation()
     }
 
     /// Sends a reply; false if the consumer is gone. The reply of a cancelled epoch is
     /// dropped here (its batch's lease goes back to the pool) instead of being sent.
     pub(crate) fn reply(&self, reply: Reply<O>) -> bool {
-        let gate = self.shared.gate();
-        if reply.generation != self.shared.generation.load(Ordering::Acquire) {
+        let gate = self.shared.sending();
+        if reply.generation != self.shared.generation() {
             drop(gate);
             drop(reply);
             return true;
@@ -205,13 +233,13 @@ impl<O: Send + 'static> Engine<O> {
 impl<O> Engine<O> {
     /// The current epoch generation.
     pub(crate) fn generation(&self) -> u64 {
-        self.shared.generation.load(Ordering::Acquire)
+        self.shared.generation()
     }
 
     /// Starts a new generation: tasks of older ones are skipped, their replies ignored.
     pub(crate) fn new_generation(&self) -> u64 {
-        let gate = self.shared.gate();
-        let g = self.shared.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        let gate = self.shared.exclusive();
+        let g = self.shared.flags.generation.fetch_add(1, Ordering::AcqRel) + 1;
         // Drop replies of the old generation now: their batches (and pinned leases) go back.
         let stale: Vec<_> = self.replies.try_iter().collect();
         drop(gate);
@@ -260,10 +288,10 @@ impl<O> Engine<O> {
     /// Tells every worker to stop: queued tasks are dropped, running ones stop at the next
     /// sample boundary, idle ones wake up (their task channel is closed). Returns at once.
     fn signal_stop(&mut self) {
-        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.flags.shutdown.store(true, Ordering::Release);
         {
-            let _gate = self.shared.gate();
-            self.shared.generation.fetch_add(1, Ordering::AcqRel);
+            let _gate = self.shared.exclusive();
+            self.shared.flags.generation.fetch_add(1, Ordering::AcqRel);
         }
         self.senders.clear();
     }

@@ -2,6 +2,7 @@
 //! datasets (collated into pooled, optionally page-locked memory), unbatched map-style
 //! datasets, and iterable datasets.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use longshore_data::{
@@ -89,7 +90,8 @@ where
     C: DatasetCollate<D> + 'static,
 {
     fn load(&self, task: &Task, cancelled: &dyn Fn() -> bool) -> (Outcome<Batch<PoolBuffer>>, u64) {
-        let mut indices = task.indices.clone();
+        // Copied only when a sample is skipped.
+        let mut indices = Cow::Borrowed(task.indices.as_slice());
         let mut skipped = 0u64;
         loop {
             if cancelled() {
@@ -118,7 +120,7 @@ where
                     }
                     SampleErrorPolicy::Skip => {
                         tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = task.seq, "skipping a sample that failed to load");
-                        indices.retain(|&i| i != index);
+                        indices.to_mut().retain(|&i| i != index);
                         skipped += 1;
                     }
                 },

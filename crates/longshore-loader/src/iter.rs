@@ -2,21 +2,89 @@
 //! workers, keeps the reorder buffer, enforces the timeout, detects dead workers and relieves
 //! a starved pool; with `num_workers == 0` it loads on the calling thread.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::RecvTimeoutError;
-use longshore_data::WorkerInfo;
+use longshore_data::{BatchIter, WorkerInfo};
 
 use crate::config::{LoaderConfig, WorkerPanicPolicy};
 use crate::engine::{Engine, Outcome, Reply, Task, guarded};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::loader::{Inner, lock};
+use crate::prepare::Prepared;
 use crate::state::Progress;
+use crate::stats::LoaderStats;
 use crate::worker::{worker_body, worker_seed};
+
+/// An indexed epoch's batches, pulled from the sampler as they are dealt (the epoch is never
+/// materialised up front), with the positions a restore marked done skipped.
+struct Batches {
+    iter: BatchIter<'static>,
+    /// Position of the batch `iter` yields next.
+    next: u64,
+    /// What a restore marked done.
+    done: Option<Progress>,
+}
+
+impl Batches {
+    /// The next batch not yet delivered: (position, indices).
+    fn pull(&mut self) -> Option<(u64, Vec<usize>)> {
+        loop {
+            let indices = self.iter.next()?;
+            let seq = self.next;
+            self.next += 1;
+            if self.done.as_ref().is_none_or(|d| !d.is_done(seq)) {
+                return Some((seq, indices));
+            }
+        }
+    }
+}
+
+/// Where a batch sent to a worker stands.
+enum SlotState<O> {
+    /// With its worker.
+    Sent,
+    /// Finished, held until it is delivered.
+    Done(Outcome<O>),
+    /// Delivered (out-of-order mode; removed once it reaches the front).
+    Taken,
+}
+
+/// A batch sent and not yet delivered. Slots are kept in sending order, which is position
+/// order, so a reply finds its slot by binary search.
+struct Slot<O> {
+    seq: u64,
+    worker: usize,
+    state: SlotState<O>,
+    /// The batch's indices once its worker gave them back (to load it again if it must be
+    /// given back to a starved pool).
+    indices: Vec<usize>,
+}
+
+/// Counters gathered between two deliveries, added to the loader's stats under one lock.
+#[derive(Debug, Default)]
+struct Pending {
+    worker_busy: Duration,
+    skipped: u64,
+    reloaded: u64,
+    peak_in_flight: usize,
+    peak_reorder: usize,
+}
+
+impl Pending {
+    fn flush(&mut self, s: &mut LoaderStats) {
+        let p = std::mem::take(self);
+        s.worker_busy += p.worker_busy;
+        s.skipped_samples += p.skipped;
+        s.reloaded += p.reloaded;
+        s.peak_in_flight = s.peak_in_flight.max(p.peak_in_flight);
+        s.peak_reorder = s.peak_reorder.max(p.peak_reorder);
+    }
+}
 
 /// One epoch of a [`DataLoader`](crate::DataLoader): yields `Result<batch, LoaderError>`.
 ///
@@ -29,17 +97,14 @@ pub struct LoaderIter<F: Fetch> {
     config: LoaderConfig,
     epoch: u64,
     generation: u64,
-    /// Batches not yet sent: (position, indices). Empty indices for iterable datasets.
-    to_send: VecDeque<(u64, Vec<usize>)>,
-    /// Positions sent, in delivery order (in-order mode).
-    order: VecDeque<u64>,
-    sent_to: HashMap<u64, usize>,
-    /// In-order mode: the indices of batches sent and not yet delivered, so a finished batch
-    /// held in the reorder buffer can be given back to a starved pool and loaded again.
-    indices_of: HashMap<u64, Vec<usize>>,
+    /// Indexed datasets: the batches not yet sent.
+    batches: Option<Batches>,
+    /// Batches sent and not yet delivered, in sending (= position) order.
+    slots: VecDeque<Slot<F::Output>>,
+    /// Slots in state `Done`.
+    ready: usize,
     outstanding: Vec<usize>,
     in_flight: usize,
-    reorder: BTreeMap<u64, Outcome<F::Output>>,
     rr: usize,
     /// Iterable mode: workers whose stream has not ended, and the next position to assign.
     active: Vec<bool>,
@@ -51,15 +116,15 @@ pub struct LoaderIter<F: Fetch> {
     unresponsive: bool,
     started: Option<Instant>,
     last_yield: Instant,
+    pending: Pending,
 }
 
 impl<F: Fetch> fmt::Debug for LoaderIter<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoaderIter")
             .field("epoch", &self.epoch)
-            .field("to_send", &self.to_send.len())
             .field("in_flight", &self.in_flight)
-            .field("reorder", &self.reorder.len())
+            .field("ready", &self.ready)
             .field("finished", &self.finished)
             .finish()
     }
@@ -68,22 +133,35 @@ impl<F: Fetch> fmt::Debug for LoaderIter<F> {
 impl<F: Fetch> LoaderIter<F> {
     pub(crate) fn new(inner: Arc<Inner<F>>) -> Self {
         let indexed = inner.fetch.indexed();
-        let mut to_send = VecDeque::new();
+        let mut batches = None;
         let mut num_batches = 0u64;
         let (config, epoch, restored) = {
-            let mut plan = lock(&inner.plan);
+            let mut guard = lock(&inner.plan);
+            let plan = &mut *guard;
             let epoch = plan.next_epoch;
             plan.next_epoch = epoch + 1;
             let restored = plan.restored.take();
+            let seed = plan.config.seed;
+            let prepares = plan.sampler.prepares();
+            let prepared = plan.prepared.take();
             if indexed && let Some(s) = plan.sampler.get() {
                 s.set_epoch(epoch);
-                for (i, b) in s.iter().enumerate() {
-                    let seq = i as u64;
-                    if restored.as_ref().is_none_or(|r| !r.is_done(seq)) {
-                        to_send.push_back((seq, b));
-                    }
-                }
                 num_batches = s.len() as u64;
+                // Batches below the restored prefix were delivered: the sampler skips them.
+                let from = restored.as_ref().map_or(0, |r| r.prefix.min(num_batches));
+                let iter = match prepared {
+                    Some(p) if from == 0 => p.take(epoch, seed),
+                    _ => None,
+                }
+                .unwrap_or_else(|| s.iter_owned_from(from as usize));
+                batches = Some(Batches {
+                    iter,
+                    next: from,
+                    done: restored.clone(),
+                });
+                if prepares {
+                    plan.prepared = Prepared::spawn(&mut **s, epoch + 1, seed);
+                }
             }
             (plan.config.clone(), epoch, restored)
         };
@@ -100,13 +178,11 @@ impl<F: Fetch> LoaderIter<F> {
             config,
             epoch,
             generation: 0,
-            to_send,
-            order: VecDeque::new(),
-            sent_to: HashMap::new(),
-            indices_of: HashMap::new(),
+            batches,
+            slots: VecDeque::new(),
+            ready: 0,
             outstanding: vec![0; threads],
             in_flight: 0,
-            reorder: BTreeMap::new(),
             rr: 0,
             active: vec![true; threads],
             next_seq: 0,
@@ -115,6 +191,7 @@ impl<F: Fetch> LoaderIter<F> {
             unresponsive: false,
             started: None,
             last_yield: Instant::now(),
+            pending: Pending::default(),
         };
         if threads > 0 {
             let existing = if it.config.persistent_workers {
@@ -142,31 +219,40 @@ impl<F: Fetch> LoaderIter<F> {
                 }
                 Err(e) => {
                     it.finished = true;
-                    it.reorder.insert(0, Outcome::Failed(e));
-                    it.order.push_back(0);
+                    it.batches = None;
+                    it.slots.push_back(Slot {
+                        seq: 0,
+                        worker: 0,
+                        state: SlotState::Done(Outcome::Failed(e)),
+                        indices: Vec::new(),
+                    });
+                    it.ready = 1;
+                    it.in_flight = 1;
                 }
             }
         }
         it
     }
 
-    fn capacity(&self) -> usize {
-        self.outstanding.len() * self.config.prefetch_factor
+    /// The slot of the batch at position `seq`, if it is sent and not delivered.
+    fn slot_index(&self, seq: u64) -> Option<usize> {
+        self.slots.binary_search_by_key(&seq, |s| s.seq).ok()
     }
 
-    /// Sends tasks until the in-flight bound is reached.
+    /// Sends tasks until the in-flight bound is reached, pulling batches from the sampler.
     fn fill(&mut self) -> Result<(), LoaderError> {
         let Some(engine) = &self.engine else {
             return Ok(());
         };
         let indexed = self.inner.fetch.indexed();
         let n = self.outstanding.len();
+        let capacity = n * self.config.prefetch_factor;
         // `in_flight` counts every batch sent and not yet yielded, including those held back in
         // the reorder buffer (as PyTorch's outstanding tasks do): otherwise sent-but-undelivered
         // batches, and their pool memory, could reach twice `num_workers * prefetch_factor`.
-        while self.in_flight < self.capacity() {
+        while self.in_flight < capacity {
             let (seq, indices) = if indexed {
-                match self.to_send.pop_front() {
+                match self.batches.as_mut().and_then(Batches::pull) {
                     Some(t) => t,
                     None => break,
                 }
@@ -191,9 +277,6 @@ impl<F: Fetch> LoaderIter<F> {
                     .min_by_key(|&w| (self.outstanding[w], (w + n - self.rr % n) % n))
                     .unwrap_or(0)
             };
-            if self.config.in_order && indexed {
-                self.indices_of.insert(seq, indices.clone());
-            }
             engine.send(
                 w,
                 Task {
@@ -205,31 +288,44 @@ impl<F: Fetch> LoaderIter<F> {
             )?;
             self.outstanding[w] += 1;
             self.in_flight += 1;
-            self.sent_to.insert(seq, w);
-            self.order.push_back(seq);
+            self.slots.push_back(Slot {
+                seq,
+                worker: w,
+                state: SlotState::Sent,
+                indices: Vec::new(),
+            });
         }
-        let mut stats = lock(&self.inner.stats);
-        stats.peak_in_flight = stats.peak_in_flight.max(self.in_flight);
+        self.pending.peak_in_flight = self.pending.peak_in_flight.max(self.in_flight);
         Ok(())
     }
 
     fn absorb(&mut self, r: Reply<F::Output>) {
-        // The worker is free for more; the batch still counts as in flight (it holds a lease)
-        // until it is yielded, as PyTorch counts outstanding tasks.
-        if let Some(w) = self.sent_to.remove(&r.seq) {
-            self.outstanding[w] -= 1;
-        }
         if matches!(r.outcome, Outcome::Exhausted) {
             self.active[r.worker] = false;
         }
-        {
-            let mut s = lock(&self.inner.stats);
-            s.worker_busy += r.busy;
-            s.skipped_samples += r.skipped;
+        self.pending.worker_busy += r.busy;
+        self.pending.skipped += r.skipped;
+        let Some(i) = self.slot_index(r.seq) else {
+            return;
+        };
+        let slot = &mut self.slots[i];
+        if !matches!(slot.state, SlotState::Sent) {
+            return;
         }
-        self.reorder.insert(r.seq, r.outcome);
-        let mut s = lock(&self.inner.stats);
-        s.peak_reorder = s.peak_reorder.max(self.reorder.len());
+        // The worker is free for more; the batch still counts as in flight (it holds a lease)
+        // until it is yielded, as PyTorch counts outstanding tasks.
+        self.outstanding[slot.worker] -= 1;
+        slot.state = SlotState::Done(r.outcome);
+        if self.config.in_order {
+            slot.indices = r.indices;
+        }
+        self.ready += 1;
+        self.pending.peak_reorder = self.pending.peak_reorder.max(self.ready);
+    }
+
+    /// The worker a batch was sent to (0 if it is not in flight).
+    fn worker_of(&self, seq: u64) -> usize {
+        self.slot_index(seq).map_or(0, |i| self.slots[i].worker)
     }
 
     /// Waits for a reply, bounded by the timeout; detects dead workers instead of hanging.
@@ -240,7 +336,7 @@ impl<F: Fetch> LoaderIter<F> {
         let t0 = Instant::now();
         loop {
             // With finished batches held back, check often whether they starve the pool.
-            let slice = if self.reorder.is_empty() {
+            let slice = if self.ready == 0 {
                 Duration::from_millis(200)
             } else {
                 Duration::from_millis(20)
@@ -258,8 +354,10 @@ impl<F: Fetch> LoaderIter<F> {
                     return Ok(());
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    let seq = awaited.or_else(|| self.order.front().copied()).unwrap_or(0);
-                    let worker = self.sent_to.get(&seq).copied().unwrap_or(0);
+                    let seq = awaited
+                        .or_else(|| self.slots.front().map(|s| s.seq))
+                        .unwrap_or(0);
+                    let worker = self.worker_of(seq);
                     if let Some(t) = self.config.timeout
                         && t0.elapsed() >= t
                     {
@@ -272,10 +370,10 @@ impl<F: Fetch> LoaderIter<F> {
                     let dead = engine.dead_workers();
                     if let Some(&w) = dead.iter().find(|&&w| self.outstanding[w] > 0) {
                         let batch = self
-                            .sent_to
+                            .slots
                             .iter()
-                            .find(|(_, ww)| **ww == w)
-                            .map_or(seq, |(s, _)| *s);
+                            .find(|s| s.worker == w && matches!(s.state, SlotState::Sent))
+                            .map_or(seq, |s| s.seq);
                         return Err(LoaderError::WorkerGone { worker: w, batch });
                     }
                     self.relieve_budget()?;
@@ -283,7 +381,7 @@ impl<F: Fetch> LoaderIter<F> {
                 Err(RecvTimeoutError::Disconnected) => {
                     let seq = awaited.unwrap_or(0);
                     return Err(LoaderError::WorkerGone {
-                        worker: self.sent_to.get(&seq).copied().unwrap_or(0),
+                        worker: self.worker_of(seq),
                         batch: seq,
                     });
                 }
@@ -301,22 +399,27 @@ impl<F: Fetch> LoaderIter<F> {
             return Ok(());
         }
         let fetch = &self.inner.fetch;
-        let Some(seq) = self.reorder.iter().rev().find_map(|(&s, o)| match o {
-            Outcome::Batch(b) if fetch.output_bytes(b) > 0 && self.indices_of.contains_key(&s) => {
-                Some(s)
+        let Some(i) = self.slots.iter().rposition(|s| match &s.state {
+            SlotState::Done(Outcome::Batch(b)) => {
+                fetch.output_bytes(b) > 0 && !s.indices.is_empty()
             }
-            _ => None,
+            _ => false,
         }) else {
             return Ok(());
         };
         let Some(engine) = &self.engine else {
             return Ok(());
         };
-        drop(self.reorder.remove(&seq));
-        let indices = self.indices_of.get(&seq).cloned().unwrap_or_default();
         let n = self.outstanding.len();
         let w = (0..n).min_by_key(|&w| self.outstanding[w]).unwrap_or(0);
+        let slot = &mut self.slots[i];
+        // The batch's lease goes back to the pool here.
+        drop(std::mem::replace(&mut slot.state, SlotState::Sent));
+        let seq = slot.seq;
         tracing::debug!(target: "longshore::loader", reloaded = true, batch.seq = seq, worker.id = w, "pool budget starved: reloading a held-back batch later");
+        let indices = std::mem::take(&mut slot.indices);
+        slot.worker = w;
+        self.ready -= 1;
         engine.send(
             w,
             Task {
@@ -328,14 +431,13 @@ impl<F: Fetch> LoaderIter<F> {
         )?;
         // The batch was already counted in `in_flight` (it is sent and not yielded).
         self.outstanding[w] += 1;
-        self.sent_to.insert(seq, w);
-        lock(&self.inner.stats).reloaded += 1;
+        self.pending.reloaded += 1;
         Ok(())
     }
 
     /// Loads the next batch on the calling thread (`num_workers == 0`).
     fn next_sync(&mut self) -> Option<(u64, Outcome<F::Output>)> {
-        let (seq, indices) = self.to_send.pop_front()?;
+        let (seq, indices) = self.batches.as_mut()?.pull()?;
         let info = WorkerInfo {
             id: 0,
             num_workers: 1,
@@ -355,7 +457,7 @@ impl<F: Fetch> LoaderIter<F> {
             fetch.fetch(&mut w, &task, &|| false)
         }) {
             Ok((o, skipped)) => {
-                lock(&self.inner.stats).skipped_samples += skipped;
+                self.pending.skipped += skipped;
                 o
             }
             Err(message) => Outcome::Failed(LoaderError::WorkerPanicked {
@@ -364,16 +466,38 @@ impl<F: Fetch> LoaderIter<F> {
                 message,
             }),
         };
-        lock(&self.inner.stats).worker_busy += t0.elapsed();
+        self.pending.worker_busy += t0.elapsed();
         Some((seq, outcome))
+    }
+
+    /// Takes the outcome of the slot at `i` (in state `Done`) for delivery.
+    fn take(&mut self, i: usize) -> (u64, Outcome<F::Output>) {
+        let slot = &mut self.slots[i];
+        let SlotState::Done(o) = std::mem::replace(&mut slot.state, SlotState::Taken) else {
+            unreachable!("only finished slots are taken");
+        };
+        let seq = slot.seq;
+        self.ready -= 1;
+        self.in_flight -= 1;
+        while self
+            .slots
+            .front()
+            .is_some_and(|s| matches!(s.state, SlotState::Taken))
+        {
+            self.slots.pop_front();
+        }
+        (seq, o)
     }
 
     /// The next delivered outcome of this epoch, or `None` at its end.
     fn next_outcome(&mut self) -> Option<(u64, Outcome<F::Output>)> {
         if self.engine.is_none() {
             if self.finished {
-                let seq = self.order.pop_front()?;
-                return self.reorder.remove(&seq).map(|o| (seq, o));
+                return self
+                    .slots
+                    .front()
+                    .is_some_and(|s| matches!(s.state, SlotState::Done(_)))
+                    .then(|| self.take(0));
             }
             return self.next_sync();
         }
@@ -382,28 +506,28 @@ impl<F: Fetch> LoaderIter<F> {
         }
         loop {
             if self.config.in_order || !self.inner.fetch.indexed() {
-                let &seq = self.order.front()?;
-                if let Some(o) = self.reorder.remove(&seq) {
-                    self.order.pop_front();
-                    self.in_flight -= 1;
-                    self.indices_of.remove(&seq);
-                    return Some((seq, o));
+                let front = self.slots.front()?;
+                if matches!(front.state, SlotState::Done(_)) {
+                    return Some(self.take(0));
                 }
+                let seq = front.seq;
                 if let Err(e) = self.wait_reply(Some(seq)) {
                     return Some((seq, Outcome::Failed(e)));
                 }
             } else {
-                if let Some((&seq, _)) = self.reorder.iter().next() {
-                    let o = self.reorder.remove(&seq).expect("present");
-                    self.order.retain(|s| *s != seq);
-                    self.in_flight -= 1;
-                    return Some((seq, o));
+                if self.ready > 0
+                    && let Some(i) = self
+                        .slots
+                        .iter()
+                        .position(|s| matches!(s.state, SlotState::Done(_)))
+                {
+                    return Some(self.take(i));
                 }
                 if self.in_flight == 0 {
                     return None;
                 }
                 if let Err(e) = self.wait_reply(None) {
-                    let seq = self.order.front().copied().unwrap_or(0);
+                    let seq = self.slots.front().map_or(0, |s| s.seq);
                     return Some((seq, Outcome::Failed(e)));
                 }
             }
@@ -413,9 +537,7 @@ impl<F: Fetch> LoaderIter<F> {
     fn end_epoch(&mut self, broken: bool) {
         self.finished = true;
         self.broken |= broken;
-        self.to_send.clear();
-        self.order.clear();
-        self.indices_of.clear();
+        self.batches = None;
         self.release_engine();
     }
 }
@@ -425,15 +547,21 @@ impl<F: Fetch> LoaderIter<F> {
     /// shutdown, synchronous unless a worker did not answer.
     fn release_engine(&mut self) {
         let Some(mut engine) = self.engine.take() else {
+            self.pending.flush(&mut lock(&self.inner.stats));
             return;
         };
         // Leases held in the reorder buffer go back to the pool now.
-        self.reorder.clear();
+        self.slots.clear();
+        self.ready = 0;
         let restarts = engine
             .shared
             .restarts
             .swap(0, std::sync::atomic::Ordering::Relaxed);
-        lock(&self.inner.stats).worker_restarts += restarts;
+        {
+            let mut s = lock(&self.inner.stats);
+            s.worker_restarts += restarts;
+            self.pending.flush(&mut s);
+        }
         if self.config.persistent_workers && !self.broken {
             engine.new_generation();
             *lock(&self.inner.persistent) = Some(engine);
@@ -462,7 +590,7 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
         };
         self.started.get_or_insert(now);
         loop {
-            if self.finished && self.engine.is_none() && self.order.is_empty() {
+            if self.finished && self.engine.is_none() && self.slots.is_empty() {
                 return None;
             }
             let next = self.next_outcome();
@@ -498,6 +626,7 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
                 }
                 s.consumer_wait += end - now;
                 s.consumer_time += since_last + (end - now);
+                self.pending.flush(&mut s);
             }
             self.last_yield = end;
             if let Err(e) = &item {

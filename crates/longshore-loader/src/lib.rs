@@ -72,6 +72,7 @@ mod error;
 mod fetch;
 mod iter;
 mod loader;
+mod prepare;
 mod state;
 mod stats;
 #[cfg(feature = "stream")]

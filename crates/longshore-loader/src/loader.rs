@@ -7,13 +7,14 @@
 //! holds one of them may only take those after it in this list. Today only
 //! [`DataLoader::load_state_dict`] holds two at once (`plan`, then `progress`, so a restore is
 //! seen whole by the next epoch); every other path takes one at a time. The hot path (one
-//! batch) takes `progress` once and `stats` a few times, all on the consumer thread, so they
-//! are uncontended; workers never touch them.
+//! batch) takes `progress` once and `stats` once (counters gathered since the previous batch),
+//! both on the consumer thread, so they are uncontended; workers never touch them.
 //!
 //! Two other locks are on a loader's paths, and neither is taken while one of the four above
-//! is held: the engine's reply gate (`engine.rs`, taken by a worker around each reply and by
-//! the consumer when it starts a new generation) and the pool's state lock (taken to lease a
-//! block and when a batch is dropped; a batch is never dropped under a loader lock).
+//! is held: the engine's reply gate (`engine.rs`, an `RwLock` whose read side every worker
+//! shares around each reply and whose write side the consumer takes when it starts a new
+//! generation) and the pool's state lock (taken to lease a block and when a batch is dropped;
+//! a batch is never dropped under a loader lock).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -29,6 +30,7 @@ use crate::engine::Engine;
 use crate::error::LoaderError;
 use crate::fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
 use crate::iter::LoaderIter;
+use crate::prepare::Prepared;
 use crate::state::{LoaderState, Progress};
 use crate::stats::LoaderStats;
 use crate::worker::WorkerInit;
@@ -94,6 +96,12 @@ impl SamplerSource {
     fn len(&mut self) -> Option<usize> {
         self.get().map(|s| s.len())
     }
+
+    /// Whether the next epoch's order is worth drawing in the background: the built-in
+    /// shuffled sampler over a large dataset.
+    pub(crate) fn prepares(&self) -> bool {
+        matches!(self, SamplerSource::Builtin { shuffle: true, len, .. } if *len >= crate::prepare::MIN_LEN)
+    }
 }
 
 /// What the next epoch runs: the options, the sampler, the epoch number and what of it a
@@ -105,6 +113,9 @@ pub(crate) struct Plan {
     pub(crate) next_epoch: u64,
     /// What of `next_epoch` is already done (after a restore).
     pub(crate) restored: Option<Progress>,
+    /// The built-in shuffled sampler's order for the epoch after the one in progress, drawn
+    /// in the background (see `prepare.rs`).
+    pub(crate) prepared: Option<Prepared>,
 }
 
 /// The state a loader, its clones and its iterators share. See the module docs for the lock
@@ -225,6 +236,7 @@ impl<F: Fetch> DataLoader<F> {
                     sampler,
                     next_epoch: 0,
                     restored: None,
+                    prepared: None,
                 }),
                 progress: Mutex::new(Progress::default()),
                 stats: Mutex::new(LoaderStats::default()),
@@ -352,6 +364,7 @@ impl<F: Fetch> DataLoader<F> {
             if plan.config.seed != state.seed {
                 plan.sampler =
                     SamplerSource::builtin(*len, *shuffle, *batch_size, *drop_last, state.seed)?;
+                plan.prepared = None;
             }
         } else if plan.config.seed != state.seed {
             tracing::warn!(target: "longshore::loader", "restoring a state with another seed: the user sampler keeps its own seed");

@@ -79,7 +79,7 @@ pub(crate) fn worker_body<F: Fetch>(
                 epoch = Some(task.epoch);
             }
             let span = tracing::trace_span!(target: "longshore::loader", "batch", epoch = task.epoch, seq = task.seq, samples = task.indices.len());
-            let _entered = span.enter();
+            let entered = span.enter();
             let t0 = Instant::now();
             let (outcome, skipped) = if let Some(m) = &init_failed {
                 (
@@ -118,12 +118,15 @@ pub(crate) fn worker_body<F: Fetch>(
                     }
                 }
             };
+            let busy = t0.elapsed();
+            drop(entered);
             let reply = Reply {
                 generation: task.generation,
                 seq: task.seq,
                 worker: id,
                 outcome,
-                busy: t0.elapsed(),
+                indices: task.indices,
+                busy,
                 skipped,
             };
             if !ctx.reply(reply) {

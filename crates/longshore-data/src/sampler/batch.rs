@@ -38,6 +38,15 @@ pub trait BatchSampling: Send + Sync + fmt::Debug {
     /// The batches of the current epoch after the first `batches_done`.
     fn iter_from(&self, batches_done: usize) -> BatchIter<'_>;
 
+    /// What [`BatchSampling::iter_from`] yields, as an iterator that does not borrow the
+    /// sampler (it keeps the epoch current when it was made): the loader pulls batches from
+    /// it as it deals them to workers instead of materialising the epoch first. The default
+    /// collects `iter_from(batches_done)`; [`BatchSampler`] overrides it to group its
+    /// sampler's indices as they are consumed.
+    fn iter_owned_from(&self, batches_done: usize) -> BatchIter<'static> {
+        Box::new(self.iter_from(batches_done).collect::<Vec<_>>().into_iter())
+    }
+
     /// The state after `batches_done` batches of the current epoch were consumed.
     fn state(&self, batches_done: usize) -> SamplerState {
         SamplerState {
@@ -116,6 +125,8 @@ struct Chunks<'a> {
     batch_size: usize,
     drop_last: bool,
     remaining: usize,
+    /// Indices the inner sampler has left (bounds each batch's allocation).
+    items_left: usize,
 }
 
 impl Iterator for Chunks<'_> {
@@ -124,7 +135,9 @@ impl Iterator for Chunks<'_> {
         if self.remaining == 0 {
             return None;
         }
-        let batch: Vec<usize> = self.inner.by_ref().take(self.batch_size).collect();
+        let mut batch = Vec::with_capacity(self.batch_size.min(self.items_left));
+        batch.extend(self.inner.by_ref().take(self.batch_size));
+        self.items_left = self.items_left.saturating_sub(batch.len());
         if batch.is_empty() || (self.drop_last && batch.len() < self.batch_size) {
             self.remaining = 0;
             return None;
@@ -162,13 +175,29 @@ impl<S: Sampler> BatchSampling for BatchSampler<S> {
         self.iter_from(0)
     }
     fn iter_from(&self, batches_done: usize) -> BatchIter<'_> {
+        let (skip, chunks) = self.chunks(batches_done);
+        Box::new(chunks(self.sampler.iter_from(skip)))
+    }
+    fn iter_owned_from(&self, batches_done: usize) -> BatchIter<'static> {
+        let (skip, chunks) = self.chunks(batches_done);
+        Box::new(chunks(self.sampler.iter_owned_from(skip)))
+    }
+}
+
+impl<S: Sampler> BatchSampler<S> {
+    /// The indices to skip for `batches_done`, and how to group the rest into batches.
+    fn chunks<'a>(&self, batches_done: usize) -> (usize, impl FnOnce(IndexIter<'a>) -> Chunks<'a>) {
         let done = batches_done.min(self.len());
         let skip = done.saturating_mul(self.batch_size);
-        Box::new(Chunks {
-            inner: self.sampler.iter_from(skip),
-            batch_size: self.batch_size,
-            drop_last: self.drop_last,
-            remaining: self.len() - done,
+        let (batch_size, drop_last, remaining) =
+            (self.batch_size, self.drop_last, self.len() - done);
+        let items_left = self.sampler.len().saturating_sub(skip);
+        (skip, move |inner| Chunks {
+            inner,
+            batch_size,
+            drop_last,
+            remaining,
+            items_left,
         })
     }
 }
@@ -194,6 +223,9 @@ impl<S: BatchSampling + ?Sized> BatchSampling for Box<S> {
     }
     fn iter_from(&self, batches_done: usize) -> BatchIter<'_> {
         (**self).iter_from(batches_done)
+    }
+    fn iter_owned_from(&self, batches_done: usize) -> BatchIter<'static> {
+        (**self).iter_owned_from(batches_done)
     }
     fn state(&self, batches_done: usize) -> SamplerState {
         (**self).state(batches_done)

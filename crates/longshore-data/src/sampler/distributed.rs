@@ -109,13 +109,17 @@ impl Sampler for DistributedSampler {
         self.epoch = epoch;
     }
     fn iter(&self) -> IndexIter<'_> {
+        self.iter_owned_from(0)
+    }
+    fn iter_owned_from(&self, position: usize) -> IndexIter<'static> {
         let indices = self.global_indices();
         Box::new(
             indices
                 .into_iter()
                 .skip(self.rank)
                 .step_by(self.num_replicas)
-                .take(self.num_samples),
+                .take(self.num_samples)
+                .skip(position),
         )
     }
 }

@@ -67,6 +67,14 @@ pub trait Sampler: Send + Sync + fmt::Debug {
         Box::new(self.iter().skip(position))
     }
 
+    /// What [`Sampler::iter_from`] yields, as an iterator that does not borrow the sampler
+    /// (it keeps the epoch current when it was made): a loader pulls from it while the
+    /// sampler may be set to another epoch. The default collects `iter_from(position)`; the
+    /// built-in samplers override it to produce indices as they are consumed.
+    fn iter_owned_from(&self, position: usize) -> IndexIter<'static> {
+        Box::new(self.iter_from(position).collect::<Vec<_>>().into_iter())
+    }
+
     /// The state after `position` indices of the current epoch were consumed.
     fn state(&self, position: usize) -> SamplerState {
         SamplerState {
@@ -121,6 +129,9 @@ impl<S: Sampler + ?Sized> Sampler for Box<S> {
     fn iter_from(&self, position: usize) -> IndexIter<'_> {
         (**self).iter_from(position)
     }
+    fn iter_owned_from(&self, position: usize) -> IndexIter<'static> {
+        (**self).iter_owned_from(position)
+    }
     fn state(&self, position: usize) -> SamplerState {
         (**self).state(position)
     }
@@ -157,6 +168,9 @@ impl Sampler for SequentialSampler {
         Box::new(0..self.len)
     }
     fn iter_from(&self, position: usize) -> IndexIter<'_> {
+        Box::new(position.min(self.len)..self.len)
+    }
+    fn iter_owned_from(&self, position: usize) -> IndexIter<'static> {
         Box::new(position.min(self.len)..self.len)
     }
 }
@@ -226,6 +240,21 @@ impl Sampler for RandomSampler {
         self.epoch = epoch;
     }
     fn iter(&self) -> IndexIter<'_> {
+        self.iter_owned_from(0)
+    }
+    fn iter_owned_from(&self, position: usize) -> IndexIter<'static> {
+        let it = self.indices();
+        if position == 0 {
+            it
+        } else {
+            Box::new(it.skip(position))
+        }
+    }
+}
+
+impl RandomSampler {
+    /// The current epoch's indices; the permutation is drawn on the first `next`, not here.
+    fn indices(&self) -> IndexIter<'static> {
         let mut rng = epoch_rng(self.seed, self.epoch);
         let (n, total) = (self.dataset_len, self.num_samples);
         if self.replacement {
