@@ -74,6 +74,9 @@ struct Args {
     /// Where longshore decodes: `cpu` (the workers), `nvjpeg` (the GPU), or `both`.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "nvjpeg", "both"])]
     decode: String,
+    /// nvJPEG device-stage threads to sweep (`NvjpegLoader::nvjpeg_lanes`).
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    nvjpeg_lanes: Vec<usize>,
 }
 
 /// Busy and total jiffies of the whole machine (/proc/stat), for the CPU share.
@@ -203,6 +206,7 @@ fn steady(
 fn steady_nvjpeg(
     files: &EncodedImages,
     workers: usize,
+    lanes: usize,
     batch: usize,
     epochs: usize,
     device: &Device,
@@ -221,7 +225,7 @@ fn steady_nvjpeg(
     let compute = device.new_stream()?;
     let mut decoder = Some(NvjpegDecoder::new(device, files)?);
     let run_epoch = || -> Result<usize> {
-        let mut it = loader.nvjpeg(decoder.take().context("decoder")?, 2)?;
+        let mut it = loader.nvjpeg_lanes(decoder.take().context("decoder")?, lanes, 2)?;
         let mut n = 0;
         for item in &mut it {
             n += item?.wait_on(&compute)?.batch_size();
@@ -243,6 +247,7 @@ fn steady_nvjpeg(
     let images =
         (stats.hardware + stats.default_backend + stats.cpu_fallback + stats.worker).max(1) as f64;
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / images;
+    run["lanes"] = json!(lanes);
     run["decoded"] = json!({
         "hardware": stats.hardware,
         "default_backend": stats.default_backend,
@@ -434,10 +439,13 @@ fn main() -> Result<()> {
                 Some(d) => {
                     let files = EncodedImages::new(folder.clone(), pipeline.clone())?;
                     let mut runs = Vec::new();
-                    for &w in &workers {
-                        let r = steady_nvjpeg(&files, w, batch, epochs, d)?;
+                    for (&w, &lanes) in workers
+                        .iter()
+                        .flat_map(|w| args.nvjpeg_lanes.iter().map(move |l| (w, l)))
+                    {
+                        let r = steady_nvjpeg(&files, w, lanes, batch, epochs, d)?;
                         eprintln!(
-                            "jpeg: longshore nvjpeg {name} workers={w}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}",
+                            "jpeg: longshore nvjpeg {name} workers={w} lanes={lanes}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}",
                             r["samples_per_s"].as_f64().unwrap_or(0.0),
                             100.0 * r["cpu_share"].as_f64().unwrap_or(0.0),
                             r["decoded"],

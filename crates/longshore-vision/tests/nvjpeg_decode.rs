@@ -364,3 +364,48 @@ fn every_pinned_lease_goes_back_to_the_pool() {
     let stats = loader.pool().stats();
     assert_eq!(stats.bytes_in_use, 0, "{stats:?}");
 }
+
+/// The device stage on 3 lane threads yields the batches of the single-threaded stage: same
+/// order, labels and indices, the same pixels (per-sample randomness, one decoder library),
+/// counts summed into the decoder; every lease back; a lane answers errors in place.
+#[test]
+fn lanes_yield_what_one_thread_yields() {
+    let Some(dev) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = encoded(dir.path(), Compose::imagenet_train());
+    let loader = DataLoader::builder(data.clone())
+        .batch_size(3)
+        .num_workers(2)
+        .pin_memory(true)
+        .dataset_collate(EncodedCollate)
+        .build()
+        .unwrap();
+    let mut runs = Vec::new();
+    for lanes in [1, 3] {
+        let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
+        let stream: Stream = decoder.stream().clone();
+        let mut it = loader.nvjpeg_lanes(decoder, lanes, 2).unwrap();
+        let mut out = Vec::new();
+        for b in it.by_ref() {
+            let b = b.unwrap().wait().unwrap();
+            let px: Vec<f32> = b.read_images(&stream).unwrap();
+            out.push((b.indices().to_vec(), b.host_labels().to_vec(), px));
+        }
+        let stats = it.into_decoder().stats();
+        let counted = stats.hardware + stats.default_backend + stats.cpu_fallback + stats.worker;
+        assert_eq!(counted as usize, data.folder().samples().len(), "{stats:?}");
+        runs.push(out);
+    }
+    assert_eq!(runs[0].len(), runs[1].len());
+    for (a, b) in runs[0].iter().zip(&runs[1]) {
+        assert_eq!((&a.0, &a.1), (&b.0, &b.1));
+        let worst =
+            a.2.iter()
+                .zip(&b.2)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "lanes changed pixels by {worst}");
+    }
+    assert_eq!(loader.pool().stats().bytes_in_use, 0);
+}

@@ -335,6 +335,59 @@ impl NvjpegDecoder {
         Ok(decoder)
     }
 
+    /// Another decoder sharing this one's nvJPEG handles and compiled kernel, with its own
+    /// stream, decoding states (as many as this one's) and counts: a lane of a parallel device
+    /// stage ([`NvjpegIter::with_lanes`](super::NvjpegIter::with_lanes)). nvJPEG's handles are
+    /// thread-safe and its states are not, so each lane has its own states and may run on
+    /// its own thread.
+    ///
+    /// # Errors
+    /// Driver or nvJPEG errors creating the stream or the states.
+    pub fn lane(&self) -> Result<NvjpegDecoder, TransferError> {
+        let mut lane = NvjpegDecoder {
+            device: self.device.clone(),
+            stream: self.device.new_stream()?,
+            folder: self.folder.clone(),
+            transform: self.transform.clone(),
+            options: self.options,
+            backend: self.backend,
+            on_error: self.on_error,
+            kernel: self.kernel.clone(),
+            handles: self.handles.clone(),
+            slots: Vec::new(),
+            next: 0,
+            stats: NvjpegStats::default(),
+        };
+        lane.set_depth(self.slots.len().saturating_sub(1))?;
+        Ok(lane)
+    }
+
+    /// Makes the device's context current on the calling thread (nvJPEG's calls use the
+    /// thread's current context; a lane thread starts with none).
+    pub(crate) fn bind(&self) -> Result<(), TransferError> {
+        let ctx = context(&self.device)?;
+        ctx.bind_to_thread().map_err(|e| TransferError::Cuda {
+            call: "cuCtxSetCurrent",
+            code: format!("{:?}", e.0),
+            device: self.device.id(),
+            what: "making the context current for an nvjpeg lane".into(),
+        })
+    }
+
+    /// Adds `other`'s counts and times to this decoder's (a lane's, at the end of an epoch).
+    pub(crate) fn absorb_stats(&mut self, other: &NvjpegStats) {
+        let s = &mut self.stats;
+        s.hardware += other.hardware;
+        s.default_backend += other.default_backend;
+        s.cpu_fallback += other.cpu_fallback;
+        s.worker += other.worker;
+        s.skipped += other.skipped;
+        s.hardware_batch_failures += other.hardware_batch_failures;
+        s.route_time += other.route_time;
+        s.enqueue_time += other.enqueue_time;
+        s.slot_wait_time += other.slot_wait_time;
+    }
+
     /// What a sample that fails to decode in the device stage does (as the loader's
     /// `on_sample_error`): fail the batch (default) or drop the sample.
     pub fn on_sample_error(mut self, policy: SampleErrorPolicy) -> NvjpegDecoder {
