@@ -18,7 +18,7 @@ use longshore_data::{DType, DataError, FieldSpec, Shape, Tensor};
 
 use crate::decode::{DecodeOptions, decode_rgb_into};
 use crate::image::RgbImage;
-use crate::resize::{Rect, resize_box};
+use crate::resize::{Rect, SubBox, resize_box};
 use crate::transforms::{
     CenterCrop, CropBox, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
@@ -354,14 +354,15 @@ fn run_steps<'a>(
         },
         flip: false,
     };
-    for step in steps {
+    let mut steps = steps.iter().peekable();
+    while let Some(step) = steps.next() {
         match step {
             Step::RandomResizedCrop(t) => {
                 cur.apply_flip();
                 let b = t.get_params(cur.view.w, cur.view.h, rng);
                 let rect = cur.sub_rect(b);
                 let (h, w) = t.size();
-                cur.resize(s, rect, w, h, t.get_interpolation())?;
+                cur.resize(s, rect, SubBox::whole(rect), w, h, t.get_interpolation())?;
             }
             Step::ResizedCrop {
                 crop,
@@ -371,14 +372,51 @@ fn run_steps<'a>(
             } => {
                 cur.apply_flip();
                 let rect = cur.sub_rect(*crop);
-                cur.resize(s, rect, *width, *height, *interpolation)?;
+                cur.resize(
+                    s,
+                    rect,
+                    SubBox::whole(rect),
+                    *width,
+                    *height,
+                    *interpolation,
+                )?;
             }
             Step::Resize(t) => {
                 cur.apply_flip();
                 let (w, h) = t.output_size(cur.view.w, cur.view.h);
-                if (w, h) != (cur.view.w, cur.view.h) {
-                    cur.resize(s, cur.view, w, h, t.get_interpolation())?;
+                if (w, h) == (cur.view.w, cur.view.h) {
+                    continue;
                 }
+                // Resize then CenterCrop inside the result (the val pipeline): only the
+                // cropped part is computed, from the source box that maps onto it.
+                if let Some(Step::CenterCrop(c)) = steps.peek() {
+                    let b = c.get_params(w, h);
+                    if b.top >= 0
+                        && b.left >= 0
+                        && b.top as usize + b.height <= h
+                        && b.left as usize + b.width <= w
+                    {
+                        steps.next();
+                        let (sx, sy) = (cur.view.w as f64 / w as f64, cur.view.h as f64 / h as f64);
+                        let sub = SubBox {
+                            left: b.left as f64 * sx,
+                            top: b.top as f64 * sy,
+                            width: b.width as f64 * sx,
+                            height: b.height as f64 * sy,
+                        };
+                        let rect = cur.view;
+                        cur.resize(s, rect, sub, b.width, b.height, t.get_interpolation())?;
+                        continue;
+                    }
+                }
+                cur.resize(
+                    s,
+                    cur.view,
+                    SubBox::whole(cur.view),
+                    w,
+                    h,
+                    t.get_interpolation(),
+                )?;
             }
             Step::CenterCrop(t) => {
                 cur.apply_flip();
@@ -457,6 +495,7 @@ impl Current<'_> {
         &mut self,
         s: &mut Scratch,
         rect: Rect,
+        sub: SubBox,
         w: usize,
         h: usize,
         interpolation: crate::transforms::Interpolation,
@@ -468,6 +507,7 @@ impl Current<'_> {
             self.width,
             self.height,
             rect,
+            sub,
             &mut dst,
             w,
             h,
