@@ -20,7 +20,7 @@ use crate::decode::{DecodeOptions, decode_rgb_into};
 use crate::image::RgbImage;
 use crate::resize::{Rect, SubBox, resize_box};
 use crate::transforms::{
-    CenterCrop, CropBox, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
+    CenterCrop, CropBox, Interpolation, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
 
 /// One step of a [`Compose`].
@@ -388,8 +388,11 @@ fn run_steps<'a>(
                     continue;
                 }
                 // Resize then CenterCrop inside the result (the val pipeline): only the
-                // cropped part is computed, from the source box that maps onto it.
-                if let Some(Step::CenterCrop(c)) = steps.peek() {
+                // cropped part is computed, from the source box that maps onto it. Not for
+                // nearest neighbour, whose pick of a source pixel is not shift-invariant in
+                // fast_image_resize (a fractional box moves it).
+                let convolution = t.get_interpolation() != Interpolation::Nearest;
+                if let (true, Some(Step::CenterCrop(c))) = (convolution, steps.peek()) {
                     let b = c.get_params(w, h);
                     if b.top >= 0
                         && b.left >= 0
@@ -498,7 +501,7 @@ impl Current<'_> {
         sub: SubBox,
         w: usize,
         h: usize,
-        interpolation: crate::transforms::Interpolation,
+        interpolation: Interpolation,
     ) -> Result<(), DataError> {
         let mut dst = std::mem::take(&mut s.spare);
         resize_box(
