@@ -13,8 +13,9 @@ use std::cell::RefCell;
 use std::path::Path;
 
 use fast_image_resize::Resizer;
+use longshore_data::normalize::NormalizeKernel;
 use longshore_data::rng::Rng;
-use longshore_data::{DType, DataError, FieldSpec, Shape, Tensor};
+use longshore_data::{DType, DataError, FieldSpec, ImageLayout, Shape, Tensor};
 
 use crate::decode::{DecodeOptions, decode_rgb_into};
 use crate::image::RgbImage;
@@ -305,6 +306,13 @@ impl Compose {
                 cur.view.w, cur.view.h
             )));
         }
+        let mut cur = cur;
+        if let Output::Normalized(n) = self.output
+            && cur.write_normalized_fast(s, n, out)
+        {
+            cur.recycle(s);
+            return Ok(());
+        }
         cur.write(self.output, out);
         cur.recycle(s);
         Ok(())
@@ -439,6 +447,8 @@ fn run_steps<'a>(
 /// Buffers a worker thread reuses for every image.
 #[derive(Default)]
 pub(crate) struct Scratch {
+    /// The SIMD normalisation of the last `Normalize` seen (one per pipeline in practice).
+    kernel: Option<(Normalize, NormalizeKernel)>,
     decoded: Vec<u8>,
     spare: Vec<u8>,
     pub(crate) file: Vec<u8>,
@@ -575,6 +585,45 @@ impl Current<'_> {
         if let Cow::Owned(v) = self.pixels {
             s.spare = v;
         }
+    }
+
+    /// Writes the view as normalised f32 CHW into `out` with the SIMD kernel of
+    /// `longshore_data::normalize` (one fused multiply-add per value, non-temporal stores for
+    /// a batch slot), when the view is the whole of pixels this pipeline owns and `out` is
+    /// aligned for f32; a pending flip is applied to those pixels first. Returns `false`,
+    /// writing nothing, when that does not hold ([`Current::write`] then does it).
+    fn write_normalized_fast(&mut self, s: &mut Scratch, n: Normalize, out: &mut [u8]) -> bool {
+        let whole = self.view.x == 0
+            && self.view.y == 0
+            && (self.view.w, self.view.h) == (self.width, self.height);
+        let Cow::Owned(pixels) = &mut self.pixels else {
+            return false;
+        };
+        let Ok(floats) = bytemuck::try_cast_slice_mut::<u8, f32>(out) else {
+            return false;
+        };
+        if !whole || floats.len() != pixels.len() {
+            return false;
+        }
+        if self.flip {
+            for row in pixels.chunks_exact_mut(self.width * 3) {
+                bytemuck::cast_slice_mut::<u8, [u8; 3]>(row).reverse();
+            }
+            self.flip = false;
+        }
+        let kernel = match &s.kernel {
+            Some((k, kernel)) if *k == n => kernel,
+            _ => {
+                let (scale, bias) = n.affine().iter().copied().unzip();
+                let kernel = NormalizeKernel::from_scale_bias(scale, bias, ImageLayout::Hwc)
+                    .expect("three scales and three biases");
+                &s.kernel.insert((n, kernel)).1
+            }
+        };
+        kernel
+            .apply(pixels, floats)
+            .expect("one float per byte, checked above");
+        true
     }
 
     /// Writes the view (mirrored if a flip is pending) as `output` into `out`.
