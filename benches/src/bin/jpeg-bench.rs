@@ -4,7 +4,8 @@
 //! 1. Generates the folder once (`longshore::vision::synth`, 10,000 JPEGs in 100 classes,
 //!    about 400x350 and 110 KB each; `--quick`: 64 small ones), reused while its spec holds.
 //! 2. Per core: decode-only, decode + train pipeline and decode + val pipeline rates on one
-//!    thread, over files already in memory (what one worker can do).
+//!    thread, over files already in memory (what one worker can do): the median of 5
+//!    rounds, stages interleaved, into an f32-aligned slot as a batch buffer's.
 //! 3. The loader, steady state: persistent workers, one warm-up epoch, then whole epochs
 //!    timed, for PyTorch's ImageNet train (`RandomResizedCrop(224)`, flip, normalise) and val
 //!    (`Resize(256)`, `CenterCrop(224)`, normalise) pipelines, swept over `num_workers` x
@@ -29,10 +30,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use longshore::data::DirectCollate;
 use longshore::data::rng::epoch_rng;
+use longshore::data::{AlignedBuf, DirectCollate};
 use longshore::prelude::*;
-use longshore::vision::decode::{DecodeOptions, decode_rgb};
+use longshore::vision::decode::{DecodeOptions, decode_rgb, decode_rgb_into};
 use longshore::vision::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageFolder};
@@ -102,50 +103,59 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Single-thread rates over files in memory.
+/// Single-thread rates over files in memory: every stage once per round, stages interleaved,
+/// the median round of each (5 rounds; `--quick`: 1).
 fn per_core(folder: &ImageFolder, quick: bool) -> Result<Value> {
     let n = folder.len().min(if quick { 32 } else { 400 });
+    let rounds = if quick { 1 } else { 5 };
     let files: Vec<Vec<u8>> = (0..n)
         .map(|i| folder.read(i).map(|(_, b, _)| b))
         .collect::<Result<_, _>>()?;
     let opts = DecodeOptions::default();
-    let (mut pixels, mut bytes) = (0u64, 0u64);
-    let t = Instant::now();
-    for f in &files {
-        let img = decode_rgb(f, &opts)?;
-        pixels += (img.width() * img.height()) as u64;
-        bytes += f.len() as u64;
-        black_box(&img);
-    }
-    let decode = n as f64 / t.elapsed().as_secs_f64();
-    let mut rates = serde_json::Map::new();
-    rates.insert("decode_images_per_s".into(), json!(decode));
-    rates.insert("mean_pixels".into(), json!(pixels as f64 / n as f64));
-    rates.insert("mean_file_bytes".into(), json!(bytes as f64 / n as f64));
     let decoded: Vec<_> = files
         .iter()
         .map(|f| decode_rgb(f, &opts))
         .collect::<Result<_, _>>()?;
-    for (name, pipeline) in [
-        ("train", Compose::imagenet_train()),
-        ("val", Compose::imagenet_val()),
-    ] {
-        let mut out = vec![0u8; pipeline.output_bytes()];
-        let mut rng = epoch_rng(0, 0);
-        let t = Instant::now();
-        for img in &decoded {
-            pipeline.apply_into(img, &mut rng, &mut out)?;
-            black_box(&out);
+    let pixels: usize = decoded.iter().map(|d| d.width() * d.height()).sum();
+    let bytes: usize = files.iter().map(Vec::len).sum();
+    let (train, val) = (Compose::imagenet_train(), Compose::imagenet_val());
+    // Slots aligned for f32, as a batch buffer's are.
+    let mut out = AlignedBuf::zeroed(train.output_bytes());
+    let mut buf = Vec::new();
+    let stages = [
+        "decode_images_per_s",
+        "decode_into_images_per_s",
+        "train_transform_images_per_s",
+        "val_transform_images_per_s",
+        "train_decode_transform_images_per_s",
+        "val_decode_transform_images_per_s",
+    ];
+    let mut samples = vec![Vec::new(); stages.len()];
+    for round in 0..rounds {
+        let mut rng = epoch_rng(0, round as u64);
+        for (k, rates) in samples.iter_mut().enumerate() {
+            let t = Instant::now();
+            for (f, img) in files.iter().zip(&decoded) {
+                match k {
+                    0 => drop(black_box(decode_rgb(f, &opts)?)),
+                    1 => drop(black_box(decode_rgb_into(f, &opts, &mut buf)?)),
+                    2 => train.apply_into(img, &mut rng, &mut out)?,
+                    3 => val.apply_into(img, &mut rng, &mut out)?,
+                    4 => train.decode_into(Path::new("mem"), f, &opts, &mut rng, &mut out)?,
+                    _ => val.decode_into(Path::new("mem"), f, &opts, &mut rng, &mut out)?,
+                }
+                black_box(&out);
+            }
+            rates.push(n as f64 / t.elapsed().as_secs_f64());
         }
-        let transform = n as f64 / t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for (i, f) in files.iter().enumerate() {
-            pipeline.decode_into(Path::new("mem"), f, &opts, &mut rng, &mut out)?;
-            black_box((i, &out));
-        }
-        let both = n as f64 / t.elapsed().as_secs_f64();
-        rates.insert(format!("{name}_transform_images_per_s"), json!(transform));
-        rates.insert(format!("{name}_decode_transform_images_per_s"), json!(both));
+    }
+    let mut rates = serde_json::Map::new();
+    rates.insert("mean_pixels".into(), json!(pixels as f64 / n as f64));
+    rates.insert("mean_file_bytes".into(), json!(bytes as f64 / n as f64));
+    rates.insert("rounds".into(), json!(rounds));
+    for (name, mut r) in stages.iter().zip(samples) {
+        r.sort_by(f64::total_cmp);
+        rates.insert((*name).into(), json!(r[r.len() / 2]));
     }
     Ok(Value::Object(rates))
 }

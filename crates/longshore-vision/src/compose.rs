@@ -13,14 +13,15 @@ use std::cell::RefCell;
 use std::path::Path;
 
 use fast_image_resize::Resizer;
+use longshore_data::normalize::NormalizeKernel;
 use longshore_data::rng::Rng;
-use longshore_data::{DType, DataError, FieldSpec, Shape, Tensor};
+use longshore_data::{DType, DataError, FieldSpec, ImageLayout, Shape, Tensor};
 
 use crate::decode::{DecodeOptions, decode_rgb_into};
 use crate::image::RgbImage;
-use crate::resize::{Rect, resize_box};
+use crate::resize::{Rect, SubBox, resize_box};
 use crate::transforms::{
-    CenterCrop, CropBox, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
+    CenterCrop, CropBox, Interpolation, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
 
 /// One step of a [`Compose`].
@@ -305,6 +306,13 @@ impl Compose {
                 cur.view.w, cur.view.h
             )));
         }
+        let mut cur = cur;
+        if let Output::Normalized(n) = self.output
+            && cur.write_normalized_fast(s, n, out)
+        {
+            cur.recycle(s);
+            return Ok(());
+        }
         cur.write(self.output, out);
         cur.recycle(s);
         Ok(())
@@ -354,14 +362,15 @@ fn run_steps<'a>(
         },
         flip: false,
     };
-    for step in steps {
+    let mut steps = steps.iter().peekable();
+    while let Some(step) = steps.next() {
         match step {
             Step::RandomResizedCrop(t) => {
                 cur.apply_flip();
                 let b = t.get_params(cur.view.w, cur.view.h, rng);
                 let rect = cur.sub_rect(b);
                 let (h, w) = t.size();
-                cur.resize(s, rect, w, h, t.get_interpolation())?;
+                cur.resize(s, rect, SubBox::whole(rect), w, h, t.get_interpolation())?;
             }
             Step::ResizedCrop {
                 crop,
@@ -371,14 +380,54 @@ fn run_steps<'a>(
             } => {
                 cur.apply_flip();
                 let rect = cur.sub_rect(*crop);
-                cur.resize(s, rect, *width, *height, *interpolation)?;
+                cur.resize(
+                    s,
+                    rect,
+                    SubBox::whole(rect),
+                    *width,
+                    *height,
+                    *interpolation,
+                )?;
             }
             Step::Resize(t) => {
                 cur.apply_flip();
                 let (w, h) = t.output_size(cur.view.w, cur.view.h);
-                if (w, h) != (cur.view.w, cur.view.h) {
-                    cur.resize(s, cur.view, w, h, t.get_interpolation())?;
+                if (w, h) == (cur.view.w, cur.view.h) {
+                    continue;
                 }
+                // Resize then CenterCrop inside the result (the val pipeline): only the
+                // cropped part is computed, from the source box that maps onto it. Not for
+                // nearest neighbour, whose pick of a source pixel is not shift-invariant in
+                // fast_image_resize (a fractional box moves it).
+                let convolution = t.get_interpolation() != Interpolation::Nearest;
+                if let (true, Some(Step::CenterCrop(c))) = (convolution, steps.peek()) {
+                    let b = c.get_params(w, h);
+                    if b.top >= 0
+                        && b.left >= 0
+                        && b.top as usize + b.height <= h
+                        && b.left as usize + b.width <= w
+                    {
+                        steps.next();
+                        let (sx, sy) = (cur.view.w as f64 / w as f64, cur.view.h as f64 / h as f64);
+                        let sub = SubBox {
+                            left: b.left as f64 * sx,
+                            top: b.top as f64 * sy,
+                            width: b.width as f64 * sx,
+                            height: b.height as f64 * sy,
+                        };
+                        let rect = cur.view;
+                        cur.resize(s, rect, sub, b.width, b.height, t.get_interpolation())?;
+                        continue;
+                    }
+                }
+                cur.resize(
+                    s,
+                    cur.view,
+                    SubBox::whole(cur.view),
+                    w,
+                    h,
+                    t.get_interpolation(),
+                )?;
             }
             Step::CenterCrop(t) => {
                 cur.apply_flip();
@@ -398,6 +447,8 @@ fn run_steps<'a>(
 /// Buffers a worker thread reuses for every image.
 #[derive(Default)]
 pub(crate) struct Scratch {
+    /// The SIMD normalisation of the last `Normalize` seen (one per pipeline in practice).
+    kernel: Option<(Normalize, NormalizeKernel)>,
     decoded: Vec<u8>,
     spare: Vec<u8>,
     pub(crate) file: Vec<u8>,
@@ -457,9 +508,10 @@ impl Current<'_> {
         &mut self,
         s: &mut Scratch,
         rect: Rect,
+        sub: SubBox,
         w: usize,
         h: usize,
-        interpolation: crate::transforms::Interpolation,
+        interpolation: Interpolation,
     ) -> Result<(), DataError> {
         let mut dst = std::mem::take(&mut s.spare);
         resize_box(
@@ -468,6 +520,7 @@ impl Current<'_> {
             self.width,
             self.height,
             rect,
+            sub,
             &mut dst,
             w,
             h,
@@ -532,6 +585,45 @@ impl Current<'_> {
         if let Cow::Owned(v) = self.pixels {
             s.spare = v;
         }
+    }
+
+    /// Writes the view as normalised f32 CHW into `out` with the SIMD kernel of
+    /// `longshore_data::normalize` (one fused multiply-add per value, non-temporal stores for
+    /// a batch slot), when the view is the whole of pixels this pipeline owns and `out` is
+    /// aligned for f32; a pending flip is applied to those pixels first. Returns `false`,
+    /// writing nothing, when that does not hold ([`Current::write`] then does it).
+    fn write_normalized_fast(&mut self, s: &mut Scratch, n: Normalize, out: &mut [u8]) -> bool {
+        let whole = self.view.x == 0
+            && self.view.y == 0
+            && (self.view.w, self.view.h) == (self.width, self.height);
+        let Cow::Owned(pixels) = &mut self.pixels else {
+            return false;
+        };
+        let Ok(floats) = bytemuck::try_cast_slice_mut::<u8, f32>(out) else {
+            return false;
+        };
+        if !whole || floats.len() != pixels.len() {
+            return false;
+        }
+        if self.flip {
+            for row in pixels.chunks_exact_mut(self.width * 3) {
+                bytemuck::cast_slice_mut::<u8, [u8; 3]>(row).reverse();
+            }
+            self.flip = false;
+        }
+        let kernel = match &s.kernel {
+            Some((k, kernel)) if *k == n => kernel,
+            _ => {
+                let (scale, bias) = n.affine().iter().copied().unzip();
+                let kernel = NormalizeKernel::from_scale_bias(scale, bias, ImageLayout::Hwc)
+                    .expect("three scales and three biases");
+                &s.kernel.insert((n, kernel)).1
+            }
+        };
+        kernel
+            .apply(pixels, floats)
+            .expect("one float per byte, checked above");
+        true
     }
 
     /// Writes the view (mirrored if a flip is pending) as `output` into `out`.

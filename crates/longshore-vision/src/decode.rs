@@ -276,12 +276,15 @@ pub fn decode_rgb_into(
     options: &DecodeOptions,
     out: &mut Vec<u8>,
 ) -> Result<(usize, usize), DecodeError> {
-    let header = probe(bytes)?;
-    options.check(&header)?;
+    let format = sniff(bytes)?;
     // A decoder bug must not take a loader worker down: a panic is this file's error.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match header.format {
-        ImageFormat::Jpeg => decode_jpeg(bytes, out),
-        ImageFormat::Png => decode_png(bytes, out),
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match format {
+        ImageFormat::Jpeg => decode_jpeg(bytes, options, out),
+        ImageFormat::Png => {
+            let header = probe(bytes)?;
+            options.check(&header)?;
+            decode_png(bytes, out)
+        }
     }))
     .unwrap_or_else(|panic| {
         let message = panic
@@ -290,33 +293,45 @@ pub fn decode_rgb_into(
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_default();
         let e = format!("the decoder panicked: {message}");
-        Err(match header.format {
+        Err(match format {
             ImageFormat::Jpeg => DecodeError::Jpeg(e),
             ImageFormat::Png => DecodeError::Png(e),
         })
     })
 }
 
-fn decode_jpeg(bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize), DecodeError> {
+/// Decodes a JPEG with one header parse: the headers are read, the size is checked against
+/// `options` (before any pixel buffer is sized), then the same decoder decodes into `out`.
+fn decode_jpeg(
+    bytes: &[u8],
+    options: &DecodeOptions,
+    out: &mut Vec<u8>,
+) -> Result<(usize, usize), DecodeError> {
     let mut d = JpegDecoder::new_with_options(ZCursor::new(bytes), jpeg_options());
     let err = |e: zune_jpeg::errors::DecodeErrors| DecodeError::Jpeg(e.to_string());
     d.decode_headers().map_err(err)?;
-    let (w, h) = d
+    let (width, height) = d
         .dimensions()
         .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
+    options.check(&ImageHeader {
+        format: ImageFormat::Jpeg,
+        width,
+        height,
+    })?;
     let len = d
         .output_buffer_size()
         .ok_or_else(|| DecodeError::Jpeg("image size overflows".into()))?;
+    if len != width * height * 3 {
+        return Err(DecodeError::Jpeg(format!(
+            "decoder would produce {len} bytes for a {width}x{height} RGB image"
+        )));
+    }
+    // Zeroed, not just sized: a malformed file the decoder accepts may leave rows unwritten,
+    // and those must not show the previous image's pixels (outputs stay deterministic).
     out.clear();
     out.resize(len, 0);
     d.decode_into(out).map_err(err)?;
-    if out.len() != w * h * 3 {
-        return Err(DecodeError::Jpeg(format!(
-            "decoder produced {} bytes for a {w}x{h} RGB image",
-            out.len()
-        )));
-    }
-    Ok((w, h))
+    Ok((width, height))
 }
 
 fn decode_png(bytes: &[u8], out: &mut Vec<u8>) -> Result<(usize, usize), DecodeError> {

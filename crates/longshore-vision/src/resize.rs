@@ -25,8 +25,37 @@ fn u32_of(v: usize, what: &'static str) -> Result<u32, DataError> {
     u32::try_from(v).map_err(|_| DataError::Overflow(what))
 }
 
+/// A box of a [`Rect`] in fractional pixels, relative to the rect's corner: the part of the
+/// rect's resize that is kept ([`resize_box`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SubBox {
+    pub(crate) left: f64,
+    pub(crate) top: f64,
+    pub(crate) width: f64,
+    pub(crate) height: f64,
+}
+
+impl SubBox {
+    /// The whole of `rect`.
+    pub(crate) fn whole(rect: Rect) -> SubBox {
+        SubBox {
+            left: 0.0,
+            top: 0.0,
+            width: rect.w as f64,
+            height: rect.h as f64,
+        }
+    }
+}
+
 /// Resizes the box `rect` of `src` (`src_w` pixels wide, RGB) to `dst_w x dst_h`, into
 /// `dst` (resized to fit). Pixels outside the box are not read, as when PIL crops first.
+///
+/// `sub` narrows what is computed without changing the result's pixels: the output is the
+/// part of `rect` resized at the scale `sub` sets (`sub.width / dst_w`) whose source is
+/// `sub`, with the filter still reading the neighbours of `sub` inside `rect`. So resizing
+/// `rect` to `W x H` and cropping the box `(x, y, w, h)` of the result equals resizing with
+/// `sub = (x * rect.w / W, y * rect.h / H, w * rect.w / W, h * rect.h / H)` to `w x h`
+/// (PIL's `resize(size, box=...)` has the same meaning).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn resize_box(
     resizer: &mut Resizer,
@@ -34,6 +63,7 @@ pub(crate) fn resize_box(
     src_w: usize,
     src_h: usize,
     rect: Rect,
+    sub: SubBox,
     dst: &mut Vec<u8>,
     dst_w: usize,
     dst_h: usize,
@@ -68,7 +98,13 @@ pub(crate) fn resize_box(
         Interpolation::Bilinear => ResizeAlg::Convolution(FilterType::Bilinear),
         Interpolation::Bicubic => ResizeAlg::Convolution(FilterType::CatmullRom),
     };
+    let options = ResizeOptions::new().resize_alg(alg);
+    let options = if sub == SubBox::whole(rect) {
+        options
+    } else {
+        options.crop(sub.left, sub.top, sub.width, sub.height)
+    };
     resizer
-        .resize(&cropped, &mut out, &ResizeOptions::new().resize_alg(alg))
+        .resize(&cropped, &mut out, &options)
         .map_err(|e| fir_err("convolution", e))
 }
