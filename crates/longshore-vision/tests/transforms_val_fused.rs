@@ -47,7 +47,9 @@ fn interpolation(i: u8) -> Interpolation {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96)
+    ))]
 
     #[test]
     fn resize_then_center_crop_equals_cropping_the_resized_image(
@@ -93,4 +95,25 @@ fn imagenet_val_matches_resize_then_crop_on_an_imagenet_sized_image() {
         "a pixel differs by more than 1"
     );
     assert!(mean < 0.01, "mean difference {mean}");
+}
+
+/// Regressions found by the property above: a crop reaching the resized image's edge (the
+/// source box overshot the image by a rounding error, and the resizer refused it), and an
+/// upscale (2 levels off when fused; upscaling now takes the unfused path).
+#[test]
+fn edge_reaching_crops_and_upscales_equal_the_unfused_pipeline() {
+    for (w, h, size, crop) in [(55, 54, 21, 21), (50, 75, 60, 33), (301, 97, 64, 64)] {
+        let img = image(w, h, 3);
+        let resize = Resize::new(size).unwrap();
+        let crop = CenterCrop::new(crop).unwrap();
+        let expected = unfused(&img, resize, crop);
+        let got = fused(&img, resize, crop);
+        let max = got
+            .iter()
+            .zip(expected.as_bytes())
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap_or(0);
+        assert!(max <= 1, "{w}x{h} -> {size}, crop: max difference {max}");
+    }
 }
