@@ -25,6 +25,13 @@ a)
   grep "^jpeg: longshore" "$R/jpeg.log"
   ;;
 b)
+  # Test binaries rebuilt after part a (gpu-mini/t.tar.xz, optional): run them first.
+  if [ -f gpu-mini/t.tar.xz ]; then
+    python3 -c "import tarfile; tarfile.open('gpu-mini/t.tar.xz').extractall('/tmp/rerun')"
+    for t in /tmp/rerun/t/*; do
+      LONGSHORE_REQUIRE_CUDA=1 "$t" > "$R/rerun-$(basename "$t").log" 2>&1 && echo "rerun ok: $(basename "$t")" || echo "rerun FAILED: $(basename "$t")"
+    done
+  fi
   timeout 300 .gpu/bin/longshore-bench --only limits,loader,scaling,roofline --out "$R/bench" \
     --data-dir /tmp/bdata > "$R/bench.log" 2>&1; echo "bench exit $?"
   grep -A12 "^== scaling\|^== roofline\|tuner pick" "$R/bench.log" | head -60
@@ -32,7 +39,7 @@ b)
     --data-dir /tmp/bdata-long > "$R/scaling-long.log" 2>&1; echo "scaling-long exit $?"
   grep -A10 "^== scaling" "$R/scaling-long.log" | head -14
   rm -rf /tmp/bdata-long
-  timeout 200 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+  timeout 230 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
     --tabular 2000000 --workers 4,8,16 --rust-results "$R/bench/results.json" --out "$R/python.json" \
     > "$R/python-bench.log" 2>&1; echo "python bench exit $?"; tail -8 "$R/python-bench.log"
   ;;
