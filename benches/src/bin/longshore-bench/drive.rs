@@ -45,6 +45,9 @@ pub(crate) struct Run {
     pub(crate) epochs: usize,
     /// Length of the timed window.
     pub(crate) secs: f64,
+    /// Worker time per delivered batch over the window, in ms (the loader's `worker_busy`:
+    /// loading and collating, summed over workers): it grows when workers slow each other.
+    pub(crate) worker_ms_per_batch: f64,
 }
 
 /// Which batches are timed.
@@ -240,6 +243,7 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
                 batches,
                 epochs,
                 secs,
+                worker_ms_per_batch: worker_ms(loader),
             })
         }
         Window::Batches { warmup, batches } => {
@@ -268,9 +272,16 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
                 batches,
                 epochs: 0,
                 secs,
+                worker_ms_per_batch: worker_ms(loader),
             })
         }
     }
+}
+
+/// The loader's worker time per delivered batch since its stats were reset, in ms.
+fn worker_ms<F: Fetch>(loader: &DataLoader<F>) -> f64 {
+    let s = loader.stats();
+    s.worker_busy.as_secs_f64() * 1e3 / s.batches.max(1) as f64
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
