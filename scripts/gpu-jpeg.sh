@@ -13,15 +13,6 @@ export LONGSHORE_REQUIRE_CUDA=1
 timeout 420 $B/jpeg-bench --decode both --workers 16,32 --torch-workers 8,16,32 --epochs 2 \
   --out $R/jpeg --data-dir /tmp/jdata > $R/jpeg.log 2>&1
 echo "jpeg-bench exit $?"; grep -v "Traceback\|File \|^ " $R/jpeg.log | tail -45
-python3 - /tmp/jdata <<'PY' 2>&1 | tee $R/pil.txt
-import sys, glob, time, io
-from PIL import Image
-fs = sorted(glob.glob(sys.argv[1] + "/**/*.JPEG", recursive=True))[:400]
-data = [open(f, "rb").read() for f in fs]
-t = time.perf_counter()
-for d in data:
-    im = Image.open(io.BytesIO(d)); im = im.convert("RGB"); im.load()
-print(f"PIL decode, one core, {len(data)} files: {len(data)/(time.perf_counter()-t):.0f} images/s")
-PY
+python3 scripts/pil-decode-rate.py /tmp/jdata 2>&1 | tee $R/pil.txt
 timeout 90 $B/staging-sweep --quick > $R/staging.txt 2>&1; tail -14 $R/staging.txt
 rm -rf $R/jpeg/data; tar -czf $OUT/out.tar.gz -C $R .

@@ -11,14 +11,5 @@ nvidia-smi -L
 export LONGSHORE_REQUIRE_CUDA=1
 timeout 200 $B/longshore-bench --only scaling --profile $OUT/prof --out $OUT/scaling 2>&1 | tail -22
 timeout 330 $B/jpeg-bench --decode both --workers 8,16 --torch-workers 16 --epochs 2 --out $OUT/jpeg --data-dir /tmp/jdata 2>&1 | tail -40
-python3 - /tmp/jdata <<'PY'
-import sys, glob, time, io
-from PIL import Image
-fs = sorted(glob.glob(sys.argv[1] + "/**/*.JPEG", recursive=True))[:400]
-data = [open(f, "rb").read() for f in fs]
-t = time.perf_counter()
-for d in data:
-    im = Image.open(io.BytesIO(d)); im = im.convert("RGB"); im.load()
-print(f"PIL decode, one core, {len(data)} files: {len(data)/(time.perf_counter()-t):.0f} images/s")
-PY
+python3 scripts/pil-decode-rate.py /tmp/jdata
 rm -rf $OUT/scaling/data

@@ -4,10 +4,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolConfig};
-use longshore_transfer::Device;
+use longshore_transfer::{Device, DeviceBuffer, Stream};
 
-#[test]
-fn lease_goes_back_to_the_pool_only_after_its_copy() {
+/// A pool (64 MiB budget), a Cpu stream blocked until the returned sender sends (so copies
+/// stay queued on purpose), and a destination of `dst_len` bytes on it.
+fn gated_stream(dst_len: usize) -> (PinnedPool, Stream, DeviceBuffer, mpsc::Sender<()>) {
     let pool = PinnedPool::new(
         PoolConfig::for_kind(MemoryKind::Pageable)
             .budget(64 << 20)
@@ -15,15 +16,19 @@ fn lease_goes_back_to_the_pool_only_after_its_copy() {
     )
     .unwrap();
     let stream = Device::cpu().new_stream().unwrap();
-    let mut dst = stream.alloc(1 << 20).unwrap();
-
-    // Make the copy slow on purpose: the stream is blocked until we say so.
+    let dst = stream.alloc(dst_len).unwrap();
     let (release, gate) = mpsc::channel::<()>();
     stream
         .launch_host_fn(move || {
             let _ = gate.recv();
         })
         .unwrap();
+    (pool, stream, dst, release)
+}
+
+#[test]
+fn lease_goes_back_to_the_pool_only_after_its_copy() {
+    let (pool, stream, mut dst, release) = gated_stream(1 << 20);
     let mut lease = pool.alloc(1 << 20).unwrap();
     lease.as_bytes_mut().fill(0xAB);
     let first_ptr = lease.as_ptr();
@@ -61,14 +66,7 @@ fn lease_goes_back_to_the_pool_only_after_its_copy() {
 
 #[test]
 fn host_buffer_source_is_returned_after_the_copy() {
-    let stream = Device::cpu().new_stream().unwrap();
-    let mut dst = stream.alloc(4096).unwrap();
-    let (release, gate) = mpsc::channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = gate.recv();
-        })
-        .unwrap();
+    let (_pool, stream, mut dst, release) = gated_stream(4096);
     let src = longshore_host::HostBuffer::from_slice(MemoryKind::Pageable, &[1u8; 4096]).unwrap();
     let upload = stream.upload(src, &mut dst).unwrap();
     let upload = upload
@@ -86,20 +84,7 @@ fn host_buffer_source_is_returned_after_the_copy() {
 /// pending (and against the budget) and handed out again only after its copy.
 #[test]
 fn released_lease_waits_in_the_pools_pending_list() {
-    let pool = PinnedPool::new(
-        PoolConfig::for_kind(MemoryKind::Pageable)
-            .budget(64 << 20)
-            .policy(BudgetPolicy::Error),
-    )
-    .unwrap();
-    let stream = Device::cpu().new_stream().unwrap();
-    let mut dst = stream.alloc(1 << 20).unwrap();
-    let (release, gate) = mpsc::channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = gate.recv();
-        })
-        .unwrap();
+    let (pool, stream, mut dst, release) = gated_stream(1 << 20);
     let mut lease = pool.alloc(1 << 20).unwrap();
     lease.as_bytes_mut().fill(0x5A);
     let first_ptr = lease.as_ptr();
@@ -133,14 +118,7 @@ fn released_lease_waits_in_the_pools_pending_list() {
 /// the copy off the caller's thread, as dropping the `Pending` does.
 #[test]
 fn release_of_a_host_buffer_does_not_block() {
-    let stream = Device::cpu().new_stream().unwrap();
-    let mut dst = stream.alloc(4096).unwrap();
-    let (release, gate) = mpsc::channel::<()>();
-    stream
-        .launch_host_fn(move || {
-            let _ = gate.recv();
-        })
-        .unwrap();
+    let (_pool, stream, mut dst, release) = gated_stream(4096);
     let src = longshore_host::HostBuffer::from_slice(MemoryKind::Pageable, &[7u8; 4096]).unwrap();
     let t0 = Instant::now();
     stream.upload(src, &mut dst).unwrap().release();

@@ -38,6 +38,15 @@ fn fused(img: &RgbImage, resize: Resize, crop: CenterCrop) -> Vec<u8> {
     out
 }
 
+/// The largest absolute difference between two pixel buffers.
+fn max_diff(a: &[u8], b: &[u8]) -> u8 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0)
+}
+
 fn interpolation(i: u8) -> Interpolation {
     match i % 3 {
         0 => Interpolation::Bilinear,
@@ -67,12 +76,7 @@ proptest! {
         let expected = unfused(&img, resize, crop);
         let got = fused(&img, resize, crop);
         prop_assert_eq!(got.len(), expected.as_bytes().len());
-        let max = got
-            .iter()
-            .zip(expected.as_bytes())
-            .map(|(a, b)| a.abs_diff(*b))
-            .max()
-            .unwrap_or(0);
+        let max = max_diff(&got, expected.as_bytes());
         // The same filter weights up to float rounding: at most one level apart.
         prop_assert!(max <= 1, "max difference {} ({}x{} -> {:?})", max, w, h, resize);
     }
@@ -108,12 +112,8 @@ fn edge_reaching_crops_and_upscales_equal_the_unfused_pipeline() {
         let crop = CenterCrop::new(crop).unwrap();
         let expected = unfused(&img, resize, crop);
         let got = fused(&img, resize, crop);
-        let max = got
-            .iter()
-            .zip(expected.as_bytes())
-            .map(|(a, b)| a.abs_diff(*b))
-            .max()
-            .unwrap_or(0);
+        assert_eq!(got.len(), expected.as_bytes().len());
+        let max = max_diff(&got, expected.as_bytes());
         assert!(max <= 1, "{w}x{h} -> {size}, crop: max difference {max}");
     }
 }

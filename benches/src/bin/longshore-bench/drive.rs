@@ -350,28 +350,17 @@ pub(crate) fn run_workload(
         pin_memory,
     } = opts;
     match w {
-        Workload::Images => {
+        Workload::Images | Workload::ImagesU8 => {
             let ds = NpyDataset::open(&files.images)?;
+            let collate = DirectCollate::new().with_names(["image"]);
+            // f32 normalised in the workers, or u8 for the device to normalise.
+            let collate = if w == Workload::Images {
+                collate.with_transform(0, Normalize::imagenet(ImageLayout::Chw))
+            } else {
+                collate
+            };
             let loader = DataLoader::builder(ds)
-                .collate(
-                    DirectCollate::new()
-                        .with_names(["image"])
-                        .with_transform(0, Normalize::imagenet(ImageLayout::Chw)),
-                )
-                .batch_size(w.batch_size())
-                .shuffle(true)
-                .drop_last(true)
-                .num_workers(num_workers)
-                .pin_memory(pin_memory)
-                .persistent_workers(num_workers > 0)
-                .seed(0)
-                .build()?;
-            drive(&loader, device, window, compute, profile, w)
-        }
-        Workload::ImagesU8 => {
-            let ds = NpyDataset::open(&files.images)?;
-            let loader = DataLoader::builder(ds)
-                .collate(DirectCollate::new().with_names(["image"]))
+                .collate(collate)
                 .batch_size(w.batch_size())
                 .shuffle(true)
                 .drop_last(true)

@@ -68,18 +68,15 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
                     format!("{}/{}", r.epochs, r.batches),
                     format!("{:.1}%", 100.0 * r.wait_fraction),
                 ]);
-                let best = ctx.best.entry(w.name()).or_insert(Best {
-                    samples_per_s: 0.0,
-                    num_workers: nw,
-                    pin_memory: pin,
-                });
-                if r.samples_per_s > best.samples_per_s {
-                    *best = Best {
+                Best::offer(
+                    &mut ctx.best,
+                    w.name(),
+                    Best {
                         samples_per_s: r.samples_per_s,
                         num_workers: nw,
                         pin_memory: pin,
-                    };
-                }
+                    },
+                );
             }
         }
     }

@@ -125,12 +125,26 @@ pub(crate) struct Args {
     pub(crate) profile: Option<PathBuf>,
 }
 
-/// The best configuration found for a workload by the loader sweep.
+/// The best configuration found for a workload by the loader sweep (and the scaling curve).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Best {
     pub(crate) samples_per_s: f64,
     pub(crate) num_workers: usize,
     pub(crate) pin_memory: bool,
+}
+
+impl Best {
+    /// Keeps `candidate` as `workload`'s best in `best` if it is faster than the one there.
+    pub(crate) fn offer(
+        best: &mut BTreeMap<&'static str, Best>,
+        workload: &'static str,
+        candidate: Best,
+    ) {
+        let b = best.entry(workload).or_insert(candidate);
+        if candidate.samples_per_s > b.samples_per_s {
+            *b = candidate;
+        }
+    }
 }
 
 /// What every section reads and records into.

@@ -57,18 +57,15 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
             curve.push((nw, r.samples_per_s));
             details.push((r.wait_fraction, r.worker_ms_per_batch));
             // The roofline takes the best rate of the run: the loader sweep's grid or this one.
-            let best = ctx.best.entry(w.name()).or_insert(Best {
-                samples_per_s: 0.0,
-                num_workers: nw,
-                pin_memory: true,
-            });
-            if r.samples_per_s > best.samples_per_s {
-                *best = Best {
+            Best::offer(
+                &mut ctx.best,
+                w.name(),
+                Best {
                     samples_per_s: r.samples_per_s,
                     num_workers: nw,
                     pin_memory: true,
-                };
-            }
+                },
+            );
         }
         let (best_nw, best) = curve
             .iter()

@@ -13,7 +13,8 @@ use longshore_host::{HostMemory, PoolBuffer};
 use longshore_loader::{DataLoader, Fetch, LoaderError, LoaderIter};
 use longshore_transfer::Prefetched;
 
-use super::decoder::{NvjpegBatch, NvjpegDecoder};
+use super::batch::NvjpegBatch;
+use super::decoder::NvjpegDecoder;
 
 /// Host batches of [`EncodedCollate`](super::EncodedCollate) decoded on the device: each item
 /// is a [`Prefetched`] [`NvjpegBatch`] with the event its work completes at, in the source's

@@ -91,6 +91,8 @@ pub use encoded::{
 pub use plan::{PLAN_FIELDS, SamplePlan, check_steps, render_reference};
 
 #[cfg(feature = "cuda")]
+mod batch;
+#[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 mod decoder;
 #[cfg(feature = "cuda")]
@@ -103,7 +105,9 @@ mod iter;
 mod kernel;
 
 #[cfg(feature = "cuda")]
-pub use decoder::{Backend, DecodedBy, NvjpegBatch, NvjpegDecoder, NvjpegStats};
+pub use batch::{Backend, DecodedBy, NvjpegBatch, NvjpegStats};
+#[cfg(feature = "cuda")]
+pub use decoder::NvjpegDecoder;
 #[cfg(feature = "cuda")]
 pub use ffi::NVJPEG;
 #[cfg(feature = "cuda")]
