@@ -86,6 +86,9 @@ impl Pending {
     }
 }
 
+/// Ids of epoch iterators (0 is none).
+static NEXT_RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// One epoch of a [`DataLoader`](crate::DataLoader): yields `Result<batch, LoaderError>`.
 ///
 /// Dropping it mid-epoch stops the workers (bounded by the loader's `shutdown_timeout`) and
@@ -95,6 +98,8 @@ pub struct LoaderIter<F: Fetch> {
     inner: Arc<Inner<F>>,
     engine: Option<Engine<F::Output>>,
     config: LoaderConfig,
+    /// This iterator's id: only it marks the progress it started ([`Progress::owner`]).
+    run: u64,
     epoch: u64,
     generation: u64,
     /// Indexed datasets: the batches not yet sent.
@@ -165,7 +170,12 @@ impl<F: Fetch> LoaderIter<F> {
             }
             (plan.config.clone(), epoch, restored)
         };
-        *lock(&inner.progress) = restored.unwrap_or_else(|| Progress::new(epoch, num_batches));
+        let run = NEXT_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        {
+            let mut p = restored.unwrap_or_else(|| Progress::new(epoch, num_batches));
+            p.owner = run;
+            *lock(&inner.progress) = p;
+        }
         lock(&inner.stats).epochs += 1;
         let span = tracing::debug_span!(target: "longshore::loader", "epoch", epoch, batches = num_batches);
         let _e = span.enter();
@@ -176,6 +186,7 @@ impl<F: Fetch> LoaderIter<F> {
             inner: inner.clone(),
             engine: None,
             config,
+            run,
             epoch,
             generation: 0,
             batches,
@@ -614,7 +625,7 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
                 Outcome::Failed(e) => Some(Err(e)),
             };
             if delivered && self.inner.fetch.indexed() {
-                lock(&self.inner.progress).mark(seq);
+                lock(&self.inner.progress).mark(self.run, seq);
             }
             let Some(item) = item else { continue };
             {

@@ -353,30 +353,43 @@ impl<F: Fetch> DataLoader<F> {
         }
         let mut plan = lock(&self.inner.plan);
         let plan = &mut *plan;
-        if let SamplerSource::Builtin {
-            len,
-            shuffle,
-            batch_size,
-            drop_last,
-            ..
-        } = &plan.sampler
-        {
-            if plan.config.seed != state.seed {
-                plan.sampler =
-                    SamplerSource::builtin(*len, *shuffle, *batch_size, *drop_last, state.seed)?;
-                plan.prepared = None;
-            }
-        } else if plan.config.seed != state.seed {
-            tracing::warn!(target: "longshore::loader", "restoring a state with another seed: the user sampler keeps its own seed");
+        // Everything is checked before anything changes: a refused state leaves the loader as
+        // it was (its seed and sampler included).
+        let reseeded: Option<SamplerSource> = match &plan.sampler {
+            SamplerSource::Builtin {
+                len,
+                shuffle,
+                batch_size,
+                drop_last,
+                ..
+            } if plan.config.seed != state.seed => Some(SamplerSource::builtin(
+                *len,
+                *shuffle,
+                *batch_size,
+                *drop_last,
+                state.seed,
+            )?),
+            _ => None,
+        };
+        let mut reseeded = reseeded;
+        let n = match reseeded.as_mut() {
+            Some(s) => s.len(),
+            None => plan.sampler.len(),
         }
-        plan.config.seed = state.seed;
-        let n = plan.sampler.len().unwrap_or(0) as u64;
+        .unwrap_or(0) as u64;
         if n != state.num_batches {
             return Err(LoaderError::State(format!(
                 "state has {} batches per epoch, this loader {n} (batch_size or drop_last differ?)",
                 state.num_batches
             )));
         }
+        if let Some(sampler) = reseeded {
+            plan.sampler = sampler;
+            plan.prepared = None;
+        } else if plan.config.seed != state.seed {
+            tracing::warn!(target: "longshore::loader", "restoring a state with another seed: the user sampler keeps its own seed");
+        }
+        plan.config.seed = state.seed;
         let mut p = Progress::new(state.epoch, state.num_batches);
         p.prefix = state.done_prefix.min(state.num_batches);
         p.extra = state

@@ -31,6 +31,10 @@ pub struct LoaderState {
 /// Delivered positions of the current epoch.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Progress {
+    /// The epoch iterator that marks this progress (0: none, e.g. a restored state not yet
+    /// iterated). An older iterator still alive (abandoned, or drained by another thread)
+    /// must not mark the newer epoch's positions.
+    pub(crate) owner: u64,
     pub(crate) epoch: u64,
     pub(crate) num_batches: u64,
     pub(crate) prefix: u64,
@@ -40,6 +44,7 @@ pub(crate) struct Progress {
 impl Progress {
     pub(crate) fn new(epoch: u64, num_batches: u64) -> Self {
         Self {
+            owner: 0,
             epoch,
             num_batches,
             prefix: 0,
@@ -47,8 +52,9 @@ impl Progress {
         }
     }
 
-    pub(crate) fn mark(&mut self, seq: u64) {
-        if seq < self.prefix {
+    /// Marks `seq` delivered by the iterator `owner`; ignored from any other iterator.
+    pub(crate) fn mark(&mut self, owner: u64, seq: u64) {
+        if owner != self.owner || seq < self.prefix {
             return;
         }
         self.extra.insert(seq);

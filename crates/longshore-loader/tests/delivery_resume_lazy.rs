@@ -226,3 +226,41 @@ fn background_drawn_orders_equal_the_samplers() {
         assert_eq!(l.stats().pool.bytes_in_use, 0);
     }
 }
+
+/// An older epoch's iterator that is still alive (abandoned by a consumer that started the next
+/// epoch, or drained by another thread) does not mark batches in the newer epoch's progress: a
+/// resume from the newer epoch's state would skip them.
+#[test]
+fn an_old_epochs_iterator_does_not_mark_the_new_epochs_progress() {
+    for workers in [0, 2] {
+        let l = loader(40, 4, workers, true, true);
+        let mut old = l.iter();
+        old.next().unwrap().unwrap();
+        let mut new = l.iter(); // epoch 1 starts while epoch 0's iterator lives
+        old.next().unwrap().unwrap(); // epoch 0's batch 1: must not count for epoch 1
+        old.next().unwrap().unwrap();
+        let s = l.state_dict().unwrap();
+        assert_eq!((s.epoch, s.done_prefix), (1, 0), "workers={workers}: {s:?}");
+        assert!(s.done_extra.is_empty(), "workers={workers}: {s:?}");
+        new.next().unwrap().unwrap();
+        let s = l.state_dict().unwrap();
+        assert_eq!((s.epoch, s.done_prefix), (1, 1), "workers={workers}: {s:?}");
+        drop(old);
+        drop(new);
+    }
+}
+
+/// A refused state (here: another batch count) changes nothing, not even the seed it carries.
+#[test]
+fn a_refused_state_leaves_the_loader_as_it_was() {
+    let (a, b) = (loader(40, 4, 0, true, true), loader(40, 4, 0, true, true));
+    let mut bad = b.state_dict().unwrap();
+    bad.seed = 12345;
+    bad.num_batches += 1;
+    assert!(b.load_state_dict(&bad).is_err());
+    let order = |l: &longshore_loader::StackLoader<Probe>| -> Vec<Vec<usize>> {
+        l.iter().map(|x| ids(&x.unwrap())).collect()
+    };
+    assert_eq!(order(&a), order(&b));
+    assert_eq!(b.state_dict().unwrap().seed, 99);
+}

@@ -35,7 +35,10 @@ pub trait BatchSampling: Send + Sync + fmt::Debug {
     /// The batches of the current epoch.
     fn iter(&self) -> BatchIter<'_>;
 
-    /// The batches of the current epoch after the first `batches_done`.
+    /// The batches of the current epoch after the first `batches_done`: exactly `iter()`
+    /// without its first `batches_done` batches. A loader resuming from a checkpoint starts
+    /// here (it does not skip batches itself), so an implementation that ignores
+    /// `batches_done` delivers those batches twice.
     fn iter_from(&self, batches_done: usize) -> BatchIter<'_>;
 
     /// What [`BatchSampling::iter_from`] yields, as an iterator that does not borrow the

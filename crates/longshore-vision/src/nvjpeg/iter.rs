@@ -70,6 +70,7 @@ impl Drop for Lane {
 
 /// A lane thread: decodes its jobs in order until the iterator hangs up.
 fn lane_loop(
+    lane: usize,
     mut dec: NvjpegDecoder,
     jobs: Receiver<Job>,
     answers: SyncSender<Answer>,
@@ -87,7 +88,7 @@ fn lane_loop(
                     .or_else(|| p.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
                 let _ = answers.send(Err(LoaderError::WorkerPanicked {
-                    worker: 0,
+                    worker: lane,
                     batch: seq,
                     message: format!("an nvjpeg lane panicked: {message}"),
                 }));
@@ -163,7 +164,7 @@ where
             let (ans_tx, ans_rx) = sync_channel::<Answer>(it.depth);
             let thread = std::thread::Builder::new()
                 .name(format!("longshore-nvjpeg-{id}"))
-                .spawn(move || lane_loop(dec, job_rx, ans_tx))
+                .spawn(move || lane_loop(id, dec, job_rx, ans_tx))
                 .map_err(|source| LoaderError::Spawn { worker: id, source })?;
             it.lanes.push(Lane {
                 jobs: Some(job_tx),

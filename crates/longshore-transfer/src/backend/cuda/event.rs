@@ -52,7 +52,8 @@ impl CuEvent {
         Ok(ev)
     }
 
-    /// An event, not yet recorded (complete until it is): a cached one, or a new one.
+    /// An event to record: a cached one (which may still be pending from its last record:
+    /// record it before anyone waits on it), or a new one (complete until recorded).
     pub(crate) fn create(dev: &CudaDevice) -> Result<Self> {
         let ev = match dev.events.take() {
             Some(ev) => ev,
