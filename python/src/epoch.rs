@@ -104,15 +104,38 @@ fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackE
 /// Runs an epoch's iterator ahead of Python: each batch is exported and queued with the
 /// loader's position after it; the queue's bound makes the pump wait for Python.
 fn pump(mut epoch: Epoch, loader: Arc<dyn AnyLoader>, opts: ExportOptions, out: Sender<Ready>) {
+    let mut n = 0u64;
     loop {
-        let reply = match epoch.next() {
-            None => Reply::End,
-            Some(Err(e)) => Reply::Failed(e),
-            Some(Ok(h)) => match export(h, &opts) {
-                Ok(t) => Reply::Batch(t),
-                Err(e) => Reply::Export(e),
-            },
-        };
+        // A panic here (export, the device stage) reaches Python with its message, and ends
+        // the epoch.
+        let reply =
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match epoch.next() {
+                None => Reply::End,
+                Some(Err(e)) => Reply::Failed(e),
+                Some(Ok(h)) => match export(h, &opts) {
+                    Ok(t) => Reply::Batch(t),
+                    Err(e) => Reply::Export(e),
+                },
+            })) {
+                Ok(r) => r,
+                Err(p) => {
+                    let message = p
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_default();
+                    let _ = out.send(Ready {
+                        reply: Reply::Failed(LoaderError::WorkerPanicked {
+                            worker: 0,
+                            batch: n,
+                            message: format!("the epoch thread panicked: {message}"),
+                        }),
+                        state: None,
+                    });
+                    break;
+                }
+            };
+        n += 1;
         // Only this thread advances the epoch, so the position read now is the one right
         // after this reply.
         let state = loader.state_dict().ok();

@@ -339,11 +339,12 @@ impl PyLoader {
     fn epoch(&self, py: Python<'_>, convert: Option<Py<PyAny>>) -> PyResult<PyEpoch> {
         let (epoch, id) = py
             .detach(|| {
-                // Where Python stands until it receives this epoch's first batch.
+                // The epoch's iterator first (it sets the loader's progress for this epoch and
+                // pulls no batch yet), then where Python stands until it receives this
+                // epoch's first batch: the new epoch's start, not the abandoned one's.
+                let epoch = self.inner.epoch(self.device.as_ref(), self.depth)?;
                 let id = self.position.begin(self.inner.state_dict().ok());
-                self.inner
-                    .epoch(self.device.as_ref(), self.depth)
-                    .map(|e| (e, id))
+                Ok::<_, LoaderError>((epoch, id))
             })
             .map_err(loader_err)?;
         PyEpoch::start(
@@ -370,7 +371,12 @@ impl PyLoader {
     }
 
     fn set_epoch(&self, epoch: u64) {
-        self.position.clear();
+        // As the loader's own state_dict: an unfinished epoch E stays the position when the
+        // next epoch is E + 1 (then what Python received of it, not the loader's count, which
+        // includes the batches the epoch thread ran ahead); any other epoch takes over.
+        if self.position.get().is_some_and(|s| s.epoch + 1 != epoch) {
+            self.position.clear();
+        }
         self.inner.set_epoch(epoch)
     }
 
@@ -388,8 +394,10 @@ impl PyLoader {
     fn load_state_dict_json(&self, json: &str) -> PyResult<()> {
         let s: LoaderState = serde_json::from_str(json)
             .map_err(|e| PyValueError::new_err(format!("not a longshore loader state: {e}")))?;
+        // A refused state changes nothing, Python's position included.
+        self.inner.load_state_dict(&s).map_err(loader_err)?;
         self.position.clear();
-        self.inner.load_state_dict(&s).map_err(loader_err)
+        Ok(())
     }
 
     /// The loader's counters, with the pool's under `"pool"`.

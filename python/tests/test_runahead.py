@@ -105,3 +105,34 @@ def test_dropping_an_epoch_returns_its_batches(files):
     del it
     gc.collect()
     assert wait_for(lambda: pool.stats()["bytes_in_use"] == 0)
+
+
+def test_abandoned_epoch_then_next_epoch_counts_what_python_received(files):
+    dl = make(files, num_workers=1)
+    it = iter(dl)
+    next(it)
+    next(it)
+    assert wait_for(lambda: dl.stats["batches"] == 2 + AHEAD)
+    it.close()
+    # set_epoch to the next epoch keeps the unfinished one as the position, as Python saw it.
+    dl.set_epoch(1)
+    s = dl.state_dict()
+    assert (s["epoch"], s["done_prefix"]) == (0, 2)
+    # A new epoch's iterator: its own start, not the abandoned epoch's run-ahead.
+    it2 = iter(dl)
+    s = dl.state_dict()
+    assert (s["epoch"], s["done_prefix"]) == (1, 0)
+    it2.close()
+
+
+def test_a_refused_state_keeps_the_position(files):
+    dl = make(files, num_workers=1)
+    it = iter(dl)
+    next(it)
+    assert wait_for(lambda: dl.stats["batches"] == 1 + AHEAD)
+    bad = dl.state_dict()
+    bad["num_batches"] += 1
+    with pytest.raises(Exception):
+        dl.load_state_dict(bad)
+    assert dl.state_dict()["done_prefix"] == 1
+    it.close()
