@@ -11,7 +11,7 @@ use longshore_transfer::{
 
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
-use crate::iter::LoaderIter;
+use crate::iter::{LoaderIter, Marker};
 use crate::loader::DataLoader;
 
 /// A batch on a device: one [`DeviceBuffer`] holding every tensor at the offsets of its
@@ -101,14 +101,54 @@ impl ToDevice for HostBatch {
     }
 }
 
-type Source<F> = std::iter::Map<
-    LoaderIter<F>,
-    fn(Result<Batch<PoolBuffer>, LoaderError>) -> Result<HostBatch, LoaderError>,
->;
+/// A host batch with its position in the epoch, so the device stage can mark it delivered
+/// when it hands it out.
+struct Tagged {
+    batch: HostBatch,
+    seq: u64,
+}
+
+impl ToDevice for Tagged {
+    type Output = (DeviceBatch, u64);
+    fn to_device(self, stream: &Stream) -> longshore_transfer::Result<(DeviceBatch, u64)> {
+        Ok((self.batch.to_device(stream)?, self.seq))
+    }
+}
+
+/// An error of the loader with the position it came at (and whether it counts as delivered).
+type TaggedError = (LoaderError, Option<(u64, bool)>);
+
+/// The loader's epoch as the prefetcher's source: items tagged with their position.
+struct Source<F: Fetch> {
+    it: LoaderIter<F>,
+}
+
+impl<F: Fetch<Output = Batch<PoolBuffer>>> Iterator for Source<F> {
+    type Item = Result<Tagged, TaggedError>;
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.it.next()?;
+        let tag = self.it.last_yielded();
+        Some(match (item, tag) {
+            (Ok(b), Some((seq, _))) => Ok(Tagged {
+                batch: HostBatch(b),
+                seq,
+            }),
+            (Ok(_), None) => Err((
+                LoaderError::State("a batch came without its position".into()),
+                None,
+            )),
+            (Err(e), tag) => Err((e, tag)),
+        })
+    }
+}
 
 /// One epoch of a [`DataLoader`] delivered to a device; see [`DataLoader::to_device`].
+///
+/// A batch counts as delivered for [`DataLoader::state_dict`] when this iterator hands it out,
+/// not when the prefetcher takes it from the loader.
 pub struct DeviceIter<F: Fetch<Output = Batch<PoolBuffer>>> {
     inner: Prefetcher<Source<F>>,
+    marker: Marker<F>,
 }
 
 impl<F: Fetch<Output = Batch<PoolBuffer>>> std::fmt::Debug for DeviceIter<F> {
@@ -131,18 +171,27 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> Iterator for DeviceIter<F> {
 
     fn next(&mut self) -> Option<Self::Item> {
         Some(match self.inner.next()? {
+            // The copy could not be enqueued: the batch never reaches the user, so it is not
+            // marked and a resume loads it again.
             Err(e) => Err(LoaderError::from(e)),
-            Ok(Prefetched { batch: Err(e), .. }) => Err(e),
             Ok(Prefetched {
-                batch: Ok(batch),
+                batch: Err((e, tag)),
+                ..
+            }) => {
+                if let Some((seq, true)) = tag {
+                    self.marker.mark(seq);
+                }
+                Err(e)
+            }
+            Ok(Prefetched {
+                batch: Ok((batch, seq)),
                 ready,
-            }) => Ok(Prefetched { batch, ready }),
+            }) => {
+                self.marker.mark(seq);
+                Ok(Prefetched { batch, ready })
+            }
         })
     }
-}
-
-fn wrap(r: Result<Batch<PoolBuffer>, LoaderError>) -> Result<HostBatch, LoaderError> {
-    r.map(HostBatch)
 }
 
 impl<F: Fetch<Output = Batch<PoolBuffer>>> DataLoader<F> {
@@ -156,9 +205,11 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> DataLoader<F> {
     /// the batch's page-locked lease, which returns to the pool only after its copy.
     pub fn to_device(&self, device: &Device, depth: usize) -> Result<DeviceIter<F>, LoaderError> {
         let stream = device.new_stream()?;
-        let source: Source<F> = self.iter().map(wrap as fn(_) -> _);
+        let mut it = self.iter();
+        let marker = it.defer_marks();
         Ok(DeviceIter {
-            inner: Prefetcher::new(source, stream, depth.max(1))?,
+            inner: Prefetcher::new(Source { it }, stream, depth.max(1))?,
+            marker,
         })
     }
 }

@@ -100,6 +100,11 @@ pub struct LoaderIter<F: Fetch> {
     config: LoaderConfig,
     /// This iterator's id: only it marks the progress it started ([`Progress::owner`]).
     run: u64,
+    /// Batches are marked delivered by whoever hands them to the user ([`Marker`]), not when
+    /// this iterator yields them (a prefetching stage between them holds some back).
+    defer_marks: bool,
+    /// The position of the item yielded last, and whether it counts as delivered.
+    last: Option<(u64, bool)>,
     epoch: u64,
     generation: u64,
     /// Indexed datasets: the batches not yet sent.
@@ -187,6 +192,8 @@ impl<F: Fetch> LoaderIter<F> {
             engine: None,
             config,
             run,
+            defer_marks: false,
+            last: None,
             epoch,
             generation: 0,
             batches,
@@ -589,6 +596,43 @@ impl<F: Fetch> LoaderIter<F> {
     }
 }
 
+impl<F: Fetch> LoaderIter<F> {
+    /// From now on, batches are marked delivered (for [`state_dict`]) only through the
+    /// returned [`Marker`], by the stage that hands them to the user: a prefetching stage
+    /// (`to_device`) takes batches before the training loop sees them, and a checkpoint must
+    /// not count those.
+    ///
+    /// [`state_dict`]: crate::DataLoader::state_dict
+    pub(crate) fn defer_marks(&mut self) -> Marker<F> {
+        self.defer_marks = true;
+        Marker {
+            inner: self.inner.clone(),
+            run: self.run,
+        }
+    }
+
+    /// The position of the item `next` yielded last, and whether it counts as delivered.
+    pub(crate) fn last_yielded(&self) -> Option<(u64, bool)> {
+        self.last
+    }
+}
+
+/// Marks batches of one epoch iterator delivered when a later stage hands them out (see
+/// [`LoaderIter::defer_marks`]).
+pub(crate) struct Marker<F: Fetch> {
+    inner: Arc<Inner<F>>,
+    run: u64,
+}
+
+impl<F: Fetch> Marker<F> {
+    /// Batch `seq` reached the user.
+    pub(crate) fn mark(&self, seq: u64) {
+        if self.inner.fetch.indexed() {
+            lock(&self.inner.progress).mark(self.run, seq);
+        }
+    }
+}
+
 impl<F: Fetch> Iterator for LoaderIter<F> {
     type Item = Result<F::Output, LoaderError>;
 
@@ -624,10 +668,12 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
                 Outcome::Empty | Outcome::Exhausted => None,
                 Outcome::Failed(e) => Some(Err(e)),
             };
-            if delivered && self.inner.fetch.indexed() {
+            // Nothing to hand over (every sample skipped) counts at once, deferred or not.
+            if delivered && self.inner.fetch.indexed() && (!self.defer_marks || item.is_none()) {
                 lock(&self.inner.progress).mark(self.run, seq);
             }
             let Some(item) = item else { continue };
+            self.last = Some((seq, delivered));
             {
                 let mut s = lock(&self.inner.stats);
                 s.batches += 1;

@@ -264,3 +264,39 @@ fn a_refused_state_leaves_the_loader_as_it_was() {
     assert_eq!(order(&a), order(&b));
     assert_eq!(b.state_dict().unwrap().seed, 99);
 }
+
+/// Under `to_device`, a batch counts as delivered when the device iterator hands it out, not
+/// when the prefetcher takes it: a checkpoint after k batches resumes at batch k, whatever the
+/// prefetch depth.
+#[test]
+fn to_device_counts_only_the_batches_handed_out() {
+    use longshore_transfer::Device;
+    for (workers, depth) in [(0, 1), (0, 3), (2, 2)] {
+        let full: Vec<Vec<usize>> = {
+            let l = loader(40, 4, 0, true, true);
+            l.iter().map(|b| ids(&b.unwrap())).collect()
+        };
+        let l = loader(40, 4, workers, true, true);
+        let dev = Device::cpu();
+        let mut it = l.to_device(&dev, depth).unwrap();
+        for _ in 0..3 {
+            it.next().unwrap().unwrap().wait().unwrap();
+        }
+        let state = l.state_dict().unwrap();
+        assert_eq!(
+            (state.epoch, state.done_prefix),
+            (0, 3),
+            "workers={workers} depth={depth}: {state:?}"
+        );
+        drop(it);
+        let resumed = loader(40, 4, workers, true, true);
+        resumed.load_state_dict(&state).unwrap();
+        let rest: Vec<Vec<usize>> = resumed.iter().map(|b| ids(&b.unwrap())).collect();
+        assert_eq!(rest, full[3..].to_vec(), "workers={workers} depth={depth}");
+        // A whole epoch through the device leaves the next one as the position.
+        let l = loader(40, 4, workers, true, true);
+        assert_eq!(l.to_device(&dev, depth).unwrap().count(), full.len());
+        let s = l.state_dict().unwrap();
+        assert_eq!((s.epoch, s.done_prefix), (1, 0), "{s:?}");
+    }
+}
