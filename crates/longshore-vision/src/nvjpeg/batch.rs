@@ -48,7 +48,7 @@ pub struct NvjpegStats {
     pub cpu_fallback: u64,
     /// Images decoded by the workers (not JPEG).
     pub worker: u64,
-    /// Samples dropped under [`SampleErrorPolicy::Skip`].
+    /// Samples dropped under [`SampleErrorPolicy::Skip`](longshore_loader::SampleErrorPolicy::Skip).
     pub skipped: u64,
     /// Times a hardware batch failed as a whole and was decoded per image instead.
     pub hardware_batch_failures: u64,
