@@ -236,7 +236,10 @@ proptest! {
         let image = RgbImage::from_vec(w, h, px).unwrap();
         for steps in [train(out), val(out + 3, out)] {
             let (max, mean) = compare(&steps, &image, seed);
-            prop_assert!(max <= 1 && mean < 0.1, "{w}x{h} -> {out}: max {max} mean {mean}");
+            // The CPU val pipeline resizes only the crop's source box (a fused Resize +
+            // CenterCrop, within 1 level of resizing then cropping: transforms_val_fused),
+            // which is within 1 level of this reference: 2 at most, still rare.
+            prop_assert!(max <= 2 && mean < 0.1, "{w}x{h} -> {out}: max {max} mean {mean}");
         }
     }
 }
