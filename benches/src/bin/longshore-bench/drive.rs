@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use longshore::data::{Batch, DirectCollate, ImageLayout, Normalize, NpyDataset, Zip};
 use longshore::host::PoolBuffer;
-use longshore::loader::{DataLoader, Fetch};
+use longshore::loader::{DataLoader, DataLoaderBuilder, Fetch};
 use longshore::ops::{self, NormalizeU8, View, ViewMut};
 use longshore::transfer::{Device, DeviceBuffer, Event, Stream};
 use longshore_benches::workload;
@@ -334,6 +334,18 @@ impl Workload {
     pub(crate) const ALL: [Workload; 3] = [Workload::Images, Workload::ImagesU8, Workload::Tabular];
 }
 
+/// Every workload's loader options: shuffled, `drop_last`, `opts`, persistent workers when
+/// there are any, PyTorch's default `prefetch_factor` of 2, seed 0.
+fn steady<D, C>(b: DataLoaderBuilder<D, C>, w: Workload, opts: Opts) -> DataLoaderBuilder<D, C> {
+    b.batch_size(w.batch_size())
+        .shuffle(true)
+        .drop_last(true)
+        .num_workers(opts.num_workers)
+        .pin_memory(opts.pin_memory)
+        .persistent_workers(opts.num_workers > 0)
+        .seed(0)
+}
+
 /// Builds the loader for `w` (shuffled, `drop_last`, persistent workers when there are any,
 /// the default `prefetch_factor` of 2) and drives it over `window`.
 pub(crate) fn run_workload(
@@ -345,10 +357,6 @@ pub(crate) fn run_workload(
     compute: Option<Duration>,
     profile: Option<PathBuf>,
 ) -> Result<Run> {
-    let Opts {
-        num_workers,
-        pin_memory,
-    } = opts;
     match w {
         Workload::Images | Workload::ImagesU8 => {
             let ds = NpyDataset::open(&files.images)?;
@@ -359,16 +367,7 @@ pub(crate) fn run_workload(
             } else {
                 collate
             };
-            let loader = DataLoader::builder(ds)
-                .collate(collate)
-                .batch_size(w.batch_size())
-                .shuffle(true)
-                .drop_last(true)
-                .num_workers(num_workers)
-                .pin_memory(pin_memory)
-                .persistent_workers(num_workers > 0)
-                .seed(0)
-                .build()?;
+            let loader = steady(DataLoader::builder(ds).collate(collate), w, opts).build()?;
             drive(&loader, device, window, compute, profile, w)
         }
         Workload::Tabular => {
@@ -376,16 +375,8 @@ pub(crate) fn run_workload(
                 NpyDataset::open(&files.tabular_x)?,
                 NpyDataset::open(&files.tabular_y)?,
             )?;
-            let loader = DataLoader::builder(ds)
-                .collate(DirectCollate::new().with_names(["x", "y"]))
-                .batch_size(w.batch_size())
-                .shuffle(true)
-                .drop_last(true)
-                .num_workers(num_workers)
-                .pin_memory(pin_memory)
-                .persistent_workers(num_workers > 0)
-                .seed(0)
-                .build()?;
+            let collate = DirectCollate::new().with_names(["x", "y"]);
+            let loader = steady(DataLoader::builder(ds).collate(collate), w, opts).build()?;
             drive(&loader, device, window, compute, profile, w)
         }
     }
