@@ -31,6 +31,18 @@ pub enum RandomSource {
     },
 }
 
+impl RandomSource {
+    /// Runs `f` with the generator sample `index` draws from in `epoch`: the worker's, or the
+    /// sample's own ([`sample_rng`]). The CPU pipeline and the nvJPEG planner both draw
+    /// through here, so one seed gives the same boxes on both paths.
+    pub(crate) fn draw<R>(self, epoch: u64, index: usize, f: impl FnOnce(&mut Rng) -> R) -> R {
+        match self {
+            RandomSource::Worker => longshore_data::worker::with_rng(f),
+            RandomSource::PerSample { seed } => f(&mut sample_rng(seed, epoch, index)),
+        }
+    }
+}
+
 /// SplitMix64's finaliser.
 fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -137,16 +149,10 @@ impl ImageDataset {
             r.map(|_| file)
         })?;
         let decode = self.folder.decode();
-        let result = match self.random {
-            RandomSource::Worker => longshore_data::worker::with_rng(|rng| {
-                self.transform.decode_into(path, &bytes, decode, rng, out)
-            }),
-            RandomSource::PerSample { seed } => {
-                let mut rng = sample_rng(seed, self.epoch.load(Ordering::Relaxed), index);
-                self.transform
-                    .decode_into(path, &bytes, decode, &mut rng, out)
-            }
-        };
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        let result = self.random.draw(epoch, index, |rng| {
+            self.transform.decode_into(path, &bytes, decode, rng, out)
+        });
         with_scratch(|s| s.file = bytes);
         result
     }

@@ -10,12 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use longshore_data::rng::Rng;
 use longshore_data::{Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, Storage};
 
 use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
 use crate::compose::Compose;
-use crate::dataset::{RandomSource, sample_rng};
+use crate::dataset::RandomSource;
 use crate::decode::{DecodeError, DecodeOptions, ImageFormat, decode_rgb, probe};
 use crate::folder::{ImageFolder, invalid};
 
@@ -268,15 +267,9 @@ impl EncodedImages {
     fn plan(&self, index: usize, width: usize, height: usize) -> Result<SamplePlan, DataError> {
         let size = self.transform.output_size();
         let steps = self.transform.steps();
-        match self.random {
-            RandomSource::Worker => longshore_data::worker::with_rng(|rng: &mut Rng| {
-                plan(steps, width, height, size, rng)
-            }),
-            RandomSource::PerSample { seed } => {
-                let mut rng = sample_rng(seed, self.epoch.load(Ordering::Relaxed), index);
-                plan(steps, width, height, size, &mut rng)
-            }
-        }
+        let epoch = self.epoch.load(Ordering::Relaxed);
+        self.random
+            .draw(epoch, index, |rng| plan(steps, width, height, size, rng))
     }
 }
 
