@@ -160,6 +160,22 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> std::fmt::Debug for DeviceIter<F> {
 }
 
 impl<F: Fetch<Output = Batch<PoolBuffer>>> DeviceIter<F> {
+    /// Bounds the copies enqueued and not yet complete, including those of batches already
+    /// handed out (default `4 * depth`): a consumer that enqueues its work faster than the link
+    /// copies is held there, so the workers are throttled by the loader's in-flight limit
+    /// instead of filling page-locked memory with batches queued behind the link. See
+    /// [`Prefetcher::max_copies`]; `usize::MAX` turns the bound off.
+    pub fn max_copies(mut self, n: usize) -> Self {
+        self.inner = self.inner.max_copies(n);
+        self
+    }
+
+    /// How many times the iterator waited for the link before taking the next batch from the
+    /// loader (see [`Prefetcher::throttled`]).
+    pub fn throttled(&self) -> u64 {
+        self.inner.throttled()
+    }
+
     /// The copy stream.
     pub fn copy_stream(&self) -> &Stream {
         self.inner.stream()

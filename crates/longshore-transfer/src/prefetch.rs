@@ -162,6 +162,16 @@ impl<D> Prefetched<D> {
 /// one batch, the next `depth` are being copied. A page-locked source (a pool lease) goes back
 /// to its pool only after its copy has completed.
 ///
+/// **Back-pressure from the link.** Handing a batch out does not wait for its copy (the
+/// consumer orders its own stream after it with [`Prefetched::wait_on`]), so a consumer that
+/// enqueues work faster than the link drains it would otherwise pull batch after batch from
+/// the source while their copies queue up on the stream: the source's producers (the loader's
+/// workers) would run unthrottled, and every queued batch would hold its page-locked block.
+/// The prefetcher therefore keeps at most [`max_copies`](Self::max_copies) copies enqueued and
+/// not yet complete, handed out or not (default `4 * depth`, at least `depth + 1`): before
+/// pulling another batch past that bound it blocks the host on the oldest copy. A consumer
+/// slower than the link never waits there (its copies are done by then).
+///
 /// ```
 /// use longshore_host::{HostBuffer, MemoryKind};
 /// use longshore_transfer::{Device, Prefetcher};
@@ -184,6 +194,11 @@ where
     stream: Stream,
     depth: usize,
     queue: VecDeque<Result<Prefetched<<I::Item as ToDevice>::Output>>>,
+    /// Completion events of batches handed out whose copies may still run, oldest first.
+    handed: VecDeque<Event>,
+    max_copies: usize,
+    /// Times the host waited for a handed-out batch's copy before pulling the next batch.
+    throttled: u64,
     pulled: u64,
 }
 
@@ -209,8 +224,30 @@ where
             stream,
             depth,
             queue: VecDeque::with_capacity(depth + 1),
+            handed: VecDeque::with_capacity(depth + 1),
+            max_copies: 4 * depth,
+            throttled: 0,
             pulled: 0,
         })
+    }
+
+    /// Bounds the copies enqueued on the stream and not yet complete, counting those of batches
+    /// already handed out (see the type's docs); raised to `depth + 1` if lower. `usize::MAX`
+    /// turns the bound off (copies then queue up without limit while the source has batches).
+    pub fn max_copies(mut self, n: usize) -> Self {
+        self.max_copies = n.max(self.depth + 1);
+        self
+    }
+
+    /// The bound on copies in flight (see [`max_copies`](Self::max_copies)).
+    pub fn copy_limit(&self) -> usize {
+        self.max_copies
+    }
+
+    /// How many times the host waited for a copy before pulling the next batch: how often the
+    /// link, not the consumer, set the pace.
+    pub fn throttled(&self) -> u64 {
+        self.throttled
     }
 
     /// The copy stream.
@@ -233,8 +270,27 @@ where
         self.pulled
     }
 
+    /// Waits for handed-out copies until one more may be enqueued within the bound.
+    fn make_room(&mut self) {
+        // Copies complete in stream order: drop the finished ones at the front first.
+        while self.handed.front().is_some_and(Event::is_complete) {
+            self.handed.pop_front();
+        }
+        while self.queue.len() + self.handed.len() >= self.max_copies {
+            let Some(oldest) = self.handed.pop_front() else {
+                break;
+            };
+            self.throttled += 1;
+            if let Err(e) = oldest.synchronize() {
+                // The device is broken: the next enqueue fails and reports it.
+                tracing::error!(target: "longshore::transfer", error = %e, "waiting for a prefetched copy failed");
+            }
+        }
+    }
+
     fn fill(&mut self) {
         while self.queue.len() < self.depth {
+            self.make_room();
             let Some(item) = self.source.next() else {
                 break;
             };
@@ -260,6 +316,11 @@ where
     fn next(&mut self) -> Option<Self::Item> {
         self.fill();
         let out = self.queue.pop_front();
+        if let Some(Ok(p)) = &out
+            && self.max_copies != usize::MAX
+        {
+            self.handed.push_back(p.ready.clone());
+        }
         self.fill();
         out
     }
@@ -275,6 +336,8 @@ where
             .field("stream", &self.stream)
             .field("depth", &self.depth)
             .field("in_flight", &self.queue.len())
+            .field("max_copies", &self.max_copies)
+            .field("throttled", &self.throttled)
             .field("pulled", &self.pulled)
             .finish()
     }

@@ -133,3 +133,86 @@ fn the_old_batch_names_are_deprecated_aliases() {
         vec![4u8; 8]
     );
 }
+
+/// A source counting how many batches were pulled, on a copy stream held shut by a host
+/// function until `release` is sent: no copy completes before that.
+fn gated(
+    n: usize,
+) -> (
+    Prefetcher<impl Iterator<Item = HostBuffer>>,
+    Arc<AtomicUsize>,
+    mpsc::Sender<()>,
+    Device,
+) {
+    let dev = Device::cpu();
+    let copy = dev.new_stream().unwrap();
+    let (release, gate) = mpsc::channel::<()>();
+    copy.launch_host_fn(move || {
+        let _ = gate.recv();
+    })
+    .unwrap();
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let p = pulled.clone();
+    let source = (0..n).map(move |i| {
+        p.fetch_add(1, Ordering::SeqCst);
+        batch(i)
+    });
+    (
+        Prefetcher::new(source, copy, 2).unwrap(),
+        pulled,
+        release,
+        dev,
+    )
+}
+
+#[test]
+fn a_consumer_faster_than_the_link_is_held_to_max_copies() {
+    let (pf, pulled, release, dev) = gated(12);
+    assert_eq!(pf.copy_limit(), 8, "default: four times the depth");
+    let handed = Arc::new(AtomicUsize::new(0));
+    let h = handed.clone();
+    // The consumer takes batches as fast as it can and never waits for their copies.
+    let consumer = std::thread::spawn(move || {
+        let mut pf = pf;
+        let mut out = Vec::new();
+        for item in pf.by_ref() {
+            out.push(item.unwrap());
+            h.fetch_add(1, Ordering::SeqCst);
+        }
+        (out, pf.throttled())
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    // No copy has completed: at most 8 batches were pulled (6 handed out, 2 queued), and the
+    // consumer is blocked on the oldest copy instead of pulling the whole source.
+    assert_eq!(pulled.load(Ordering::SeqCst), 8);
+    assert_eq!(handed.load(Ordering::SeqCst), 6);
+    release.send(()).unwrap();
+    let (out, throttled) = consumer.join().unwrap();
+    assert!(
+        throttled >= 1,
+        "the consumer waited for the link at least once"
+    );
+    let compute = dev.new_stream().unwrap();
+    for (i, p) in out.into_iter().enumerate() {
+        let b = p.wait_on(&compute).unwrap();
+        assert_eq!(compute.read_to_vec::<u32>(&b).unwrap(), vec![i as u32; 256]);
+    }
+    assert_eq!(pulled.load(Ordering::SeqCst), 12);
+}
+
+#[test]
+fn without_a_copy_limit_the_consumer_runs_ahead_of_the_link() {
+    let (pf, pulled, release, _dev) = gated(12);
+    let mut pf = pf.max_copies(usize::MAX);
+    // Nothing completes, yet every batch can be taken: the copies queue on the stream.
+    let out: Vec<_> = pf.by_ref().map(Result::unwrap).collect();
+    assert_eq!((out.len(), pulled.load(Ordering::SeqCst)), (12, 12));
+    assert_eq!(pf.throttled(), 0);
+    assert!(!out[0].ready.is_complete());
+    release.send(()).unwrap();
+    out[11].ready.synchronize().unwrap();
+    // A bound below depth + 1 is raised to it.
+    let (pf, _, release, _dev) = gated(1);
+    assert_eq!(pf.max_copies(0).copy_limit(), 3);
+    release.send(()).unwrap();
+}

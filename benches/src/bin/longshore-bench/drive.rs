@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use longshore::data::{Batch, DirectCollate, ImageLayout, Normalize, NpyDataset, Zip};
 use longshore::host::PoolBuffer;
 use longshore::loader::{DataLoader, DataLoaderBuilder, Fetch};
@@ -127,7 +127,15 @@ impl<'d> Consumer<'d> {
         let mut seen = 0;
         match (self.device, &self.compute_stream) {
             (Some(dev), Some(cs)) => {
-                for item in loader.to_device(dev, 2)? {
+                // `LONGSHORE_BENCH_MAX_COPIES=off` (or a number) overrides the device iterator's
+                // bound on queued copies, to measure what it does in the same run.
+                let mut it = loader.to_device(dev, 2)?;
+                match std::env::var("LONGSHORE_BENCH_MAX_COPIES").ok().as_deref() {
+                    Some("off") => it = it.max_copies(usize::MAX),
+                    Some(n) => it = it.max_copies(n.parse().context("LONGSHORE_BENCH_MAX_COPIES")?),
+                    None => {}
+                }
+                for item in it {
                     let batch = item?.wait_on(cs)?;
                     let n = batch.batch_size();
                     if let Some((norm, out)) = &mut self.normalize {
