@@ -107,7 +107,8 @@ pub(crate) fn has_eoi(data: &[u8]) -> bool {
 }
 
 impl JpegHeader {
-    /// Walks the markers of `bytes` up to the first scan.
+    /// Walks the markers of `bytes` up to the first scan (the frame header and the segments
+    /// around it).
     ///
     /// # Errors
     /// [`HeaderError`] when the bytes are not a JPEG, a segment is cut short, or a scan comes
@@ -118,6 +119,16 @@ impl JpegHeader {
         }
         let mut restart_interval = 0u16;
         let mut adobe_transform = None;
+        let mut found: Option<JpegHeader> = None;
+        let done = |found: Option<JpegHeader>, restart_interval, adobe_transform, i| match found {
+            Some(mut h) => {
+                h.restart_interval = restart_interval;
+                h.adobe_transform = adobe_transform;
+                h.has_eoi = has_eoi(bytes);
+                Ok(h)
+            }
+            None => Err(HeaderError::NoFrame { offset: i }),
+        };
         let mut i = 2;
         loop {
             if bytes.get(i) != Some(&0xFF) {
@@ -137,7 +148,8 @@ impl JpegHeader {
                     i += 2;
                     continue;
                 }
-                0xDA | 0xD9 | 0xD8 => return Err(HeaderError::NoFrame { offset: i }),
+                // The first scan (or the end): what came before is the header.
+                0xDA | 0xD9 | 0xD8 => return done(found, restart_interval, adobe_transform, i),
                 _ => {}
             }
             let bad = HeaderError::BadSegment { marker, offset: i };
@@ -161,12 +173,13 @@ impl JpegHeader {
                 _ => None,
             };
             if let Some(coding) = coding {
-                return frame(coding, body, bad).map(|mut h| {
-                    h.restart_interval = restart_interval;
-                    h.adobe_transform = adobe_transform;
-                    h.has_eoi = has_eoi(bytes);
-                    h
-                });
+                // The first frame header (a hierarchical file has more) names the image; the
+                // tables, DRI and APP segments may follow it before the first scan.
+                if found.is_none() {
+                    found = Some(frame(coding, body, bad)?);
+                }
+                i += 2 + len;
+                continue;
             }
             match marker {
                 // DRI: the restart interval.
