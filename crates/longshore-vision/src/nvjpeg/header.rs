@@ -149,7 +149,7 @@ impl JpegHeader {
                     continue;
                 }
                 // The first scan (or the end): what came before is the header.
-                0xDA | 0xD9 | 0xD8 => return done(found, restart_interval, adobe_transform, i),
+                0xD8..=0xDA => return done(found, restart_interval, adobe_transform, i),
                 _ => {}
             }
             let bad = HeaderError::BadSegment { marker, offset: i };
@@ -215,10 +215,7 @@ impl JpegHeader {
         };
         // Adobe transform 2 is YCCK, which only 4-component files use; 0 on 3 components is
         // RGB stored without a colour transform, which the engines would treat as YCbCr.
-        let plain_colour = match (self.components, self.adobe_transform) {
-            (3, Some(0)) => false,
-            _ => true,
-        };
+        let plain_colour = !matches!((self.components, self.adobe_transform), (3, Some(0)));
         if self.precision == 8
             && standard
             && plain_colour
