@@ -32,9 +32,12 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use longshore::data::rng::epoch_rng;
 use longshore::data::{AlignedBuf, DirectCollate};
+use longshore::host::HostBuffer;
 use longshore::prelude::*;
 use longshore::vision::decode::{DecodeOptions, decode_rgb, decode_rgb_into};
-use longshore::vision::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader};
+use longshore::vision::nvjpeg::{
+    CeilingStage, EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader,
+};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageFolder};
 use serde_json::{Value, json};
@@ -78,6 +81,14 @@ struct Args {
     /// nvJPEG device-stage threads to sweep (`NvjpegLoader::nvjpeg_lanes`).
     #[arg(long, value_delimiter = ',', default_value = "1,4")]
     nvjpeg_lanes: Vec<usize>,
+    /// Also measure what nvJPEG itself does on this GPU, one thread, no loader: the hardware
+    /// batched decode alone on a batch of the folder's JPEGs in page-locked memory, with the
+    /// routing checks, and the whole device stage (`NvjpegDecoder::ceiling`).
+    #[arg(long)]
+    nvjpeg_ceiling: bool,
+    /// Only the ceiling (with `--nvjpeg-ceiling`): skip the loader runs and PyTorch.
+    #[arg(long)]
+    ceiling_only: bool,
 }
 
 /// Busy and total jiffies of the whole machine (/proc/stat), for the CPU share.
@@ -254,8 +265,7 @@ fn steady_nvjpeg(
         loader.stats().wait_fraction(),
         epochs,
     );
-    let images =
-        (stats.hardware + stats.default_backend + stats.cpu_fallback + stats.worker).max(1) as f64;
+    let images = stats.images().max(1) as f64;
     let us = |d: std::time::Duration| d.as_secs_f64() * 1e6 / images;
     run["lanes"] = json!(lanes);
     run["decoded"] = json!({
@@ -263,16 +273,61 @@ fn steady_nvjpeg(
         "default_backend": stats.default_backend,
         "cpu_fallback": stats.cpu_fallback,
         "worker": stats.worker,
+        "checked_by_nvjpeg": stats.checked,
         "hardware_batch_failures": stats.hardware_batch_failures,
     });
-    // The device stage's thread, per image over every epoch (warm-up included): routing,
-    // enqueueing (nvJPEG's host-side work), and waiting for the device.
-    run["device_stage_us_per_image"] = json!({
-        "route": us(stats.route_time),
-        "enqueue": us(stats.enqueue_time),
-        "slot_wait": us(stats.slot_wait_time),
-    });
+    // The device stage, per image over every epoch (warm-up included): every phase of its
+    // loop, which sum to its wall time (`unaccounted` is the clock's own cost with one lane).
+    let mut phases = serde_json::Map::new();
+    for (name, d) in stats.phases() {
+        phases.insert(name.into(), json!(us(d)));
+    }
+    phases.insert("wall".into(), json!(us(stats.wall_time)));
+    run["device_stage_us_per_image"] = Value::Object(phases);
     Ok(run)
+}
+
+/// `--nvjpeg-ceiling`: one batch of the folder's JPEGs that the workers route to the hardware
+/// engines, in page-locked memory, through each `CeilingStage` on one thread.
+fn nvjpeg_ceiling(
+    folder: &ImageFolder,
+    pipeline: Compose,
+    batch: usize,
+    quick: bool,
+    device: &Device,
+) -> Result<Value> {
+    use longshore::data::DatasetCollate;
+    let files = EncodedImages::new(folder.clone(), pipeline)?;
+    let mut indices = Vec::with_capacity(batch);
+    for i in 0..folder.len() {
+        if indices.len() == batch {
+            break;
+        }
+        if files.read(i)?.hardware {
+            indices.push(i);
+        }
+    }
+    anyhow::ensure!(!indices.is_empty(), "no jpeg the hardware engines take");
+    let staged = EncodedCollate.stage(&files, &indices)?;
+    let len = EncodedCollate.staged_layout(&staged).total_bytes();
+    let host = EncodedCollate.write(&files, staged, HostBuffer::page_locked(len)?)?;
+    let mut decoder = NvjpegDecoder::new(device, &files)?;
+    let iterations = if quick { 3 } else { 40 };
+    let mut out = serde_json::Map::new();
+    out.insert("batch_size".into(), json!(indices.len()));
+    out.insert("iterations".into(), json!(iterations));
+    for stage in CeilingStage::ALL {
+        let r = decoder.ceiling(&host, stage, iterations)?;
+        eprintln!(
+            "jpeg: nvjpeg ceiling {}: {:.0} images/s ({} images in {:.3} s)",
+            stage.name(),
+            r.images_per_s(),
+            r.images,
+            r.seconds
+        );
+        out.insert(stage.name().into(), json!(r.images_per_s()));
+    }
+    Ok(Value::Object(out))
 }
 
 /// The steady-state method of both decoding paths: one untimed warm-up epoch, `reset` (the
@@ -440,6 +495,23 @@ fn main() -> Result<()> {
     let nvjpeg = args.decode != "cpu";
     let mut pipelines = serde_json::Map::new();
     let mut nv_pipelines = serde_json::Map::new();
+    let ceiling = match (&device, args.nvjpeg_ceiling) {
+        (_, false) => Value::Null,
+        (None, true) => json!({"skipped": "no cuda device"}),
+        (Some(d), true) => {
+            nvjpeg_ceiling(&folder, Compose::imagenet_train(), batch, args.quick, d)?
+        }
+    };
+    if args.ceiling_only {
+        let result =
+            json!({"machine": {"cores": c, "cuda": device.is_some()}, "nvjpeg_ceiling": ceiling});
+        std::fs::write(
+            args.out.join("jpeg.json"),
+            serde_json::to_string_pretty(&result)? + "\n",
+        )?;
+        eprintln!("jpeg: nvjpeg ceiling (train pipeline): {ceiling}");
+        return Ok(());
+    }
     for (name, pipeline) in [
         ("train", Compose::imagenet_train()),
         ("val", Compose::imagenet_val()),
@@ -526,6 +598,7 @@ fn main() -> Result<()> {
         "longshore_nvjpeg": nv_pipelines,
         "pytorch": torch,
         "ratio_vs_pytorch": ratios,
+        "nvjpeg_ceiling": ceiling,
     });
     std::fs::write(
         args.out.join("jpeg.json"),
@@ -585,6 +658,33 @@ fn markdown(r: &Value) -> String {
                 or_dash(&b["pin_memory"]),
                 f(&b["samples_per_s"]),
                 pct(&b["cpu_share"])
+            );
+        }
+    }
+    let ce = &r["nvjpeg_ceiling"];
+    if ce["decode"].is_number() {
+        s += &format!(
+            "\nnvJPEG ceiling, one thread, batch {} in page-locked memory, no loader (images/s): \
+             marker walk {}, hardware batched decode {}, with nvJPEG's per-image checks {}, \
+             device stage (routes trusted, kernel) {}, with checks {}\n",
+            ce["batch_size"],
+            f(&ce["walk"]),
+            f(&ce["decode"]),
+            f(&ce["decode_checked"]),
+            f(&ce["pipeline"]),
+            f(&ce["pipeline_checked"]),
+        );
+    }
+    for name in ["train", "val"] {
+        let b = &r["longshore_nvjpeg"][name]["best"];
+        if let Some(phases) = b["device_stage_us_per_image"].as_object() {
+            let list: Vec<String> = phases
+                .iter()
+                .map(|(k, v)| format!("{k} {:.1}", v.as_f64().unwrap_or(0.0)))
+                .collect();
+            s += &format!(
+                "\nnvJPEG device stage, {name} (best run), us per image: {}\n",
+                list.join(", ")
             );
         }
     }

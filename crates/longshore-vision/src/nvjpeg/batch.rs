@@ -36,9 +36,16 @@ pub enum DecodedBy {
     Worker,
 }
 
-/// What a decoder has done so far, and where its thread's time went (the device stage runs on
-/// the thread iterating the loader).
+/// What a decoder has done so far, and where the device stage's time went.
+///
+/// The times partition the stage's wall time ([`wall_time`](NvjpegStats::wall_time), from the
+/// first call of the iterator's `next` to its last return): every phase of the loop is timed
+/// by consecutive laps of one clock, so [`unaccounted`](NvjpegStats::unaccounted) is only the
+/// clock's own cost. With lanes ([`NvjpegIter::with_lanes`](super::NvjpegIter::with_lanes))
+/// the decode phases are summed over the lane threads and the wall time is the iterating
+/// thread's, so they may add up to more than it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct NvjpegStats {
     /// Images decoded by the hardware backend.
     pub hardware: u64,
@@ -46,21 +53,92 @@ pub struct NvjpegStats {
     pub default_backend: u64,
     /// JPEGs decoded on the CPU by the device stage.
     pub cpu_fallback: u64,
-    /// Images decoded by the workers (not JPEG).
+    /// Images decoded by the workers (not JPEG, or a JPEG the engines do not take).
     pub worker: u64,
     /// Samples dropped under [`SampleErrorPolicy::Skip`](longshore_loader::SampleErrorPolicy::Skip).
     pub skipped: u64,
-    /// Times a hardware batch failed as a whole and was decoded per image instead.
+    /// Times a hardware batch failed as a whole and its images were routed again one by one.
     pub hardware_batch_failures: u64,
-    /// Host time choosing each image's route (its header, `nvjpegJpegStreamParse` and
-    /// `nvjpegDecodeBatchedSupported`), and CPU decoding of the JPEGs nvJPEG refuses.
-    pub route_time: Duration,
-    /// Host time enqueueing the batch's work: the nvJPEG decode calls (whose host-side
-    /// parsing and submission run here) and the crop/resize/normalise kernel.
-    pub enqueue_time: Duration,
-    /// Host time blocked until a batch slot's previous work completed (the device side,
-    /// engines and kernels, being the slower stage).
+    /// JPEGs the workers' marker walk could not route, checked with nvJPEG per image by the
+    /// device stage (`nvjpegGetImageInfo`, `nvjpegJpegStreamParse`,
+    /// `nvjpegDecodeBatchedSupported`).
+    pub checked: u64,
+    /// Batches decoded.
+    pub batches: u64,
+    /// Waiting for the next host batch from the loader (`next()` on the source).
+    pub source_wait_time: Duration,
+    /// Blocked until a batch slot's previous work completed (the device side, engines and
+    /// kernels, being the slower stage).
     pub slot_wait_time: Duration,
+    /// Reading the batch's metadata rows, laying out and allocating the device buffers.
+    pub setup_time: Duration,
+    /// Routing the images the workers could not route (nvJPEG's per-image checks) and CPU
+    /// decoding of the JPEGs nvJPEG refuses.
+    pub route_time: Duration,
+    /// The nvJPEG decode calls: `nvjpegDecodeBatched` (hardware) and `nvjpegDecode` (default
+    /// backend), whose host-side parsing and submission run on this thread.
+    pub decode_call_time: Duration,
+    /// Uploads: pixels decoded on the CPU, the kernel's parameters and the labels.
+    pub upload_time: Duration,
+    /// Launching the crop/resize/normalise kernel.
+    pub kernel_time: Duration,
+    /// Ending the batch: recording its event, fencing the host batch, building the device
+    /// batch.
+    pub finish_time: Duration,
+    /// The iterator's own work handing batches out (its queue; with lanes, also waiting for
+    /// the lanes' answers).
+    pub hand_out_time: Duration,
+    /// Outside the iterator: the caller's time between receiving a batch and asking for the
+    /// next one (its `wait_on`, its step, dropping the batch).
+    pub consumer_time: Duration,
+    /// From the first call of `next` to its last return.
+    pub wall_time: Duration,
+}
+
+impl NvjpegStats {
+    /// Every image the decoder delivered (all routes).
+    pub fn images(&self) -> u64 {
+        self.hardware + self.default_backend + self.cpu_fallback + self.worker
+    }
+
+    /// The timed phases, by name, in loop order (they sum to the wall time, less
+    /// [`unaccounted`](NvjpegStats::unaccounted)).
+    pub fn phases(&self) -> [(&'static str, Duration); 11] {
+        [
+            ("source_wait", self.source_wait_time),
+            ("slot_wait", self.slot_wait_time),
+            ("setup", self.setup_time),
+            ("route", self.route_time),
+            ("decode_call", self.decode_call_time),
+            ("upload", self.upload_time),
+            ("kernel", self.kernel_time),
+            ("finish", self.finish_time),
+            ("hand_out", self.hand_out_time),
+            ("consumer", self.consumer_time),
+            ("unaccounted", self.unaccounted()),
+        ]
+    }
+
+    /// The wall time no phase accounts for (0 when the phases cover it, as with one lane).
+    pub fn unaccounted(&self) -> Duration {
+        let timed = self.source_wait_time
+            + self.slot_wait_time
+            + self.setup_time
+            + self.route_time
+            + self.decode_call_time
+            + self.upload_time
+            + self.kernel_time
+            + self.finish_time
+            + self.hand_out_time
+            + self.consumer_time;
+        self.wall_time.saturating_sub(timed)
+    }
+
+    /// Host time enqueueing a batch's work (decode calls, uploads, kernel launch), the one
+    /// figure the earlier stats gave.
+    pub fn enqueue_time(&self) -> Duration {
+        self.decode_call_time + self.upload_time + self.kernel_time
+    }
 }
 
 /// Counts and times add up (the lanes of a parallel device stage, several epochs).
@@ -72,9 +150,19 @@ impl std::ops::AddAssign<&NvjpegStats> for NvjpegStats {
         self.worker += other.worker;
         self.skipped += other.skipped;
         self.hardware_batch_failures += other.hardware_batch_failures;
-        self.route_time += other.route_time;
-        self.enqueue_time += other.enqueue_time;
+        self.checked += other.checked;
+        self.batches += other.batches;
+        self.source_wait_time += other.source_wait_time;
         self.slot_wait_time += other.slot_wait_time;
+        self.setup_time += other.setup_time;
+        self.route_time += other.route_time;
+        self.decode_call_time += other.decode_call_time;
+        self.upload_time += other.upload_time;
+        self.kernel_time += other.kernel_time;
+        self.finish_time += other.finish_time;
+        self.hand_out_time += other.hand_out_time;
+        self.consumer_time += other.consumer_time;
+        self.wall_time += other.wall_time;
     }
 }
 

@@ -4,22 +4,29 @@
 //! into a `[B, 3, H, W]` batch. The host batch (a pinned lease) is released to its pool only
 //! after the event that ends the batch's work, since nvJPEG reads the bitstreams from it.
 
-use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use longshore_data::{Batch, DType, DataError, Storage};
-use longshore_host::HostMemory;
+use longshore_host::{HostBuffer, HostMemory};
 use longshore_loader::{LoaderError, SampleErrorPolicy};
-use longshore_transfer::{Device, DeviceId, Event, Prefetched, Stream, TransferError};
+use longshore_transfer::{
+    Device, DeviceBuffer, DeviceId, Event, Prefetched, Stream, TransferError,
+};
 
 use super::batch::{Backend, DecodedBy, NvjpegBatch, NvjpegStats};
 use super::encoded::{EncodedEntry, EncodedImages, Payload, check_limit, entries};
 use super::ffi::{self, Image, NvHandle, NvState};
+use super::header::has_eoi;
 use super::kernel::{Kernel, PARAMS, context};
 use crate::compose::{Compose, Output};
 use crate::decode::{DecodeOptions, decode_rgb};
 use crate::folder::{ImageFolder, invalid};
+
+mod ceiling;
+mod enqueue;
+
+pub use ceiling::{CeilingRun, CeilingStage};
 
 /// The nvJPEG handles of a device, made once ([`Device::local`]).
 struct Handles {
@@ -33,8 +40,17 @@ struct Slot {
     default: NvState,
     hardware: Option<NvState>,
     last: Option<Event>,
-    /// Host bytes the batch's copies read (CPU-decoded pixels, params, labels).
+    /// Pixels the device stage decoded on the CPU (rare: JPEGs nvJPEG refuses), uploaded
+    /// from here.
     keep: Vec<Vec<u8>>,
+    /// The decoded pixels of the slot's batch, reused batch after batch (grown when a batch
+    /// needs more): no allocation per batch.
+    decoded: Option<DeviceBuffer>,
+    /// The kernel's parameters on the device, reused likewise.
+    params: Option<DeviceBuffer>,
+    /// Page-locked staging of the parameters and labels (a copy from pageable memory may
+    /// wait for the stream's earlier work), reused likewise.
+    staging: Option<HostBuffer>,
 }
 
 /// Where a sample's pixels come from in the device stage.
@@ -70,7 +86,11 @@ pub struct NvjpegDecoder {
     handles: Arc<Handles>,
     slots: Vec<Slot>,
     next: usize,
+    /// Check every JPEG with nvJPEG, ignoring the workers' routes.
+    verify: bool,
     stats: NvjpegStats,
+    /// The end of the last timed phase: consecutive laps partition the stage's time.
+    clock: Instant,
 }
 
 impl std::fmt::Debug for NvjpegDecoder {
@@ -93,14 +113,20 @@ fn nv_err(e: ffi::CallError, device: DeviceId, what: &str) -> TransferError {
     }
 }
 
-/// Whether a JPEG's end-of-image marker is within its last KiB (a truncated file is decoded on
-/// the CPU, which reports it as PIL does, instead of by an engine that may not notice).
-fn has_eoi(data: &[u8]) -> bool {
-    let tail = &data[data.len().saturating_sub(1024)..];
-    tail.windows(2).any(|w| w == [0xFF, 0xD9])
-}
-
 const ALIGN: usize = 256;
+
+/// A slot buffer of at least `len` bytes: the one there, or a new one with some headroom
+/// (the old one is freed in stream order after its last use).
+fn ensure_device(
+    stream: &Stream,
+    buf: &mut Option<DeviceBuffer>,
+    len: usize,
+) -> Result<DeviceBuffer, TransferError> {
+    match buf.take() {
+        Some(b) if b.len() >= len => Ok(b),
+        _ => stream.alloc(len.max(1) + len / 8),
+    }
+}
 
 impl NvjpegDecoder {
     /// A decoder for the batches of `images` on `device` (a CUDA device), on a new stream,
@@ -184,7 +210,9 @@ impl NvjpegDecoder {
             handles,
             slots: Vec::new(),
             next: 0,
+            verify: false,
             stats: NvjpegStats::default(),
+            clock: Instant::now(),
         };
         decoder.set_depth(2)?;
         if let Ok(v) = ffi::version() {
@@ -214,7 +242,9 @@ impl NvjpegDecoder {
             handles: self.handles.clone(),
             slots: Vec::new(),
             next: 0,
+            verify: self.verify,
             stats: NvjpegStats::default(),
+            clock: Instant::now(),
         };
         lane.set_depth(self.slots.len().saturating_sub(1))?;
         Ok(lane)
@@ -244,6 +274,34 @@ impl NvjpegDecoder {
         self
     }
 
+    /// Whether the device stage checks every JPEG with nvJPEG (`nvjpegGetImageInfo`,
+    /// `nvjpegJpegStreamParse`, `nvjpegDecodeBatchedSupported`, about 36 us an image on an
+    /// H200 host) instead of trusting the workers' marker walk
+    /// ([`JpegRoute`](super::JpegRoute)). Off by default: a hardware batch that fails is
+    /// routed again image by image with these checks anyway.
+    pub fn verify_routes(mut self, verify: bool) -> NvjpegDecoder {
+        self.verify = verify;
+        self
+    }
+
+    /// The time since the last lap, and a new lap starts.
+    pub(crate) fn lap(&mut self) -> Duration {
+        let now = Instant::now();
+        let d = now - self.clock;
+        self.clock = now;
+        d
+    }
+
+    /// The instant the current lap started.
+    pub(crate) fn clock(&self) -> Instant {
+        self.clock
+    }
+
+    /// The counts and times, to add the iterator's phases to.
+    pub(crate) fn stats_mut(&mut self) -> &mut NvjpegStats {
+        &mut self.stats
+    }
+
     /// Makes `depth + 1` decoding states, so `depth` batches can be in flight.
     pub(crate) fn set_depth(&mut self, depth: usize) -> Result<(), TransferError> {
         self.sync_slots();
@@ -265,6 +323,9 @@ impl NvjpegDecoder {
                 hardware,
                 last: None,
                 keep: Vec::new(),
+                decoded: None,
+                params: None,
+                staging: None,
             });
         }
         self.next = 0;
@@ -317,22 +378,55 @@ impl NvjpegDecoder {
         seq: u64,
         batch: Batch<S>,
     ) -> Result<Option<Prefetched<NvjpegBatch>>, LoaderError> {
+        let mut fence = None;
+        let out = self.run(seq, &batch, &mut fence);
+        let (_, mut storage) = batch.into_parts();
+        // Whatever was enqueued reads the host batch: it goes back to its pool after that.
+        if let Some(ev) = fence {
+            storage.record_fence(ev.to_fence());
+        }
+        drop(storage);
+        let lap = self.lap();
+        self.stats.finish_time += lap;
+        out
+    }
+
+    /// The slot the next batch uses, once its previous batch's work has completed.
+    pub(super) fn next_slot(&mut self) -> Result<usize, TransferError> {
         let slot_i = self.next;
         self.next = (self.next + 1) % self.slots.len();
         if let Some(ev) = self.slots[slot_i].last.take() {
-            let t = Instant::now();
             ev.synchronize()?;
-            self.stats.slot_wait_time += t.elapsed();
         }
+        let lap = self.lap();
+        self.stats.slot_wait_time += lap;
+        Ok(slot_i)
+    }
+
+    /// The device stage on a borrowed host batch; `fence` receives the event after which the
+    /// host batch is no longer read (the caller keeps it alive until then).
+    pub(super) fn run<S: Storage>(
+        &mut self,
+        seq: u64,
+        batch: &Batch<S>,
+        fence: &mut Option<Event>,
+    ) -> Result<Option<Prefetched<NvjpegBatch>>, LoaderError> {
+        let slot_i = self.next_slot()?;
         self.slots[slot_i].keep.clear();
-        let (rows, bytes) = entries(&batch)?;
-        let t_route = Instant::now();
+        let (rows, bytes) = entries(batch)?;
+        let lap = self.lap();
+        self.stats.setup_time += lap;
+        let trust = !self.verify && self.slots[slot_i].hardware.is_some();
         let mut items = Vec::with_capacity(rows.len());
         for e in rows {
             let data = &bytes[e.offset..e.offset + e.len];
             let route = match e.payload {
                 Payload::Rgb => Some(Route::HostRgb),
-                Payload::Jpeg => self.route_jpeg(slot_i, data, &e),
+                Payload::Jpeg if trust && e.hardware => Some(Route::Hardware),
+                Payload::Jpeg => {
+                    self.stats.checked += 1;
+                    self.route_jpeg(slot_i, data, &e)
+                }
             };
             let route = match route {
                 Some(r) => r,
@@ -351,11 +445,11 @@ impl NvjpegDecoder {
                 dropped: false,
             });
         }
-        self.stats.route_time += t_route.elapsed();
+        let lap = self.lap();
+        self.stats.route_time += lap;
         if items.is_empty() {
             return Ok(None);
         }
-        let t_enqueue = Instant::now();
         let mut total = 0usize;
         for it in &mut items {
             it.at = total;
@@ -366,10 +460,18 @@ impl NvjpegDecoder {
         let out_bytes = self.transform.output_bytes();
         let n = items.len();
         let stream = self.stream.clone();
-        let mut decoded = stream.alloc(total.max(1))?;
+        let staging_len = n * (PARAMS + 1) * 8;
+        let slot = &mut self.slots[slot_i];
+        if slot.staging.as_ref().is_none_or(|s| s.len() < staging_len) {
+            slot.staging = None;
+            slot.staging = Some(HostBuffer::page_locked(staging_len + staging_len / 8)?);
+        }
+        let mut decoded = ensure_device(&stream, &mut slot.decoded, total)?;
+        let mut params_buf = ensure_device(&stream, &mut slot.params, n * PARAMS * 8)?;
         let mut out = stream.alloc(n * out_bytes)?;
-        let mut params_buf = stream.alloc(n * PARAMS * 8)?;
         let mut labels_buf = stream.alloc(n * 8)?;
+        let lap = self.lap();
+        self.stats.setup_time += lap;
         let mut late: Option<LoaderError> = None;
         let ev = {
             let (dec, outp, par, lab) = (&mut decoded, &mut out, &mut params_buf, &mut labels_buf);
@@ -389,22 +491,22 @@ impl NvjpegDecoder {
                 )
             })
         };
-        let (_, mut storage) = batch.into_parts();
+        self.slots[slot_i].decoded = Some(decoded);
+        self.slots[slot_i].params = Some(params_buf);
         let ev = match ev {
             Ok(ev) => ev,
             Err(e) => {
                 // Whatever was enqueued may still read the host batch: keep it until then.
                 if let Ok(ev) = stream.record() {
-                    storage.record_fence(ev.to_fence());
+                    *fence = Some(ev.clone());
                     self.slots[slot_i].last = Some(ev);
                 }
                 return Err(e.into());
             }
         };
-        storage.record_fence(ev.to_fence());
-        drop(storage);
-        self.stats.enqueue_time += t_enqueue.elapsed();
+        *fence = Some(ev.clone());
         self.slots[slot_i].last = Some(ev.clone());
+        self.stats.batches += 1;
         if let Some(e) = late {
             return Err(e);
         }
@@ -446,7 +548,81 @@ impl NvjpegDecoder {
         Ok(Some(Prefetched { batch, ready: ev }))
     }
 
-    /// Hardware, default backend, or `None` for the CPU decoder.
+    /// The hardware batched decode alone (for [`ceiling`](NvjpegDecoder::ceiling)): `data[i]`
+    /// (`dims[i]` = width x height) into the next slot's decode buffer, with nvJPEG's
+    /// per-image checks first when `checked`; returns the images decoded. The caller keeps
+    /// `data` alive and unchanged until the stream has synchronised.
+    pub(super) fn decode_only(
+        &mut self,
+        data: &[&[u8]],
+        dims: &[(usize, usize)],
+        checked: bool,
+    ) -> Result<usize, TransferError> {
+        let slot_i = self.next_slot()?;
+        let mut n_ok = data.len();
+        if checked {
+            let e0 = EncodedEntry {
+                index: 0,
+                label: 0,
+                payload: Payload::Jpeg,
+                offset: 0,
+                len: 0,
+                width: 0,
+                height: 0,
+                hardware: false,
+                plan: super::SamplePlan::default(),
+            };
+            for (d, &(width, height)) in data.iter().zip(dims) {
+                let e = EncodedEntry {
+                    width,
+                    height,
+                    ..e0
+                };
+                if self.route_jpeg(slot_i, d, &e) != Some(Route::Hardware) {
+                    n_ok -= 1;
+                }
+            }
+            let lap = self.lap();
+            self.stats.route_time += lap;
+        }
+        let mut at = Vec::with_capacity(data.len());
+        let mut total = 0usize;
+        for &(w, h) in dims {
+            at.push(total);
+            total = (total + w * h * 3).next_multiple_of(ALIGN);
+        }
+        let stream = self.stream.clone();
+        let mut dec = ensure_device(&stream, &mut self.slots[slot_i].decoded, total)?;
+        let id = self.device.id();
+        let ev = {
+            let d = &mut dec;
+            stream.enqueue_work(&[], &[d], || {
+                let base = d.device_ptr();
+                let mut images: Vec<Image> = dims
+                    .iter()
+                    .zip(&at)
+                    .map(|(&(w, h), &a)| Image::planar(base + a as u64, w * h, w))
+                    .collect();
+                let raw = self.stream.as_raw()?;
+                let state = self.slots[slot_i].hardware.as_mut().ok_or_else(|| {
+                    TransferError::Invalid("nvjpeg ceiling: no hardware backend here".into())
+                })?;
+                // SAFETY: each image's planes lie in the slot's decode buffer, sized above for
+                // `dims`, which the caller took from the files' headers; the bitstreams stay
+                // alive until the stream synchronises (the caller's promise).
+                unsafe { state.decode_batched(data, &mut images, raw) }
+                    .map_err(|e| nv_err(e, id, "nvjpeg ceiling: batched hardware decode"))
+            })
+        };
+        self.slots[slot_i].decoded = Some(dec);
+        let ev = ev?;
+        self.slots[slot_i].last = Some(ev);
+        let lap = self.lap();
+        self.stats.decode_call_time += lap;
+        Ok(n_ok)
+    }
+
+    /// Hardware, default backend, or `None` for the CPU decoder: nvJPEG's own checks.
     fn route_jpeg(&mut self, slot_i: usize, data: &[u8], e: &EncodedEntry) -> Option<Route> {
         if !has_eoi(data) {
             return None;
@@ -509,193 +685,6 @@ impl NvjpegDecoder {
                 source,
             }),
         }
-    }
-
-    /// The work of one batch on the stream (inside `enqueue_work`): uploads, decodes, params,
-    /// labels, kernel. A sample error is left in `late`.
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue(
-        &mut self,
-        slot_i: usize,
-        seq: u64,
-        items: &mut [Item],
-        bytes: &[u8],
-        [dec, out, par, lab]: [u64; 4],
-        late: &mut Option<LoaderError>,
-    ) -> Result<(), TransferError> {
-        let id = self.device.id();
-        let raw = self.stream.as_raw()?;
-        let cu: cudarc::driver::sys::CUstream = raw.cast();
-        let copy = |dst: u64, src: &[u8]| -> Result<(), TransferError> {
-            // SAFETY: `dst` is inside an allocation of this context sized for `src` (laid out
-            // above); `src` is the host batch or a buffer in `slot.keep`, both kept alive until
-            // the batch's event (the lease's fence, the slot's reuse wait).
-            unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, cu) }.map_err(|e| {
-                TransferError::Cuda {
-                    call: "cuMemcpyHtoDAsync",
-                    code: format!("{:?}", e.0),
-                    device: id,
-                    what: "uploading decoded pixels for nvjpeg".into(),
-                }
-            })
-        };
-        let range = |e: &EncodedEntry| -> Range<usize> { e.offset..e.offset + e.len };
-        // 1. Pixels decoded on the CPU.
-        for it in items.iter() {
-            match it.route {
-                Route::HostRgb => copy(dec + it.at as u64, &bytes[range(&it.entry)])?,
-                Route::Kept(k) => copy(dec + it.at as u64, &self.slots[slot_i].keep[k])?,
-                _ => {}
-            }
-        }
-        // 2. The hardware batch; if it fails as a whole, its images go per image.
-        let hw: Vec<usize> = (0..items.len())
-            .filter(|&i| items[i].route == Route::Hardware)
-            .collect();
-        if !hw.is_empty() {
-            let data: Vec<&[u8]> = hw.iter().map(|&i| &bytes[range(&items[i].entry)]).collect();
-            let mut images: Vec<Image> = hw
-                .iter()
-                .map(|&i| {
-                    let e = &items[i].entry;
-                    Image::planar(dec + items[i].at as u64, e.width * e.height, e.width)
-                })
-                .collect();
-            let state = self.slots[slot_i]
-                .hardware
-                .as_mut()
-                .expect("hardware route needs a hardware state");
-            // SAFETY: each image's three planes lie in the decode buffer at its offset (sized
-            // 3 * width * height from nvjpegGetImageInfo's dimensions, checked equal to the
-            // header's); the bitstreams are in the host batch, alive until the batch's event;
-            // `cu` is this stream, current context bound by enqueue_work.
-            if let Err(e) = unsafe { state.decode_batched(&data, &mut images, raw) } {
-                tracing::debug!(target: "longshore::vision", error = %e, images = hw.len(), "hardware batch failed; decoding per image");
-                self.stats.hardware_batch_failures += 1;
-                for &i in &hw {
-                    items[i].route = Route::Default;
-                }
-            }
-        }
-        // 3. The default backend, per image; a refusal goes to the CPU decoder.
-        for item in items.iter_mut() {
-            if item.route != Route::Default {
-                continue;
-            }
-            let e = item.entry;
-            let data = &bytes[range(&e)];
-            let mut image = Image::planar(dec + item.at as u64, e.width * e.height, e.width);
-            let state = &mut self.slots[slot_i].default;
-            // SAFETY: as for the hardware batch, for this one image.
-            let r = unsafe { state.decode(data, &mut image, raw) };
-            if let Err(err) = r {
-                tracing::debug!(target: "longshore::vision", error = %err, sample.index = e.index, "nvjpeg refused an image; decoding it on the cpu");
-                match self.cpu_decode(slot_i, data, &e) {
-                    Ok(k) => {
-                        item.route = Route::Kept(k);
-                        copy(dec + item.at as u64, &self.slots[slot_i].keep[k])?;
-                    }
-                    Err(source) => match self.sample_error(seq, e.index, source) {
-                        Ok(()) => item.dropped = true,
-                        Err(x) => {
-                            *late = Some(x);
-                            return Ok(());
-                        }
-                    },
-                }
-            }
-        }
-        // 4. Params and labels of the samples kept, then the kernel.
-        let mut params: Vec<i64> = Vec::new();
-        let mut labels: Vec<i64> = Vec::new();
-        for it in items.iter().filter(|i| !i.dropped) {
-            let e = &it.entry;
-            let (cs, rs, ps) = match it.route {
-                Route::Hardware | Route::Default => {
-                    ((e.width * e.height) as i64, e.width as i64, 1)
-                }
-                _ => (1, (e.width * 3) as i64, 3),
-            };
-            let p = e.plan;
-            let row: [i64; PARAMS] = [
-                it.at as i64,
-                cs,
-                rs,
-                ps,
-                p.box_x,
-                p.box_y,
-                p.box_w,
-                p.box_h,
-                p.resized_w,
-                p.resized_h,
-                p.view_x,
-                p.view_y,
-                p.valid_x0,
-                p.valid_y0,
-                p.valid_x1,
-                p.valid_y1,
-                i64::from(p.flip),
-                0,
-                0,
-                0,
-            ];
-            check_plan(&p, e)?;
-            params.extend_from_slice(&row);
-            labels.push(e.label);
-        }
-        if labels.is_empty() {
-            return Ok(());
-        }
-        let keep = &mut self.slots[slot_i].keep;
-        keep.push(bytemuck::cast_slice(&params).to_vec());
-        keep.push(bytemuck::cast_slice(&labels).to_vec());
-        let (pk, lk) = (keep.len() - 2, keep.len() - 1);
-        copy(par, &self.slots[slot_i].keep[pk])?;
-        copy(lab, &self.slots[slot_i].keep[lk])?;
-        let (kind, affine) = match self.transform.output() {
-            Output::Normalized(n) => (0, n.affine()),
-            Output::U8Chw => (1, [(1.0, 0.0); 3]),
-            Output::U8Hwc => (2, [(1.0, 0.0); 3]),
-        };
-        let (oh, ow) = self.transform.output_size();
-        // SAFETY: `out` holds items.len() >= labels.len() images of the output kind; `par`
-        // holds labels.len() * PARAMS i64 copied just before on this stream; every box lies
-        // inside its image (check_plan) and each image's pixels lie in `dec` at its offset
-        // with the strides given; all are allocations of this context, alive until the
-        // batch's event; the context is current (enqueue_work).
-        unsafe {
-            self.kernel.launch(
-                &self.stream,
-                out,
-                dec,
-                par,
-                labels.len(),
-                (ow, oh),
-                kind,
-                affine,
-            )
-        }
-    }
-}
-
-/// The kernel reads `box` of a `width x height` image: refuse a plan that would read outside.
-fn check_plan(p: &super::SamplePlan, e: &EncodedEntry) -> Result<(), TransferError> {
-    let (w, h) = (e.width as i64, e.height as i64);
-    let ok = p.box_x >= 0
-        && p.box_y >= 0
-        && p.box_w > 0
-        && p.box_h > 0
-        && p.box_x + p.box_w <= w
-        && p.box_y + p.box_h <= h
-        && p.resized_w > 0
-        && p.resized_h > 0;
-    if ok {
-        Ok(())
-    } else {
-        Err(TransferError::Invalid(format!(
-            "nvjpeg: sample {} has a crop box {:?} outside its {w}x{h} image",
-            e.index, p
-        )))
     }
 }
 

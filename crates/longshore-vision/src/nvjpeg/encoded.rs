@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use longshore_data::{Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, Storage};
 
+use super::header::{JpegHeader, JpegRoute};
 use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
 use crate::compose::Compose;
 use crate::dataset::RandomSource;
@@ -30,8 +31,8 @@ pub enum Payload {
 }
 
 /// Fields of a metadata row before the plan: index, label, payload, offset, length, width,
-/// height.
-const HEAD: usize = 7;
+/// height, hardware.
+const HEAD: usize = 8;
 /// `i64`s per sample in a batch's `meta` tensor.
 pub const META_FIELDS: usize = HEAD + PLAN_FIELDS;
 
@@ -59,6 +60,10 @@ pub struct EncodedEntry {
     pub width: usize,
     /// Image height.
     pub height: usize,
+    /// The worker's marker walk found a JPEG nvJPEG's hardware engines take
+    /// ([`JpegRoute::Hardware`]): the device stage decodes it in the batched hardware call
+    /// without checking it with nvJPEG first.
+    pub hardware: bool,
     /// Where the output pixels come from.
     pub plan: SamplePlan,
 }
@@ -76,6 +81,7 @@ impl EncodedEntry {
         row[4] = self.len as i64;
         row[5] = self.width as i64;
         row[6] = self.height as i64;
+        row[7] = i64::from(self.hardware);
         row[HEAD..].copy_from_slice(&self.plan.to_fields());
         row
     }
@@ -100,6 +106,11 @@ impl EncodedEntry {
             len: u(row[4])?,
             width: u(row[5])?,
             height: u(row[6])?,
+            hardware: match row[7] {
+                0 => false,
+                1 => true,
+                _ => return Err(bad("unknown hardware flag")),
+            },
             plan: SamplePlan::from_fields(plan),
         })
     }
@@ -174,6 +185,10 @@ pub struct EncodedSample {
     pub width: usize,
     /// Height from the header.
     pub height: usize,
+    /// Whether the worker's marker walk routes this JPEG to nvJPEG's hardware engines with no
+    /// further check ([`JpegRoute::Hardware`]; false for pixels and for JPEGs the device stage
+    /// checks with nvJPEG per image).
+    pub hardware: bool,
     /// The file's bytes ([`Payload::Jpeg`]) or the decoded RGB pixels ([`Payload::Rgb`]).
     pub bytes: Vec<u8>,
 }
@@ -242,8 +257,18 @@ impl EncodedImages {
         let options = self.folder.decode();
         let header = probe(&bytes).map_err(|e| invalid(path, e))?;
         check_limit(options, header.width, header.height).map_err(|e| invalid(path, e))?;
-        let (bytes, payload) = match header.format {
-            ImageFormat::Jpeg if !needs_cpu_huffman(&bytes) => (bytes, Payload::Jpeg),
+        // The marker walk decides who decodes a JPEG, here in the workers, so that the device
+        // stage's one thread only calls nvJPEG; its dimensions must agree with the header
+        // decoder's, or the device stage checks the file itself.
+        let route = match header.format {
+            ImageFormat::Jpeg => match JpegHeader::walk(&bytes) {
+                Ok(h) if (h.width, h.height) == (header.width, header.height) => h.route(),
+                _ => JpegRoute::Check,
+            },
+            ImageFormat::Png => JpegRoute::CpuHuffman,
+        };
+        let (bytes, payload) = match route {
+            JpegRoute::Hardware | JpegRoute::Check => (bytes, Payload::Jpeg),
             // A PNG, or a JPEG that nvJPEG's hardware engines do not take (progressive,
             // arithmetic, lossless: about 5% of ImageNet). nvJPEG's default backend would run
             // its Huffman pass on the CPU, one image at a time on the device stage's single
@@ -260,6 +285,7 @@ impl EncodedImages {
             payload,
             width: header.width,
             height: header.height,
+            hardware: route == JpegRoute::Hardware,
             bytes,
         })
     }
@@ -271,49 +297,6 @@ impl EncodedImages {
         self.random
             .draw(epoch, index, |rng| plan(steps, width, height, size, rng))
     }
-}
-
-/// Whether the first frame header of JPEG `bytes` is one nvJPEG's hardware engines do not
-/// decode: anything but baseline (SOF0) and extended sequential (SOF1) Huffman coding, i.e.
-/// progressive (SOF2), lossless (SOF3) and the arithmetic and hierarchical kinds. A stream
-/// whose markers do not parse is left to the device stage (which names the file if it
-/// fails).
-pub(crate) fn needs_cpu_huffman(bytes: &[u8]) -> bool {
-    if bytes.get(..2) != Some(&[0xFF, 0xD8]) {
-        return false;
-    }
-    let mut i = 2;
-    while i + 4 <= bytes.len() {
-        if bytes[i] != 0xFF {
-            return false;
-        }
-        let marker = bytes[i + 1];
-        match marker {
-            // Fill bytes before a marker.
-            0xFF => {
-                i += 1;
-                continue;
-            }
-            // Standalone markers carry no length.
-            0x01 | 0xD0..=0xD7 => {
-                i += 2;
-                continue;
-            }
-            // SOF0 / SOF1: what the hardware decodes.
-            0xC0 | 0xC1 => return false,
-            // Every other start-of-frame (DHT 0xC4, JPG 0xC8 and DAC 0xCC are not frames).
-            0xC2 | 0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF => return true,
-            // Scan data before any frame header, or the end: not a stream we judge.
-            0xDA | 0xD9 => return false,
-            _ => {}
-        }
-        let len = usize::from(u16::from_be_bytes([bytes[i + 2], bytes[i + 3]]));
-        if len < 2 {
-            return false;
-        }
-        i += 2 + len;
-    }
-    false
 }
 
 /// The pixel limit of `options` (and zero sizes), as the CPU decoder checks them.
@@ -389,6 +372,7 @@ impl DatasetCollate<EncodedImages> for EncodedCollate {
                 len: s.bytes.len(),
                 width: s.width,
                 height: s.height,
+                hardware: s.hardware,
                 plan,
             };
             total = (total + s.bytes.len())

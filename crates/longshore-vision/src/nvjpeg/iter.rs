@@ -35,6 +35,8 @@ pub struct NvjpegIter<I: Iterator> {
     /// Lanes mode: jobs dealt and answers taken, both round-robin over `lanes`.
     sent: u64,
     answered: u64,
+    /// Whether `next` was called before (the time since its last return is the consumer's).
+    started: bool,
 }
 
 type Answer = Result<Option<Prefetched<NvjpegBatch>>, LoaderError>;
@@ -76,6 +78,8 @@ fn lane_loop(
     answers: SyncSender<Answer>,
 ) -> NvjpegDecoder {
     for (seq, job) in jobs.iter() {
+        // The lane's phases start with the job: its idle time between jobs is no phase.
+        dec.lap();
         let answer = match catch_unwind(AssertUnwindSafe(|| {
             dec.bind().map_err(LoaderError::from)?;
             job(&mut dec, seq)
@@ -137,6 +141,7 @@ where
             lanes: Vec::new(),
             sent: 0,
             answered: 0,
+            started: false,
         })
     }
 
@@ -199,7 +204,7 @@ where
     {
         let n = self.lanes.len() as u64;
         while self.sent - self.answered < n * self.depth as u64 {
-            let Some(item) = self.source.next() else {
+            let Some(item) = self.timed_source_next() else {
                 break;
             };
             let seq = self.seq;
@@ -246,9 +251,19 @@ where
         }
     }
 
+    /// The source's next batch, the wait for it timed as `source_wait_time`.
+    fn timed_source_next(&mut self) -> Option<I::Item> {
+        let lap = self.decoder.lap();
+        self.decoder.stats_mut().hand_out_time += lap;
+        let item = self.source.next();
+        let lap = self.decoder.lap();
+        self.decoder.stats_mut().source_wait_time += lap;
+        item
+    }
+
     fn fill(&mut self) {
         while self.queue.len() < self.depth {
-            let Some(item) = self.source.next() else {
+            let Some(item) = self.timed_source_next() else {
                 break;
             };
             let seq = self.seq;
@@ -270,12 +285,28 @@ where
     type Item = Result<Prefetched<NvjpegBatch>, LoaderError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if !self.lanes.is_empty() {
-            return self.next_from_lanes();
+        // Every phase is a lap of the decoder's clock: the consumer's time since the last
+        // return, the source's waits, the decoder's phases, the hand-out.
+        let lap = self.decoder.lap();
+        let entered = self.decoder.clock();
+        if std::mem::replace(&mut self.started, true) {
+            let stats = self.decoder.stats_mut();
+            stats.consumer_time += lap;
+            stats.wall_time += lap;
         }
-        self.fill();
-        let out = self.queue.pop_front();
-        self.fill();
+        let out = if self.lanes.is_empty() {
+            self.fill();
+            let out = self.queue.pop_front();
+            self.fill();
+            out
+        } else {
+            self.next_from_lanes()
+        };
+        let lap = self.decoder.lap();
+        let left = self.decoder.clock();
+        let stats = self.decoder.stats_mut();
+        stats.hand_out_time += lap;
+        stats.wall_time += left - entered;
         out
     }
 }

@@ -83,12 +83,14 @@
 //! the CPU pipeline ([`ImageDataset`](crate::ImageDataset)) still works.
 
 mod encoded;
+pub mod header;
 pub mod plan;
 
 pub use encoded::{
     BYTES, EncodedCollate, EncodedEntry, EncodedImages, EncodedSample, LABEL, META, META_FIELDS,
     Payload, StagedEncoded, entries,
 };
+pub use header::{JpegHeader, JpegRoute};
 pub use plan::{PLAN_FIELDS, SamplePlan, check_steps, render_reference};
 
 #[cfg(feature = "cuda")]
@@ -108,7 +110,7 @@ mod kernel;
 #[cfg(feature = "cuda")]
 pub use batch::{Backend, DecodedBy, NvjpegBatch, NvjpegStats};
 #[cfg(feature = "cuda")]
-pub use decoder::NvjpegDecoder;
+pub use decoder::{CeilingRun, CeilingStage, NvjpegDecoder};
 #[cfg(feature = "cuda")]
 pub use ffi::NVJPEG;
 #[cfg(feature = "cuda")]
