@@ -95,6 +95,10 @@ def _torch_converter(torch, cuda, pinned):
         return None
     if cuda and (raw_stream is None or current_device is None):
         return None
+    if cuda:
+        # torch's Python-level CUDA set-up, which torch.cuda.current_stream() (the per-tensor
+        # path) runs on first use and the raw C-level functions do not.
+        torch.cuda.init()
     return _longshore._TorchConverter(
         from_dlpack,
         raw_stream=raw_stream if cuda else None,

@@ -168,10 +168,13 @@ def test_old_torch_without_the_internals_falls_back():
     def f(*args):
         return None
 
+    inits = []
     full = types.SimpleNamespace(
-        _C=types.SimpleNamespace(_from_dlpack=f, _cuda_getCurrentRawStream=f, _cuda_getDevice=f)
+        _C=types.SimpleNamespace(_from_dlpack=f, _cuda_getCurrentRawStream=f, _cuda_getDevice=f),
+        cuda=types.SimpleNamespace(init=lambda: inits.append(1)),
     )
     assert isinstance(longshore._torch_converter(full, cuda=True, pinned=True), _longshore._TorchConverter)
+    assert inits == [1]  # torch's CUDA set-up, as the per-tensor path's current_stream() runs it
     no_streams = types.SimpleNamespace(_C=types.SimpleNamespace(_from_dlpack=f))
     assert isinstance(longshore._torch_converter(no_streams, cuda=False, pinned=False),
                       _longshore._TorchConverter)
