@@ -4,14 +4,15 @@
 #   gpu-python/wheels/   the longshore wheel (abi3, manylinux2014: glibc >= 2.17, so it installs
 #                        whatever glibc the GPU machine has) + pytest and its pure-Python deps
 #   gpu-python/tests/    the pytest suite
-#   gpu-python/bench/    python_bench.py
+#   gpu-python/bench/    python_bench.py, torch_per_batch.py (per-batch cost of the torch
+#                        handoff), per_batch.py
 #   gpu-python/run.sh    what to run there
 # The GPU machine has Python 3.12, torch and numpy but no registry: everything else travels.
 # Needs PyPI here (maturin, ziglang for the manylinux2014 link, pytest to download).
 #
 #   bash python/gpu-artifacts.sh
 # On the GPU machine, from the project root:
-#   bash gpu-python/run.sh            # pytest with LONGSHORE_REQUIRE_CUDA=1, then the benchmark
+#   bash gpu-python/run.sh            # pytest with LONGSHORE_REQUIRE_CUDA=1, then the benchmarks
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -32,13 +33,16 @@ mkdir -p "$out/wheels"
     --python-version 3.12 --implementation cp --platform any pytest
 cp -r python/tests "$out/tests"
 rm -rf "$out/tests/__pycache__"
-mkdir -p "$out/bench" && cp python/bench/python_bench.py "$out/bench/"
+mkdir -p "$out/bench" && cp python/bench/python_bench.py python/bench/torch_per_batch.py \
+    python/bench/per_batch.py "$out/bench/"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # On the GPU machine (Python 3.12 + torch + numpy, no registry), from the project root:
 #   bash gpu-python/run.sh [--no-bench]
 # Installs the wheel and pytest from gpu-python/wheels into a private folder on PYTHONPATH, beside the system's
-# torch and numpy, runs the pytest suite with CUDA required, then the python benchmark.
+# torch and numpy, runs the pytest suite with CUDA required, then the python benchmark and the
+# per-batch cost of the torch handoff (RUST_TABULAR_SPS=<the Rust loader's tabular samples/s>
+# adds the ratio to it).
 # Logs and results go to $OUT (the device tool's folder) or ./gpu-out.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -61,6 +65,10 @@ if [ "${1:-}" != "--no-bench" ]; then
     done
     "$py" "$here/bench/python_bench.py" --data-dir "${DATA_DIR:-/tmp/longshore-bench-data}" \
         --out "$out/python.json" $rust 2>&1 | tee "$out/python-bench.log"
+    "$py" "$here/bench/torch_per_batch.py" --out "$out/torch-per-batch.json" \
+        ${RUST_TABULAR_SPS:+--rust-sps "$RUST_TABULAR_SPS"} 2>&1 | tee "$out/torch-per-batch.log"
+    "$py" "$here/bench/torch_per_batch.py" --pinned --workers 4 --out "$out/torch-per-batch-pinned.json" \
+        2>&1 | tee "$out/torch-per-batch-pinned.log"
 fi
 exit $rc
 RUN

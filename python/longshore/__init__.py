@@ -78,6 +78,35 @@ def _cuda_index(device):
     raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:N', not {device!r}")
 
 
+def _torch_converter(torch, cuda, pinned):
+    """A :class:`_TorchConverter` over torch's C-level functions, bound once here (never looked
+    up per batch), or None when this torch lacks one of them: then each tensor goes through
+    ``torch.utils.dlpack.from_dlpack``, as before the converter existed (slower, same result).
+
+    ``torch._C._from_dlpack`` imports a DLPack capsule (every torch since 1.x);
+    ``torch._C._cuda_getCurrentRawStream(index)`` returns the current stream's ``cudaStream_t``
+    and ``torch._C._cuda_getDevice()`` the current GPU, without building a ``torch.cuda.Stream``
+    (what torch.compile's generated code uses to launch kernels)."""
+    c = getattr(torch, "_C", None)
+    from_dlpack = getattr(c, "_from_dlpack", None)
+    raw_stream = getattr(c, "_cuda_getCurrentRawStream", None)
+    current_device = getattr(c, "_cuda_getDevice", None)
+    if from_dlpack is None:
+        return None
+    if cuda and (raw_stream is None or current_device is None):
+        return None
+    if cuda:
+        # torch's Python-level CUDA set-up, which torch.cuda.current_stream() (the per-tensor
+        # path) runs on first use and the raw C-level functions do not.
+        torch.cuda.init()
+    return _longshore._TorchConverter(
+        from_dlpack,
+        raw_stream=raw_stream if cuda else None,
+        current_device=current_device if pinned else None,
+        pinned=pinned,
+    )
+
+
 class DataLoader:
     """``torch.utils.data.DataLoader``'s options over longshore's Rust loader.
 
@@ -148,7 +177,11 @@ class DataLoader:
         self._index = index
         self._convert = self._converter(framework)
 
-    def _converter(self, framework):
+    def _converter(self, framework, fast=True):
+        """What turns a batch's tensors into the framework's: a ``_TorchConverter`` (a whole
+        batch per Rust call) for torch, or a callable per tensor (``np.from_dlpack``, or
+        torch's ``from_dlpack`` with ``fast=False`` or where this torch lacks the internals the
+        converter uses)."""
         if framework == "numpy":
             import numpy as np
 
@@ -156,20 +189,25 @@ class DataLoader:
         torch = _import_torch()
         if torch is None:
             raise ImportError("framework='torch' needs PyTorch installed")
+        # Page-locked batches are usually copied to the GPU with non_blocking=True on torch's
+        # current stream: their block goes back to the pool only once that stream has passed
+        # the point where the tensor was freed.
+        pinned = self._index is None and self.pin_memory and torch.cuda.is_available()
+        if fast:
+            converter = _torch_converter(torch, cuda=self._index is not None or pinned, pinned=pinned)
+            if converter is not None:
+                return converter
         from_dlpack = torch.utils.dlpack.from_dlpack
-        if self._index is None and self.pin_memory and torch.cuda.is_available():
-            # Page-locked batches are usually copied to the GPU with non_blocking=True on
-            # torch's current stream: their block goes back to the pool only once that stream
-            # has passed the point where the tensor was freed.
+        if pinned:
             current_stream = torch.cuda.current_stream
             current_device = torch.cuda.current_device
 
-            def pinned(t):
+            def pinned_from_dlpack(t):
                 stream = current_stream().cuda_stream
                 t.release_after_stream(current_device(), stream if stream != 0 else 1)
                 return from_dlpack(t)
 
-            return pinned
+            return pinned_from_dlpack
         return from_dlpack
 
     def __iter__(self):

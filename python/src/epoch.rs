@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded};
 use longshore_dlpack::{DlpackError, DlpackTensor, ExportOptions, export_device, export_host};
 use longshore_loader::{LoaderError, LoaderState};
+use longshore_transfer::Device;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -32,6 +33,7 @@ use pyo3::types::PyList;
 use crate::errors::{LoaderFailure, dlpack_err, loader_err};
 use crate::loader::{AnyLoader, Epoch, Handoff};
 use crate::tensor::PyTensor;
+use crate::torch::PyTorchConverter;
 
 /// Batches the pump may hold ready for Python, queued or being queued.
 ///
@@ -191,8 +193,20 @@ impl Position {
     }
 }
 
-/// One epoch of a `_Loader`. `__next__` returns `convert(tensor)` (one-tensor batches) or a
-/// list of `convert(tensor)`, or a list of `longshore.Tensor` when no `convert` was given.
+/// How an epoch turns a batch's tensors into Python values.
+pub(crate) enum Convert {
+    /// `longshore.Tensor` objects, as exported.
+    Raw,
+    /// A Python callable per tensor (`np.from_dlpack`, or torch's `from_dlpack` where the
+    /// torch internals [`PyTorchConverter`] needs are missing).
+    Each(Py<PyAny>),
+    /// torch tensors, a whole batch per Rust call; with the loader's device (that of CUDA
+    /// batches).
+    Torch(Py<PyTorchConverter>, Option<Device>),
+}
+
+/// One epoch of a `_Loader`. `__next__` returns the converted tensor (one-tensor batches) or a
+/// list of converted tensors, or a list of `longshore.Tensor` without conversion.
 #[pyclass(name = "_Epoch", module = "longshore", frozen)]
 pub(crate) struct PyEpoch {
     /// The queue from the pump; `None` once the epoch ended or was closed.
@@ -201,7 +215,7 @@ pub(crate) struct PyEpoch {
     closed: AtomicBool,
     position: Arc<Position>,
     id: u64,
-    convert: Option<Py<PyAny>>,
+    convert: Convert,
     single: bool,
 }
 
@@ -213,7 +227,7 @@ impl PyEpoch {
         opts: ExportOptions,
         position: Arc<Position>,
         id: u64,
-        convert: Option<Py<PyAny>>,
+        convert: Convert,
         single: bool,
     ) -> PyResult<Self> {
         // The pump holds one batch while it waits for room: the queue holds the rest.
@@ -234,11 +248,20 @@ impl PyEpoch {
 
     /// The Python value of one batch.
     fn deliver(&self, py: Python<'_>, tensors: Vec<DlpackTensor>) -> PyResult<Py<PyAny>> {
-        let Some(convert) = &self.convert else {
-            let raw: Vec<PyTensor> = tensors.into_iter().map(PyTensor::new).collect();
-            return Ok(PyList::new(py, raw)?.into_any().unbind());
+        let convert = match &self.convert {
+            Convert::Raw => {
+                let raw: Vec<PyTensor> = tensors.into_iter().map(PyTensor::new).collect();
+                return Ok(PyList::new(py, raw)?.into_any().unbind());
+            }
+            Convert::Torch(c, device) => {
+                let mut out = c.get().batch(py, tensors, device.as_ref())?;
+                if self.single && out.len() == 1 {
+                    return Ok(out.pop().expect("one tensor").unbind());
+                }
+                return Ok(PyList::new(py, out)?.into_any().unbind());
+            }
+            Convert::Each(f) => f.bind(py),
         };
-        let convert = convert.bind(py);
         if self.single && tensors.len() == 1 {
             let t = tensors.into_iter().next().expect("one tensor");
             return Ok(convert.call1((PyTensor::new(t),))?.unbind());

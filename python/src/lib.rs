@@ -1,7 +1,8 @@
 //! `longshore._longshore`: the native module of the `longshore` Python package, a thin layer
 //! over the Rust crates (`longshore-loader` for the loader, `longshore-dlpack` for handing
 //! batches to PyTorch and NumPy). The Python package (`longshore/__init__.py`) adds the
-//! `DataLoader` class that converts each batch with `torch.from_dlpack` or `np.from_dlpack`.
+//! `DataLoader` class, which picks how batches are converted: `_TorchConverter` (a batch per
+//! Rust call into torch) or `np.from_dlpack` per tensor.
 
 mod dataset;
 mod epoch;
@@ -9,6 +10,7 @@ mod errors;
 mod loader;
 mod nvjpeg;
 mod tensor;
+mod torch;
 mod vision;
 
 use pyo3::prelude::*;
@@ -31,6 +33,7 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<epoch::PyEpoch>()?;
     m.add_class::<loader::PyPinnedPool>()?;
     m.add_class::<tensor::PyTensor>()?;
+    m.add_class::<torch::PyTorchConverter>()?;
     m.add_class::<vision::PyImageFolder>()?;
     m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;

@@ -17,8 +17,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::dataset::{PyNpyDataset, PyRecordDataset, Source};
-use crate::epoch::{Position, PyEpoch};
+use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
+use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
 
 /// What an epoch yields before export: a host batch or a prefetched device batch.
@@ -334,9 +335,17 @@ impl PyLoader {
     }
 
     /// Starts an epoch whose batches are `convert(tensor)` (or lists of them), or lists of
-    /// `longshore.Tensor` without `convert`.
+    /// `longshore.Tensor` without `convert`. A `_TorchConverter` converts each batch in one
+    /// call.
     #[pyo3(signature = (convert = None))]
-    fn epoch(&self, py: Python<'_>, convert: Option<Py<PyAny>>) -> PyResult<PyEpoch> {
+    fn epoch(&self, py: Python<'_>, convert: Option<Bound<'_, PyAny>>) -> PyResult<PyEpoch> {
+        let convert = match convert {
+            None => Convert::Raw,
+            Some(c) => match c.cast::<PyTorchConverter>() {
+                Ok(t) => Convert::Torch(t.clone().unbind(), self.device.clone()),
+                Err(_) => Convert::Each(c.unbind()),
+            },
+        };
         let (epoch, id) = py
             .detach(|| {
                 // The epoch's iterator first (it sets the loader's progress for this epoch and

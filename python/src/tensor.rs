@@ -47,7 +47,7 @@ unsafe extern "C" fn destroy_legacy(capsule: *mut ffi::PyObject) {
 }
 
 /// Wraps an export in a DLPack capsule, versioned or legacy.
-fn capsule_of<'py>(
+pub(crate) fn capsule_of<'py>(
     py: Python<'py>,
     tensor: DlpackTensor,
     versioned: bool,

@@ -168,10 +168,16 @@ pub fn export_device(
 }
 
 fn export_layout(layout: &BatchLayout, src: &Source<'_>) -> Result<Vec<DlpackTensor>, DlpackError> {
+    // One event for the whole export, shared: a consumer waits for it once per batch
+    // (`hand_all_to`).
+    let ready = src
+        .ready
+        .filter(|e| !e.is_complete())
+        .map(|e| Arc::new(e.clone()));
     layout
         .tensors()
         .iter()
         .enumerate()
-        .map(|(i, spec)| DlpackTensor::new(i, spec, src))
+        .map(|(i, spec)| DlpackTensor::new(i, spec, src, ready.clone()))
         .collect()
 }

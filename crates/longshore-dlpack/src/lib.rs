@@ -35,6 +35,7 @@
 //! * [`DlpackTensor`]: one exported tensor: shape, dtype, device; [`hand_to`] orders a
 //!   consumer's stream after the data and the release after the consumer's work;
 //!   [`prepare_for_stream`] and [`request`] implement the arguments of Python's `__dlpack__`;
+//!   [`hand_all_to`] hands a whole batch to a stream with one wait for its copy;
 //!   [`into_raw`] / [`into_raw_legacy`] hand it over.
 //! * [`ffi`]: the DLPack ABI structs, written against `dlpack.h`.
 //!
@@ -60,7 +61,7 @@ mod tensor;
 
 pub use error::DlpackError;
 pub use export::{ExportOptions, HostStorage, PinnedLabel, export_device, export_host};
-pub use tensor::{DlpackTensor, dl_dtype};
+pub use tensor::{DlpackTensor, dl_dtype, hand_all_to};
 
 /// Whether a consumer that passed `max_version` to `__dlpack__` takes the versioned
 /// (DLPack 1.x) struct; without it, the legacy struct is expected.

@@ -34,8 +34,9 @@ struct Holder {
     bytes: usize,
     /// The device a device tensor lives on (`None` for host memory).
     device: Option<Device>,
-    /// Completes when the data is written (device batches: their copy).
-    ready: Option<Event>,
+    /// Completes when the data is written (device batches: their copy). Shared by the tensors
+    /// of one export, so that [`hand_all_to`] can make a consumer wait for it once.
+    ready: Option<Arc<Event>>,
     /// The stream the consumer uses the tensor on: the memory is released only once the work
     /// enqueued there before the deleter ran has completed.
     consumer: Option<Stream>,
@@ -159,10 +160,14 @@ unsafe impl Sync for DlpackTensor {}
 
 impl DlpackTensor {
     /// Exports tensor `index` (`spec`) of a batch whose storage is described by `src`.
+    ///
+    /// `ready` is the export's event when its work was not complete yet (shared by the
+    /// batch's tensors).
     pub(crate) fn new(
         index: usize,
         spec: &TensorSpec,
         src: &Source<'_>,
+        ready: Option<Arc<Event>>,
     ) -> Result<DlpackTensor, DlpackError> {
         let dtype = dl_dtype(spec.dtype).ok_or(DlpackError::UnsupportedDType {
             tensor: index,
@@ -236,7 +241,7 @@ impl DlpackTensor {
             name: spec.name.clone(),
             bytes: spec.len,
             device: src.device.cloned(),
-            ready: src.ready.filter(|e| !e.is_complete()).cloned(),
+            ready,
             consumer: None,
         });
         let raw = Box::into_raw(holder);
@@ -315,7 +320,7 @@ impl DlpackTensor {
 
     /// The event the data is ready at, if it is not yet (device batches).
     pub fn ready_event(&self) -> Option<&Event> {
-        self.h().ready.as_ref()
+        self.h().ready.as_deref()
     }
 
     /// Blocks the host until the data is ready (a no-op for host batches).
@@ -361,6 +366,11 @@ impl DlpackTensor {
         }
         self.h_mut().consumer = Some(consumer.clone());
         Ok(())
+    }
+
+    /// The shared ready event, for [`hand_all_to`].
+    fn shared_ready(&self) -> Option<&Arc<Event>> {
+        self.h().ready.as_ref()
     }
 
     /// Applies the `stream` argument of the Python `__dlpack__` protocol: `None` means the
@@ -496,6 +506,32 @@ impl fmt::Debug for DlpackTensor {
             .field("read_only", &self.is_read_only())
             .finish()
     }
+}
+
+/// [`DlpackTensor::hand_to`] for every tensor of `tensors` (a batch, usually), with one wait
+/// per distinct ready event instead of one per tensor: the tensors of one export share their
+/// batch's event, so a batch costs its consumer a single `cuStreamWaitEvent`. The host does not
+/// block; the release of each tensor is ordered after the work enqueued on `consumer` before its
+/// deleter runs, exactly as with `hand_to`.
+///
+/// On an error the tensors before the failing wait have been handed to `consumer` (their
+/// release waits for it), the others are unchanged.
+pub fn hand_all_to(tensors: &mut [DlpackTensor], consumer: &Stream) -> Result<(), DlpackError> {
+    // Distinct events of a batch: one or two (nvJPEG batches export images and labels apart).
+    let mut waited: Vec<Arc<Event>> = Vec::new();
+    for t in tensors.iter_mut() {
+        if let Some(ready) = t.shared_ready()
+            && !waited.iter().any(|w| Arc::ptr_eq(w, ready))
+        {
+            let ready = ready.clone();
+            // No `is_complete` query first: waiting on a completed event is one driver call,
+            // the same as the query it would replace.
+            consumer.wait_event(&ready)?;
+            waited.push(ready);
+        }
+        t.h_mut().consumer = Some(consumer.clone());
+    }
+    Ok(())
 }
 
 /// A protocol stream handle of `device` as a [`Stream`].

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{batch, f32s, i64s, pool};
 use longshore_dlpack::ffi::DLDeviceType;
-use longshore_dlpack::{ExportOptions, export_device, export_host};
+use longshore_dlpack::{ExportOptions, export_device, export_host, hand_all_to};
 use longshore_transfer::{Device, upload_new};
 
 /// Polls `f` until it holds or two seconds pass.
@@ -139,4 +139,90 @@ fn protocol_stream_on_the_cpu_device_waits_on_the_host() {
         f32s(&tensors[0]),
         vec![10., 11., 12., 13., 14., 20., 21., 22., 23., 24.]
     );
+}
+
+#[test]
+fn hand_all_to_orders_every_tensor_of_every_export_and_defers_the_release() {
+    let device = Device::cpu();
+    let (copy, consumer) = (device.new_stream().unwrap(), device.new_stream().unwrap());
+    let pool = pool(false);
+    // Two exports with their own copies (as nvJPEG batches export images and labels apart),
+    // both held back behind a gate on the copy stream.
+    let (go, gate) = mpsc::channel::<()>();
+    copy.launch_host_fn(move || {
+        let _ = gate.recv();
+    })
+    .unwrap();
+    let mut tensors = Vec::new();
+    for first in [3, 30] {
+        let (layout, lease) = batch(&pool, first, 2).into_parts();
+        let storage = upload_new(&copy, lease).unwrap();
+        let ready = copy.record().unwrap();
+        tensors.extend(
+            export_device(&layout, storage, Some(ready), &ExportOptions::default()).unwrap(),
+        );
+    }
+    assert_eq!(tensors.len(), 4);
+    let t0 = Instant::now();
+    hand_all_to(&mut tensors, &consumer).unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "hand_all_to blocked the host"
+    );
+    // The consumer reads every tensor through its raw pointer, as kernels would.
+    let views: Vec<(usize, usize)> = tensors
+        .iter()
+        .map(|t| (t.data_ptr() as usize, t.byte_len()))
+        .collect();
+    let (tx, seen) = mpsc::channel::<Vec<Vec<u8>>>();
+    consumer
+        .launch_host_fn(move || {
+            let bytes = views
+                .iter()
+                // SAFETY: the tensors are alive until after `seen` is received below, and the
+                // consumer stream runs this only after both copies (it waits on both events).
+                .map(|&(p, n)| unsafe { common::read_raw(p as *const std::ffi::c_void, n) })
+                .collect();
+            let _ = tx.send(bytes);
+        })
+        .unwrap();
+    assert!(
+        seen.recv_timeout(Duration::from_millis(50)).is_err(),
+        "the consumer ran before the copies"
+    );
+    go.send(()).unwrap();
+    let bytes = seen.recv_timeout(Duration::from_secs(5)).unwrap();
+    let f = |first: usize| -> Vec<u8> {
+        (first..first + 2)
+            .flat_map(|i| (0..5).map(move |j| (10 * i + j) as f32))
+            .flat_map(f32::to_ne_bytes)
+            .collect()
+    };
+    let l = |first: i64| -> Vec<u8> { (first..first + 2).flat_map(i64::to_ne_bytes).collect() };
+    assert_eq!(bytes, vec![f(3), l(3), f(30), l(30)]);
+    drop(tensors);
+    consumer.synchronize().unwrap();
+    // The uploads' leases went back once their copies completed.
+    assert!(eventually(|| pool.stats().bytes_in_use == 0));
+    // A host batch: its lease goes back only once the consumer passed the point of release.
+    let mut tensors = export_host(batch(&pool, 0, 4), &ExportOptions::default()).unwrap();
+    hand_all_to(&mut tensors, &consumer).unwrap();
+    let (go, gate) = mpsc::channel::<()>();
+    consumer
+        .launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
+    let in_use = pool.stats().bytes_in_use;
+    assert!(in_use > 0);
+    drop(tensors);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        pool.stats().bytes_in_use,
+        in_use,
+        "the lease went back while the consumer's stream could still read it"
+    );
+    go.send(()).unwrap();
+    consumer.synchronize().unwrap();
+    assert!(eventually(|| pool.stats().bytes_in_use == 0));
 }
