@@ -35,6 +35,8 @@ impl Device {
 
     /// [`topology`](Device::topology) with the sysfs tree at `sysfs`.
     pub fn topology_at(&self, sysfs: &Path) -> Option<GpuTopology> {
+        #[cfg(not(feature = "cuda"))]
+        let _ = sysfs;
         match &self.shared.backend {
             DeviceImpl::Cpu => None,
             #[cfg(feature = "cuda")]
