@@ -323,6 +323,10 @@ impl<F: Fetch> DataLoader<F> {
             longshore_host::CpuSet::from_words(&[u64::MAX; 64])
         });
         let resolved = resolve(&requested, st.topology.as_ref(), &allowed);
+        if resolved == st.resolved {
+            // The same as before (`to_device` every epoch): nothing to log or hand out.
+            return;
+        }
         let gpu_local = requested == Placement::GpuLocal;
         let multi_node = st.topology.as_ref().is_some_and(GpuTopology::multi_node);
         match &resolved.cpus {
