@@ -27,12 +27,16 @@
 //! * [`PinnedPool`], [`PoolConfig`], [`BudgetPolicy`], [`PoolStats`], [`PoolBuffer`] (a lease).
 //! * [`Fence`]: what the pool waits on before reusing a block; [`CpuFence`] is signalled by host code.
 //! * [`HostMemory`]: what the transfer layer needs of any of these buffers.
+//! * Placement: [`CpuSet`] (the kernel's `0-7,16-23` lists), [`thread`] (a thread's CPU
+//!   affinity, scheduling policy and nice value), [`numa`] (memory nodes; a pool's blocks on
+//!   the node of its GPU, [`PinnedPool::set_numa_node`]).
 //!
 //! The CUDA driver is loaded at run time (feature `cuda`, on by default): on a host without
 //! one, page-locked allocations return [`HostError::CudaUnavailable`] and everything else works.
 
 mod alloc;
 mod buffer;
+mod cpuset;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod error;
@@ -40,14 +44,17 @@ mod fence;
 pub mod file;
 mod kind;
 mod memory;
+pub mod numa;
 mod pool;
 pub mod sys;
+pub mod thread;
 
 pub use alloc::{
     LockedAllocator, PageLockedAllocator, PageableAllocator, RawAllocator, RegisteredAllocator,
     allocator_for,
 };
 pub use buffer::HostBuffer;
+pub use cpuset::{CpuListError, CpuSet};
 #[cfg(feature = "cuda")]
 pub use cuda::{driver_status, is_driver_host_memory};
 pub use error::{HostError, Result};

@@ -9,12 +9,14 @@ use longshore_data::{
     Sampler, StackCollate, WorkerInfo,
 };
 use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
+use longshore_transfer::GpuTopology;
 
 use crate::collate::IntoCollate;
 use crate::config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
 use crate::error::LoaderError;
 use crate::fetch::{ItemFetch, IterableFetch, MapFetch};
-use crate::loader::{DataLoader, SamplerSource};
+use crate::loader::{DataLoader, Parts, SamplerSource};
+use crate::placement::{Placement, WorkerPriority};
 use crate::worker::WorkerInit;
 
 fn random_seed() -> u64 {
@@ -46,6 +48,10 @@ struct Options {
     batch_sampler: Option<Box<dyn BatchSampling>>,
     worker_init: Option<WorkerInit>,
     pool: Option<PinnedPool>,
+    /// The GPU's topology, given to the builder (then `to_device` does not replace it).
+    topology: Option<GpuTopology>,
+    /// Whether the pool was made by the loader (it may then set the pool's NUMA node).
+    own_pool: bool,
 }
 
 /// Builds a [`DataLoader`]; every option has PyTorch's name and default.
@@ -110,6 +116,8 @@ impl<D, C> DataLoaderBuilder<D, C> {
                 batch_sampler: None,
                 worker_init: None,
                 pool: None,
+                topology: None,
+                own_pool: false,
             },
         }
     }
@@ -222,6 +230,33 @@ impl<D, C> DataLoaderBuilder<D, C> {
         self
     }
 
+    /// Where worker threads may run (default [`Placement::GpuLocal`]: on a host with several
+    /// NUMA nodes, pinned to the CPUs nearest the GPU the loader delivers to, with the loader's
+    /// own pool allocating on the GPU's node; a no-op elsewhere). [`Placement::Off`] leaves
+    /// the threads alone; [`Placement::Cpus`] pins them to a set. What it became is in
+    /// [`LoaderStats::placement`](crate::LoaderStats::placement).
+    pub fn cpu_placement(mut self, placement: Placement) -> Self {
+        self.opts.config.cpu_placement = placement;
+        self
+    }
+
+    /// How worker threads are scheduled (default [`WorkerPriority::Normal`]);
+    /// [`WorkerPriority::Background`] runs them in `SCHED_BATCH` at a higher nice value, so
+    /// that with more workers than cores the consumer thread still gets a core when it wakes.
+    pub fn worker_priority(mut self, priority: WorkerPriority) -> Self {
+        self.opts.config.worker_priority = priority;
+        self
+    }
+
+    /// The topology of the GPU the batches go to, for [`Placement::GpuLocal`] (without it the
+    /// loader learns it from the device given to [`DataLoader::to_device`]). Read it with
+    /// [`Device::topology`](longshore_transfer::Device::topology), or from any sysfs tree with
+    /// [`GpuTopology::from_sysfs`].
+    pub fn gpu_topology(mut self, topology: GpuTopology) -> Self {
+        self.opts.topology = Some(topology);
+        self
+    }
+
     /// Longest wait for workers to stop when an iterator is dropped (default 5 s); a worker
     /// still inside dataset code then is detached and exits when that code returns.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
@@ -318,6 +353,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// `pin_memory_effective` and the warnings, and logs each warning once.
     fn make_pool(&mut self, config: &mut LoaderConfig) -> Result<PinnedPool, LoaderError> {
         let pin = config.pin_memory;
+        self.opts.own_pool = self.opts.pool.is_none();
         let (pool, pin_unavailable) = match self.opts.pool.take() {
             Some(p) => {
                 let why = (pin && !p.kind().is_dma_capable())
@@ -396,13 +432,15 @@ where
             pool: pool.clone(),
             on_error: config.on_sample_error,
         };
-        Ok(DataLoader::from_parts(
+        Ok(DataLoader::from_parts(Parts {
             fetch,
             config,
             sampler,
             pool,
-            self.opts.worker_init,
-        ))
+            worker_init: self.opts.worker_init,
+            topology: self.opts.topology,
+            own_pool: self.opts.own_pool,
+        }))
     }
 
     /// Builds a loader without automatic batching (PyTorch's `batch_size=None`): it yields the
@@ -428,13 +466,15 @@ where
         let fetch = ItemFetch {
             dataset: Arc::new(self.dataset),
         };
-        Ok(DataLoader::from_parts(
+        Ok(DataLoader::from_parts(Parts {
             fetch,
             config,
             sampler,
             pool,
-            self.opts.worker_init,
-        ))
+            worker_init: self.opts.worker_init,
+            topology: self.opts.topology,
+            own_pool: self.opts.own_pool,
+        }))
     }
 
     fn sampler_source(&mut self, len: usize, seed: u64) -> Result<SamplerSource, LoaderError> {
@@ -520,12 +560,14 @@ where
             drop_last: config.drop_last,
             on_error: config.on_sample_error,
         };
-        Ok(DataLoader::from_parts(
+        Ok(DataLoader::from_parts(Parts {
             fetch,
             config,
-            SamplerSource::None,
+            sampler: SamplerSource::None,
             pool,
-            self.opts.worker_init,
-        ))
+            worker_init: self.opts.worker_init,
+            topology: self.opts.topology,
+            own_pool: self.opts.own_pool,
+        }))
     }
 }

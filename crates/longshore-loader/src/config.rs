@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::placement::{Placement, WorkerPriority};
+
 /// What a batch does when one of its samples fails to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -113,6 +115,11 @@ pub struct LoaderConfig {
     pub available_parallelism: usize,
     /// What looked wrong when the loader was built; see [`LoaderWarning`].
     pub warnings: Vec<LoaderWarning>,
+    /// Where worker threads may run, as asked for; what it became is
+    /// [`DataLoader::placement`](crate::DataLoader::placement).
+    pub cpu_placement: Placement,
+    /// How worker threads are scheduled.
+    pub worker_priority: WorkerPriority,
 }
 
 impl LoaderConfig {
@@ -136,6 +143,8 @@ impl LoaderConfig {
             shutdown_timeout: Duration::from_secs(5),
             available_parallelism: 1,
             warnings: Vec::new(),
+            cpu_placement: Placement::default(),
+            worker_priority: WorkerPriority::default(),
         }
     }
 }

@@ -219,8 +219,14 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> DataLoader<F> {
     /// [`wait_on`](Prefetched::wait_on) with your compute stream (the GPU waits, the host does
     /// not) or [`wait`](Prefetched::wait). With `pin_memory` the copies are direct DMA from
     /// the batch's page-locked lease, which returns to the pool only after its copy.
+    ///
+    /// Under [`Placement::GpuLocal`](crate::Placement::GpuLocal) (the default) the workers run
+    /// on the CPUs nearest `device` and the loader's own pool allocates on its NUMA node,
+    /// where the host has several nodes (see [`DataLoader::placement`]).
     pub fn to_device(&self, device: &Device, depth: usize) -> Result<DeviceIter<F>, LoaderError> {
         let stream = device.new_stream()?;
+        // Workers (persistent ones too) move to the device's CPUs before their next batch.
+        self.place(device.topology(), false);
         let mut it = self.iter();
         let marker = it.defer_marks();
         Ok(DeviceIter {

@@ -224,6 +224,7 @@ impl<F: Fetch> LoaderIter<F> {
                     worker_body(
                         inner.fetch.clone(),
                         inner.worker_init.clone(),
+                        inner.threads.clone(),
                         threads,
                         it.config.seed,
                     ),

@@ -37,6 +37,8 @@
 //!   `DatasetCollate` of the dataset).
 //! * [`SampleErrorPolicy`], [`WorkerPanicPolicy`]: what faults do.
 //! * [`LoaderState`]: `state_dict()` / `load_state_dict()` for mid-epoch resume.
+//! * [`Placement`], [`WorkerPriority`], [`WorkerPlacement`]: workers on the CPUs nearest
+//!   the GPU (on by default where the host has several NUMA nodes) and their scheduling class.
 //! * [`LoaderStats`]: who is the bottleneck (`wait_fraction`); [`Tuner`] picks `num_workers`
 //!   and `pin_memory` by measuring.
 //! * [`DataLoader::to_device`]: batches on a device through the prefetcher ([`DeviceBatch`]);
@@ -72,6 +74,7 @@ mod error;
 mod fetch;
 mod iter;
 mod loader;
+mod placement;
 mod prepare;
 mod state;
 mod stats;
@@ -92,6 +95,7 @@ pub use iter::LoaderIter;
 pub use loader::{
     DataLoader, DirectLoader, IterableLoader, MapLoader, StackLoader, UnbatchedLoader,
 };
+pub use placement::{BACKGROUND_NICE, Placement, WorkerPlacement, WorkerPriority};
 pub use state::LoaderState;
 pub use stats::LoaderStats;
 #[cfg(feature = "stream")]

@@ -15,6 +15,9 @@
 //! shares around each reply and whose write side the consumer takes when it starts a new
 //! generation) and the pool's state lock (taken to lease a block and when a batch is dropped;
 //! a batch is never dropped under a loader lock).
+//!
+//! The placement lock ([`Inner::placement`]) is taken alone, after reading the options under
+//! `plan` and releasing it.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,12 +27,14 @@ use longshore_data::{
     StackCollate,
 };
 use longshore_host::PinnedPool;
+use longshore_transfer::GpuTopology;
 
 use crate::config::{LoaderConfig, LoaderWarning};
 use crate::engine::Engine;
 use crate::error::LoaderError;
 use crate::fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
 use crate::iter::LoaderIter;
+use crate::placement::{Placement, ThreadSetup, WorkerPlacement, resolve};
 use crate::prepare::Prepared;
 use crate::state::{LoaderState, Progress};
 use crate::stats::LoaderStats;
@@ -132,6 +137,32 @@ pub(crate) struct Inner<F: Fetch> {
     pub(crate) stats: Mutex<LoaderStats>,
     /// The workers kept between epochs (`persistent_workers`). Last.
     pub(crate) persistent: Mutex<Option<Engine<F::Output>>>,
+    /// What every worker thread applies to itself (placement, priority).
+    pub(crate) threads: Arc<ThreadSetup>,
+    /// The GPU topology and what the placement became. Taken alone.
+    pub(crate) placement: Mutex<PlacementState>,
+}
+
+/// The GPU the loader places its workers for, and the settled placement.
+#[derive(Debug)]
+pub(crate) struct PlacementState {
+    topology: Option<GpuTopology>,
+    /// Given by the user (builder or [`DataLoader::set_gpu_topology`]): `to_device` keeps it.
+    explicit: bool,
+    /// The pool was made by the loader, so the loader may choose its NUMA node.
+    own_pool: bool,
+    resolved: WorkerPlacement,
+}
+
+/// What a builder hands to [`DataLoader::from_parts`].
+pub(crate) struct Parts<F> {
+    pub(crate) fetch: F,
+    pub(crate) config: LoaderConfig,
+    pub(crate) sampler: SamplerSource,
+    pub(crate) pool: PinnedPool,
+    pub(crate) worker_init: Option<WorkerInit>,
+    pub(crate) topology: Option<GpuTopology>,
+    pub(crate) own_pool: bool,
 }
 
 /// A multi-worker data loader with PyTorch's options: `for batch in &loader`.
@@ -219,14 +250,19 @@ impl<F: Fetch> fmt::Debug for DataLoader<F> {
 }
 
 impl<F: Fetch> DataLoader<F> {
-    pub(crate) fn from_parts(
-        fetch: F,
-        config: LoaderConfig,
-        sampler: SamplerSource,
-        pool: PinnedPool,
-        worker_init: Option<WorkerInit>,
-    ) -> Self {
-        DataLoader {
+    pub(crate) fn from_parts(parts: Parts<F>) -> Self {
+        let Parts {
+            fetch,
+            config,
+            sampler,
+            pool,
+            worker_init,
+            topology,
+            own_pool,
+        } = parts;
+        let explicit = topology.is_some();
+        let threads = ThreadSetup::new(config.worker_priority);
+        let loader = DataLoader {
             inner: Arc::new(Inner {
                 fetch: Arc::new(fetch),
                 pool,
@@ -241,8 +277,79 @@ impl<F: Fetch> DataLoader<F> {
                 progress: Mutex::new(Progress::default()),
                 stats: Mutex::new(LoaderStats::default()),
                 persistent: Mutex::new(None),
+                threads,
+                placement: Mutex::new(PlacementState {
+                    topology: None,
+                    explicit: false,
+                    own_pool,
+                    resolved: WorkerPlacement::default(),
+                }),
             }),
+        };
+        loader.place(topology, explicit);
+        loader
+    }
+
+    /// Where the workers run (the CPUs they are pinned to, and why), as settled for the GPU
+    /// the loader delivers to. Also in [`LoaderStats::placement`].
+    pub fn placement(&self) -> WorkerPlacement {
+        lock(&self.inner.placement).resolved.clone()
+    }
+
+    /// Sets the topology of the GPU the batches go to, for
+    /// [`Placement::GpuLocal`](crate::Placement::GpuLocal); workers (persistent ones too)
+    /// move before their next batch. `None` forgets a topology given before, so that the next
+    /// [`to_device`](DataLoader::to_device) learns it from its device again.
+    pub fn set_gpu_topology(&self, topology: Option<GpuTopology>) {
+        let explicit = topology.is_some();
+        if !explicit {
+            lock(&self.inner.placement).explicit = false;
         }
+        self.place(topology, explicit);
+    }
+
+    /// Settles the placement for `topology` (a topology learnt from a device, `explicit`
+    /// false, does not replace one the user gave) and hands it to the workers and the pool.
+    pub(crate) fn place(&self, topology: Option<GpuTopology>, explicit: bool) {
+        let requested = lock(&self.inner.plan).config.cpu_placement.clone();
+        let mut st = lock(&self.inner.placement);
+        if st.explicit && !explicit {
+            return;
+        }
+        st.explicit = explicit;
+        st.topology = topology;
+        let allowed = longshore_host::thread::process_affinity().unwrap_or_else(|e| {
+            tracing::warn!(target: "longshore::loader", error = %e, "cannot read the cpus allowed to this process; assuming any");
+            longshore_host::CpuSet::from_words(&[u64::MAX; 64])
+        });
+        let resolved = resolve(&requested, st.topology.as_ref(), &allowed);
+        if resolved == st.resolved {
+            // The same as before (`to_device` every epoch): nothing to log or hand out.
+            return;
+        }
+        let gpu_local = requested == Placement::GpuLocal;
+        let multi_node = st.topology.as_ref().is_some_and(GpuTopology::multi_node);
+        match &resolved.cpus {
+            Some(cpus) => {
+                tracing::info!(target: "longshore::loader", cpus = %cpus, reason = %resolved.reason, "workers pinned")
+            }
+            None if gpu_local && multi_node => {
+                tracing::warn!(target: "longshore::loader", reason = %resolved.reason, "workers not pinned")
+            }
+            None => {
+                tracing::debug!(target: "longshore::loader", reason = %resolved.reason, "workers not pinned")
+            }
+        }
+        if st.own_pool {
+            let node = if gpu_local && multi_node {
+                resolved.numa_node
+            } else {
+                None
+            };
+            self.inner.pool.set_numa_node(node);
+        }
+        self.inner.threads.set_cpus(resolved.cpus.clone());
+        st.resolved = resolved;
     }
 
     /// The options, and what they became on this machine (see [`LoaderConfig`]).
@@ -288,6 +395,7 @@ impl<F: Fetch> DataLoader<F> {
             e.shared.restarts.load(std::sync::atomic::Ordering::Relaxed)
         });
         s.pool = self.inner.pool.stats();
+        s.placement = self.placement();
         s
     }
 

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use longshore_host::PoolStats;
 
+use crate::placement::WorkerPlacement;
+
 /// Counters of a loader since it was built (or since [`DataLoader::reset_stats`](crate::DataLoader::reset_stats)).
 ///
 /// The key figure is [`wait_fraction`](LoaderStats::wait_fraction): the share of the
@@ -39,6 +41,9 @@ pub struct LoaderStats {
     pub reloaded: u64,
     /// The host-memory pool's counters.
     pub pool: PoolStats,
+    /// Where the workers run now (the CPUs they are pinned to, and why); see
+    /// [`Placement`](crate::Placement).
+    pub placement: WorkerPlacement,
 }
 
 impl LoaderStats {

@@ -10,6 +10,7 @@ use longshore_data::worker::WorkerGuard;
 use crate::engine::{Outcome, Reply, WorkerBody, WorkerCtx, guarded};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
+use crate::placement::{ThreadSetup, WorkerThread};
 
 /// A function run once in each worker thread when it starts (and again after a restart),
 /// like PyTorch's `worker_init_fn`.
@@ -36,6 +37,7 @@ pub fn worker_seed(seed: u64, epoch: u64, id: usize) -> u64 {
 pub(crate) fn worker_body<F: Fetch>(
     fetch: Arc<F>,
     init: Option<WorkerInit>,
+    setup: Arc<ThreadSetup>,
     num_workers: usize,
     seed: u64,
 ) -> WorkerBody<F::Output> {
@@ -48,7 +50,9 @@ pub(crate) fn worker_body<F: Fetch>(
         let mut needs_init = true;
         let mut init_failed: Option<String> = None;
         let mut stream_broken = false;
+        let mut thread = WorkerThread::start(setup.clone(), id);
         while let Some(task) = ctx.next_task() {
+            thread.refresh();
             if epoch != Some(task.epoch) {
                 state = None;
                 stream_broken = false;

@@ -35,6 +35,7 @@
 //!   pooled page-locked chunks by several threads.
 //! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostStorage`], [`DeviceStorage`] (formerly `HostBatch` / `DeviceBatch`): keep N batches
 //!   in flight on a copy stream and hand them to a compute stream.
+//! * [`GpuTopology`] ([`Device::topology`]): a GPU's PCI address, NUMA node and nearest CPUs.
 //! * [`TransferError`]: what can fail, with the CUDA error name and what was being done.
 //! * Seams for crates above (longshore-ops, longshore-collective, decoders, DLPack):
 //!   [`Stream::enqueue_work`] (your own kernels or `Cpu` closures, ordered and tracked like
@@ -71,6 +72,7 @@ mod pending;
 mod prefetch;
 mod staging;
 mod stream;
+pub mod topology;
 
 pub use backend::cpu::{CpuMemory, CpuMemoryGuard};
 pub use buffer::DeviceBuffer;
@@ -84,3 +86,4 @@ pub use prefetch::{DeviceBatch, HostBatch};
 pub use prefetch::{DeviceStorage, HostStorage, Prefetched, Prefetcher, ToDevice, upload_new};
 pub use staging::{Stager, StagingConfig, UploadMode};
 pub use stream::Stream;
+pub use topology::{GpuTopology, TopologyError};

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use longshore::data::{Batch, DirectCollate, ImageLayout, Normalize, NpyDataset, Zip};
 use longshore::host::PoolBuffer;
-use longshore::loader::{DataLoader, DataLoaderBuilder, Fetch};
+use longshore::loader::{DataLoader, DataLoaderBuilder, Fetch, Placement, WorkerPriority};
 use longshore::ops::{self, NormalizeU8, View, ViewMut};
 use longshore::transfer::{Device, DeviceBuffer, Event, Stream};
 use longshore_benches::workload;
@@ -223,6 +223,7 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
             c.epoch(loader, |_| true)?;
             c.finish()?;
             loader.reset_stats();
+            say_placement(loader);
             let profile = profile.map(Profile::start).transpose()?;
             let min_batches = min_batches.max(10 * in_flight);
             let (mut batches, mut samples, mut epochs) = (0usize, 0usize, 0usize);
@@ -286,6 +287,19 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
     }
 }
 
+/// Prints, once per process, where the workers ended up after the warm-up epoch (the GPU's
+/// topology is learnt by `to_device`).
+fn say_placement<F: Fetch>(loader: &DataLoader<F>) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        let p = loader.placement();
+        let cpus = p
+            .cpus
+            .map_or_else(|| "not pinned".to_owned(), |c| c.to_string());
+        eprintln!("loader workers: cpus {cpus} ({})", p.reason);
+    });
+}
+
 /// The loader's worker time per delivered batch since its stats were reset, in ms.
 fn worker_ms<F: Fetch>(loader: &DataLoader<F>) -> f64 {
     let s = loader.stats();
@@ -344,14 +358,51 @@ impl Workload {
 
 /// Every workload's loader options: shuffled, `drop_last`, `opts`, persistent workers when
 /// there are any, PyTorch's default `prefetch_factor` of 2, seed 0.
-fn steady<D, C>(b: DataLoaderBuilder<D, C>, w: Workload, opts: Opts) -> DataLoaderBuilder<D, C> {
-    b.batch_size(w.batch_size())
+fn steady<D, C>(
+    b: DataLoaderBuilder<D, C>,
+    w: Workload,
+    opts: Opts,
+) -> Result<DataLoaderBuilder<D, C>> {
+    let (placement, priority) = env_toggles()?;
+    Ok(b.batch_size(w.batch_size())
         .shuffle(true)
         .drop_last(true)
         .num_workers(opts.num_workers)
         .pin_memory(opts.pin_memory)
         .persistent_workers(opts.num_workers > 0)
-        .seed(0)
+        .cpu_placement(placement)
+        .worker_priority(priority)
+        .seed(0))
+}
+
+/// The loader's worker placement and priority for every steady-state run, from
+/// `LONGSHORE_BENCH_PLACEMENT` (`gpu-local`, the library's default, or `off`) and
+/// `LONGSHORE_BENCH_WORKER_PRIORITY` (`normal`, the default, or `background`), so one binary
+/// measures each setting in the same session. Printed once on stderr.
+fn env_toggles() -> Result<(Placement, WorkerPriority)> {
+    fn read(name: &str) -> Result<Option<String>> {
+        match std::env::var(name) {
+            Ok(v) if v.trim().is_empty() => Ok(None),
+            Ok(v) => Ok(Some(v.trim().to_ascii_lowercase())),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(e) => bail!("{name}: {e}"),
+        }
+    }
+    let placement = match read("LONGSHORE_BENCH_PLACEMENT")?.as_deref() {
+        None | Some("gpu-local") => Placement::GpuLocal,
+        Some("off") => Placement::Off,
+        Some(other) => bail!("LONGSHORE_BENCH_PLACEMENT={other:?}: expected gpu-local or off"),
+    };
+    let priority = match read("LONGSHORE_BENCH_WORKER_PRIORITY")?.as_deref() {
+        None | Some("normal") => WorkerPriority::Normal,
+        Some("background") => WorkerPriority::Background,
+        Some(other) => {
+            bail!("LONGSHORE_BENCH_WORKER_PRIORITY={other:?}: expected normal or background")
+        }
+    };
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| eprintln!("loader workers: placement {placement:?}, priority {priority:?}"));
+    Ok((placement, priority))
 }
 
 /// Builds the loader for `w` (shuffled, `drop_last`, persistent workers when there are any,
@@ -375,7 +426,7 @@ pub(crate) fn run_workload(
             } else {
                 collate
             };
-            let loader = steady(DataLoader::builder(ds).collate(collate), w, opts).build()?;
+            let loader = steady(DataLoader::builder(ds).collate(collate), w, opts)?.build()?;
             drive(&loader, device, window, compute, profile, w)
         }
         Workload::Tabular => {
@@ -384,7 +435,7 @@ pub(crate) fn run_workload(
                 NpyDataset::open(&files.tabular_y)?,
             )?;
             let collate = DirectCollate::new().with_names(["x", "y"]);
-            let loader = steady(DataLoader::builder(ds).collate(collate), w, opts).build()?;
+            let loader = steady(DataLoader::builder(ds).collate(collate), w, opts)?.build()?;
             drive(&loader, device, window, compute, profile, w)
         }
     }

@@ -50,6 +50,9 @@ pub struct PoolConfig {
     /// pre-faulted by several threads and registered (`cuMemHostRegister`) instead, which is
     /// several times faster for large blocks. `None` disables it.
     pub register_above: Option<usize>,
+    /// The NUMA node blocks are allocated on (`MPOL_PREFERRED` around each allocation), or
+    /// `None` (the default) for wherever the kernel puts them. Ignored on hosts with one node.
+    pub numa_node: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -79,6 +82,7 @@ impl PoolConfig {
             policy: BudgetPolicy::default(),
             max_cached_bytes: budget,
             register_above: Some(32 << 20),
+            numa_node: None,
         }
     }
 
@@ -98,6 +102,12 @@ impl PoolConfig {
     /// Sets the cache cap.
     pub fn max_cached_bytes(mut self, bytes: usize) -> Self {
         self.max_cached_bytes = bytes;
+        self
+    }
+
+    /// Sets the NUMA node blocks are allocated on (see [`PoolConfig::numa_node`]).
+    pub fn numa_node(mut self, node: Option<usize>) -> Self {
+        self.numa_node = node;
         self
     }
 

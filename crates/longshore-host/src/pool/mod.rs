@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,7 @@ use crate::alloc::{RawAllocator, RegisteredAllocator, allocator_for};
 use crate::error::{HostError, Result};
 use crate::fence::SharedFence;
 use crate::kind::MemoryKind;
+use crate::numa::{self, MemPolicyOps, SystemMemPolicy};
 use crate::{HostBuffer, sys};
 
 mod config;
@@ -119,6 +121,36 @@ struct Inner {
     large: Option<Arc<dyn RawAllocator>>,
     state: Mutex<State>,
     returned: Condvar,
+    /// Where new blocks are placed (see `numa.rs`).
+    placement: Placement,
+}
+
+/// The NUMA node new blocks should land on, and how the memory policy is set for them.
+struct Placement {
+    /// The node, or `NO_NODE`.
+    node: AtomicUsize,
+    /// Memory nodes of the host (placement is skipped with one).
+    host_nodes: usize,
+    ops: Arc<dyn MemPolicyOps>,
+}
+
+const NO_NODE: usize = usize::MAX;
+
+impl Placement {
+    fn node(&self) -> Option<usize> {
+        match self.node.load(Ordering::Relaxed) {
+            NO_NODE => None,
+            n => Some(n),
+        }
+    }
+
+    /// Runs the allocation `f` on the preferred node, if one is set.
+    fn allocate<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self.node() {
+            Some(node) => numa::with_preferred_node_using(&*self.ops, self.host_nodes, node, f),
+            None => f(),
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -275,9 +307,21 @@ impl PinnedPool {
     }
 
     /// A pool drawing from a given allocator (whose kind overrides `config.kind`).
-    pub fn with_allocator(
+    pub fn with_allocator(allocator: Arc<dyn RawAllocator>, config: PoolConfig) -> Result<Self> {
+        Self::with_placement(
+            allocator,
+            config,
+            Arc::new(SystemMemPolicy),
+            numa::node_count().unwrap_or(1),
+        )
+    }
+
+    /// A pool whose NUMA placement goes through `ops` on a host of `host_nodes` nodes.
+    pub(crate) fn with_placement(
         allocator: Arc<dyn RawAllocator>,
         mut config: PoolConfig,
+        ops: Arc<dyn MemPolicyOps>,
+        host_nodes: usize,
     ) -> Result<Self> {
         if config.budget == 0 {
             return Err(HostError::Config("budget must be greater than zero".into()));
@@ -287,6 +331,7 @@ impl PinnedPool {
             (MemoryKind::PageLocked, Some(_)) => Some(Arc::new(RegisteredAllocator::default())),
             _ => None,
         };
+        let node = config.numa_node.unwrap_or(NO_NODE);
         let state = State {
             stats: PoolStats {
                 budget: config.budget,
@@ -301,6 +346,11 @@ impl PinnedPool {
                 large,
                 state: Mutex::new(state),
                 returned: Condvar::new(),
+                placement: Placement {
+                    node: AtomicUsize::new(node),
+                    host_nodes,
+                    ops,
+                },
             }),
         })
     }
@@ -308,6 +358,24 @@ impl PinnedPool {
     /// The configuration.
     pub fn config(&self) -> &PoolConfig {
         &self.inner.config
+    }
+
+    /// The NUMA node new blocks are placed on, if any (see [`set_numa_node`](PinnedPool::set_numa_node)).
+    pub fn numa_node(&self) -> Option<usize> {
+        self.inner.placement.node()
+    }
+
+    /// Places the blocks allocated from now on on NUMA node `node` (`None`: where the kernel
+    /// chooses, usually the allocating thread's node), by setting the allocating thread's
+    /// memory policy to `MPOL_PREFERRED` around each allocation (see [`numa`](crate::numa)).
+    /// Cached blocks stay where they are. Nothing is called on a host with one node.
+    ///
+    /// A loader delivering to a GPU sets this to the GPU's node on the pool it made itself.
+    pub fn set_numa_node(&self, node: Option<usize>) {
+        self.inner
+            .placement
+            .node
+            .store(node.unwrap_or(NO_NODE), Ordering::Relaxed);
     }
 
     /// The memory kind of the pool's blocks.
@@ -492,7 +560,7 @@ impl PinnedPool {
         drop(st);
         let alloc = inner.allocator_for(class);
         let t0 = Instant::now();
-        let result = alloc.allocate(class);
+        let result = inner.placement.allocate(|| alloc.allocate(class));
         let took = t0.elapsed();
         let mut st = inner.lock();
         st.reserved -= class;

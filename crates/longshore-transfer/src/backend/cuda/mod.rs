@@ -501,3 +501,26 @@ fn launch_host_fn(dev: &CudaDevice, stream: &CudaStream, f: HostFn) -> Result<()
     }
     Ok(())
 }
+
+/// The PCI address of the device (`cuDeviceGetPCIBusId`), as the driver writes it
+/// (`0000:3B:00.0`).
+pub(crate) fn pci_bus_id(dev: &CudaDevice) -> Result<String> {
+    // The driver writes at most 13 characters and a NUL; room to spare.
+    let mut buf = [0 as std::ffi::c_char; 64];
+    // SAFETY: `buf` is writable for its length, which is passed; the device handle came from
+    // the driver for this context; the driver writes a NUL-terminated string within `len`.
+    unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev.ctx.cu_device()) }
+        .result()
+        .map_err(|e| {
+            err(
+                "cuDeviceGetPCIBusId",
+                e,
+                dev.ordinal,
+                "reading the PCI bus id",
+            )
+        })?;
+    // SAFETY: the call succeeded, so `buf` holds a NUL-terminated string (and the last byte
+    // is still 0, which bounds the read either way).
+    let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(id.to_string_lossy().into_owned())
+}
