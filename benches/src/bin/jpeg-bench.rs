@@ -569,7 +569,10 @@ fn main() -> Result<()> {
     };
     let mut ratios = serde_json::Map::new();
     for name in ["train", "val"] {
-        let ours = pipelines[name]["best"]["samples_per_s"].as_f64();
+        // A pipeline not run (`--decode nvjpeg` runs only its own) has no entry.
+        let ours = pipelines
+            .get(name)
+            .and_then(|p| p["best"]["samples_per_s"].as_f64());
         let theirs = torch["best"][name]["samples_per_s"].as_f64();
         if let (Some(o), Some(t)) = (ours, theirs) {
             ratios.insert(name.into(), json!(o / t));

@@ -464,7 +464,11 @@ impl NvjpegDecoder {
         let slot = &mut self.slots[slot_i];
         if slot.staging.as_ref().is_none_or(|s| s.len() < staging_len) {
             slot.staging = None;
-            slot.staging = Some(HostBuffer::page_locked(staging_len + staging_len / 8)?);
+            // Headroom against regrowing for every slightly larger batch, kept a whole number
+            // of i64 words (the staging is written as `[i64]`).
+            slot.staging = Some(HostBuffer::page_locked(
+                (staging_len + staging_len / 8).next_multiple_of(8),
+            )?);
         }
         let mut decoded = ensure_device(&stream, &mut slot.decoded, total)?;
         let mut params_buf = ensure_device(&stream, &mut slot.params, n * PARAMS * 8)?;
