@@ -245,17 +245,34 @@ fn steady_nvjpeg(
     let loader = b.build()?;
     let compute = device.new_stream()?;
     let mut decoder = Some(NvjpegDecoder::new(device, files)?);
+    // Where each epoch's wall time goes, outside the device stage's own phases: starting the
+    // epoch's iterator, its first batch, the rest, the final synchronise, taking the decoder
+    // back (every epoch, the warm-up included).
+    let mut epoch_phases = [std::time::Duration::ZERO; 5];
     let run_epoch = || -> Result<usize> {
+        let t = Instant::now();
         let mut it = loader.nvjpeg_lanes(decoder.take().context("decoder")?, lanes, 2)?;
+        epoch_phases[0] += t.elapsed();
+        let t = Instant::now();
         let mut n = 0;
+        let mut first = true;
         for item in &mut it {
             n += item?.wait_on(&compute)?.batch_size();
+            if std::mem::take(&mut first) {
+                epoch_phases[1] += t.elapsed();
+            }
         }
+        epoch_phases[2] += t.elapsed();
+        let t = Instant::now();
         compute.synchronize()?;
+        epoch_phases[3] += t.elapsed();
+        let t = Instant::now();
         decoder = Some(it.into_decoder());
+        epoch_phases[4] += t.elapsed();
         Ok(n)
     };
     let (rate, cpu) = time_epochs(epochs, run_epoch, || loader.reset_stats())?;
+    let per_epoch = |d: std::time::Duration| d.as_secs_f64() * 1e3 / (epochs + 1) as f64;
     let stats = decoder.as_ref().map(|d| d.stats()).unwrap_or_default();
     let mut run = run_json(
         workers,
@@ -284,6 +301,13 @@ fn steady_nvjpeg(
     }
     phases.insert("wall".into(), json!(us(stats.wall_time)));
     run["device_stage_us_per_image"] = Value::Object(phases);
+    run["epoch_ms"] = json!({
+        "start_iterator": per_epoch(epoch_phases[0]),
+        "first_batch": per_epoch(epoch_phases[1]),
+        "all_batches": per_epoch(epoch_phases[2]),
+        "synchronize": per_epoch(epoch_phases[3]),
+        "into_decoder": per_epoch(epoch_phases[4]),
+    });
     Ok(run)
 }
 
@@ -527,11 +551,12 @@ fn main() -> Result<()> {
                     {
                         let r = steady_nvjpeg(&files, w, lanes, batch, epochs, d)?;
                         eprintln!(
-                            "jpeg: longshore nvjpeg {name} workers={w} lanes={lanes}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}",
+                            "jpeg: longshore nvjpeg {name} workers={w} lanes={lanes}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}, epoch ms {}",
                             r["samples_per_s"].as_f64().unwrap_or(0.0),
                             100.0 * r["cpu_share"].as_f64().unwrap_or(0.0),
                             r["decoded"],
-                            r["device_stage_us_per_image"]
+                            r["device_stage_us_per_image"],
+                            r["epoch_ms"]
                         );
                         runs.push(r);
                     }
