@@ -72,6 +72,7 @@ mod error;
 mod fetch;
 mod iter;
 mod loader;
+mod next_epoch;
 mod prepare;
 mod state;
 mod stats;
