@@ -343,14 +343,18 @@ impl Workload {
 }
 
 /// Every workload's loader options: shuffled, `drop_last`, `opts`, persistent workers when
-/// there are any, PyTorch's default `prefetch_factor` of 2, seed 0.
+/// there are any, PyTorch's default `prefetch_factor` of 2, seed 0. The next epoch's first
+/// batches start while an epoch drains (the loader's default) unless
+/// `LONGSHORE_BENCH_NEXT_EPOCH=off`.
 fn steady<D, C>(b: DataLoaderBuilder<D, C>, w: Workload, opts: Opts) -> DataLoaderBuilder<D, C> {
+    let next_epoch = std::env::var("LONGSHORE_BENCH_NEXT_EPOCH").map_or(true, |v| v != "off");
     b.batch_size(w.batch_size())
         .shuffle(true)
         .drop_last(true)
         .num_workers(opts.num_workers)
         .pin_memory(opts.pin_memory)
         .persistent_workers(opts.num_workers > 0)
+        .prefetch_next_epoch(next_epoch)
         .seed(0)
 }
 
