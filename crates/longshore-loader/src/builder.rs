@@ -204,6 +204,43 @@ impl<D, C> DataLoaderBuilder<D, C> {
         self
     }
 
+    /// With persistent workers, start the next epoch's first batches on the idle workers
+    /// while the current epoch drains its last ones (default `true`; ignored without
+    /// persistent workers). An epoch's start otherwise waits for every worker's first batch
+    /// at once, while the consumer (and the device link) idles.
+    ///
+    /// - **Same results**: the next epoch yields exactly the batches it would without this
+    ///   option (order, contents, the worker generators' draws: each batch is loaded by the
+    ///   worker that epoch deals it to, seeded from `(seed, epoch, worker id)`).
+    /// - **Only as predicted**: the batches are for the epoch the loader runs next, as it
+    ///   stands when the current epoch deals its last batch. They are discarded (never
+    ///   delivered, their memory back in the pool) if the next `iter()` runs anything else:
+    ///   [`DataLoader::set_epoch`](crate::DataLoader::set_epoch) to another epoch,
+    ///   [`DataLoader::load_state_dict`](crate::DataLoader::load_state_dict), or an epoch
+    ///   dropped before its end or ended by an error.
+    /// - **Memory**: between epochs the loader holds up to `num_workers * prefetch_factor`
+    ///   batches of the pool, the bound that holds during an epoch; they are returned when the
+    ///   loader is dropped. A pool starved of budget while the current epoch waits gets them
+    ///   back at once.
+    /// - **State and errors**: they are not delivered until the next epoch yields them
+    ///   ([`DataLoader::state_dict`](crate::DataLoader::state_dict) is unchanged); a failing
+    ///   sample or a panic in one surfaces when that epoch reaches the batch.
+    /// - **Datasets**: map-style datasets only (iterable datasets never start early). State you
+    ///   change between epochs *outside* the loader is not seen by these batches: an epoch
+    ///   set on the dataset itself (`ImageDataset::set_epoch` for per-sample randomness in
+    ///   longshore-vision) is set after they were loaded. Turn this option off for such
+    ///   datasets, or derive per-epoch values from the worker's generator.
+    ///   Samplers must be a function of their epoch (as every sampler of longshore-data is):
+    ///   the next epoch's order is drawn early.
+    ///
+    /// [`LoaderStats::speculative_batches`](crate::LoaderStats::speculative_batches) and
+    /// [`speculative_discarded`](crate::LoaderStats::speculative_discarded) count what was
+    /// used and what was thrown away.
+    pub fn prefetch_next_epoch(mut self, on: bool) -> Self {
+        self.opts.config.prefetch_next_epoch = on;
+        self
+    }
+
     /// Deliver batches in sampler order (default) or as soon as they are ready.
     pub fn in_order(mut self, in_order: bool) -> Self {
         self.opts.config.in_order = in_order;

@@ -100,6 +100,9 @@ pub struct LoaderConfig {
     pub timeout: Option<Duration>,
     /// Keep workers alive between epochs.
     pub persistent_workers: bool,
+    /// Start the next epoch's first batches while the current one drains (persistent
+    /// workers only; see [`DataLoaderBuilder::prefetch_next_epoch`](crate::DataLoaderBuilder::prefetch_next_epoch)).
+    pub prefetch_next_epoch: bool,
     /// Deliver batches in sampler order (`true`) or as they are ready.
     pub in_order: bool,
     /// Base seed of the shuffling sampler and of the workers' generators.
@@ -136,6 +139,7 @@ impl LoaderConfig {
             drop_last: false,
             timeout: None,
             persistent_workers: false,
+            prefetch_next_epoch: true,
             in_order: true,
             seed: 0,
             on_sample_error: SampleErrorPolicy::default(),

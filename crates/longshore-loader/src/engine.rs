@@ -1,6 +1,15 @@
 //! The worker engine: threads that take tasks from their own queue and reply on a shared
 //! channel, with epoch generations (so a cancelled epoch's queued tasks are skipped), panic
 //! containment, and a shutdown bounded in time.
+//!
+//! # Generations
+//!
+//! Every task carries the generation of the epoch it belongs to. At most two generations are
+//! live at once: the current one, and the one opened *ahead* of it for the next epoch's
+//! first batches (`next_epoch.rs`), which the workers take once their current tasks are
+//! done. A task or reply of any other generation is dead: skipped, cancelled between samples,
+//! dropped instead of sent. Generation numbers are issued from one counter, so a number is
+//! never live twice.
 
 use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -17,10 +26,14 @@ use crate::error::LoaderError;
 /// One unit of work: a batch of indices (empty for iterable datasets) of one epoch generation.
 #[derive(Debug)]
 pub(crate) struct Task {
-    /// Epoch generation; tasks of an older generation are skipped.
+    /// Epoch generation; tasks of a dead generation are skipped.
     pub(crate) generation: u64,
     /// The epoch number (seeds derive from it).
     pub(crate) epoch: u64,
+    /// The run of the epoch this task belongs to (an epoch iterator, or the speculative start
+    /// an iterator adopts): a worker starts a fresh state (generator seeded from
+    /// `(seed, epoch, id)`, iterable stream) when it meets a task of another epoch or run.
+    pub(crate) lineage: u64,
     /// Position of the batch in the epoch.
     pub(crate) seq: u64,
     /// Dataset indices of the batch.
@@ -54,23 +67,29 @@ pub(crate) struct Reply<O> {
     pub(crate) busy: Duration,
     /// Samples skipped because they failed to load.
     pub(crate) skipped: u64,
+    /// The worker panicked in this task and restarts (counted when the reply is taken in by
+    /// its epoch, so a discarded speculative batch does not count).
+    pub(crate) restarted: bool,
 }
 
-/// The generation and shutdown flag: read by every worker for every task (and by
+/// The live generations and shutdown flag: read by every worker for every task (and by
 /// cancellation checks), written only when an epoch starts or ends.
 #[derive(Debug, Default)]
 pub(crate) struct Flags {
     pub(crate) generation: AtomicU64,
+    /// The generation opened ahead for the next epoch's first batches (0: none).
+    pub(crate) ahead: AtomicU64,
     pub(crate) shutdown: AtomicBool,
 }
 
-/// State shared by the engine and its workers. The read-mostly flags, the reply gate (whose
-/// lock word every reply writes) and the restart counter sit on cache lines of their own, so
-/// a reply does not invalidate the line every worker reads its generation from.
+/// State shared by the engine and its workers. The read-mostly flags and the reply gate (whose
+/// lock word every reply writes) sit on cache lines of their own, so a reply does not
+/// invalidate the line every worker reads its generation from.
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     pub(crate) flags: CachePadded<Flags>,
-    pub(crate) restarts: CachePadded<AtomicU64>,
+    /// The last generation number issued (written by the consumer only).
+    issued: AtomicU64,
     /// Read-held by a worker while it checks its reply's generation and sends it, and
     /// write-held by the consumer while it starts a new generation and drains the replies of
     /// the old one: a reply of a cancelled epoch is then either drained or never sent, and
@@ -95,6 +114,17 @@ impl Shared {
         self.flags.generation.load(Ordering::Acquire)
     }
 
+    /// Whether tasks and replies of generation `g` are wanted: the current generation or the
+    /// one opened ahead of it.
+    pub(crate) fn live(&self, g: u64) -> bool {
+        g == self.generation() || g == self.flags.ahead.load(Ordering::Acquire)
+    }
+
+    /// A generation number never used before (never 0, which means "none" for `ahead`).
+    fn issue(&self) -> u64 {
+        self.issued.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
     fn shut_down(&self) -> bool {
         self.flags.shutdown.load(Ordering::Acquire)
     }
@@ -116,7 +146,7 @@ impl<O> WorkerCtx<O> {
             if self.shared.shut_down() {
                 return None;
             }
-            if task.generation == self.shared.generation() {
+            if self.shared.live(task.generation) {
                 return Some(task);
             }
             tracing::trace!(target: "longshore::loader", task_generation = task.generation, worker.id = self.id, batch.seq = task.seq, "skipping a task of a cancelled epoch");
@@ -125,14 +155,14 @@ impl<O> WorkerCtx<O> {
 
     /// Whether the task's epoch has been cancelled (checked between samples).
     pub(crate) fn cancelled(&self, task: &Task) -> bool {
-        self.shared.shut_down() || task.generation != self.shared.generation()
+        self.shared.shut_down() || !self.shared.live(task.generation)
     }
 
     /// Sends a reply; false if the consumer is gone. The reply of a cancelled epoch is
     /// dropped here (its batch's lease goes back to the pool) instead of being sent.
     pub(crate) fn reply(&self, reply: Reply<O>) -> bool {
         let gate = self.shared.sending();
-        if reply.generation != self.shared.generation() {
+        if !self.shared.live(reply.generation) {
             drop(gate);
             drop(reply);
             return true;
@@ -140,11 +170,6 @@ impl<O> WorkerCtx<O> {
         let sent = self.replies.send(reply).is_ok();
         drop(gate);
         sent
-    }
-
-    /// Notes a restart of this worker after a panic.
-    pub(crate) fn note_restart(&self) {
-        self.shared.restarts.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -231,20 +256,49 @@ impl<O: Send + 'static> Engine<O> {
 }
 
 impl<O> Engine<O> {
-    /// The current epoch generation.
-    pub(crate) fn generation(&self) -> u64 {
-        self.shared.generation()
-    }
-
-    /// Starts a new generation: tasks of older ones are skipped, their replies ignored.
+    /// Starts a new generation: tasks of older ones (the one opened ahead included) are
+    /// skipped, their replies ignored.
     pub(crate) fn new_generation(&self) -> u64 {
+        let g = self.shared.issue();
         let gate = self.shared.exclusive();
-        let g = self.shared.flags.generation.fetch_add(1, Ordering::AcqRel) + 1;
-        // Drop replies of the old generation now: their batches (and pinned leases) go back.
+        self.shared.flags.generation.store(g, Ordering::Release);
+        self.shared.flags.ahead.store(0, Ordering::Release);
+        // Drop replies of the old generations now: their batches (and pinned leases) go back.
         let stale: Vec<_> = self.replies.try_iter().collect();
         drop(gate);
         drop(stale);
         g
+    }
+
+    /// Opens a generation ahead of the current one, for the next epoch's first batches: its
+    /// tasks are run and its replies sent while the current generation lives on. Replaces a
+    /// generation opened ahead before (whose tasks die).
+    pub(crate) fn open_ahead(&self) -> u64 {
+        let g = self.shared.issue();
+        let _gate = self.shared.exclusive();
+        self.shared.flags.ahead.store(g, Ordering::Release);
+        g
+    }
+
+    /// Kills the generation opened ahead (its tasks are skipped or cancelled, its replies
+    /// dropped, here or by [`Engine::recv`]); the current one goes on.
+    pub(crate) fn close_ahead(&self) {
+        let _gate = self.shared.exclusive();
+        self.shared.flags.ahead.store(0, Ordering::Release);
+    }
+
+    /// Makes `g` (the generation opened ahead) the current one: tasks of the old current
+    /// generation die. Returns the replies of `g` already in the channel (the others are
+    /// dropped), which the caller must take in: they are not received again.
+    pub(crate) fn promote(&self, g: u64) -> Vec<Reply<O>> {
+        let gate = self.shared.exclusive();
+        self.shared.flags.generation.store(g, Ordering::Release);
+        self.shared.flags.ahead.store(0, Ordering::Release);
+        let (early, stale): (Vec<_>, Vec<_>) =
+            self.replies.try_iter().partition(|r| r.generation == g);
+        drop(gate);
+        drop(stale);
+        early
     }
 
     /// Queues a task on worker `w`.
@@ -258,7 +312,8 @@ impl<O> Engine<O> {
             })
     }
 
-    /// Waits for the next reply of the current generation.
+    /// Waits for the next reply of a live generation (the current one, or the one opened
+    /// ahead); replies of dead generations are dropped.
     pub(crate) fn recv(&self, timeout: Option<Duration>) -> Result<Reply<O>, RecvTimeoutError> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -269,7 +324,7 @@ impl<O> Engine<O> {
                     .recv()
                     .map_err(|_| RecvTimeoutError::Disconnected)?,
             };
-            if r.generation == self.generation() {
+            if self.shared.live(r.generation) {
                 return Ok(r);
             }
         }
@@ -290,8 +345,10 @@ impl<O> Engine<O> {
     fn signal_stop(&mut self) {
         self.shared.flags.shutdown.store(true, Ordering::Release);
         {
+            let g = self.shared.issue();
             let _gate = self.shared.exclusive();
-            self.shared.flags.generation.fetch_add(1, Ordering::AcqRel);
+            self.shared.flags.generation.store(g, Ordering::Release);
+            self.shared.flags.ahead.store(0, Ordering::Release);
         }
         self.senders.clear();
     }

@@ -8,81 +8,43 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::RecvTimeoutError;
-use longshore_data::{BatchIter, WorkerInfo};
+use longshore_data::WorkerInfo;
 
 use crate::config::{LoaderConfig, WorkerPanicPolicy};
 use crate::engine::{Engine, Outcome, Reply, Task, guarded};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
-use crate::loader::{Inner, lock};
+use crate::loader::{Inner, Parked, lock};
+use crate::next_epoch::{Ahead, AheadKey, Batches, ReplyCounts, Slot, SlotState};
 use crate::prepare::Prepared;
 use crate::state::Progress;
 use crate::stats::LoaderStats;
 use crate::worker::{worker_body, worker_seed};
 
-/// An indexed epoch's batches, pulled from the sampler as they are dealt (the epoch is never
-/// materialised up front), with the positions a restore marked done skipped.
-struct Batches {
-    iter: BatchIter<'static>,
-    /// Position of the batch `iter` yields next.
-    next: u64,
-    /// What a restore marked done.
-    done: Option<Progress>,
-}
-
-impl Batches {
-    /// The next batch not yet delivered: (position, indices).
-    fn pull(&mut self) -> Option<(u64, Vec<usize>)> {
-        loop {
-            let indices = self.iter.next()?;
-            let seq = self.next;
-            self.next += 1;
-            if self.done.as_ref().is_none_or(|d| !d.is_done(seq)) {
-                return Some((seq, indices));
-            }
-        }
-    }
-}
-
-/// Where a batch sent to a worker stands.
-enum SlotState<O> {
-    /// With its worker.
-    Sent,
-    /// Finished, held until it is delivered.
-    Done(Outcome<O>),
-    /// Delivered (out-of-order mode; removed once it reaches the front).
-    Taken,
-}
-
-/// A batch sent and not yet delivered. Slots are kept in sending order, which is position
-/// order, so a reply finds its slot by binary search.
-struct Slot<O> {
-    seq: u64,
-    worker: usize,
-    state: SlotState<O>,
-    /// The batch's indices once its worker gave them back (to load it again if it must be
-    /// given back to a starved pool).
-    indices: Vec<usize>,
-}
-
 /// Counters gathered between two deliveries, added to the loader's stats under one lock.
 #[derive(Debug, Default)]
 struct Pending {
-    worker_busy: Duration,
-    skipped: u64,
+    replies: ReplyCounts,
     reloaded: u64,
     peak_in_flight: usize,
     peak_reorder: usize,
+    /// Batches of this epoch started before its iterator existed.
+    adopted: u64,
+    /// Batches started ahead for the next epoch and discarded.
+    discarded: u64,
 }
 
 impl Pending {
     fn flush(&mut self, s: &mut LoaderStats) {
         let p = std::mem::take(self);
-        s.worker_busy += p.worker_busy;
-        s.skipped_samples += p.skipped;
+        s.worker_busy += p.replies.worker_busy;
+        s.skipped_samples += p.replies.skipped;
+        s.worker_restarts += p.replies.restarts;
         s.reloaded += p.reloaded;
         s.peak_in_flight = s.peak_in_flight.max(p.peak_in_flight);
         s.peak_reorder = s.peak_reorder.max(p.peak_reorder);
+        s.speculative_batches += p.adopted;
+        s.speculative_discarded += p.discarded;
     }
 }
 
@@ -100,6 +62,14 @@ pub struct LoaderIter<F: Fetch> {
     config: LoaderConfig,
     /// This iterator's id: only it marks the progress it started ([`Progress::owner`]).
     run: u64,
+    /// The lineage its tasks carry (`Task::lineage`): its own id, or that of the start it
+    /// adopted.
+    lineage: u64,
+    /// The next epoch's first batches, started once this epoch has dealt its last one.
+    ahead: Option<Ahead<F::Output>>,
+    /// Whether this epoch may start the next one's first batches (`prefetch_next_epoch`,
+    /// persistent workers, an indexed dataset; cleared when a start had to be discarded).
+    may_start_ahead: bool,
     /// Batches are marked delivered by whoever hands them to the user ([`Marker`]), not when
     /// this iterator yields them (a prefetching stage between them holds some back).
     defer_marks: bool,
@@ -145,7 +115,9 @@ impl<F: Fetch> LoaderIter<F> {
         let indexed = inner.fetch.indexed();
         let mut batches = None;
         let mut num_batches = 0u64;
-        let (config, epoch, restored) = {
+        let mut adopted: Option<Ahead<F::Output>> = None;
+        let mut discarded: Option<Ahead<F::Output>> = None;
+        let (config, epoch, restored, parked) = {
             let mut guard = lock(&inner.plan);
             let plan = &mut *guard;
             let epoch = plan.next_epoch;
@@ -154,26 +126,51 @@ impl<F: Fetch> LoaderIter<F> {
             let seed = plan.config.seed;
             let prepares = plan.sampler.prepares();
             let prepared = plan.prepared.take();
+            // Lock order: plan (held) -> persistent.
+            let mut parked = if plan.config.persistent_workers {
+                lock(&inner.persistent).take()
+            } else {
+                None
+            };
+            if let Some(a) = parked.as_mut().and_then(|p| p.ahead.take()) {
+                let key = AheadKey {
+                    epoch,
+                    seed,
+                    revision: plan.revision,
+                };
+                if a.key == key && restored.is_none() {
+                    adopted = Some(a);
+                } else {
+                    discarded = Some(a);
+                }
+            }
             if indexed && let Some(s) = plan.sampler.get() {
                 s.set_epoch(epoch);
                 num_batches = s.len() as u64;
-                // Batches below the restored prefix were delivered: the sampler skips them.
-                let from = restored.as_ref().map_or(0, |r| r.prefix.min(num_batches));
-                let iter = match prepared {
-                    Some(p) if from == 0 => p.take(epoch, seed),
-                    _ => None,
+                if let Some(a) = adopted.as_mut() {
+                    // The rest of the epoch, from where the start ahead stopped.
+                    let rest = std::mem::replace(
+                        &mut a.batches,
+                        Batches::new(Box::new(std::iter::empty()), 0, None),
+                    );
+                    batches = Some(rest);
+                } else {
+                    // Batches below the restored prefix were delivered: the sampler skips them.
+                    let from = restored.as_ref().map_or(0, |r| r.prefix.min(num_batches));
+                    let iter = match prepared {
+                        Some(p) if from == 0 => p.take(epoch, seed),
+                        _ => None,
+                    }
+                    .unwrap_or_else(|| s.iter_owned_from(from as usize));
+                    batches = Some(Batches::new(iter, from, restored.clone()));
                 }
-                .unwrap_or_else(|| s.iter_owned_from(from as usize));
-                batches = Some(Batches {
-                    iter,
-                    next: from,
-                    done: restored.clone(),
-                });
                 if prepares {
                     plan.prepared = Prepared::spawn(&mut **s, epoch + 1, seed);
                 }
+            } else if let Some(a) = adopted.take() {
+                discarded = Some(a);
             }
-            (plan.config.clone(), epoch, restored)
+            (plan.config.clone(), epoch, restored, parked)
         };
         let run = NEXT_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         {
@@ -181,17 +178,33 @@ impl<F: Fetch> LoaderIter<F> {
             p.owner = run;
             *lock(&inner.progress) = p;
         }
-        lock(&inner.stats).epochs += 1;
+        let discarded_batches = discarded.as_ref().map_or(0, |a| a.len() as u64);
+        {
+            let mut s = lock(&inner.stats);
+            s.epochs += 1;
+            s.speculative_discarded += discarded_batches;
+        }
         let span = tracing::debug_span!(target: "longshore::loader", "epoch", epoch, batches = num_batches);
         let _e = span.enter();
+        if discarded_batches > 0 {
+            tracing::debug!(target: "longshore::loader", discarded = discarded_batches, "the next epoch's batches started ahead are not this epoch's: discarded");
+        }
+        // Its leases go back to the pool here, under no loader lock (its queued tasks die with
+        // the new generation below).
+        drop(discarded);
         // Workers: the persistent set, or a new one; none for map-style with num_workers 0.
         let n = config.num_workers;
         let threads = if n == 0 && indexed { 0 } else { n.max(1) };
+        let may_start_ahead =
+            config.prefetch_next_epoch && config.persistent_workers && indexed && threads > 0;
         let mut it = Self {
             inner: inner.clone(),
             engine: None,
             config,
             run,
+            lineage: run,
+            ahead: None,
+            may_start_ahead,
             defer_marks: false,
             last: None,
             epoch,
@@ -212,13 +225,8 @@ impl<F: Fetch> LoaderIter<F> {
             pending: Pending::default(),
         };
         if threads > 0 {
-            let existing = if it.config.persistent_workers {
-                lock(&inner.persistent).take()
-            } else {
-                None
-            };
-            let engine = match existing {
-                Some(e) => Ok(e),
+            let engine = match parked {
+                Some(p) => Ok(p.engine),
                 None => Engine::start(
                     threads,
                     worker_body(
@@ -233,7 +241,16 @@ impl<F: Fetch> LoaderIter<F> {
             };
             match engine {
                 Ok(e) => {
-                    it.generation = e.new_generation();
+                    match adopted {
+                        Some(a) => {
+                            let early = e.promote(a.generation);
+                            it.adopt(a);
+                            for r in early {
+                                it.absorb(r);
+                            }
+                        }
+                        None => it.generation = e.new_generation(),
+                    }
                     it.engine = Some(e);
                 }
                 Err(e) => {
@@ -253,12 +270,34 @@ impl<F: Fetch> LoaderIter<F> {
         it
     }
 
+    /// Takes the next epoch's first batches started ahead (`next_epoch.rs`) as this epoch's
+    /// own: they were dealt as this epoch deals its first batches (position `k` to worker
+    /// `k % num_workers`), so dealing goes on from there.
+    fn adopt(&mut self, a: Ahead<F::Output>) {
+        let n = self.outstanding.len();
+        self.generation = a.generation;
+        self.lineage = a.lineage;
+        self.outstanding = a.outstanding;
+        self.in_flight = a.slots.len();
+        self.ready = a.ready;
+        self.rr = a.slots.len() % n;
+        self.pending.adopted += a.slots.len() as u64;
+        let counts = a.counts;
+        self.pending.replies.worker_busy += counts.worker_busy;
+        self.pending.replies.skipped += counts.skipped;
+        self.pending.replies.restarts += counts.restarts;
+        self.pending.peak_reorder = self.pending.peak_reorder.max(self.ready);
+        self.slots = a.slots;
+        tracing::debug!(target: "longshore::loader", epoch = self.epoch, adopted = self.in_flight, ready = self.ready, "epoch starts with batches started ahead");
+    }
+
     /// The slot of the batch at position `seq`, if it is sent and not delivered.
     fn slot_index(&self, seq: u64) -> Option<usize> {
         self.slots.binary_search_by_key(&seq, |s| s.seq).ok()
     }
 
-    /// Sends tasks until the in-flight bound is reached, pulling batches from the sampler.
+    /// Sends tasks until the in-flight bound is reached, pulling batches from the sampler;
+    /// once this epoch has dealt its last batch, starts the next epoch's first ones.
     fn fill(&mut self) -> Result<(), LoaderError> {
         let Some(engine) = &self.engine else {
             return Ok(());
@@ -269,7 +308,9 @@ impl<F: Fetch> LoaderIter<F> {
         // `in_flight` counts every batch sent and not yet yielded, including those held back in
         // the reorder buffer (as PyTorch's outstanding tasks do): otherwise sent-but-undelivered
         // batches, and their pool memory, could reach twice `num_workers * prefetch_factor`.
-        while self.in_flight < capacity {
+        // Batches started ahead for the next epoch count against the same bound.
+        let ahead = self.ahead.as_ref().map_or(0, Ahead::len);
+        while self.in_flight + ahead < capacity {
             let (seq, indices) = if indexed {
                 match self.batches.as_mut().and_then(Batches::pull) {
                     Some(t) => t,
@@ -301,6 +342,7 @@ impl<F: Fetch> LoaderIter<F> {
                 Task {
                     generation: self.generation,
                     epoch: self.epoch,
+                    lineage: self.lineage,
                     seq,
                     indices,
                 },
@@ -314,16 +356,114 @@ impl<F: Fetch> LoaderIter<F> {
                 indices: Vec::new(),
             });
         }
-        self.pending.peak_in_flight = self.pending.peak_in_flight.max(self.in_flight);
+        if self.may_start_ahead
+            && self.in_flight + ahead < capacity
+            && self.batches.as_ref().is_some_and(|b| b.ended)
+        {
+            self.start_ahead(capacity)?;
+        }
+        let total = self.in_flight + self.ahead.as_ref().map_or(0, Ahead::len);
+        self.pending.peak_in_flight = self.pending.peak_in_flight.max(total);
         Ok(())
     }
 
+    /// Starts the next epoch's first batches on the workers, up to `capacity` batches in
+    /// flight with this epoch's (see `next_epoch.rs`). The first call opens the start: the
+    /// epoch the loader runs next, with its order drawn from the sampler now.
+    fn start_ahead(&mut self, capacity: usize) -> Result<(), LoaderError> {
+        let Some(engine) = &self.engine else {
+            return Ok(());
+        };
+        if self.ahead.is_none() {
+            let n = self.outstanding.len();
+            let mut guard = lock(&self.inner.plan);
+            let plan = &mut *guard;
+            let key = AheadKey {
+                epoch: plan.next_epoch,
+                seed: plan.config.seed,
+                revision: plan.revision,
+            };
+            // A restored position runs next: not a whole epoch from its start.
+            if plan.restored.is_some() {
+                self.may_start_ahead = false;
+                return Ok(());
+            }
+            let prepared = plan.prepared.take();
+            let Some(s) = plan.sampler.get() else {
+                self.may_start_ahead = false;
+                return Ok(());
+            };
+            let iter = prepared
+                .and_then(|p| p.take(key.epoch, key.seed))
+                .unwrap_or_else(|| {
+                    let current = s.epoch();
+                    s.set_epoch(key.epoch);
+                    let iter = s.iter_owned_from(0);
+                    s.set_epoch(current);
+                    iter
+                });
+            drop(guard);
+            let generation = engine.open_ahead();
+            let lineage = NEXT_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(target: "longshore::loader", epoch = self.epoch, next_epoch = key.epoch, "starting the next epoch's first batches");
+            self.ahead = Some(Ahead::new(
+                key,
+                generation,
+                lineage,
+                Batches::new(iter, 0, None),
+                n,
+            ));
+        }
+        let Some(a) = self.ahead.as_mut() else {
+            return Ok(());
+        };
+        while self.in_flight + a.len() < capacity {
+            let Some((seq, w, indices)) = a.next_task() else {
+                break;
+            };
+            engine.send(
+                w,
+                Task {
+                    generation: a.generation,
+                    epoch: a.key.epoch,
+                    lineage: a.lineage,
+                    seq,
+                    indices,
+                },
+            )?;
+            a.sent(seq, w);
+        }
+        Ok(())
+    }
+
+    /// Discards the next epoch's batches started ahead: their leases go back to the pool,
+    /// their queued tasks are skipped, and this epoch starts no other.
+    fn discard_ahead(&mut self) {
+        self.may_start_ahead = false;
+        let Some(a) = self.ahead.take() else {
+            return;
+        };
+        if let Some(e) = &self.engine {
+            e.close_ahead();
+        }
+        self.pending.discarded += a.len() as u64;
+        tracing::debug!(target: "longshore::loader", epoch = self.epoch, discarded = a.len(), "discarding the next epoch's batches started ahead");
+        drop(a);
+    }
+
+    /// Takes in a reply: of this epoch, or of the next epoch's batches started ahead.
     fn absorb(&mut self, r: Reply<F::Output>) {
+        if r.generation != self.generation {
+            let keep = self.config.in_order;
+            if let Some(a) = self.ahead.as_mut().filter(|a| a.generation == r.generation) {
+                a.absorb(r, keep);
+            }
+            return;
+        }
         if matches!(r.outcome, Outcome::Exhausted) {
             self.active[r.worker] = false;
         }
-        self.pending.worker_busy += r.busy;
-        self.pending.skipped += r.skipped;
+        self.pending.replies.add(&r);
         let Some(i) = self.slot_index(r.seq) else {
             return;
         };
@@ -369,8 +509,12 @@ impl<F: Fetch> LoaderIter<F> {
             };
             match engine.recv(Some(wait)) {
                 Ok(r) => {
+                    let ours = r.generation == self.generation;
                     self.absorb(r);
-                    return Ok(());
+                    // A batch of the next epoch does not end this wait (nor restart its timeout).
+                    if ours {
+                        return Ok(());
+                    }
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     let seq = awaited
@@ -394,6 +538,13 @@ impl<F: Fetch> LoaderIter<F> {
                             .find(|s| s.worker == w && matches!(s.state, SlotState::Sent))
                             .map_or(seq, |s| s.seq);
                         return Err(LoaderError::WorkerGone { worker: w, batch });
+                    }
+                    // Batches of the next epoch hold pool memory this epoch's awaited batch may
+                    // be waiting for (they cannot be delivered before this epoch ends): they go
+                    // first.
+                    if self.ahead.is_some() && self.inner.pool.stats().waiting > 0 {
+                        self.discard_ahead();
+                        continue;
                     }
                     self.relieve_budget()?;
                 }
@@ -444,6 +595,7 @@ impl<F: Fetch> LoaderIter<F> {
             Task {
                 generation: self.generation,
                 epoch: self.epoch,
+                lineage: self.lineage,
                 seq,
                 indices,
             },
@@ -466,6 +618,7 @@ impl<F: Fetch> LoaderIter<F> {
         let task = Task {
             generation: 0,
             epoch: self.epoch,
+            lineage: self.lineage,
             seq,
             indices,
         };
@@ -476,7 +629,7 @@ impl<F: Fetch> LoaderIter<F> {
             fetch.fetch(&mut w, &task, &|| false)
         }) {
             Ok((o, skipped)) => {
-                self.pending.skipped += skipped;
+                self.pending.replies.skipped += skipped;
                 o
             }
             Err(message) => Outcome::Failed(LoaderError::WorkerPanicked {
@@ -485,7 +638,7 @@ impl<F: Fetch> LoaderIter<F> {
                 message,
             }),
         };
-        self.pending.worker_busy += t0.elapsed();
+        self.pending.replies.worker_busy += t0.elapsed();
         Some((seq, outcome))
     }
 
@@ -572,18 +725,26 @@ impl<F: Fetch> LoaderIter<F> {
         // Leases held in the reorder buffer go back to the pool now.
         self.slots.clear();
         self.ready = 0;
-        let restarts = engine
-            .shared
-            .restarts
-            .swap(0, std::sync::atomic::Ordering::Relaxed);
-        {
-            let mut s = lock(&self.inner.stats);
-            s.worker_restarts += restarts;
-            self.pending.flush(&mut s);
-        }
+        // The next epoch's batches started ahead are kept only when this epoch ran to its end
+        // and the workers are kept: otherwise their leases go back now.
+        let keep = self.config.persistent_workers && self.finished && !self.broken;
+        let ahead = if keep {
+            self.ahead.take()
+        } else {
+            if let Some(a) = self.ahead.take() {
+                self.pending.discarded += a.len() as u64;
+            }
+            None
+        };
+        self.pending.flush(&mut lock(&self.inner.stats));
         if self.config.persistent_workers && !self.broken {
-            engine.new_generation();
-            *lock(&self.inner.persistent) = Some(engine);
+            if ahead.is_none() {
+                engine.new_generation();
+            }
+            // A set parked meanwhile (by another iterator of a clone) is stopped here, its
+            // leases returned, under no loader lock.
+            let replaced = lock(&self.inner.persistent).replace(Parked { ahead, engine });
+            drop(replaced);
         } else if self.unresponsive {
             // A timeout or a dead worker is being yielded: a worker may be stuck in dataset
             // code, so the bounded join (up to `shutdown_timeout`) runs in the background and

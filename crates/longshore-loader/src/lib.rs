@@ -41,6 +41,9 @@
 //!   the GPU (on by default where the host has several NUMA nodes) and their scheduling class.
 //! * [`LoaderStats`]: who is the bottleneck (`wait_fraction`); [`Tuner`] picks `num_workers`
 //!   and `pin_memory` by measuring.
+//! * [`DataLoaderBuilder::prefetch_next_epoch`]: with persistent workers, the next epoch's
+//!   first batches load while the current epoch drains (same batches, discarded if the next
+//!   epoch is not the one predicted).
 //! * [`DataLoader::to_device`]: batches on a device through the prefetcher ([`DeviceBatch`]);
 //!   `DataLoader::stream`: an epoch as an executor-agnostic `futures_core::Stream`
 //!   ([`LoaderStream`], feature `stream`, on by default).
@@ -74,6 +77,7 @@ mod error;
 mod fetch;
 mod iter;
 mod loader;
+mod next_epoch;
 mod placement;
 mod prepare;
 mod state;

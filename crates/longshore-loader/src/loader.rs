@@ -34,6 +34,7 @@ use crate::engine::Engine;
 use crate::error::LoaderError;
 use crate::fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
 use crate::iter::LoaderIter;
+use crate::next_epoch::Ahead;
 use crate::placement::{Placement, ThreadSetup, WorkerPlacement, resolve};
 use crate::prepare::Prepared;
 use crate::state::{LoaderState, Progress};
@@ -121,6 +122,17 @@ pub(crate) struct Plan {
     /// The built-in shuffled sampler's order for the epoch after the one in progress, drawn
     /// in the background (see `prepare.rs`).
     pub(crate) prepared: Option<Prepared>,
+    /// Bumped by every change of the order that `next_epoch` and the seed do not show
+    /// (`load_state_dict`): a next epoch started ahead under another revision is discarded.
+    pub(crate) revision: u64,
+}
+
+/// The workers kept between epochs (`persistent_workers`), with the next epoch's first
+/// batches when they were started ahead (`next_epoch.rs`).
+pub(crate) struct Parked<O> {
+    /// Dropped first: its leases go back before the workers are joined.
+    pub(crate) ahead: Option<Ahead<O>>,
+    pub(crate) engine: Engine<O>,
 }
 
 /// The state a loader, its clones and its iterators share. See the module docs for the lock
@@ -135,8 +147,9 @@ pub(crate) struct Inner<F: Fetch> {
     pub(crate) progress: Mutex<Progress>,
     /// Third.
     pub(crate) stats: Mutex<LoaderStats>,
-    /// The workers kept between epochs (`persistent_workers`). Last.
-    pub(crate) persistent: Mutex<Option<Engine<F::Output>>>,
+    /// The workers kept between epochs (`persistent_workers`), with the next epoch's first
+    /// batches started ahead. Last.
+    pub(crate) persistent: Mutex<Option<Parked<F::Output>>>,
     /// What every worker thread applies to itself (placement, priority).
     pub(crate) threads: Arc<ThreadSetup>,
     /// The GPU topology and what the placement became. Taken alone.
@@ -273,6 +286,7 @@ impl<F: Fetch> DataLoader<F> {
                     next_epoch: 0,
                     restored: None,
                     prepared: None,
+                    revision: 0,
                 }),
                 progress: Mutex::new(Progress::default()),
                 stats: Mutex::new(LoaderStats::default()),
@@ -382,6 +396,11 @@ impl<F: Fetch> DataLoader<F> {
     /// Sets the epoch the next iteration runs (reaches the sampler's `set_epoch`, as
     /// `DistributedSampler.set_epoch` in PyTorch). Without it, each iteration runs the epoch
     /// after the previous one, starting from 0.
+    ///
+    /// The next epoch's first batches may already be loading
+    /// ([`prefetch_next_epoch`](crate::DataLoaderBuilder::prefetch_next_epoch)): they were
+    /// started for the epoch the loader would run next, so setting that same epoch keeps
+    /// them and setting another discards them (they are never delivered).
     pub fn set_epoch(&self, epoch: u64) {
         let mut plan = lock(&self.inner.plan);
         plan.next_epoch = epoch;
@@ -391,9 +410,6 @@ impl<F: Fetch> DataLoader<F> {
     /// Counters since the loader was built.
     pub fn stats(&self) -> LoaderStats {
         let mut s = lock(&self.inner.stats).clone();
-        s.worker_restarts += lock(&self.inner.persistent).as_ref().map_or(0, |e| {
-            e.shared.restarts.load(std::sync::atomic::Ordering::Relaxed)
-        });
         s.pool = self.inner.pool.stats();
         s.placement = self.placement();
         s
@@ -498,6 +514,8 @@ impl<F: Fetch> DataLoader<F> {
             tracing::warn!(target: "longshore::loader", "restoring a state with another seed: the user sampler keeps its own seed");
         }
         plan.config.seed = state.seed;
+        // A next epoch started ahead is not what the restored position runs.
+        plan.revision += 1;
         let mut p = Progress::new(state.epoch, state.num_batches);
         p.prefix = state.done_prefix.min(state.num_batches);
         p.extra = state

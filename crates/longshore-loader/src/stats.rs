@@ -39,6 +39,14 @@ pub struct LoaderStats {
     /// Finished batches given back to a starved pool by the reorder buffer and loaded again
     /// (in-order mode under [`BudgetPolicy::Wait`](longshore_host::BudgetPolicy::Wait)).
     pub reloaded: u64,
+    /// Batches of an epoch started before its iterator was created, while the previous epoch
+    /// drained ([`prefetch_next_epoch`](crate::DataLoaderBuilder::prefetch_next_epoch)), and
+    /// taken over by it.
+    pub speculative_batches: u64,
+    /// Batches started ahead for a next epoch that did not come as predicted (`set_epoch` to
+    /// another epoch, `load_state_dict`, an epoch dropped or ended by an error, a starved
+    /// pool): discarded, never delivered.
+    pub speculative_discarded: u64,
     /// The host-memory pool's counters.
     pub pool: PoolStats,
     /// Where the workers run now (the CPUs they are pinned to, and why); see

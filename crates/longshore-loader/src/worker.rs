@@ -32,8 +32,10 @@ pub fn worker_seed(seed: u64, epoch: u64, id: usize) -> u64 {
 }
 
 /// The body of every worker thread of one engine: takes tasks until the engine shuts down,
-/// keeps the per-epoch worker state (an iterable dataset's stream), runs `worker_init` at
-/// start and after a panic, and turns panics into [`LoaderError::WorkerPanicked`] replies.
+/// keeps the per-epoch worker state (an iterable dataset's stream, the generator seeded
+/// from `(seed, epoch, id)`) for the tasks of one epoch run (`Task::lineage`), runs
+/// `worker_init` at start and after a panic, and turns panics into
+/// [`LoaderError::WorkerPanicked`] replies.
 pub(crate) fn worker_body<F: Fetch>(
     fetch: Arc<F>,
     init: Option<WorkerInit>,
@@ -44,7 +46,8 @@ pub(crate) fn worker_body<F: Fetch>(
     Arc::new(move |ctx: WorkerCtx<F::Output>| {
         let fetch: &F = &fetch;
         let id = ctx.id;
-        let mut epoch: Option<u64> = None;
+        // The (epoch, lineage) the state below was made for.
+        let mut run: Option<(u64, u64)> = None;
         let mut guard: Option<WorkerGuard> = None;
         let mut state: Option<F::Worker<'_>> = None;
         let mut needs_init = true;
@@ -53,7 +56,7 @@ pub(crate) fn worker_body<F: Fetch>(
         let mut thread = WorkerThread::start(setup.clone(), id);
         while let Some(task) = ctx.next_task() {
             thread.refresh();
-            if epoch != Some(task.epoch) {
+            if run != Some((task.epoch, task.lineage)) {
                 state = None;
                 stream_broken = false;
             }
@@ -80,11 +83,12 @@ pub(crate) fn worker_body<F: Fetch>(
                         init_failed = Some(format!("creating the worker's stream panicked: {m}"))
                     }
                 }
-                epoch = Some(task.epoch);
+                run = Some((task.epoch, task.lineage));
             }
             let span = tracing::trace_span!(target: "longshore::loader", "batch", epoch = task.epoch, seq = task.seq, samples = task.indices.len());
             let entered = span.enter();
             let t0 = Instant::now();
+            let mut restarted = false;
             let (outcome, skipped) = if let Some(m) = &init_failed {
                 (
                     Outcome::Failed(LoaderError::WorkerPanicked {
@@ -103,7 +107,7 @@ pub(crate) fn worker_body<F: Fetch>(
                     Ok(r) => r,
                     Err(message) => {
                         tracing::error!(target: "longshore::loader", panic = %message, worker.id = id, batch.seq = task.seq, "worker panicked");
-                        ctx.note_restart();
+                        restarted = true;
                         needs_init = true;
                         if fetch.indexed() {
                             state = None;
@@ -132,6 +136,7 @@ pub(crate) fn worker_body<F: Fetch>(
                 indices: task.indices,
                 busy,
                 skipped,
+                restarted,
             };
             if !ctx.reply(reply) {
                 break;

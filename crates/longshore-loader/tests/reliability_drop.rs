@@ -102,9 +102,13 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     for &stop in &c.drops {
         let mut it = loader.iter();
         let mut held = Vec::new();
+        let mut ended = false;
         for _ in 0..stop {
             match it.next() {
-                None => break,
+                None => {
+                    ended = true;
+                    break;
+                }
                 Some(Ok(batch)) => {
                     let (got, width) = chaos_ids(&batch);
                     prop_assert!(!got.is_empty());
@@ -136,6 +140,18 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         prop_assert!(loader.pool().stats().bytes_in_use >= in_use);
         drop(held);
         let pool = loader.pool().clone();
+        if ended && c.persistent {
+            // An epoch run to its end with persistent workers keeps the next epoch's first
+            // batches (prefetch_next_epoch): at most the in-flight bound, returned when the
+            // loader is dropped (checked below).
+            let cap = c.workers * c.prefetch;
+            prop_assert!(
+                pool.stats().blocks_in_use <= cap,
+                "more than {cap} blocks held between epochs: {:?}",
+                pool.stats()
+            );
+            continue;
+        }
         let back = eventually(Duration::from_secs(2), || pool.stats().bytes_in_use == 0);
         prop_assert!(back, "leases leaked: {:?}", pool.stats());
     }
@@ -170,7 +186,10 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         };
         prop_assert_eq!(seen.len(), full);
     }
+    let pool = loader.pool().clone();
     drop(loader);
+    let back = eventually(Duration::from_secs(2), || pool.stats().bytes_in_use == 0);
+    prop_assert!(back, "leases leaked after the loader: {:?}", pool.stats());
     Ok(())
 }
 

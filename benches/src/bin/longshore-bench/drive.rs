@@ -357,13 +357,16 @@ impl Workload {
 }
 
 /// Every workload's loader options: shuffled, `drop_last`, `opts`, persistent workers when
-/// there are any, PyTorch's default `prefetch_factor` of 2, seed 0.
+/// there are any, PyTorch's default `prefetch_factor` of 2, seed 0. The next epoch's first
+/// batches start while an epoch drains (the loader's default) unless
+/// `LONGSHORE_BENCH_NEXT_EPOCH=off`.
 fn steady<D, C>(
     b: DataLoaderBuilder<D, C>,
     w: Workload,
     opts: Opts,
 ) -> Result<DataLoaderBuilder<D, C>> {
     let (placement, priority) = env_toggles()?;
+    let next_epoch = std::env::var("LONGSHORE_BENCH_NEXT_EPOCH").map_or(true, |v| v != "off");
     Ok(b.batch_size(w.batch_size())
         .shuffle(true)
         .drop_last(true)
@@ -372,6 +375,7 @@ fn steady<D, C>(
         .persistent_workers(opts.num_workers > 0)
         .cpu_placement(placement)
         .worker_priority(priority)
+        .prefetch_next_epoch(next_epoch)
         .seed(0))
 }
 
