@@ -68,6 +68,7 @@ struct Context {
 }
 
 thread_local! {
+    static EPOCH: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     static CONTEXT: RefCell<Option<Context>> = const { RefCell::new(None) };
     static FALLBACK_RNG: RefCell<Option<Rng>> = const { RefCell::new(None) };
 }
@@ -102,6 +103,37 @@ pub fn enter(info: WorkerInfo) -> WorkerGuard {
     WorkerGuard {
         previous: previous.map(|c| (c.info, c.rng)),
     }
+}
+
+/// Restores the previous loader epoch of this thread when dropped (see [`enter_epoch`]).
+#[derive(Debug)]
+#[must_use = "the epoch ends when the guard is dropped"]
+pub struct EpochGuard {
+    previous: Option<u64>,
+}
+
+impl Drop for EpochGuard {
+    fn drop(&mut self) {
+        let _ = EPOCH.try_with(|e| e.set(self.previous));
+    }
+}
+
+/// Marks the samples this thread loads until the guard is dropped as samples of the loader's
+/// epoch `epoch`. The loader does it around every batch (on its workers and on the consuming
+/// thread alike), so a dataset whose samples depend on the epoch reads it with [`epoch`]
+/// instead of state set on the dataset between epochs, which the workers of a loader that
+/// starts the next epoch's batches early (or keeps persistent workers, as in PyTorch) may not
+/// see in time.
+pub fn enter_epoch(epoch: u64) -> EpochGuard {
+    EpochGuard {
+        previous: EPOCH.with(|e| e.replace(Some(epoch))),
+    }
+}
+
+/// The loader epoch the sample being loaded on this thread belongs to, if a loader is loading
+/// it (see [`enter_epoch`]).
+pub fn epoch() -> Option<u64> {
+    EPOCH.with(std::cell::Cell::get)
 }
 
 /// The worker this thread is running as, if any (PyTorch's `get_worker_info()`).

@@ -615,6 +615,7 @@ impl<F: Fetch> LoaderIter<F> {
             seed: worker_seed(self.config.seed, self.epoch, 0),
         };
         let _guard = longshore_data::worker::enter(info);
+        let _epoch = longshore_data::worker::enter_epoch(self.epoch);
         let task = Task {
             generation: 0,
             epoch: self.epoch,

@@ -103,6 +103,7 @@ pub(crate) fn worker_body<F: Fetch>(
             } else {
                 let cancelled = || ctx.cancelled(&task);
                 let st = state.as_mut().expect("state set above");
+                let _epoch = longshore_data::worker::enter_epoch(task.epoch);
                 match guarded(|| fetch.fetch(st, &task, &cancelled)) {
                     Ok(r) => r,
                     Err(message) => {

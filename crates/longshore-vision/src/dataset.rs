@@ -24,7 +24,10 @@ pub enum RandomSource {
     Worker,
     /// A generator per sample, a pure function of `(seed, epoch, index)`: the same crops
     /// whatever the number of workers, and a resumed epoch draws the crops the interrupted
-    /// one would have. Set the epoch with [`ImageDataset::set_epoch`] before each epoch.
+    /// one would have. Inside a loader the epoch is the loader's (the one its sampler
+    /// shuffles with: [`longshore_data::worker::epoch`]), so batches of the next epoch that
+    /// the loader starts early draw that epoch's crops; outside a loader it is the one set
+    /// with [`ImageDataset::set_epoch`].
     PerSample {
         /// The base seed.
         seed: u64,
@@ -35,10 +38,15 @@ impl RandomSource {
     /// Runs `f` with the generator sample `index` draws from in `epoch`: the worker's, or the
     /// sample's own ([`sample_rng`]). The CPU pipeline and the nvJPEG planner both draw
     /// through here, so one seed gives the same boxes on both paths.
+    /// `epoch` is the dataset's own, used only outside a loader (see
+    /// [`RandomSource::PerSample`]).
     pub(crate) fn draw<R>(self, epoch: u64, index: usize, f: impl FnOnce(&mut Rng) -> R) -> R {
         match self {
             RandomSource::Worker => longshore_data::worker::with_rng(f),
-            RandomSource::PerSample { seed } => f(&mut sample_rng(seed, epoch, index)),
+            RandomSource::PerSample { seed } => {
+                let epoch = longshore_data::worker::epoch().unwrap_or(epoch);
+                f(&mut sample_rng(seed, epoch, index))
+            }
         }
     }
 }
@@ -106,9 +114,11 @@ impl ImageDataset {
         self
     }
 
-    /// Sets the epoch of [`RandomSource::PerSample`] streams (shared by clones of this
-    /// dataset, so it reaches a loader's copy). Call it before iterating each epoch, as with
-    /// PyTorch's `DistributedSampler.set_epoch`.
+    /// Sets the epoch of [`RandomSource::PerSample`] streams for samples read outside a
+    /// loader (shared by clones). Inside a `DataLoader` the
+    /// loader's epoch applies instead (`DataLoader::set_epoch`, or its own count), so the
+    /// crops follow the shuffling even for batches a loader starts before its epoch's
+    /// iterator exists.
     pub fn set_epoch(&self, epoch: u64) {
         self.epoch.store(epoch, Ordering::Relaxed);
     }

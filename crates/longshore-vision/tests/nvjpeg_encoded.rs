@@ -29,7 +29,8 @@ fn batches_hold_the_files_the_pixels_of_pngs_and_the_cpu_pipelines_boxes() {
     let dir = tempfile::tempdir().unwrap();
     write_mixed(dir.path(), false);
     let data = files(dir.path(), 5);
-    data.set_epoch(2);
+    // The dataset's own epoch applies outside a loader only: inside one, the loader's.
+    data.set_epoch(7);
     let samples = data.folder().samples().to_vec();
     let loader = DataLoader::builder(data.clone())
         .batch_size(5)
@@ -37,6 +38,7 @@ fn batches_hold_the_files_the_pixels_of_pngs_and_the_cpu_pipelines_boxes() {
         .dataset_collate(EncodedCollate)
         .build()
         .unwrap();
+    loader.set_epoch(2);
     let mut seen = 0;
     for batch in loader.iter() {
         let batch = batch.unwrap();
@@ -70,6 +72,51 @@ fn batches_hold_the_files_the_pixels_of_pngs_and_the_cpu_pipelines_boxes() {
         }
     }
     assert_eq!(seen, samples.len());
+}
+
+/// With persistent workers the loader starts each next epoch's first batches while the
+/// current one drains: their per-sample crops must still be the next epoch's, the same as
+/// the CPU pipeline draws for `(seed, epoch, index)`, whatever the dataset's own epoch says.
+#[test]
+fn batches_started_early_draw_their_own_epochs_boxes() {
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = files(dir.path(), 11);
+    let n = data.folder().samples().len();
+    let loader = DataLoader::builder(data.clone())
+        .batch_size(2)
+        .num_workers(3)
+        .persistent_workers(true)
+        .prefetch_next_epoch(true)
+        .shuffle(true)
+        .dataset_collate(EncodedCollate)
+        .build()
+        .unwrap();
+    for epoch in 0..4u64 {
+        let mut seen = 0;
+        for batch in loader.iter() {
+            let batch = batch.unwrap();
+            let (rows, _) = entries(&batch).unwrap();
+            for row in rows {
+                let want = plan(
+                    Compose::imagenet_train().steps(),
+                    row.width,
+                    row.height,
+                    (224, 224),
+                    &mut sample_rng(11, epoch, row.index),
+                )
+                .unwrap();
+                assert_eq!(row.plan, want, "epoch {epoch}, sample {}", row.index);
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, n);
+    }
+    let stats = loader.stats();
+    assert!(
+        stats.speculative_batches > 0,
+        "the test must cover batches started before their epoch's iterator"
+    );
 }
 
 /// Whether a JPEG's frame header is progressive (SOF2), found independently of the crate's

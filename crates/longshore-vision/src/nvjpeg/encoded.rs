@@ -216,7 +216,9 @@ impl EncodedImages {
         self
     }
 
-    /// Sets the epoch of [`RandomSource::PerSample`] streams (shared by clones).
+    /// Sets the epoch of [`RandomSource::PerSample`] streams for samples staged outside a
+    /// loader (shared by clones); inside a loader the loader's epoch applies, as for
+    /// [`crate::ImageDataset::set_epoch`].
     pub fn set_epoch(&self, epoch: u64) {
         self.epoch.store(epoch, Ordering::Relaxed);
     }
