@@ -95,9 +95,12 @@ def _torch_converter(torch, cuda, pinned):
         return None
     if cuda and (raw_stream is None or current_device is None):
         return None
-    if cuda:
+    if cuda and not pinned:
         # torch's Python-level CUDA set-up, which torch.cuda.current_stream() (the per-tensor
-        # path) runs on first use and the raw C-level functions do not.
+        # path) runs on first use and the raw C-level functions do not. With device="cuda"
+        # the loader has made its CUDA context already; pinned CPU batches leave it to the
+        # first iteration (DataLoader.__iter__), so a process may still fork after building
+        # the loader, as with the per-tensor path.
         torch.cuda.init()
     return _longshore._TorchConverter(
         from_dlpack,
@@ -196,6 +199,7 @@ class DataLoader:
         if fast:
             converter = _torch_converter(torch, cuda=self._index is not None or pinned, pinned=pinned)
             if converter is not None:
+                self._cuda_init = torch.cuda.init if pinned else None
                 return converter
         from_dlpack = torch.utils.dlpack.from_dlpack
         if pinned:
@@ -211,6 +215,12 @@ class DataLoader:
         return from_dlpack
 
     def __iter__(self):
+        init = getattr(self, "_cuda_init", None)
+        if init is not None:
+            # Pinned batches through the fast converter: torch's CUDA set-up, once, at the
+            # first iteration rather than at construction (see _torch_converter).
+            init()
+            self._cuda_init = None
         # The epoch converts each tensor itself (no Python frame per batch); it has close().
         return self._loader.epoch(self._convert)
 

@@ -145,9 +145,14 @@ pub fn with_preferred_node<R>(node: usize, f: impl FnOnce() -> R) -> R {
     with_preferred_node_using(&SystemMemPolicy, node_count().unwrap_or(1), node, f)
 }
 
+/// The `MPOL_F_*` flags the kernel may report in a mode (`MPOL_F_STATIC_NODES`,
+/// `MPOL_F_RELATIVE_NODES`, `MPOL_F_NUMA_BALANCING`).
+const MODE_FLAGS: i32 = (1 << 15) | (1 << 14) | (1 << 13);
+
 /// Runs `f` with the calling thread's memory policy set to prefer `node` through `ops`: the
 /// current policy is read, `MPOL_PREFERRED` on `node` set, `f` run, and the old policy set
-/// again (also if `f` panics). With `host_nodes <= 1` no call is made. If the policy cannot be
+/// again (also if `f` panics). A thread whose policy is not the default (a binding or
+/// interleaving the user chose) keeps it: `f` just runs. With `host_nodes <= 1` no call is made. If the policy cannot be
 /// read or set, `f` still runs (logged once per process at `warn`, target
 /// `"longshore::host"`): placement is an optimisation, never a reason to fail.
 pub fn with_preferred_node_using<R>(
@@ -166,6 +171,15 @@ pub fn with_preferred_node_using<R>(
             return f();
         }
     };
+    // A policy the user chose (`numactl --membind`, `--interleave`, ...) wins over ours: only
+    // the default (local) policy is replaced.
+    if old.mode & !MODE_FLAGS != libc::MPOL_DEFAULT {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            tracing::info!(target: "longshore::host", mode = old.mode, nodes = %old.nodes, node, "the thread has a memory policy of its own: page-locked blocks are not placed on the GPU's node");
+        }
+        return f();
+    }
     if let Err(e) = ops.set(&MemPolicy::preferred(node)) {
         warn_once("set_mempolicy", node, &e);
         return f();
@@ -203,6 +217,8 @@ pub(crate) mod tests {
         pub(crate) calls: Mutex<Vec<String>>,
         pub(crate) fail_get: bool,
         pub(crate) fail_set: bool,
+        /// The policy `get` reports (`None`: the default policy).
+        pub(crate) current: Option<MemPolicy>,
     }
 
     impl MemPolicyOps for Recorder {
@@ -211,10 +227,10 @@ pub(crate) mod tests {
             if self.fail_get {
                 return Err(io::Error::from_raw_os_error(libc::EPERM));
             }
-            Ok(MemPolicy {
+            Ok(self.current.clone().unwrap_or(MemPolicy {
                 mode: libc::MPOL_DEFAULT,
                 nodes: CpuSet::new(),
-            })
+            }))
         }
         fn set(&self, p: &MemPolicy) -> io::Result<()> {
             let mut calls = self.calls.lock().unwrap();
@@ -249,6 +265,19 @@ pub(crate) mod tests {
         }));
         assert!(caught.is_err());
         assert_eq!(calls(&r), ["get", "set 1 3", "set 0 "]);
+    }
+
+    #[test]
+    fn a_policy_the_user_chose_is_kept() {
+        let r = Recorder {
+            current: Some(MemPolicy {
+                mode: libc::MPOL_BIND,
+                nodes: [0].into_iter().collect(),
+            }),
+            ..Recorder::default()
+        };
+        assert_eq!(with_preferred_node_using(&r, 2, 1, || 7), 7);
+        assert_eq!(calls(&r), vec!["get".to_owned()], "read, never replaced");
     }
 
     #[test]

@@ -18,6 +18,7 @@
 
 use std::fmt;
 use std::io;
+use std::path::{Path, PathBuf};
 
 use crate::cpuset::CpuSet;
 
@@ -107,10 +108,54 @@ pub fn affinity(tid: Tid) -> Result<CpuSet, ThreadError> {
     }
 }
 
-/// The CPUs the process may run on (its main thread's affinity), the set a thread may be
-/// pinned within.
+/// The CPUs the process may run on, the set a thread may be pinned within: its cgroup's
+/// cpuset (v2 `cpuset.cpus.effective`, v1 `cpuset.cpus`), else every online CPU, else the
+/// main thread's affinity. Not a thread's affinity first: the main thread's is often narrowed
+/// (Python's `os.sched_setaffinity`, OpenMP's binding of its master thread) without limiting
+/// the process's other threads.
 pub fn process_affinity() -> Result<CpuSet, ThreadError> {
-    affinity(Tid::main())
+    match process_cpus_in(Path::new("/")) {
+        Some(cpus) if !cpus.is_empty() => Ok(cpus),
+        _ => affinity(Tid::main()),
+    }
+}
+
+/// [`process_affinity`]'s cgroup and online-CPU lookup under `root` (`/`, or a fake tree in
+/// tests): `None` when none of the files can be read and parsed.
+pub fn process_cpus_in(root: &Path) -> Option<CpuSet> {
+    let read =
+        |p: PathBuf| -> Option<CpuSet> { std::fs::read_to_string(&p).ok()?.trim().parse().ok() };
+    let cgroups = std::fs::read_to_string(root.join("proc/self/cgroup")).unwrap_or_default();
+    for line in cgroups.lines() {
+        // "hierarchy-id:controllers:path"; v2 is "0::/path".
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        let found = if controllers.is_empty() {
+            read(
+                root.join("sys/fs/cgroup")
+                    .join(rel)
+                    .join("cpuset.cpus.effective"),
+            )
+        } else if controllers.split(',').any(|c| c == "cpuset") {
+            read(
+                root.join("sys/fs/cgroup/cpuset")
+                    .join(rel)
+                    .join("cpuset.cpus"),
+            )
+        } else {
+            None
+        };
+        if found.as_ref().is_some_and(|c| !c.is_empty()) {
+            return found;
+        }
+    }
+    read(root.join("sys/fs/cgroup/cpuset.cpus.effective"))
+        .filter(|c| !c.is_empty())
+        .or_else(|| read(root.join("sys/devices/system/cpu/online")))
 }
 
 /// Allows thread `tid` to run only on `cpus`.
@@ -224,6 +269,47 @@ mod tests {
     /// Runs `f` on a fresh thread (so changing its scheduling does not touch the test runner).
     fn on_thread<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
         std::thread::spawn(f).join().unwrap()
+    }
+
+    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let p = d.path().join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        d
+    }
+
+    #[test]
+    fn process_cpus_come_from_the_cgroup_not_a_thread() {
+        let cpus = |s: &str| s.parse::<CpuSet>().unwrap();
+        // cgroup v2: the process's own cgroup.
+        let v2 = tree(&[
+            ("proc/self/cgroup", "0::/job/step\n"),
+            ("sys/fs/cgroup/job/step/cpuset.cpus.effective", "4-7\n"),
+            ("sys/devices/system/cpu/online", "0-15\n"),
+        ]);
+        assert_eq!(process_cpus_in(v2.path()), Some(cpus("4-7")));
+        // cgroup v1: the cpuset hierarchy.
+        let v1 = tree(&[
+            (
+                "proc/self/cgroup",
+                "5:memory:/x\n3:cpuset,cpuacct:/slurm/job1\n",
+            ),
+            ("sys/fs/cgroup/cpuset/slurm/job1/cpuset.cpus", "0-3,8-11\n"),
+            ("sys/devices/system/cpu/online", "0-15\n"),
+        ]);
+        assert_eq!(process_cpus_in(v1.path()), Some(cpus("0-3,8-11")));
+        // No cpuset readable: every online CPU.
+        let none = tree(&[
+            ("proc/self/cgroup", "0::/\n"),
+            ("sys/devices/system/cpu/online", "0-31\n"),
+        ]);
+        assert_eq!(process_cpus_in(none.path()), Some(cpus("0-31")));
+        // Nothing at all.
+        let empty = tree(&[]);
+        assert_eq!(process_cpus_in(empty.path()), None);
     }
 
     #[test]

@@ -322,6 +322,14 @@ impl<F: Fetch> DataLoader<F> {
         self.place(topology, explicit);
     }
 
+    /// Places the workers (and the loader's own pool) for delivery to `device`, as
+    /// [`to_device`](DataLoader::to_device) does: for adapters that deliver to a device
+    /// themselves (the nvJPEG decoder of longshore-vision). A topology given with
+    /// [`set_gpu_topology`](DataLoader::set_gpu_topology) is kept; the Cpu device has none.
+    pub fn place_for(&self, device: &longshore_transfer::Device) {
+        self.place(device.topology(), false);
+    }
+
     /// Settles the placement for `topology` (a topology learnt from a device, `explicit`
     /// false, does not replace one the user gave) and hands it to the workers and the pool.
     pub(crate) fn place(&self, topology: Option<GpuTopology>, explicit: bool) {

@@ -122,17 +122,16 @@ pub enum TopologyError {
     },
 }
 
-/// sysfs's form of a PCI address: lowercase, a four-digit domain (the driver may give
-/// `0000:3B:00.0`, NVML `00000000:3B:00.0`).
+/// sysfs's form of a PCI address: lowercase, the domain in hex without leading zeros beyond
+/// four digits (the driver may give `0000:3B:00.0`, NVML `00000000:3B:00.0`; Intel VMD
+/// domains start at `0x10000`, which sysfs names `10000:...`).
 pub fn normalize_bus_id(id: &str) -> String {
     let id = id.trim().to_ascii_lowercase();
     match id.split_once(':') {
-        Some((domain, rest)) if domain.len() > 4 && domain.bytes().all(|b| b == b'0') => {
-            format!("0000:{rest}")
-        }
-        Some((domain, rest)) if domain.len() > 4 && domain.starts_with("0000") => {
-            format!("{}:{rest}", &domain[domain.len() - 4..])
-        }
+        Some((domain, rest)) if domain.len() > 4 => match u32::from_str_radix(domain, 16) {
+            Ok(d) => format!("{d:04x}:{rest}"),
+            Err(_) => id,
+        },
         _ => id,
     }
 }
@@ -272,5 +271,7 @@ mod tests {
         assert_eq!(normalize_bus_id("00000000:3B:00.0\n"), "0000:3b:00.0");
         assert_eq!(normalize_bus_id("00000001:0A:00.0"), "0001:0a:00.0");
         assert_eq!(normalize_bus_id("0002:c1:00.0"), "0002:c1:00.0");
+        // Intel VMD domains are five hex digits in sysfs.
+        assert_eq!(normalize_bus_id("00010000:01:00.0"), "10000:01:00.0");
     }
 }

@@ -181,9 +181,14 @@ fn a_consumer_faster_than_the_link_is_held_to_max_copies() {
         }
         (out, pf.throttled())
     });
-    std::thread::sleep(Duration::from_millis(150));
-    // No copy has completed: at most 8 batches were pulled (6 handed out, 2 queued), and the
-    // consumer is blocked on the oldest copy instead of pulling the whole source.
+    // No copy can complete: the consumer reaches the bound (however slow this machine is)...
+    let start = std::time::Instant::now();
+    while handed.load(Ordering::SeqCst) < 6 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // ...and stays there: 8 batches pulled (6 handed out, 2 queued), blocked on the oldest
+    // copy instead of pulling the whole source.
+    std::thread::sleep(Duration::from_millis(100));
     assert_eq!(pulled.load(Ordering::SeqCst), 8);
     assert_eq!(handed.load(Ordering::SeqCst), 6);
     release.send(()).unwrap();

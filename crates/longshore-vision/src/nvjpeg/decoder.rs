@@ -342,6 +342,11 @@ impl NvjpegDecoder {
         &self.stream
     }
 
+    /// The GPU the decoder decodes on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// The counts so far.
     pub fn stats(&self) -> NvjpegStats {
         self.stats

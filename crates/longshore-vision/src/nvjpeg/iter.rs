@@ -351,6 +351,8 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> NvjpegLoader for DataLoader<F> {
         depth: usize,
     ) -> Result<Self::Iter, LoaderError> {
         let decoder = decoder.on_sample_error(self.config().on_sample_error);
+        // Workers and the loader's pool near the decoder's GPU, as `to_device` places them.
+        self.place_for(decoder.device());
         NvjpegIter::with_lanes(self.iter(), decoder, lanes, depth)
     }
 }
