@@ -18,7 +18,7 @@
 //!   records the position after each batch it takes, and the batch carries it through the
 //!   queue to [`Position`], which `state_dict()` reads while an epoch is under way.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,7 @@ use longshore_loader::{LoaderError, LoaderState};
 use longshore_transfer::Device;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyDict, PyList};
 
 use crate::errors::{LoaderFailure, dlpack_err, loader_err};
 use crate::loader::{AnyLoader, Epoch, Handoff};
@@ -53,6 +53,76 @@ const SLICE: Duration = Duration::from_millis(50);
 /// receiver costs the sender a futex syscall and the receiver a reschedule, several
 /// microseconds per batch at tens of thousands of batches per second).
 const POLL: Duration = Duration::from_micros(50);
+
+/// Per-stage time counters of one epoch, kept only when the environment variable
+/// `LONGSHORE_EPOCH_TIMINGS` is set to a non-empty value other than `0` when the epoch starts
+/// (read by `_Epoch._debug_timings()`, for benchmarks): nanoseconds summed over the epoch.
+#[derive(Debug, Default)]
+pub(crate) struct Timings {
+    /// The pump: the loader's `next()` (waiting for workers, the device prefetcher).
+    next: AtomicU64,
+    /// The pump: exporting a batch for DLPack.
+    export: AtomicU64,
+    /// The pump: taking the loader's position after a batch.
+    state: AtomicU64,
+    /// The pump: handing a batch to the queue, waiting for room included.
+    send: AtomicU64,
+    /// Batches the pump handed over.
+    pumped: AtomicU64,
+    /// The pump thread's CPU time, in nanoseconds, when it ended.
+    pump_cpu: AtomicU64,
+    /// The pump thread's CPU time in the loader's `next()`.
+    next_cpu: AtomicU64,
+    /// The pump thread's CPU time handing batches to the queue.
+    send_cpu: AtomicU64,
+    /// `__next__`: waiting for a batch (the GIL released), when none was ready.
+    wait: AtomicU64,
+    /// `__next__` calls that found no batch ready and waited.
+    waits: AtomicU64,
+    /// `__next__`: recording the position and turning the batch into Python values.
+    deliver: AtomicU64,
+    /// Batches `__next__` delivered.
+    delivered: AtomicU64,
+}
+
+impl Timings {
+    /// Counters for a new epoch, if the environment asks for them.
+    pub(crate) fn from_env() -> Option<Arc<Self>> {
+        match std::env::var_os("LONGSHORE_EPOCH_TIMINGS") {
+            Some(v) if !v.is_empty() && v != "0" => Some(Arc::default()),
+            _ => None,
+        }
+    }
+}
+
+/// The CPU time of the calling thread, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID needs no set-up.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// Adds the time since `start` to `counter`, when timings are kept.
+fn lap(t: Option<&Timings>, counter: impl Fn(&Timings) -> &AtomicU64, start: Option<Instant>) {
+    if let (Some(t), Some(s)) = (t, start) {
+        let ns = u64::try_from(s.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counter(t).fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// Adds the calling thread's CPU time since `start` to `counter`, when timings are kept.
+fn cpu_lap(t: Option<&Timings>, counter: impl Fn(&Timings) -> &AtomicU64, start: Option<u64>) {
+    if let (Some(t), Some(s)) = (t, start) {
+        counter(t).fetch_add(thread_cpu_ns().saturating_sub(s), Ordering::Relaxed);
+    }
+}
 
 /// A batch exported for Python, or why there is none.
 enum Reply {
@@ -105,47 +175,77 @@ fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackE
 
 /// Runs an epoch's iterator ahead of Python: each batch is exported and queued with the
 /// loader's position after it; the queue's bound makes the pump wait for Python.
-fn pump(mut epoch: Epoch, loader: Arc<dyn AnyLoader>, opts: ExportOptions, out: Sender<Ready>) {
+fn pump(
+    mut epoch: Epoch,
+    loader: Arc<dyn AnyLoader>,
+    opts: ExportOptions,
+    out: Sender<Ready>,
+    timings: Option<Arc<Timings>>,
+) {
+    let t = timings.as_deref();
+    let now = || t.map(|_| Instant::now());
     let mut n = 0u64;
     loop {
         // A panic here (export, the device stage) reaches Python with its message, and ends
         // the epoch.
-        let reply =
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match epoch.next() {
+        let reply = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let (start, cpu) = (now(), t.map(|_| thread_cpu_ns()));
+            let next = epoch.next();
+            lap(t, |t| &t.next, start);
+            cpu_lap(t, |t| &t.next_cpu, cpu);
+            match next {
                 None => Reply::End,
                 Some(Err(e)) => Reply::Failed(e),
-                Some(Ok(h)) => match export(h, &opts) {
-                    Ok(t) => Reply::Batch(t),
-                    Err(e) => Reply::Export(e),
-                },
-            })) {
-                Ok(r) => r,
-                Err(p) => {
-                    let message = p
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| p.downcast_ref::<String>().cloned())
-                        .unwrap_or_default();
-                    let _ = out.send(Ready {
-                        reply: Reply::Failed(LoaderError::WorkerPanicked {
-                            worker: 0,
-                            batch: n,
-                            message: format!("the epoch thread panicked: {message}"),
-                        }),
-                        state: None,
-                    });
-                    break;
+                Some(Ok(h)) => {
+                    let start = now();
+                    let r = match export(h, &opts) {
+                        Ok(t) => Reply::Batch(t),
+                        Err(e) => Reply::Export(e),
+                    };
+                    lap(t, |t| &t.export, start);
+                    r
                 }
-            };
+            }
+        })) {
+            Ok(r) => r,
+            Err(p) => {
+                let message = p
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                let _ = out.send(Ready {
+                    reply: Reply::Failed(LoaderError::WorkerPanicked {
+                        worker: 0,
+                        batch: n,
+                        message: format!("the epoch thread panicked: {message}"),
+                    }),
+                    state: None,
+                });
+                break;
+            }
+        };
         n += 1;
         // Only this thread advances the epoch, so the position read now is the one right
         // after this reply.
+        let start = now();
         let state = loader.state_dict().ok();
+        lap(t, |t| &t.state, start);
         let end = matches!(reply, Reply::End);
+        let (start, cpu) = (now(), t.map(|_| thread_cpu_ns()));
         // A closed queue hands the reply back; dropping it returns its memory.
-        if out.send(Ready { reply, state }).is_err() || end {
+        let sent = out.send(Ready { reply, state });
+        lap(t, |t| &t.send, start);
+        cpu_lap(t, |t| &t.send_cpu, cpu);
+        if let Some(t) = t {
+            t.pumped.fetch_add(1, Ordering::Relaxed);
+        }
+        if sent.is_err() || end {
             break;
         }
+    }
+    if let Some(t) = t {
+        t.pump_cpu.store(thread_cpu_ns(), Ordering::Relaxed);
     }
     // Dropping the iterator here stops the workers and returns the leases.
 }
@@ -217,6 +317,7 @@ pub(crate) struct PyEpoch {
     id: u64,
     convert: Convert,
     single: bool,
+    timings: Option<Arc<Timings>>,
 }
 
 impl PyEpoch {
@@ -232,9 +333,11 @@ impl PyEpoch {
     ) -> PyResult<Self> {
         // The pump holds one batch while it waits for room: the queue holds the rest.
         let (tx, rx) = bounded::<Ready>(AHEAD - 1);
+        let timings = Timings::from_env();
+        let pump_timings = timings.clone();
         std::thread::Builder::new()
             .name("longshore-epoch".into())
-            .spawn(move || pump(epoch, loader, opts, tx))
+            .spawn(move || pump(epoch, loader, opts, tx, pump_timings))
             .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
             ready: Mutex::new(Some(rx)),
@@ -243,6 +346,7 @@ impl PyEpoch {
             id,
             convert,
             single,
+            timings,
         })
     }
 
@@ -300,9 +404,15 @@ impl PyEpoch {
                 ));
             }
             Err(TryRecvError::Empty) => loop {
+                let start = self.timings.as_ref().map(|_| Instant::now());
+                let got = py.detach(|| wait(rx));
+                if let Some(t) = self.timings.as_deref() {
+                    lap(Some(t), |t| &t.wait, start);
+                    t.waits.fetch_add(1, Ordering::Relaxed);
+                }
                 // An interrupt returns here with the queue untouched: the batch is taken by
                 // the next call.
-                match py.detach(|| wait(rx)) {
+                match got {
                     Ok(r) => break r,
                     Err(RecvTimeoutError::Timeout) => {
                         if self.closed.load(Ordering::Acquire) {
@@ -323,8 +433,14 @@ impl PyEpoch {
         let Ready { reply, state } = ready;
         match reply {
             Reply::Batch(tensors) => {
+                let start = self.timings.as_ref().map(|_| Instant::now());
                 self.position.received(self.id, state);
-                self.deliver(py, tensors).map(Some)
+                let out = self.deliver(py, tensors).map(Some);
+                if let Some(t) = self.timings.as_deref() {
+                    lap(Some(t), |t| &t.deliver, start);
+                    t.delivered.fetch_add(1, Ordering::Relaxed);
+                }
+                out
             }
             Reply::End => {
                 *guard = None;
@@ -341,6 +457,32 @@ impl PyEpoch {
                 Err(dlpack_err(e))
             }
         }
+    }
+
+    /// The per-stage time counters (nanoseconds summed over the epoch, and batch counts), or
+    /// `None` unless `LONGSHORE_EPOCH_TIMINGS` was set when the epoch started.
+    fn _debug_timings<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(t) = self.timings.as_deref() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("pump_next_ns", &t.next),
+            ("pump_export_ns", &t.export),
+            ("pump_state_ns", &t.state),
+            ("pump_send_ns", &t.send),
+            ("pumped", &t.pumped),
+            ("pump_cpu_ns", &t.pump_cpu),
+            ("pump_next_cpu_ns", &t.next_cpu),
+            ("pump_send_cpu_ns", &t.send_cpu),
+            ("next_wait_ns", &t.wait),
+            ("next_waits", &t.waits),
+            ("next_deliver_ns", &t.deliver),
+            ("delivered", &t.delivered),
+        ] {
+            d.set_item(k, v.load(Ordering::Relaxed))?;
+        }
+        Ok(Some(d))
     }
 
     /// Ends the epoch now: returns the memory of the batches queued for Python and stops the
