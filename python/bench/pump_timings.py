@@ -8,14 +8,19 @@ shuffled, drop_last, persistent workers, pin_memory=True. Per case, the best of 
 of --epochs epochs (after one warm-up epoch), in microseconds per batch:
 
   wall     : time.perf_counter
+  process  : CPU time of the whole process (time.process_time: workers included)
   py-cpu   : CPU time of the Python thread (time.thread_time; its polling included)
   with LONGSHORE_EPOCH_TIMINGS=1 (set by this script), the epoch's own counters
   (`_Epoch._debug_timings()`): the epoch thread's CPU time, pump next / export / state / send, `__next__` wait / deliver,
   and the share of `__next__` calls that found no batch ready.
 
-Cases: raw (longshore.Tensor lists, no conversion) and numpy (np.from_dlpack per tensor).
+Cases: raw (longshore.Tensor lists, no conversion), numpy (np.from_dlpack per tensor) and, with
+torch installed, fast (the DataLoader's own converter: `_TorchConverter`, a batch per Rust call).
+With --device cuda the batches go to the GPU (the loader's device prefetcher runs in the pump's
+next()); the cases are then raw and fast.
 
 Usage: python pump_timings.py [--rows 1048576] [--batch 1024] [--workers 4,8] [--repeats 5]
+       [--device cuda] [--cases raw,numpy,fast]
 """
 import argparse
 import os
@@ -58,11 +63,12 @@ def run(dl, convert, epochs):
     one(dl, convert, None)  # warm-up
     acc = {}
     n = 0
-    t0, m0 = time.perf_counter(), time.thread_time()
+    t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
     for _ in range(epochs):
         n += one(dl, convert, acc)
-    wall, py = time.perf_counter() - t0, time.thread_time() - m0
-    return n, wall / n * 1e6, py / n * 1e6, acc
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    py = time.thread_time() - m0
+    return n, wall / n * 1e6, py / n * 1e6, acc, cpu / n * 1e6
 
 
 def main():
@@ -72,26 +78,32 @@ def main():
     ap.add_argument("--workers", default="4,8")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--cases", default="raw,numpy")
+    ap.add_argument("--cases", default=None, help="default: raw,numpy (host), raw,fast (cuda)")
+    ap.add_argument("--device", default=None, help="e.g. cuda: batches on the GPU")
     ap.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "longshore-pt"))
     args = ap.parse_args()
+    if args.cases is None:
+        args.cases = "raw,fast" if args.device else "raw,numpy"
     os.makedirs(args.data_dir, exist_ok=True)
     ds = longshore.NpyDataset(make(args.data_dir, args.rows))
     print(f"rows={args.rows} batch={args.batch} epochs={args.epochs} repeats={args.repeats} "
           f"cores={os.cpu_count()}")
-    print("| workers | case | wall us | py-cpu us | pump-cpu us | pump next (cpu) | export | state | send (cpu) | "
+    print("| workers | case | wall us | process cpu us | py-cpu us | pump-cpu us | pump next (cpu) | export | state | send (cpu) | "
           "next wait | deliver | waited % |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for nw in [int(w) for w in args.workers.split(",")]:
+        torchy = args.device is not None or "fast" in args.cases
         dl = longshore.DataLoader(ds, batch_size=args.batch, num_workers=nw, shuffle=True,
                                   drop_last=True, persistent_workers=True, seed=0,
-                                  pin_memory=True, framework="numpy")
+                                  pin_memory=True, device=args.device,
+                                  framework="torch" if torchy else "numpy")
         for case in args.cases.split(","):
-            convert = None if case == "raw" else np.from_dlpack
+            convert = {"raw": None, "numpy": np.from_dlpack}.get(case, dl._convert)
             runs = [run(dl, convert, args.epochs) for _ in range(args.repeats)]
             best = min(runs, key=lambda r: r[1])
-            n, wall, _, acc = best
+            n, wall, _, acc, _ = best
             py = min(r[2] for r in runs)
+            cpu = min(r[4] for r in runs)
             if acc:
                 b = acc["pumped"] or 1
                 d = acc["delivered"] or 1
@@ -107,7 +119,7 @@ def main():
                 cells += f" | {100 * acc['next_waits'] / d:.0f}"
             else:
                 cells = " | ".join("-" for _ in range(8))
-            print(f"| {nw} | {case} | {wall:.1f} | {py:.1f} | {cells} |", flush=True)
+            print(f"| {nw} | {case} | {wall:.1f} | {cpu:.1f} | {py:.1f} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":
