@@ -54,7 +54,9 @@ pub(crate) const AHEAD: usize = 2;
 /// most of both threads' per-batch CPU time. A deeper queue lets each side run through several
 /// batches between sleeps (on two shared cores, tabular batches of 256 KiB with 4 workers:
 /// 13 us less CPU per batch and 15% less wall time than with [`AHEAD`]). It holds at most
-/// `(AHEAD_SMALL - AHEAD) * SMALL_BATCH` bytes more than [`AHEAD`] would.
+/// `(AHEAD_SMALL - AHEAD) * SMALL_BATCH` bytes more than [`AHEAD`] would (24 MiB); under a
+/// pool budget of only a few batches, that many ready batches leave the workers fewer blocks
+/// to collate into (never a deadlock: each batch Python takes frees a slot).
 pub(crate) const AHEAD_SMALL: usize = 8;
 
 /// The size up to which a batch counts as small for [`AHEAD_SMALL`], in bytes.
