@@ -33,7 +33,7 @@ mkdir -p "$out/wheels"
     --python-version 3.12 --implementation cp --platform any pytest
 cp -r python/tests "$out/tests"
 rm -rf "$out/tests/__pycache__"
-mkdir -p "$out/bench" && cp python/bench/python_bench.py python/bench/torch_per_batch.py \
+mkdir -p "$out/bench" && cp python/bench/python_bench.py python/bench/torch_per_batch.py python/bench/pump_timings.py \
     python/bench/per_batch.py "$out/bench/"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The closing device calls of a session, in two parts that each fit one 10-minute call:
-#   bash scripts/gpu-final.sh a   tests (LONGSHORE_REQUIRE_CUDA=1), pytest on the GPU, the
-#                                 nvJPEG ceiling and pipelines with the device stage's phases,
-#                                 CPU decoding at 16/32 workers
-#   bash scripts/gpu-final.sh b   cargo xtask bench's limits/loader/scaling/roofline sections,
-#                                 the scaling curve with the next-epoch prefetch off and at 4x
-#                                 the image epoch, the Python package's bench on the same shapes
-#                                 (8192 images, 2M tabular rows) and its per-batch handoff
+#   bash scripts/gpu-final.sh a   tests (LONGSHORE_REQUIRE_CUDA=1), the nvJPEG ceiling and
+#                                 pipelines with the device stage's phases, CPU decoding at
+#                                 16/32 workers, torchvision at 16 workers
+#   bash scripts/gpu-final.sh b   pytest on the GPU, cargo xtask bench's limits/loader/scaling/roofline sections,
+#                                 the scaling curve with the next-epoch prefetch off, the
+#                                 Python package's bench on the same shapes
+#                                 (8192 images, 2M tabular rows) and the epoch pump's timings
 # Needs gpu-pack/gpu.tar.xz (scripts/gpu-pack.sh) and gpu-python/ (python/gpu-artifacts.sh).
 # Results are packed into $OUT/<part>.tar.gz (the device returns few files).
 set -u
@@ -21,10 +21,10 @@ nvidia-smi -L | tee "$R/gpu.txt"
 case "$part" in
 a)
   SANITIZER_SECS=${SANITIZER_SECS:-0} OUT="$R" bash scripts/gpu-verify.sh 2>&1 | tail -8
-  OUT="$R" bash gpu-python/run.sh --no-bench > "$R/pytest-run.log" 2>&1; tail -4 "$R/pytest-run.log"
   # nvJPEG: the hardware decoder's ceiling and the pipeline with its stage and epoch phases;
-  # then CPU decoding at 16/32 workers (the next-epoch prefetch covers each epoch's tail).
-  LONGSHORE_REQUIRE_CUDA=1 timeout 300 .gpu/bin/jpeg-bench --decode both --no-pytorch --workers 16,32 \
+  # CPU decoding at 16/32 workers (the next-epoch prefetch covers each epoch's tail); PyTorch
+  # + torchvision at its best worker count of earlier runs (16), in the same call.
+  LONGSHORE_REQUIRE_CUDA=1 timeout 300 .gpu/bin/jpeg-bench --decode both --torch-workers 16 --workers 16,32 \
     --nvjpeg-lanes 1 --nvjpeg-ceiling --epochs 2 --out "$R/jpeg" --data-dir /tmp/jdata > "$R/jpeg.log" 2>&1
   echo "jpeg exit $?"; grep "^jpeg: longshore\|^jpeg: nvjpeg ceiling [a-z]*:" "$R/jpeg.log"
   ;;
@@ -36,6 +36,7 @@ b)
       LONGSHORE_REQUIRE_CUDA=1 "$t" > "$R/rerun-$(basename "$t").log" 2>&1 && echo "rerun ok: $(basename "$t")" || echo "rerun FAILED: $(basename "$t")"
     done
   fi
+  OUT="$R" timeout 120 bash gpu-python/run.sh --no-bench > "$R/pytest-run.log" 2>&1; tail -4 "$R/pytest-run.log"
   timeout 280 .gpu/bin/longshore-bench --only limits,loader,scaling,roofline --out "$R/bench" \
     --data-dir /tmp/bdata > "$R/bench.log" 2>&1; echo "bench exit $?"
   grep -A12 "^== scaling\|^== roofline\|tuner pick" "$R/bench.log" | head -60
@@ -43,15 +44,11 @@ b)
   LONGSHORE_BENCH_NEXT_EPOCH=off timeout 90 .gpu/bin/longshore-bench --only scaling --out "$R/scaling-off" \
     --data-dir /tmp/bdata > "$R/scaling-off.log" 2>&1; echo "scaling (next-epoch off) exit $?"
   grep -A12 "^== scaling" "$R/scaling-off.log" | grep -v "^tabular  " | head -14
-  timeout 100 .gpu/bin/longshore-bench --only scaling --image-rows 32768 --out "$R/scaling-long" \
-    --data-dir /tmp/bdata-long > "$R/scaling-long.log" 2>&1; echo "scaling-long exit $?"
-  grep -A12 "^== scaling" "$R/scaling-long.log" | grep -v "^tabular  " | head -14
-  rm -rf /tmp/bdata-long
   timeout 150 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
-    --tabular 2000000 --workers 4,8,16 --rust-results "$R/bench/results.json" --out "$R/python.json" \
+    --tabular 2000000 --workers 4,8 --rust-results "$R/bench/results.json" --out "$R/python.json" \
     > "$R/python-bench.log" 2>&1; echo "python bench exit $?"; tail -8 "$R/python-bench.log"
-  timeout 80 python3 gpu-python/bench/torch_per_batch.py --workers 4,8 --rust-sps 48.3e6 \
-    --out "$R/tpb.json" > "$R/tpb.log" 2>&1; echo "tpb exit $?"; tail -9 "$R/tpb.log"
+  LONGSHORE_EPOCH_TIMINGS=1 timeout 90 python3 gpu-python/bench/pump_timings.py --device cuda \
+    --workers 4,8 --rows 1048576 --epochs 3 --repeats 3 > "$R/pump.log" 2>&1; echo "pump exit $?"; tail -24 "$R/pump.log"
   ;;
 esac
 rm -rf "$R"/*/data
