@@ -175,8 +175,12 @@ def test_old_torch_without_the_internals_falls_back():
         _C=types.SimpleNamespace(_from_dlpack=f, _cuda_getCurrentRawStream=f, _cuda_getDevice=f),
         cuda=types.SimpleNamespace(init=lambda: inits.append(1)),
     )
-    assert isinstance(longshore._torch_converter(full, cuda=True, pinned=True), _longshore._TorchConverter)
+    assert isinstance(longshore._torch_converter(full, cuda=True, pinned=False), _longshore._TorchConverter)
     assert inits == [1]  # torch's CUDA set-up, as the per-tensor path's current_stream() runs it
+    # Pinned CPU batches leave it to the first iteration (a process may fork after building
+    # the loader, as with the per-tensor path).
+    assert isinstance(longshore._torch_converter(full, cuda=True, pinned=True), _longshore._TorchConverter)
+    assert inits == [1]
     no_streams = types.SimpleNamespace(_C=types.SimpleNamespace(_from_dlpack=f))
     assert isinstance(longshore._torch_converter(no_streams, cuda=False, pinned=False),
                       _longshore._TorchConverter)

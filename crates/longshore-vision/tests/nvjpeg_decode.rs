@@ -383,6 +383,8 @@ fn lanes_yield_what_one_thread_yields() {
         .unwrap();
     let mut runs = Vec::new();
     for lanes in [1, 3] {
+        // The same epoch both times: its per-sample crops follow the loader's epoch.
+        loader.set_epoch(0);
         let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
         let stream: Stream = decoder.stream().clone();
         let mut it = loader.nvjpeg_lanes(decoder, lanes, 2).unwrap();
