@@ -21,6 +21,8 @@ use crate::state::Progress;
 use crate::stats::LoaderStats;
 use crate::worker::{worker_body, worker_seed};
 
+mod ahead;
+
 /// Counters gathered between two deliveries, added to the loader's stats under one lock.
 #[derive(Debug, Default)]
 struct Pending {
@@ -270,27 +272,6 @@ impl<F: Fetch> LoaderIter<F> {
         it
     }
 
-    /// Takes the next epoch's first batches started ahead (`next_epoch.rs`) as this epoch's
-    /// own: they were dealt as this epoch deals its first batches (position `k` to worker
-    /// `k % num_workers`), so dealing goes on from there.
-    fn adopt(&mut self, a: Ahead<F::Output>) {
-        let n = self.outstanding.len();
-        self.generation = a.generation;
-        self.lineage = a.lineage;
-        self.outstanding = a.outstanding;
-        self.in_flight = a.slots.len();
-        self.ready = a.ready;
-        self.rr = a.slots.len() % n;
-        self.pending.adopted += a.slots.len() as u64;
-        let counts = a.counts;
-        self.pending.replies.worker_busy += counts.worker_busy;
-        self.pending.replies.skipped += counts.skipped;
-        self.pending.replies.restarts += counts.restarts;
-        self.pending.peak_reorder = self.pending.peak_reorder.max(self.ready);
-        self.slots = a.slots;
-        tracing::debug!(target: "longshore::loader", epoch = self.epoch, adopted = self.in_flight, ready = self.ready, "epoch starts with batches started ahead");
-    }
-
     /// The slot of the batch at position `seq`, if it is sent and not delivered.
     fn slot_index(&self, seq: u64) -> Option<usize> {
         self.slots.binary_search_by_key(&seq, |s| s.seq).ok()
@@ -365,90 +346,6 @@ impl<F: Fetch> LoaderIter<F> {
         let total = self.in_flight + self.ahead.as_ref().map_or(0, Ahead::len);
         self.pending.peak_in_flight = self.pending.peak_in_flight.max(total);
         Ok(())
-    }
-
-    /// Starts the next epoch's first batches on the workers, up to `capacity` batches in
-    /// flight with this epoch's (see `next_epoch.rs`). The first call opens the start: the
-    /// epoch the loader runs next, with its order drawn from the sampler now.
-    fn start_ahead(&mut self, capacity: usize) -> Result<(), LoaderError> {
-        let Some(engine) = &self.engine else {
-            return Ok(());
-        };
-        if self.ahead.is_none() {
-            let n = self.outstanding.len();
-            let mut guard = lock(&self.inner.plan);
-            let plan = &mut *guard;
-            let key = AheadKey {
-                epoch: plan.next_epoch,
-                seed: plan.config.seed,
-                revision: plan.revision,
-            };
-            // A restored position runs next: not a whole epoch from its start.
-            if plan.restored.is_some() {
-                self.may_start_ahead = false;
-                return Ok(());
-            }
-            let prepared = plan.prepared.take();
-            let Some(s) = plan.sampler.get() else {
-                self.may_start_ahead = false;
-                return Ok(());
-            };
-            let iter = prepared
-                .and_then(|p| p.take(key.epoch, key.seed))
-                .unwrap_or_else(|| {
-                    let current = s.epoch();
-                    s.set_epoch(key.epoch);
-                    let iter = s.iter_owned_from(0);
-                    s.set_epoch(current);
-                    iter
-                });
-            drop(guard);
-            let generation = engine.open_ahead();
-            let lineage = NEXT_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            tracing::debug!(target: "longshore::loader", epoch = self.epoch, next_epoch = key.epoch, "starting the next epoch's first batches");
-            self.ahead = Some(Ahead::new(
-                key,
-                generation,
-                lineage,
-                Batches::new(iter, 0, None),
-                n,
-            ));
-        }
-        let Some(a) = self.ahead.as_mut() else {
-            return Ok(());
-        };
-        while self.in_flight + a.len() < capacity {
-            let Some((seq, w, indices)) = a.next_task() else {
-                break;
-            };
-            engine.send(
-                w,
-                Task {
-                    generation: a.generation,
-                    epoch: a.key.epoch,
-                    lineage: a.lineage,
-                    seq,
-                    indices,
-                },
-            )?;
-            a.sent(seq, w);
-        }
-        Ok(())
-    }
-
-    /// Discards the next epoch's batches started ahead: their leases go back to the pool,
-    /// their queued tasks are skipped, and this epoch starts no other.
-    fn discard_ahead(&mut self) {
-        self.may_start_ahead = false;
-        let Some(a) = self.ahead.take() else {
-            return;
-        };
-        if let Some(e) = &self.engine {
-            e.close_ahead();
-        }
-        self.pending.discarded += a.len() as u64;
-        tracing::debug!(target: "longshore::loader", epoch = self.epoch, discarded = a.len(), "discarding the next epoch's batches started ahead");
-        drop(a);
     }
 
     /// Takes in a reply: of this epoch, or of the next epoch's batches started ahead.
