@@ -144,17 +144,21 @@ fn protocol_stream_on_the_cpu_device_waits_on_the_host() {
 #[test]
 fn hand_all_to_orders_every_tensor_of_every_export_and_defers_the_release() {
     let device = Device::cpu();
-    let (copy, consumer) = (device.new_stream().unwrap(), device.new_stream().unwrap());
+    let consumer = device.new_stream().unwrap();
     let pool = pool(false);
     // Two exports with their own copies (as nvJPEG batches export images and labels apart),
-    // both held back behind a gate on the copy stream.
-    let (go, gate) = mpsc::channel::<()>();
-    copy.launch_host_fn(move || {
-        let _ = gate.recv();
-    })
-    .unwrap();
+    // each on its own copy stream held back by its own gate, so the two events complete
+    // apart and a consumer that waited for only one of them would run too early.
+    let mut gates = Vec::new();
     let mut tensors = Vec::new();
     for first in [3, 30] {
+        let copy = device.new_stream().unwrap();
+        let (go, gate) = mpsc::channel::<()>();
+        copy.launch_host_fn(move || {
+            let _ = gate.recv();
+        })
+        .unwrap();
+        gates.push(go);
         let (layout, lease) = batch(&pool, first, 2).into_parts();
         let storage = upload_new(&copy, lease).unwrap();
         let ready = copy.record().unwrap();
@@ -190,7 +194,14 @@ fn hand_all_to_orders_every_tensor_of_every_export_and_defers_the_release() {
         seen.recv_timeout(Duration::from_millis(50)).is_err(),
         "the consumer ran before the copies"
     );
-    go.send(()).unwrap();
+    // One export's copy done, the other's not: the consumer still waits (for each distinct
+    // event, not only the first).
+    gates[0].send(()).unwrap();
+    assert!(
+        seen.recv_timeout(Duration::from_millis(100)).is_err(),
+        "the consumer ran before the second export's copy"
+    );
+    gates[1].send(()).unwrap();
     let bytes = seen.recv_timeout(Duration::from_secs(5)).unwrap();
     let f = |first: usize| -> Vec<u8> {
         (first..first + 2)
