@@ -302,11 +302,7 @@ fn pump(
         })) {
             Ok(r) => r,
             Err(p) => {
-                let message = p
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let message = longshore_data::worker::panic_message(p);
                 let _ = out.send(Ready {
                     reply: Reply::Failed(LoaderError::WorkerPanicked {
                         worker: 0,

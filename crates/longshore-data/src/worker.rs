@@ -136,6 +136,19 @@ pub fn epoch() -> Option<u64> {
     EPOCH.with(std::cell::Cell::get)
 }
 
+/// The text of a caught panic's payload (`std::panic::catch_unwind`'s error): the message
+/// of `panic!("...")` with or without arguments, or a placeholder for other payloads. The
+/// loader's workers, decoders and the Python binding report panics with it.
+pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
 /// The worker this thread is running as, if any (PyTorch's `get_worker_info()`).
 pub fn current() -> Option<WorkerInfo> {
     CONTEXT.with(|c| c.borrow().as_ref().map(|c| c.info))

@@ -11,7 +11,6 @@
 //! dropped instead of sent. Generation numbers are issued from one counter, so a number is
 //! never live twice.
 
-use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -178,16 +177,7 @@ pub(crate) fn guarded<R>(f: impl FnOnce() -> R) -> Result<R, String> {
     catch_unwind(AssertUnwindSafe(f)).map_err(panic_message)
 }
 
-/// The text of a panic payload.
-pub(crate) fn panic_message(payload: Box<dyn Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
-}
+pub(crate) use longshore_data::worker::panic_message;
 
 /// The body each worker thread runs until [`WorkerCtx::next_task`] returns `None`.
 pub(crate) type WorkerBody<O> = Arc<dyn Fn(WorkerCtx<O>) + Send + Sync>;

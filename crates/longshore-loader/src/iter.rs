@@ -15,7 +15,7 @@ use crate::engine::{Engine, Outcome, Reply, Task, guarded};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::loader::{Inner, Parked, lock};
-use crate::next_epoch::{Ahead, AheadKey, Batches, ReplyCounts, Slot, SlotState};
+use crate::next_epoch::{Ahead, AheadKey, Batches, ReplyCounts, Slot, SlotState, settle};
 use crate::prepare::Prepared;
 use crate::state::Progress;
 use crate::stats::LoaderStats;
@@ -361,22 +361,15 @@ impl<F: Fetch> LoaderIter<F> {
             self.active[r.worker] = false;
         }
         self.pending.replies.add(&r);
-        let Some(i) = self.slot_index(r.seq) else {
-            return;
-        };
-        let slot = &mut self.slots[i];
-        if !matches!(slot.state, SlotState::Sent) {
-            return;
+        if settle(
+            &mut self.slots,
+            &mut self.outstanding,
+            r,
+            self.config.in_order,
+        ) {
+            self.ready += 1;
+            self.pending.peak_reorder = self.pending.peak_reorder.max(self.ready);
         }
-        // The worker is free for more; the batch still counts as in flight (it holds a lease)
-        // until it is yielded, as PyTorch counts outstanding tasks.
-        self.outstanding[slot.worker] -= 1;
-        slot.state = SlotState::Done(r.outcome);
-        if self.config.in_order {
-            slot.indices = r.indices;
-        }
-        self.ready += 1;
-        self.pending.peak_reorder = self.pending.peak_reorder.max(self.ready);
     }
 
     /// The worker a batch was sent to (0 if it is not in flight).

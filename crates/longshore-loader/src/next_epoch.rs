@@ -182,20 +182,35 @@ impl<O> Ahead<O> {
     /// Takes in a reply of this start's generation.
     pub(crate) fn absorb(&mut self, r: Reply<O>, keep_indices: bool) {
         self.counts.add(&r);
-        let Ok(i) = self.slots.binary_search_by_key(&r.seq, |s| s.seq) else {
-            return;
-        };
-        let slot = &mut self.slots[i];
-        if !matches!(slot.state, SlotState::Sent) {
-            return;
+        if settle(&mut self.slots, &mut self.outstanding, r, keep_indices) {
+            self.ready += 1;
         }
-        self.outstanding[slot.worker] -= 1;
-        slot.state = SlotState::Done(r.outcome);
-        if keep_indices {
-            slot.indices = r.indices;
-        }
-        self.ready += 1;
     }
+}
+
+/// Puts reply `r` in the slot of its position if that slot waits for it: its worker has one
+/// task fewer outstanding (it is free for more; the batch still counts as in flight, holding
+/// its lease, until it is yielded, as PyTorch counts outstanding tasks), the outcome is
+/// stored, and the indices kept if asked. Whether the reply was taken (a batch became ready).
+pub(crate) fn settle<O>(
+    slots: &mut std::collections::VecDeque<Slot<O>>,
+    outstanding: &mut [usize],
+    r: Reply<O>,
+    keep_indices: bool,
+) -> bool {
+    let Ok(i) = slots.binary_search_by_key(&r.seq, |s| s.seq) else {
+        return false;
+    };
+    let slot = &mut slots[i];
+    if !matches!(slot.state, SlotState::Sent) {
+        return false;
+    }
+    outstanding[slot.worker] -= 1;
+    slot.state = SlotState::Done(r.outcome);
+    if keep_indices {
+        slot.indices = r.indices;
+    }
+    true
 }
 
 impl<O> std::fmt::Debug for Ahead<O> {

@@ -287,11 +287,7 @@ pub fn decode_rgb_into(
         }
     }))
     .unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let message = longshore_data::worker::panic_message(panic);
         let e = format!("the decoder panicked: {message}");
         Err(match format {
             ImageFormat::Jpeg => DecodeError::Jpeg(e),

@@ -86,11 +86,7 @@ fn lane_loop(
         })) {
             Ok(a) => a,
             Err(p) => {
-                let message = p
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| p.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
+                let message = longshore_data::worker::panic_message(p);
                 let _ = answers.send(Err(LoaderError::WorkerPanicked {
                     worker: lane,
                     batch: seq,
