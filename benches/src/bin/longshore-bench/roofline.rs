@@ -1,5 +1,7 @@
 //! `roofline`: each workload's best steady-state rate (the loader sweep) as a fraction of
-//! every limit measured by `limits` that can bound it; the smallest limit is the bound.
+//! every limit measured by `limits` that can bound it; the smallest limit the workload does
+//! not exceed is the bound (one it runs past is marked "exceeded": its measure understates
+//! the hardware).
 //!
 //! | workload | limits (samples/s) |
 //! | --- | --- |
@@ -64,10 +66,25 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
                 limits.push(("random gather, all cores", lim.gather_samples_per_s))
             }
         }
-        let bound = limits.iter().map(|l| l.1).fold(f64::INFINITY, f64::min);
+        // A limit the workload runs past is a measure that understates what the hardware
+        // does (host memory traffic: all-core CPU copies reach less than the copy engine's
+        // reads plus the workers' streaming stores), not a bound: the bound is the smallest
+        // limit not exceeded.
+        let bound = limits
+            .iter()
+            .map(|l| l.1)
+            .filter(|&l| best.samples_per_s <= l)
+            .fold(f64::INFINITY, f64::min);
         for (name, limit) in limits {
             let fraction = best.samples_per_s / limit.max(1e-9);
             let is_bound = limit == bound;
+            let label = if is_bound {
+                "bound"
+            } else if fraction > 1.0 {
+                "exceeded: not a bound"
+            } else {
+                ""
+            };
             ctx.results.push(
                 "roofline",
                 format!("{} vs {name}", w.name()),
@@ -75,6 +92,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
                 "fraction",
                 json!({"workload": w.name(), "limit": name, "limit_samples_per_s": limit,
                        "samples_per_s": best.samples_per_s, "bound": is_bound,
+                       "exceeded": fraction > 1.0,
                        "num_workers": best.num_workers, "pin_memory": best.pin_memory}),
             );
             rows.push(vec![
@@ -83,7 +101,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
                 name.to_owned(),
                 format!("{limit:.0}"),
                 format!("{:.1}%", 100.0 * fraction),
-                if is_bound { "bound" } else { "" }.to_owned(),
+                label.to_owned(),
             ]);
         }
     }
