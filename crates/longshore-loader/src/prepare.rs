@@ -58,6 +58,11 @@ impl Prepared {
         }
     }
 
+    /// Whether the order is drawn: [`take`](Prepared::take) would not wait.
+    pub(crate) fn is_ready(&self) -> bool {
+        self.handle.is_finished()
+    }
+
     /// The batches, if they are those of `epoch` and `seed` (waiting for the thread if it
     /// has not finished); `None` otherwise, or if drawing them panicked.
     pub(crate) fn take(self, epoch: u64, seed: u64) -> Option<BatchIter<'static>> {
