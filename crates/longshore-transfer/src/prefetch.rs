@@ -272,14 +272,15 @@ where
 
     /// Waits for handed-out copies until one more may be enqueued within the bound.
     fn make_room(&mut self) {
-        // Copies complete in stream order: drop the finished ones at the front first.
-        while self.handed.front().is_some_and(Event::is_complete) {
-            self.handed.pop_front();
-        }
+        // Only at the bound is anything asked of the device: the oldest copy (copies complete
+        // in stream order) is dropped if done, else waited for.
         while self.queue.len() + self.handed.len() >= self.max_copies {
             let Some(oldest) = self.handed.pop_front() else {
                 break;
             };
+            if oldest.is_complete() {
+                continue;
+            }
             self.throttled += 1;
             if let Err(e) = oldest.synchronize() {
                 // The device is broken: the next enqueue fails and reports it.
