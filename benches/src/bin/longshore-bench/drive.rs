@@ -14,7 +14,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use longshore::data::{Batch, DirectCollate, ImageLayout, Normalize, NpyDataset, Zip};
+use longshore::data::{
+    Batch, Dataset, DirectCollate, DistributedSampler, ImageLayout, Normalize, NpyDataset, Zip,
+};
 use longshore::host::PoolBuffer;
 use longshore::loader::{DataLoader, DataLoaderBuilder, Fetch, Placement, WorkerPriority};
 use longshore::ops::{self, NormalizeU8, View, ViewMut};
@@ -87,7 +89,7 @@ pub(crate) struct Opts {
 /// and `wait_on` a compute stream, or read on the CPU without a device; with `compute`, each
 /// batch is followed by a simulated step of that length (a host function sleeping on the
 /// compute stream, at most two steps in flight, or a sleep on the consumer thread).
-struct Consumer<'d> {
+pub(crate) struct Consumer<'d> {
     device: Option<&'d Device>,
     compute_stream: Option<Stream>,
     compute: Option<Duration>,
@@ -97,7 +99,11 @@ struct Consumer<'d> {
 }
 
 impl<'d> Consumer<'d> {
-    fn new(device: Option<&'d Device>, compute: Option<Duration>, w: Workload) -> Result<Self> {
+    pub(crate) fn new(
+        device: Option<&'d Device>,
+        compute: Option<Duration>,
+        w: Workload,
+    ) -> Result<Self> {
         let compute_stream = device.map(Device::new_stream).transpose()?;
         let normalize = match (&compute_stream, w) {
             (Some(cs), Workload::ImagesU8) => {
@@ -119,7 +125,7 @@ impl<'d> Consumer<'d> {
 
     /// Consumes one epoch, calling `on_batch(samples)` after each batch until it returns
     /// `false`; returns the batches consumed.
-    fn epoch<F: Fetch<Output = Batch<PoolBuffer>>>(
+    pub(crate) fn epoch<F: Fetch<Output = Batch<PoolBuffer>>>(
         &mut self,
         loader: &DataLoader<F>,
         mut on_batch: impl FnMut(usize) -> bool,
@@ -193,7 +199,7 @@ impl<'d> Consumer<'d> {
     }
 
     /// Waits for the work already given to the device.
-    fn finish(&mut self) -> Result<()> {
+    pub(crate) fn finish(&mut self) -> Result<()> {
         if let Some(cs) = &self.compute_stream {
             cs.synchronize()?;
         }
@@ -407,6 +413,48 @@ fn env_toggles() -> Result<(Placement, WorkerPriority)> {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| eprintln!("loader workers: placement {placement:?}, priority {priority:?}"));
     Ok((placement, priority))
+}
+
+/// Rank `rank` of `world`'s loader for an image workload (`images` or `images-u8`), as a
+/// data-parallel job builds it: PyTorch's `DistributedSampler(shuffle=True, seed=0,
+/// drop_last=True)` of that rank, otherwise [`steady`]'s options, with the worker placement
+/// given (the `ranks` section measures both).
+pub(crate) fn rank_images_loader(
+    w: Workload,
+    files: &workload::Workloads,
+    opts: Opts,
+    rank: usize,
+    world: usize,
+    placement: Placement,
+) -> Result<
+    DataLoader<impl Fetch<Output = Batch<PoolBuffer>> + use<>>,
+    longshore::loader::LoaderError,
+> {
+    let ds = NpyDataset::open(&files.images)?;
+    let sampler = DistributedSampler::builder(ds.len(), world, rank)
+        .shuffle(true)
+        .seed(0)
+        .drop_last(true)
+        .build()?;
+    let collate = DirectCollate::new().with_names(["image"]);
+    let collate = if w == Workload::Images {
+        collate.with_transform(0, Normalize::imagenet(ImageLayout::Chw))
+    } else {
+        collate
+    };
+    let next_epoch = std::env::var("LONGSHORE_BENCH_NEXT_EPOCH").map_or(true, |v| v != "off");
+    DataLoader::builder(ds)
+        .collate(collate)
+        .batch_size(w.batch_size())
+        .sampler(sampler)
+        .drop_last(true)
+        .num_workers(opts.num_workers)
+        .pin_memory(opts.pin_memory)
+        .persistent_workers(opts.num_workers > 0)
+        .cpu_placement(placement)
+        .prefetch_next_epoch(next_epoch)
+        .seed(0)
+        .build()
 }
 
 /// Builds the loader for `w` (shuffled, `drop_last`, persistent workers when there are any,

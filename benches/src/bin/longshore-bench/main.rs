@@ -17,6 +17,7 @@ mod overlap;
 mod pool;
 mod profile;
 mod pytorch;
+mod ranks;
 mod roofline;
 mod scaling;
 mod timing;
@@ -69,6 +70,11 @@ pub(crate) const SECTIONS: &[Section] = &[
         name: "scaling",
         about: "samples/s against num_workers from 1 to twice the core count",
         run: scaling::run,
+    },
+    Section {
+        name: "ranks",
+        about: "the image pipelines with one loader per GPU, on 1, 2, ... GPUs at once",
+        run: ranks::run,
     },
     Section {
         name: "overlap",
