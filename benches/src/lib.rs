@@ -5,8 +5,10 @@
 //!   baseline both read.
 //! * [`measure`]: medians and timing helpers.
 //! * [`results`]: the `results.json` schema written by the binary.
+//! * [`world`]: ranks of a data-parallel job as threads, kept in step by a breakable gate.
 #![forbid(unsafe_code)]
 
 pub mod measure;
 pub mod results;
 pub mod workload;
+pub mod world;

@@ -11,13 +11,13 @@
 //! Each N runs with the workers placed near their GPU (the default) and unplaced, in the same
 //! run.
 
-use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use longshore::loader::{Placement, Tuner};
 use longshore::transfer::Device;
 use longshore_benches::measure::print_table;
+use longshore_benches::world::{Gate, world};
 use serde_json::json;
 
 use crate::Ctx;
@@ -29,63 +29,6 @@ struct RankRun {
     secs: f64,
     wait_fraction: f64,
     cpus: String,
-}
-
-/// A reusable barrier that a failing rank breaks open, so no rank waits for one that will
-/// never arrive.
-struct Gate {
-    state: Mutex<GateState>,
-    cv: Condvar,
-    ranks: usize,
-}
-
-struct GateState {
-    arrived: usize,
-    generation: u64,
-    broken: bool,
-}
-
-impl Gate {
-    fn new(ranks: usize) -> Self {
-        Self {
-            state: Mutex::new(GateState {
-                arrived: 0,
-                generation: 0,
-                broken: false,
-            }),
-            cv: Condvar::new(),
-            ranks,
-        }
-    }
-
-    /// Waits until every rank arrived; an error once another rank failed.
-    fn wait(&self) -> Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.broken {
-            bail!("another rank failed");
-        }
-        st.arrived += 1;
-        if st.arrived == self.ranks {
-            st.arrived = 0;
-            st.generation += 1;
-            self.cv.notify_all();
-            return Ok(());
-        }
-        let generation = st.generation;
-        while st.generation == generation && !st.broken {
-            st = self.cv.wait(st).unwrap_or_else(|p| p.into_inner());
-        }
-        if st.generation == generation {
-            bail!("another rank failed");
-        }
-        Ok(())
-    }
-
-    fn break_open(&self) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.broken = true;
-        self.cv.notify_all();
-    }
 }
 
 /// The devices of the world sizes to measure: every CUDA GPU, or two Cpu devices.
@@ -117,6 +60,7 @@ fn epochs_for(secs: f64, rate: f64, epoch_samples: usize, quick: bool) -> usize 
     ((secs * rate / epoch_samples.max(1) as f64).ceil() as usize).clamp(3, 200)
 }
 
+#[allow(clippy::too_many_arguments)]
 /// Rank `rank`'s steady-state run: warm-up epoch, then `epochs` epochs, each started with
 /// every other rank.
 fn rank_run(
@@ -158,8 +102,7 @@ fn rank_run(
     })
 }
 
-/// Runs `world` ranks together; their runs in rank order, or the first failure.
-#[allow(clippy::too_many_arguments)]
+/// Runs one rank per device together; their runs in rank order, or the first failure.
 fn world_run(
     devs: &[Device],
     w: Workload,
@@ -168,40 +111,20 @@ fn world_run(
     placement: &Placement,
     epochs: usize,
 ) -> Result<Vec<RankRun>> {
-    let world = devs.len();
-    let gate = Gate::new(world);
-    let outcomes: Vec<Result<RankRun>> = std::thread::scope(|s| {
-        let handles: Vec<_> = devs
-            .iter()
-            .enumerate()
-            .map(|(rank, dev)| {
-                let gate = &gate;
-                let placement = placement.clone();
-                s.spawn(move || {
-                    let r = rank_run(rank, world, dev, w, files, opts, placement, epochs, gate);
-                    if r.is_err() {
-                        gate.break_open();
-                    }
-                    r
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| {
-                h.join().unwrap_or_else(|_| {
-                    gate.break_open();
-                    bail!("rank {rank} panicked")
-                })
-            })
-            .collect()
-    });
-    outcomes
-        .into_iter()
-        .enumerate()
-        .map(|(rank, r)| r.with_context(|| format!("rank {rank} of {world}")))
-        .collect()
+    let n = devs.len();
+    world(n, |rank, gate| {
+        rank_run(
+            rank,
+            n,
+            &devs[rank],
+            w,
+            files,
+            opts,
+            placement.clone(),
+            epochs,
+            gate,
+        )
+    })
 }
 
 pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
@@ -373,29 +296,5 @@ mod tests {
         assert_eq!(epochs_for(3.0, 10.0, 1000, false), 3);
         assert_eq!(epochs_for(3.0, 1e9, 10, false), 200);
         assert_eq!(epochs_for(3.0, 1e9, 10, true), 2);
-    }
-
-    #[test]
-    fn a_broken_gate_releases_the_waiting_ranks() {
-        let gate = Gate::new(3);
-        std::thread::scope(|s| {
-            let a = s.spawn(|| gate.wait());
-            let b = s.spawn(|| gate.wait());
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            gate.break_open();
-            assert!(a.join().unwrap().is_err());
-            assert!(b.join().unwrap().is_err());
-        });
-        assert!(gate.wait().is_err(), "a broken gate stays broken");
-    }
-
-    #[test]
-    fn the_gate_is_reusable() {
-        let gate = Gate::new(2);
-        std::thread::scope(|s| {
-            let h = s.spawn(|| (0..5).try_for_each(|_| gate.wait()));
-            (0..5).try_for_each(|_| gate.wait()).unwrap();
-            h.join().unwrap().unwrap();
-        });
     }
 }

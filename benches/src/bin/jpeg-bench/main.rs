@@ -42,6 +42,8 @@ use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageFolder};
 use serde_json::{Value, json};
 
+mod ranks;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "jpeg-bench",
@@ -89,6 +91,16 @@ struct Args {
     /// Only the ceiling (with `--nvjpeg-ceiling`): skip the loader runs and PyTorch.
     #[arg(long)]
     ceiling_only: bool,
+    /// World sizes for the ranks section (e.g. `1,2`): the train pipeline with one loader per
+    /// GPU, for each decode mode of `--decode` (see `ranks.rs`). Default: not run.
+    #[arg(long, value_delimiter = ',')]
+    ranks: Vec<usize>,
+    /// With `--ranks`: skip the single-loader sweeps (the per-core rates and PyTorch still run).
+    #[arg(long)]
+    ranks_only: bool,
+    /// With `--ranks`: nvJPEG workers per rank to try (default 1, 2, 4, 8 within the cores).
+    #[arg(long, value_delimiter = ',')]
+    ranks_nvjpeg_workers: Vec<usize>,
 }
 
 /// Busy and total jiffies of the whole machine (/proc/stat), for the CPU share.
@@ -536,10 +548,15 @@ fn main() -> Result<()> {
         eprintln!("jpeg: nvjpeg ceiling (train pipeline): {ceiling}");
         return Ok(());
     }
-    for (name, pipeline) in [
-        ("train", Compose::imagenet_train()),
-        ("val", Compose::imagenet_val()),
-    ] {
+    let sweeps = if args.ranks_only {
+        vec![]
+    } else {
+        vec![
+            ("train", Compose::imagenet_train()),
+            ("val", Compose::imagenet_val()),
+        ]
+    };
+    for (name, pipeline) in sweeps {
         if nvjpeg {
             match &device {
                 Some(d) => {
@@ -592,6 +609,20 @@ fn main() -> Result<()> {
     } else {
         pytorch(&args, &root, batch, epochs, nvjpeg && device.is_some())?
     };
+    let ranks = if args.ranks.is_empty() {
+        Value::Null
+    } else {
+        ranks::run(&ranks::Plan {
+            folder: &folder,
+            ranks: &args.ranks,
+            cpu_decode,
+            nvjpeg,
+            batch,
+            epochs,
+            quick: args.quick,
+            nvjpeg_workers: args.ranks_nvjpeg_workers.clone(),
+        })?
+    };
     let mut ratios = serde_json::Map::new();
     for name in ["train", "val"] {
         // A pipeline not run (`--decode nvjpeg` runs only its own) has no entry.
@@ -627,12 +658,17 @@ fn main() -> Result<()> {
         "pytorch": torch,
         "ratio_vs_pytorch": ratios,
         "nvjpeg_ceiling": ceiling,
+        "ranks": ranks,
     });
     std::fs::write(
         args.out.join("jpeg.json"),
         serde_json::to_string_pretty(&result)? + "\n",
     )?;
-    let md = markdown(&result);
+    let md = markdown(&result)
+        + &ranks::markdown(
+            &result["ranks"],
+            result["per_core"]["train_decode_transform_images_per_s"].as_f64(),
+        );
     std::fs::write(args.out.join("jpeg.md"), &md)?;
     eprintln!("{md}");
     Ok(())
