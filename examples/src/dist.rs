@@ -9,7 +9,9 @@
 //!   (unique per job: a stale file would be read as this job's; rank 0 removes it once every
 //!   rank has joined).
 //!
-//! `LONGSHORE_NCCL_TIMEOUT_S` (default 300) bounds the wait for the other ranks.
+//! `LONGSHORE_NCCL_TIMEOUT_S` (default 300) bounds the wait for the other ranks at the
+//! rendezvous; `LONGSHORE_COLLECTIVE_TIMEOUT_S` (default 300) bounds one all-reduce (the NCCL
+//! communicator's watchdog; a rank that dies is named within about 0.2 s whatever it is).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,18 +26,26 @@ pub const ID_FILE_VAR: &str = "LONGSHORE_NCCL_ID_FILE";
 /// The variable bounding the rendezvous, in seconds.
 pub const TIMEOUT_VAR: &str = "LONGSHORE_NCCL_TIMEOUT_S";
 
-/// How this job's ranks share NCCL's unique id (see the module docs).
-pub fn rendezvous(env: &DistEnv) -> Result<Rendezvous> {
-    let timeout = match std::env::var(TIMEOUT_VAR) {
-        Ok(v) => Duration::from_secs_f64(
+/// The variable bounding one all-reduce, in seconds (the communicator's watchdog timeout).
+pub const COLLECTIVE_TIMEOUT_VAR: &str = "LONGSHORE_COLLECTIVE_TIMEOUT_S";
+
+/// A positive number of seconds from the variable `name`, if set.
+fn seconds_var(name: &str) -> Result<Option<Duration>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(Duration::from_secs_f64(
             v.trim()
                 .parse::<f64>()
                 .ok()
                 .filter(|s| s.is_finite() && *s > 0.0)
-                .with_context(|| format!("{TIMEOUT_VAR}=`{v}` is not a positive number"))?,
-        ),
-        Err(_) => Duration::from_secs(300),
-    };
+                .with_context(|| format!("{name}=`{v}` is not a positive number"))?,
+        ))),
+        Err(_) => Ok(None),
+    }
+}
+
+/// How this job's ranks share NCCL's unique id (see the module docs).
+pub fn rendezvous(env: &DistEnv) -> Result<Rendezvous> {
+    let timeout = seconds_var(TIMEOUT_VAR)?.unwrap_or(Duration::from_secs(300));
     if let Some(path) = std::env::var_os(ID_FILE_VAR) {
         return Ok(Rendezvous::File {
             path: PathBuf::from(path),
@@ -63,6 +73,9 @@ pub fn communicator_from_env(stream: &Stream) -> Result<(DistEnv, Communicator)>
     let rv = rendezvous(&env)?;
     let comm = Communicator::nccl_rendezvous(stream, env.rank, env.world_size, &rv)
         .with_context(|| format!("creating the NCCL communicator of rank {}", env.rank))?;
+    if let Some(t) = seconds_var(COLLECTIVE_TIMEOUT_VAR)? {
+        comm.set_timeout(t);
+    }
     Ok((env, comm))
 }
 

@@ -128,6 +128,12 @@ pub struct Summary {
     pub seconds: f64,
     /// Where the data came from.
     pub data_dir: PathBuf,
+    /// Bytes of the loader's pinned pool still leased out (`bytes_in_use`) or waiting on copy
+    /// fences (`bytes_pending`) once training ended and the loader was dropped: 0 when every
+    /// batch went back to the pool.
+    pub pool_bytes_outstanding: usize,
+    /// The pool's highest `bytes_held` over the run.
+    pub pool_peak_bytes_held: usize,
 }
 
 impl Summary {
@@ -706,6 +712,13 @@ pub fn train_with_hook(
     let seconds = start.elapsed().as_secs_f64();
     pb.finish_and_clear();
     let trained: usize = epoch_samples.iter().sum();
+    let wait_fraction = loader.stats().wait_fraction();
+    // Every batch back to the pool: drop the loader (its workers and any batch it prefetched
+    // for a next epoch), let finished copies release their blocks, then read the counters.
+    let pool = loader.pool().clone();
+    drop(loader);
+    pool.collect();
+    let ps = pool.stats();
     Ok(Summary {
         device: device.name(),
         epochs: cfg.epochs,
@@ -720,8 +733,10 @@ pub fn train_with_hook(
         epoch_seconds,
         samples_per_sec: trained as f64 / seconds,
         rank_samples_per_sec: rank_seen as f64 / seconds,
-        wait_fraction: loader.stats().wait_fraction(),
+        wait_fraction,
         seconds,
         data_dir: cfg.data_dir.clone(),
+        pool_bytes_outstanding: ps.bytes_in_use + ps.bytes_pending,
+        pool_peak_bytes_held: ps.peak_bytes_held,
     })
 }

@@ -47,6 +47,11 @@ fn check_learns(device: &Device, tag: &str) {
     );
     assert!((0.0..=1.0).contains(&s.wait_fraction));
     assert!(s.samples_per_sec > 0.0);
+    assert_eq!(
+        s.pool_bytes_outstanding, 0,
+        "every batch goes back to the pinned pool once training ends"
+    );
+    assert!(s.pool_peak_bytes_held > 0, "the batches came from the pool");
 }
 
 #[test]

@@ -108,6 +108,24 @@ pub fn share_unique_id(
     rendezvous: &Rendezvous,
     make: impl FnOnce() -> Result<UniqueId>,
 ) -> Result<UniqueId> {
+    share(rank, world_size, rendezvous, make).map(|(id, _)| id)
+}
+
+/// The TCP connections of a rendezvous, kept open for the [`Liveness`](crate::liveness) watch:
+/// rank 0's to every other rank, or this rank's to rank 0. Empty for the file rendezvous.
+pub(crate) enum Links {
+    None,
+    Rank0(Vec<(usize, TcpStream)>),
+    Peer(TcpStream),
+}
+
+/// [`share_unique_id`], keeping the rendezvous's connections.
+pub(crate) fn share(
+    rank: usize,
+    world_size: usize,
+    rendezvous: &Rendezvous,
+    make: impl FnOnce() -> Result<UniqueId>,
+) -> Result<(UniqueId, Links)> {
     super::validate_rank("nccl rendezvous", rank, world_size)?;
     match rendezvous {
         Rendezvous::Tcp {
@@ -117,10 +135,11 @@ pub fn share_unique_id(
         } => {
             if rank == 0 {
                 let id = make()?;
-                serve(world_size, *port, *timeout, &id)?;
-                Ok(id)
+                let conns = serve(world_size, *port, *timeout, &id)?;
+                Ok((id, Links::Rank0(conns)))
             } else {
-                fetch(rank, world_size, addr, *port, *timeout)
+                let (id, conn) = fetch(rank, world_size, addr, *port, *timeout)?;
+                Ok((id, Links::Peer(conn)))
             }
         }
         Rendezvous::File { path, timeout } => {
@@ -132,10 +151,10 @@ pub fn share_unique_id(
                     .map_err(|e| {
                         fail(rank, world_size, format!("writing {}: {e}", path.display()))
                     })?;
-                Ok(id)
+                Ok((id, Links::None))
             } else {
                 let timeout = *timeout;
-                retry_until(timeout, || match std::fs::read(path) {
+                let id = retry_until(timeout, || match std::fs::read(path) {
                     Ok(m) => decode(&m, world_size).map_err(Retry::Again),
                     Err(e) => Err(Retry::Again(e.to_string())),
                 })
@@ -148,17 +167,25 @@ pub fn share_unique_id(
                             path.display()
                         ),
                     )
-                })
+                })?;
+                Ok((id, Links::None))
             }
         }
     }
 }
 
-/// Rank 0: accept every other rank (each says which it is) and send it the id.
-fn serve(world: usize, port: u16, timeout: Duration, id: &UniqueId) -> Result<()> {
+/// Rank 0: accept every other rank (each says which it is) and send it the id; the
+/// connections, by rank.
+fn serve(
+    world: usize,
+    port: u16,
+    timeout: Duration,
+    id: &UniqueId,
+) -> Result<Vec<(usize, TcpStream)>> {
     let e = |reason: String| fail(0, world, reason);
+    let mut conns = Vec::with_capacity(world.saturating_sub(1));
     if world == 1 {
-        return Ok(());
+        return Ok(conns);
     }
     let listener = TcpListener::bind(("0.0.0.0", port))
         .map_err(|err| e(format!("listening on port {port}: {err}")))?;
@@ -186,9 +213,12 @@ fn serve(world: usize, port: u16, timeout: Duration, id: &UniqueId) -> Result<()
                     Ok(r as usize)
                 })();
                 match greet {
-                    Ok(r) if r < world => served[r] = true,
+                    Ok(r) if r < world && !served[r] => {
+                        served[r] = true;
+                        conns.push((r, conn));
+                    }
                     Ok(r) => {
-                        tracing::warn!(target: "longshore::collective", %peer, rank = r, world, "nccl rendezvous: a rank outside the world connected")
+                        tracing::warn!(target: "longshore::collective", %peer, rank = r, world, "nccl rendezvous: a rank outside the world, or one already served, connected")
                     }
                     Err(err) => {
                         tracing::warn!(target: "longshore::collective", %peer, error = %err, "nccl rendezvous: ignored a connection")
@@ -207,20 +237,26 @@ fn serve(world: usize, port: u16, timeout: Duration, id: &UniqueId) -> Result<()
             Err(err) => return Err(e(format!("accepting on port {port}: {err}"))),
         }
     }
-    Ok(())
+    Ok(conns)
 }
 
 /// Ranks other than 0: connect to rank 0 (retrying until the deadline) and read the id.
-fn fetch(rank: usize, world: usize, addr: &str, port: u16, timeout: Duration) -> Result<UniqueId> {
+fn fetch(
+    rank: usize,
+    world: usize,
+    addr: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<(UniqueId, TcpStream)> {
     retry_until(timeout, || {
-        let attempt = (|| -> std::result::Result<UniqueId, String> {
+        let attempt = (|| -> std::result::Result<(UniqueId, TcpStream), String> {
             let addrs: Vec<SocketAddr> = (addr, port)
                 .to_socket_addrs()
                 .map_err(|e| format!("resolving {addr}: {e}"))?
                 .collect();
             let mut errs = Vec::new();
             for a in addrs {
-                let io = (|| -> std::io::Result<[u8; MESSAGE]> {
+                let io = (|| -> std::io::Result<([u8; MESSAGE], TcpStream)> {
                     let mut c = TcpStream::connect_timeout(&a, Duration::from_secs(2))?;
                     c.set_read_timeout(Some(Duration::from_secs(10)))?;
                     let mut hello = [0u8; 12];
@@ -229,17 +265,17 @@ fn fetch(rank: usize, world: usize, addr: &str, port: u16, timeout: Duration) ->
                     c.write_all(&hello)?;
                     let mut m = [0u8; MESSAGE];
                     c.read_exact(&mut m)?;
-                    Ok(m)
+                    Ok((m, c))
                 })();
                 match io {
-                    Ok(m) => return decode(&m, world),
+                    Ok((m, c)) => return decode(&m, world).map(|id| (id, c)),
                     Err(e) => errs.push(format!("{a}: {e}")),
                 }
             }
             Err(errs.join("; "))
         })();
         match attempt {
-            Ok(id) => Ok(id),
+            Ok(v) => Ok(v),
             // A world-size mismatch will not heal: fail at once.
             Err(e) if e.contains("runs a world of") => Err(Retry::Fatal(e)),
             Err(e) => Err(Retry::Again(e)),

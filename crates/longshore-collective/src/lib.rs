@@ -65,6 +65,28 @@
 //! by the call that enqueued it: it is kept on the communicator and returned by the next call,
 //! and by [`check`](Communicator::check) (call it after synchronising the stream). After a
 //! failure the buffer holds this rank's own values, not a sum.
+//!
+//! # When a rank dies (CUDA)
+//!
+//! NCCL's kernels wait for every rank, so without help the survivors of a dead rank would
+//! spin forever, and so would any host thread synchronising their streams. Each NCCL
+//! communicator has a watchdog thread that looks every 100 ms at:
+//! * the other ranks: after the TCP rendezvous ([`Rendezvous::Tcp`], torchrun's) every rank
+//!   keeps its connection to rank 0 open. A process's sockets close when it dies, however it
+//!   dies, so rank 0 sees which rank is gone and tells the others (whose own connection's end
+//!   means rank 0 died). A dead rank is named within about 0.2 s;
+//! * NCCL's asynchronous error of the communicator;
+//! * the oldest all-reduce not yet complete, against the timeout (300 s by default,
+//!   [`Communicator::set_timeout`]): the only bound with [`Rendezvous::File`] or
+//!   [`Communicator::nccl`], which keep no connections.
+//!
+//! On any of these it aborts the communicator (`ncclCommAbort`), which makes its kernels
+//! return, so the blocked stream and the thread waiting on it go on; the next
+//! [`all_reduce_sum`](Communicator::all_reduce_sum) and [`check`](Communicator::check) return
+//! a [`TransferError::Collective`] naming the rank, e.g. "rank 1 of 2 died (its connection to
+//! rank 0 closed without a goodbye)". A rank that drops its communicator says goodbye: if the
+//! others still wait on an all-reduce they fail naming it ("left"); if not, only their next
+//! all-reduce fails.
 
 //!
 //! # Built on transfer's public seams
@@ -81,6 +103,7 @@
 
 mod bootstrap;
 mod cpu;
+mod liveness;
 #[allow(unsafe_code)]
 mod nccl;
 
@@ -144,7 +167,7 @@ impl Communicator {
         };
         validate_rank("nccl init", rank, world_size)?;
         Ok(Self {
-            inner: Inner::Nccl(nccl::NcclComm::init(ordinal, rank, world_size, id)?),
+            inner: Inner::Nccl(nccl::NcclComm::init(ordinal, rank, world_size, id, None)?),
         })
     }
 
@@ -166,8 +189,25 @@ impl Communicator {
         };
         // Fail before the rendezvous (which other ranks wait on) when NCCL is missing here.
         nccl::require(ordinal)?;
-        let id = share_unique_id(rank, world_size, rendezvous, UniqueId::new)?;
-        let comm = Self::nccl(stream, rank, world_size, &id)?;
+        let (id, links) = bootstrap::share(rank, world_size, rendezvous, UniqueId::new)?;
+        let watch = |e: std::io::Error| TransferError::Collective {
+            op: "nccl rendezvous",
+            rank,
+            world_size,
+            reason: format!("watching the other ranks' connections: {e}"),
+        };
+        let liveness = match links {
+            bootstrap::Links::None => None,
+            bootstrap::Links::Rank0(conns) => {
+                Some(liveness::Liveness::rank0(conns).map_err(watch)?)
+            }
+            bootstrap::Links::Peer(conn) => Some(liveness::Liveness::peer(conn).map_err(watch)?),
+        };
+        let comm = Self {
+            inner: Inner::Nccl(nccl::NcclComm::init(
+                ordinal, rank, world_size, &id, liveness,
+            )?),
+        };
         if rank == 0 {
             rendezvous.cleanup();
         }
@@ -205,18 +245,32 @@ impl Communicator {
             expected,
             found,
         };
-        stream
-            .enqueue_work(&[], &[b], || match &self.inner {
-                Inner::Cpu(c) => {
-                    let mem = b.cpu_memory().ok_or_else(mismatch)?;
-                    c.enqueue(stream, mem, r)
-                }
-                Inner::Nccl(c) => {
-                    let ptr = b.cuda_device_ptr().ok_or_else(mismatch)? + r.offset as u64;
-                    c.all_reduce(stream, ptr, len_f32)
-                }
-            })
-            .map(drop)
+        stream.enqueue_work(&[], &[b], || match &self.inner {
+            Inner::Cpu(c) => {
+                let mem = b.cpu_memory().ok_or_else(mismatch)?;
+                c.enqueue(stream, mem, r)
+            }
+            Inner::Nccl(c) => {
+                let ptr = b.cuda_device_ptr().ok_or_else(mismatch)? + r.offset as u64;
+                c.all_reduce(stream, ptr, len_f32)
+            }
+        })?;
+        if let Inner::Nccl(c) = &self.inner {
+            // The watchdog bounds how long this all-reduce may stay incomplete.
+            c.track(stream.record()?);
+        }
+        Ok(())
+    }
+
+    /// How long an all-reduce may stay incomplete before the communicator gives up on it
+    /// (CUDA: the watchdog aborts the NCCL communicator, so a stream blocked behind it is
+    /// released, and every later call returns the error). Default 300 s. A rank that dies is
+    /// reported much sooner, through the rendezvous connections (see the module docs). The
+    /// Cpu backend's bound is its [`CpuGroup`]'s timeout; there this call changes nothing.
+    pub fn set_timeout(&self, timeout: std::time::Duration) {
+        if let Inner::Nccl(c) = &self.inner {
+            c.set_timeout(timeout);
+        }
     }
 
     /// The first error of an all-reduce that has already run (Cpu), or NCCL's asynchronous

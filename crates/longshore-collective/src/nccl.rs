@@ -8,12 +8,17 @@
 //! the seven functions we call from it, so a missing library is a
 //! [`TransferError::LibraryUnavailable`] naming every place searched.
 
+use std::collections::VecDeque;
 use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 use longshore_transfer::cuda_libs::{self, NCCL};
-use longshore_transfer::{DeviceId, Result, Stream, TransferError};
+use longshore_transfer::{DeviceId, Event, Result, Stream, TransferError};
+
+use crate::liveness::{Liveness, Lost};
 
 /// `ncclUniqueId`.
 #[repr(C)]
@@ -48,6 +53,7 @@ struct Api {
     ) -> NcclResult,
     comm_get_async_error: unsafe extern "C" fn(RawCommPtr, *mut NcclResult) -> NcclResult,
     comm_destroy: unsafe extern "C" fn(RawCommPtr) -> NcclResult,
+    comm_abort: unsafe extern "C" fn(RawCommPtr) -> NcclResult,
     get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
 }
 
@@ -66,6 +72,7 @@ fn api() -> std::result::Result<&'static Api, String> {
                 all_reduce: lib.get("ncclAllReduce")?,
                 comm_get_async_error: lib.get("ncclCommGetAsyncError")?,
                 comm_destroy: lib.get("ncclCommDestroy")?,
+                comm_abort: lib.get("ncclCommAbort")?,
                 get_error_string: lib.get("ncclGetErrorString")?,
             })
         }
@@ -188,20 +195,146 @@ impl UniqueId {
     }
 }
 
-/// An `ncclComm_t`, used by one thread at a time (behind the communicator's mutex).
-struct RawComm(RawCommPtr);
+/// How often the watchdog looks at the job.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+/// `ncclInProgress`: an operation of a non-blocking communicator still running (not an error).
+const NCCL_IN_PROGRESS: NcclResult = 7;
+/// The default bound on one all-reduce (see [`NcclComm::set_timeout`]).
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
-// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
-// concurrent; `NcclComm` only reaches it through a `Mutex`.
-unsafe impl Send for RawComm {}
-
-/// One rank's NCCL communicator on one GPU.
-pub(crate) struct NcclComm {
-    comm: Mutex<RawComm>,
+/// What the watchdog and the communicator's callers share.
+struct Watch {
+    /// The `ncclComm_t`; null once aborted or destroyed, so nothing uses it afterwards.
+    comm: AtomicPtr<c_void>,
+    /// Serialises the callers' NCCL calls on the communicator (an NCCL communicator must not be
+    /// used by two threads at once). The watchdog's abort does not wait on it for long: see
+    /// [`Watch::fail`].
+    calls: Mutex<()>,
     api: &'static Api,
     /// The device's primary context (the one longshore-transfer's streams use), made current
     /// before each NCCL call.
     ctx: Arc<CudaContext>,
+    rank: usize,
+    world: usize,
+    /// Why the communicator failed; every later call returns it.
+    error: Mutex<Option<String>>,
+    /// A rank that said goodbye while no all-reduce was outstanding: the next all-reduce fails
+    /// (it could never complete), while `check` of work already done stays `Ok`.
+    departed: Mutex<Option<Lost>>,
+    /// The completion event of every enqueued all-reduce not yet seen complete, with its time.
+    pending: Mutex<VecDeque<(Instant, Event)>>,
+    timeout: Mutex<Duration>,
+    stop: AtomicBool,
+    liveness: Option<Liveness>,
+}
+
+impl Watch {
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn error(&self) -> Option<String> {
+        Self::lock(&self.error).clone()
+    }
+
+    /// Records `why` (the first failure wins) and aborts the communicator: `ncclCommAbort`
+    /// makes NCCL's kernels of this communicator return, so a stream (and a host thread
+    /// synchronising it) blocked behind an all-reduce that can never complete is released.
+    fn fail(&self, why: String) {
+        {
+            let mut e = Self::lock(&self.error);
+            if e.is_some() {
+                return;
+            }
+            tracing::error!(target: "longshore::collective", rank = self.rank, world = self.world, reason = %why, "aborting the nccl communicator");
+            *e = Some(why);
+        }
+        let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if comm.is_null() {
+            return;
+        }
+        if let Err(e) = bind(&self.ctx) {
+            tracing::error!(target: "longshore::collective", error = %e, "binding the context to abort an nccl communicator");
+        }
+        // Take the call lock when it comes within a second, so the abort normally runs while
+        // no other NCCL call is in progress on this communicator. A caller can hold it for
+        // longer only when stuck inside an NCCL call on a dead job (a blocking communicator's
+        // first collective connects to its peers); the abort then runs beside that call, as
+        // PyTorch's watchdog does, which is what ncclCommAbort exists for.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let guard = loop {
+            match self.calls.try_lock() {
+                Ok(g) => break Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => break None,
+            }
+        };
+        // SAFETY: `comm` was a valid communicator, swapped out of `self.comm` above, so no
+        // caller can start a new call with it and it is neither aborted nor destroyed twice;
+        // see above for a call that may still be running in it.
+        if let Err(e) = check(unsafe { (self.api.comm_abort)(comm) }) {
+            tracing::error!(target: "longshore::collective", rank = self.rank, error = %e, "ncclCommAbort failed");
+        }
+        drop(guard);
+    }
+
+    /// One look: a rank gone, NCCL's asynchronous error, an all-reduce past the timeout.
+    fn look(&self) {
+        if self.error().is_some() {
+            return;
+        }
+        let outstanding = {
+            let mut p = Self::lock(&self.pending);
+            while p.front().is_some_and(|(_, ev)| ev.is_complete()) {
+                p.pop_front();
+            }
+            p.front().map(|(t, _)| t.elapsed())
+        };
+        if let Some(lost) = self.liveness.as_ref().and_then(Liveness::lost) {
+            if !lost.left || outstanding.is_some() {
+                self.fail(lost.describe(self.rank, self.world));
+                return;
+            }
+            Self::lock(&self.departed).get_or_insert(lost);
+        }
+        if let Ok(_g) = self.calls.try_lock() {
+            let comm = self.comm.load(Ordering::Acquire);
+            if !comm.is_null() {
+                let mut state: NcclResult = 0;
+                // SAFETY: the communicator is valid (not null: neither aborted nor destroyed,
+                // and both happen only with this call lock held or after this thread stopped);
+                // `state` is a valid out-pointer.
+                let r = check(unsafe { (self.api.comm_get_async_error)(comm, &mut state) });
+                let bad = match r {
+                    Err(e) => Some(e),
+                    Ok(()) if state != 0 && state != NCCL_IN_PROGRESS => check(state).err(),
+                    Ok(()) => None,
+                };
+                if let Some(e) = bad {
+                    drop(_g);
+                    self.fail(format!("nccl reported an asynchronous error: {e}"));
+                    return;
+                }
+            }
+        }
+        let timeout = *Self::lock(&self.timeout);
+        if let Some(age) = outstanding.filter(|a| *a > timeout) {
+            self.fail(format!(
+                "an all-reduce has not completed {:.1} s after it was enqueued (collective \
+                 timeout {timeout:?}): a rank stopped issuing collectives, or issued different ones",
+                age.as_secs_f64()
+            ));
+        }
+    }
+}
+
+/// One rank's NCCL communicator on one GPU, with its watchdog thread.
+pub(crate) struct NcclComm {
+    watch: Arc<Watch>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
     pub(crate) rank: usize,
     pub(crate) world: usize,
 }
@@ -209,20 +342,17 @@ pub(crate) struct NcclComm {
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclComm")
-            .field("device", &self.ctx.ordinal())
+            .field("device", &self.watch.ctx.ordinal())
             .field("rank", &self.rank)
             .field("world", &self.world)
+            .field("error", &self.watch.error())
             .finish()
     }
 }
 
 impl NcclComm {
     pub(crate) fn ordinal(&self) -> usize {
-        self.ctx.ordinal()
-    }
-
-    fn bind(&self) -> Result<()> {
-        bind(&self.ctx)
+        self.watch.ctx.ordinal()
     }
 
     fn err(&self, op: &'static str, reason: String) -> TransferError {
@@ -234,8 +364,16 @@ impl NcclComm {
         }
     }
 
-    /// `ncclCommInitRank` on `dev`: blocks until every rank has called it.
-    pub(crate) fn init(ordinal: usize, rank: usize, world: usize, id: &UniqueId) -> Result<Self> {
+    /// `ncclCommInitRank` on `dev`: blocks until every rank has called it. `liveness` watches
+    /// the other ranks (from the TCP rendezvous); without it only the timeout and NCCL's own
+    /// errors end a stuck all-reduce.
+    pub(crate) fn init(
+        ordinal: usize,
+        rank: usize,
+        world: usize,
+        id: &UniqueId,
+        liveness: Option<Liveness>,
+    ) -> Result<Self> {
         require(ordinal)?;
         let (nranks, r) = match (c_int::try_from(world), c_int::try_from(rank)) {
             (Ok(n), Ok(r)) => (n, r),
@@ -269,34 +407,74 @@ impl NcclComm {
             return Err(fail("no communicator returned".into()));
         }
         tracing::info!(target: "longshore::collective", rank, world, device = ordinal, "nccl communicator ready");
-        Ok(Self {
-            comm: Mutex::new(RawComm(comm)),
+        let watch = Arc::new(Watch {
+            comm: AtomicPtr::new(comm),
+            calls: Mutex::new(()),
             api,
             ctx,
+            rank,
+            world,
+            error: Mutex::new(None),
+            departed: Mutex::new(None),
+            pending: Mutex::new(VecDeque::new()),
+            timeout: Mutex::new(DEFAULT_TIMEOUT),
+            stop: AtomicBool::new(false),
+            liveness,
+        });
+        let w = watch.clone();
+        let watchdog = std::thread::Builder::new()
+            .name(format!("longshore-nccl-watchdog-{rank}"))
+            .spawn(move || {
+                while !w.stop.load(Ordering::Acquire) {
+                    w.look();
+                    std::thread::sleep(WATCH_EVERY);
+                }
+            })
+            .map_err(|e| fail(format!("starting the watchdog thread: {e}")))?;
+        Ok(Self {
+            watch,
+            watchdog: Some(watchdog),
             rank,
             world,
         })
     }
 
+    /// How long an enqueued all-reduce may stay incomplete before the communicator is aborted.
+    pub(crate) fn set_timeout(&self, timeout: Duration) {
+        *Watch::lock(&self.watch.timeout) = timeout;
+    }
+
     /// Enqueues `ncclAllReduce(sum, f32)` in place on `ptr`, `len` values, on `stream`.
     pub(crate) fn all_reduce(&self, stream: &Stream, ptr: u64, len: usize) -> Result<()> {
+        if let Some(lost) = *Watch::lock(&self.watch.departed) {
+            return Err(self.err("ncclAllReduce", lost.describe(self.rank, self.world)));
+        }
         let cs = stream.as_raw()?;
         let stream_id = stream.id();
-        self.bind()?;
-        let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        bind(&self.watch.ctx)?;
+        let _calls = Watch::lock(&self.watch.calls);
+        let comm = self.watch.comm.load(Ordering::Acquire);
+        if comm.is_null() {
+            let why = self
+                .watch
+                .error()
+                .unwrap_or_else(|| "the communicator is closed".into());
+            return Err(self.err("ncclAllReduce", why));
+        }
         // SAFETY: `ptr` points at `len` f32 inside a live allocation of this communicator's
         // device (the region was checked on the host against the buffer, whose device matches);
         // in-place operation (send == receive buffer) is allowed by NCCL; `cs` is the CUstream
-        // of a transfer stream of this device's primary context, current on this
-        // thread; the communicator is valid until drop and used by one thread at a time.
+        // of a transfer stream of this device's primary context, current on this thread; the
+        // communicator is valid (not null, and only aborted or destroyed after being swapped
+        // out, see `Watch::fail`) and used by one caller at a time (the call lock).
         check(unsafe {
-            (self.api.all_reduce)(
+            (self.watch.api.all_reduce)(
                 ptr as *const c_void,
                 ptr as *mut c_void,
                 len,
                 NCCL_FLOAT32,
                 NCCL_SUM,
-                comm.0,
+                comm,
                 cs,
             )
         })
@@ -311,32 +489,58 @@ impl NcclComm {
         })
     }
 
-    /// NCCL's asynchronous error of the communicator.
+    /// Hands the watchdog the completion event of the all-reduce just enqueued.
+    pub(crate) fn track(&self, done: Event) {
+        Watch::lock(&self.watch.pending).push_back((Instant::now(), done));
+    }
+
+    /// The communicator's failure (a rank gone, the timeout, an abort), or NCCL's asynchronous
+    /// error.
     pub(crate) fn check(&self) -> Result<()> {
-        let comm = self.comm.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = self.watch.error() {
+            return Err(self.err("all_reduce_sum", why));
+        }
+        let _calls = Watch::lock(&self.watch.calls);
+        let comm = self.watch.comm.load(Ordering::Acquire);
+        if comm.is_null() {
+            let why = self
+                .watch
+                .error()
+                .unwrap_or_else(|| "the communicator is closed".into());
+            return Err(self.err("all_reduce_sum", why));
+        }
         let mut state: NcclResult = 0;
-        // SAFETY: the communicator is valid (until drop); `state` is a valid out-pointer.
-        check(unsafe { (self.api.comm_get_async_error)(comm.0, &mut state) })
+        // SAFETY: the communicator is valid (not null, see `all_reduce`); `state` is a valid
+        // out-pointer.
+        check(unsafe { (self.watch.api.comm_get_async_error)(comm, &mut state) })
             .map_err(|e| self.err("ncclCommGetAsyncError", e))?;
+        if state == NCCL_IN_PROGRESS {
+            return Ok(());
+        }
         check(state).map_err(|e| self.err("all_reduce_sum", e))
     }
 }
 
 impl Drop for NcclComm {
     fn drop(&mut self) {
-        let comm = self.comm.get_mut().unwrap_or_else(|p| p.into_inner());
-        if comm.0.is_null() {
-            return;
+        self.watch.stop.store(true, Ordering::Release);
+        if let Some(t) = self.watchdog.take() {
+            let _ = t.join();
         }
-        if let Err(e) = bind(&self.ctx) {
+        let comm = self.watch.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if comm.is_null() {
+            return; // aborted after a failure: nothing left to destroy
+        }
+        if let Err(e) = bind(&self.watch.ctx) {
             tracing::error!(target: "longshore::collective", error = %e, "binding the context to destroy an nccl communicator");
         }
-        // SAFETY: the communicator is valid and is never used again (we own it and are
-        // dropping it). Buffers of enqueued all-reduces are kept alive by their events.
-        if let Err(e) = check(unsafe { (self.api.comm_destroy)(comm.0) }) {
+        let _calls = Watch::lock(&self.watch.calls);
+        // SAFETY: the communicator is valid, swapped out above so it is never used again, and
+        // the watchdog has stopped. Buffers of enqueued all-reduces are kept alive by their
+        // events.
+        if let Err(e) = check(unsafe { (self.watch.api.comm_destroy)(comm) }) {
             tracing::error!(target: "longshore::collective", rank = self.rank, error = %e, "ncclCommDestroy failed");
         }
-        comm.0 = std::ptr::null_mut();
     }
 }
 

@@ -120,3 +120,86 @@ fn nccl_through_the_tcp_rendezvous_and_wrong_devices() {
     assert!(Communicator::nccl(&cpu, 0, 1, &UniqueId::new().unwrap()).is_err());
     comm.check().unwrap();
 }
+
+/// Two ranks over the TCP rendezvous on two GPUs, where rank 0 enqueues one all-reduce more
+/// than rank 1 and then waits on its stream: without the watchdog the wait never returns.
+/// `rank1_stays` keeps rank 1's communicator alive for that long (so only the timeout can end
+/// rank 0's wait); otherwise rank 1 drops it at once (it left). Returns rank 0's error text
+/// and how long its wait took.
+fn orphaned_all_reduce(test: &str, rank1_stays: Duration) -> Option<(String, Duration)> {
+    let n = gpus(test)?;
+    if n < 2 {
+        eprintln!("skipping {test}: needs 2 GPUs, this machine has {n}");
+        return None;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let rv = Rendezvous::Tcp {
+        addr: "127.0.0.1".into(),
+        port,
+        timeout: Duration::from_secs(30),
+    };
+    std::thread::scope(|s| {
+        let rv1 = rv.clone();
+        let one = s.spawn(move || {
+            let stream = Device::cuda(1).unwrap().new_stream().unwrap();
+            let comm = Communicator::nccl_rendezvous(&stream, 1, 2, &rv1).unwrap();
+            let mut buf = stream.to_device(&[1.0f32; 256]).unwrap();
+            comm.all_reduce_sum(&stream, ViewMut::from(&mut buf), 256)
+                .unwrap();
+            stream.synchronize().unwrap();
+            std::thread::sleep(rank1_stays);
+        });
+        let stream = Device::cuda(0).unwrap().new_stream().unwrap();
+        let comm = Communicator::nccl_rendezvous(&stream, 0, 2, &rv).unwrap();
+        comm.set_timeout(Duration::from_secs(2));
+        let mut buf = stream.to_device(&[1.0f32; 256]).unwrap();
+        comm.all_reduce_sum(&stream, ViewMut::from(&mut buf), 256)
+            .unwrap();
+        stream.synchronize().unwrap();
+        // The orphan: rank 1 never joins it.
+        comm.all_reduce_sum(&stream, ViewMut::from(&mut buf), 256)
+            .unwrap();
+        let t = std::time::Instant::now();
+        // Returns once the watchdog aborted the communicator (its error, if any, is not the
+        // point: the wait ends).
+        let _ = stream.synchronize();
+        let waited = t.elapsed();
+        let err = comm.check().expect_err("the orphaned all-reduce must fail");
+        one.join().unwrap();
+        Some((err.to_string(), waited))
+    })
+}
+
+#[test]
+fn a_rank_that_leaves_mid_collective_is_named_and_nothing_hangs() {
+    let Some((err, waited)) = orphaned_all_reduce(
+        "a_rank_that_leaves_mid_collective_is_named_and_nothing_hangs",
+        Duration::ZERO,
+    ) else {
+        return;
+    };
+    assert!(err.contains("rank 1 of 2 left"), "{err}");
+    assert!(
+        waited < Duration::from_secs(2),
+        "named by the liveness watch, not the timeout: {waited:?}"
+    );
+}
+
+#[test]
+fn an_all_reduce_past_the_timeout_aborts_the_communicator() {
+    let Some((err, waited)) = orphaned_all_reduce(
+        "an_all_reduce_past_the_timeout_aborts_the_communicator",
+        Duration::from_secs(6),
+    ) else {
+        return;
+    };
+    assert!(err.contains("has not completed"), "{err}");
+    assert!(
+        waited >= Duration::from_millis(1500) && waited < Duration::from_secs(6),
+        "ended by the 2 s timeout: {waited:?}"
+    );
+}
