@@ -19,12 +19,15 @@ timeout 200 torchrun --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --mas
   --no-python "$B/train" --distributed $ARGS > "$R/dist.jsonl" 2> "$R/dist.err" || ko "torchrun train"
 python3 examples/scripts/compare_curves.py "$R/single.jsonl" "$R/dist.jsonl" --tol 1e-3 \
   && ok "2-rank loss curve matches one process" || ko "loss curves differ"
-# Rank 0's summary is the last line of dist.jsonl; the other rank prints nothing, so each
-# rank's pool is checked on stderr's last line too (train --json writes its summary to stdout
-# on rank 0 only): run the ranks by hand below to see both.
-for f in "$R/single.jsonl" "$R/dist.jsonl"; do
-  out=$(tail -1 "$f" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("pool_bytes_outstanding"))')
-  [ "$out" = "0" ] && ok "pool back to zero ($(basename "$f"), rank 0)" || ko "pool outstanding $out in $(basename "$f")"
+# Every rank's summary: rank 0's is the last line of stdout, the others' are on stderr.
+for f in "$R/single.jsonl" "$R/dist.jsonl" "$R/dist.err"; do
+  python3 - "$f" <<'PY' && ok "pools back to zero ($(basename "$f"))" || ko "pool outstanding in $(basename "$f")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{") and "pool_bytes_outstanding" in l]
+for r in rows:
+    print(f"  rank {r['rank']} of {r['world_size']}: pool_bytes_outstanding {r['pool_bytes_outstanding']}, peak held {r['pool_peak_bytes_held']}")
+sys.exit(0 if rows and all(r["pool_bytes_outstanding"] == 0 for r in rows) else 1)
+PY
 done
 
 # Two ranks started by hand (torchrun would SIGTERM the survivor itself), one killed with

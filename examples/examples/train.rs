@@ -116,6 +116,11 @@ fn main() -> Result<()> {
     };
     let _ = device;
     if s.rank != 0 {
+        // Only rank 0 prints on stdout; with --json the others' summaries go to stderr, so a
+        // launcher's log shows every rank's figures (and its pool back to zero).
+        if args.json {
+            eprintln!("{}", serde_json::to_string(&s)?);
+        }
         return Ok(());
     }
     if args.json {
