@@ -100,7 +100,9 @@ impl Tuner {
         self
     }
 
-    /// Batches measured per trial (after one warm-up batch).
+    /// Batches measured per trial, after a warm-up of the batches the loader can have in
+    /// flight (`num_workers x prefetch_factor`) plus one, so a trial times what the workers
+    /// produce rather than a queue filled before it; both run over as many epochs as needed.
     pub fn batches(mut self, n: usize) -> Self {
         self.batches = n.max(1);
         self
@@ -138,9 +140,9 @@ impl Tuner {
     ///
     /// `build(rank, num_workers, pin_memory)` makes rank `rank`'s loader (typically with a
     /// [`DistributedSampler`](longshore_data::DistributedSampler) of that rank); it runs on
-    /// the rank's own thread, so the loader need not be `Send`. Each rank takes one warm-up
-    /// batch, then all ranks start their timed window together and take
-    /// [`batches`](Tuner::batches) batches each. A trial's `samples_per_second` is the sum of
+    /// the rank's own thread, so the loader need not be `Send`. Each rank takes its warm-up
+    /// (see [`batches`](Tuner::batches)), then all ranks start their timed window together
+    /// and take [`batches`](Tuner::batches) batches each. A trial's `samples_per_second` is the sum of
     /// the ranks' samples over the longest rank's window, its `wait_fraction` the mean of the
     /// ranks', its `batches` the sum. The prefetch depth is [`device`](Tuner::device)'s (2 by
     /// default); its device is ignored. A rank that fails ends the trial: the others are
@@ -283,30 +285,21 @@ impl Tuner {
         B: Fn(usize, usize, bool) -> Result<DataLoader<F>, LoaderError> + Sync,
     {
         let loader = build(rank, w, pin)?;
-        let compute = dev.new_stream()?;
-        let mut it = loader.to_device(dev, self.depth)?;
-        if let Some(first) = it.next() {
-            first?.wait()?;
-        }
-        loader.reset_stats();
-        if !gate.wait() {
-            return Err(LoaderError::Config {
-                option: "tuner",
-                reason: format!("rank {rank}: {RELEASED}"),
-            });
-        }
-        let t0 = Instant::now();
-        let (mut samples, mut batches) = (0usize, 0usize);
-        for item in it.by_ref().take(self.batches) {
-            let b = item?.wait_on(&compute)?;
-            samples += b.batch_size();
-            batches += 1;
-        }
-        compute.synchronize()?;
+        let window = self.consume(&loader, Some(dev), || {
+            loader.reset_stats();
+            if gate.wait() {
+                Ok(())
+            } else {
+                Err(LoaderError::Config {
+                    option: "tuner",
+                    reason: format!("rank {rank}: {RELEASED}"),
+                })
+            }
+        })?;
         Ok(RankRun {
-            samples,
-            batches,
-            secs: t0.elapsed().as_secs_f64(),
+            samples: window.samples,
+            batches: window.batches,
+            secs: window.secs,
             wait_fraction: loader.stats().wait_fraction(),
         })
     }
@@ -317,49 +310,100 @@ impl Tuner {
         w: usize,
         pin: bool,
     ) -> Result<Trial, LoaderError> {
-        let mut samples = 0usize;
-        let mut batches = 0usize;
-        let t0;
-        loader.reset_stats();
-        match &self.device {
-            Some(dev) => {
-                let compute = dev.new_stream()?;
-                let mut it = loader.to_device(dev, self.depth)?;
-                if let Some(first) = it.next() {
-                    first?.wait()?;
-                }
-                t0 = Instant::now();
-                for item in it.take(self.batches) {
-                    let b = item?.wait_on(&compute)?;
-                    samples += b.batch_size();
-                    batches += 1;
-                }
-                compute.synchronize()?;
-            }
-            None => {
-                let mut it = loader.iter();
-                if let Some(first) = it.next() {
-                    first?;
-                }
-                t0 = Instant::now();
-                for item in it.take(self.batches) {
-                    samples += item?.batch_size();
-                    batches += 1;
-                }
-            }
-        }
-        let secs = t0.elapsed().as_secs_f64();
+        let window = self.consume(loader, self.device.as_ref(), || {
+            loader.reset_stats();
+            Ok(())
+        })?;
         Ok(Trial {
             num_workers: w,
             pin_memory: pin,
-            samples_per_second: if secs > 0.0 {
-                samples as f64 / secs
-            } else {
-                0.0
-            },
+            samples_per_second: window.rate(),
             wait_fraction: loader.stats().wait_fraction(),
-            batches,
+            batches: window.batches,
         })
+    }
+
+    /// Consumes `loader` (delivered to `device` when given, through `to_device`) over as many
+    /// epochs as it takes: first a warm-up of the batches that can be in flight
+    /// (`num_workers x prefetch_factor`) plus one, so the timed window does not drain a queue
+    /// filled before it, then `at_window()`, then [`batches`](Tuner::batches) timed batches.
+    fn consume<F: Fetch<Output = Batch<PoolBuffer>>>(
+        &self,
+        loader: &DataLoader<F>,
+        device: Option<&Device>,
+        mut at_window: impl FnMut() -> Result<(), LoaderError>,
+    ) -> Result<Window, LoaderError> {
+        let cfg = loader.config();
+        let warm = cfg.num_workers.max(1) * cfg.prefetch_factor.max(1) + 1;
+        let total = warm + self.batches;
+        let compute = device.map(Device::new_stream).transpose()?;
+        let mut seen = 0usize;
+        let mut window = Window {
+            samples: 0,
+            batches: 0,
+            secs: 0.0,
+        };
+        let mut t0 = None;
+        // Counts one delivered batch; whether to go on.
+        let mut step = |n: usize, sync: &dyn Fn() -> Result<(), LoaderError>| {
+            seen += 1;
+            if seen == warm {
+                sync()?;
+                at_window()?;
+                t0 = Some(Instant::now());
+            } else if seen > warm {
+                window.samples += n;
+                window.batches += 1;
+            }
+            Ok::<bool, LoaderError>(seen < total)
+        };
+        let mut empty_epochs = 0;
+        loop {
+            let mut delivered = 0usize;
+            let more = match (device, &compute) {
+                (Some(dev), Some(cs)) => {
+                    let mut more = true;
+                    for item in loader.to_device(dev, self.depth)? {
+                        let n = item?.wait_on(cs)?.batch_size();
+                        delivered += 1;
+                        more = step(n, &|| cs.synchronize().map_err(Into::into))?;
+                        if !more {
+                            break;
+                        }
+                    }
+                    more
+                }
+                _ => {
+                    let mut more = true;
+                    for item in loader.iter() {
+                        let n = item?.batch_size();
+                        delivered += 1;
+                        more = step(n, &|| Ok(()))?;
+                        if !more {
+                            break;
+                        }
+                    }
+                    more
+                }
+            };
+            if !more {
+                break;
+            }
+            if delivered == 0 {
+                empty_epochs += 1;
+                if empty_epochs > 1 {
+                    return Err(LoaderError::Config {
+                        option: "tuner",
+                        reason: "the loader yields no batch".into(),
+                    });
+                }
+            }
+        }
+        if let Some(cs) = &compute {
+            cs.synchronize()?;
+        }
+        window.secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        Ok(window)
     }
 }
 
@@ -386,6 +430,23 @@ const RELEASED: &str = "another rank failed before the timed window";
 
 fn is_release(e: &LoaderError) -> bool {
     matches!(e, LoaderError::Config { option: "tuner", reason } if reason.ends_with(RELEASED))
+}
+
+/// A timed window of [`Tuner::consume`].
+struct Window {
+    samples: usize,
+    batches: usize,
+    secs: f64,
+}
+
+impl Window {
+    fn rate(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.samples as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
 }
 
 /// What one rank measured in a [`Tuner::run_ranks`] trial.
@@ -516,6 +577,29 @@ mod tests {
             text.contains("rank 1 panicked") && text.contains("blew up"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn trials_run_past_the_epoch_and_time_only_what_follows_the_warm_up() {
+        // 16 batches an epoch; warm-up 2 x 2 + 1 = 5 batches, then 40 timed: three epochs.
+        let ds = Arc::new(VecDataset::new(
+            (0..256).map(|i| ([i as f32; 8], i as i64)).collect(),
+        ));
+        let report = Tuner::new()
+            .workers([2])
+            .pin_memory([false])
+            .batches(40)
+            .run(|w, pin| {
+                DataLoader::builder(ds.clone())
+                    .batch_size(16)
+                    .num_workers(w)
+                    .pin_memory(pin)
+                    .persistent_workers(true)
+                    .build()
+            })
+            .unwrap();
+        assert_eq!(report.trials[0].batches, 40);
+        assert!(report.trials[0].samples_per_second > 0.0);
     }
 
     #[test]
