@@ -100,9 +100,10 @@ impl Tuner {
         self
     }
 
-    /// Batches measured per trial, after a warm-up of the batches the loader can have in
-    /// flight (`num_workers x prefetch_factor`) plus one, so a trial times what the workers
-    /// produce rather than a queue filled before it; both run over as many epochs as needed.
+    /// Batches measured per trial (at least twice the batches the loader can have in flight,
+    /// `num_workers x prefetch_factor`, so every worker delivers within the window), after a
+    /// warm-up of the batches in flight plus one, so a trial times what the workers produce
+    /// rather than a queue filled before it; both run over as many epochs as needed.
     pub fn batches(mut self, n: usize) -> Self {
         self.batches = n.max(1);
         self
@@ -323,6 +324,13 @@ impl Tuner {
         })
     }
 
+    /// Batches timed per trial: [`batches`](Tuner::batches), and at least twice the batches
+    /// that can be in flight. Workers started together finish their batches in bursts, so a
+    /// window shorter than a round of every worker would time one burst.
+    fn timed_batches(&self, in_flight: usize) -> usize {
+        self.batches.max(2 * in_flight)
+    }
+
     /// Consumes `loader` (delivered to `device` when given, through `to_device`) over as many
     /// epochs as it takes: first a warm-up of the batches that can be in flight
     /// (`num_workers x prefetch_factor`) plus one, so the timed window does not drain a queue
@@ -334,8 +342,9 @@ impl Tuner {
         mut at_window: impl FnMut() -> Result<(), LoaderError>,
     ) -> Result<Window, LoaderError> {
         let cfg = loader.config();
-        let warm = cfg.num_workers.max(1) * cfg.prefetch_factor.max(1) + 1;
-        let total = warm + self.batches;
+        let in_flight = cfg.num_workers.max(1) * cfg.prefetch_factor.max(1);
+        let warm = in_flight + 1;
+        let total = warm + self.timed_batches(in_flight);
         let compute = device.map(Device::new_stream).transpose()?;
         let mut seen = 0usize;
         let mut window = Window {
@@ -529,7 +538,13 @@ mod tests {
             .unwrap();
         assert_eq!(report.trials.len(), 4);
         for t in &report.trials {
-            assert_eq!(t.batches, 9, "3 batches on each of 3 ranks: {t:?}");
+            // At least twice the batches in flight (workers x prefetch_factor 2) per rank.
+            let per_rank = 3.max(2 * t.num_workers.max(1) * 2);
+            assert_eq!(
+                t.batches,
+                3 * per_rank,
+                "{per_rank} on each of 3 ranks: {t:?}"
+            );
             assert!(t.samples_per_second > 0.0);
             assert!((0.0..=1.0).contains(&t.wait_fraction));
         }
