@@ -49,7 +49,12 @@ pub(crate) fn run(
             c
         }
     };
-    cmd.current_dir(root).arg("--out").arg(out);
+    // The ranks table (one loader per GPU, issue 18): 1 and 2 ranks (2 where the machine has
+    // two GPUs, or Cpu devices without a driver).
+    cmd.current_dir(root)
+        .arg("--out")
+        .arg(out)
+        .args(["--ranks", "1,2"]);
     if quick {
         cmd.arg("--quick");
     }

@@ -86,13 +86,31 @@ impl Liveness {
         let mut mine = Vec::with_capacity(conns.len());
         let mut watched = Vec::with_capacity(conns.len());
         for (r, c) in conns {
-            c.set_nonblocking(true)?;
             mine.push(c.try_clone()?);
             watched.push(Peer {
                 rank: r,
                 conn: c,
                 open: true,
             });
+        }
+        Self::start(mine, move |s| watch_rank0(watched, s))
+    }
+
+    /// Ranks other than 0: watches the connection to rank 0.
+    pub(crate) fn peer(conn: TcpStream) -> std::io::Result<Self> {
+        let mine = conn.try_clone()?;
+        Self::start(vec![mine], move |s| watch_peer(conn, s))
+    }
+
+    /// Sets `conns` (clones of the watched sockets) non-blocking and starts `watch` on its
+    /// own thread.
+    fn start(
+        conns: Vec<TcpStream>,
+        watch: impl FnOnce(&Shared) + Send + 'static,
+    ) -> std::io::Result<Self> {
+        for c in &conns {
+            // The clones share the socket: this makes the watched side non-blocking too.
+            c.set_nonblocking(true)?;
         }
         let shared = Arc::new(Shared {
             lost: Mutex::new(None),
@@ -101,29 +119,10 @@ impl Liveness {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("longshore-liveness".into())
-            .spawn(move || watch_rank0(watched, &s))?;
+            .spawn(move || watch(&s))?;
         Ok(Self {
             shared,
-            conns: mine,
-            thread: Some(thread),
-        })
-    }
-
-    /// Ranks other than 0: watches the connection to rank 0.
-    pub(crate) fn peer(conn: TcpStream) -> std::io::Result<Self> {
-        conn.set_nonblocking(true)?;
-        let mine = conn.try_clone()?;
-        let shared = Arc::new(Shared {
-            lost: Mutex::new(None),
-            stop: AtomicBool::new(false),
-        });
-        let s = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("longshore-liveness".into())
-            .spawn(move || watch_peer(conn, &s))?;
-        Ok(Self {
-            shared,
-            conns: vec![mine],
+            conns,
             thread: Some(thread),
         })
     }

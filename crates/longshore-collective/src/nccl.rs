@@ -453,14 +453,7 @@ impl NcclComm {
         let stream_id = stream.id();
         bind(&self.watch.ctx)?;
         let _calls = Watch::lock(&self.watch.calls);
-        let comm = self.watch.comm.load(Ordering::Acquire);
-        if comm.is_null() {
-            let why = self
-                .watch
-                .error()
-                .unwrap_or_else(|| "the communicator is closed".into());
-            return Err(self.err("ncclAllReduce", why));
-        }
+        let comm = self.live("ncclAllReduce")?;
         // SAFETY: `ptr` points at `len` f32 inside a live allocation of this communicator's
         // device (the region was checked on the host against the buffer, whose device matches);
         // in-place operation (send == receive buffer) is allowed by NCCL; `cs` is the CUstream
@@ -489,6 +482,19 @@ impl NcclComm {
         })
     }
 
+    /// The communicator, or the error that closed it (call with the call lock held).
+    fn live(&self, op: &'static str) -> Result<RawCommPtr> {
+        let comm = self.watch.comm.load(Ordering::Acquire);
+        if comm.is_null() {
+            let why = self
+                .watch
+                .error()
+                .unwrap_or_else(|| "the communicator is closed".into());
+            return Err(self.err(op, why));
+        }
+        Ok(comm)
+    }
+
     /// Hands the watchdog the completion event of the all-reduce just enqueued.
     pub(crate) fn track(&self, done: Event) {
         Watch::lock(&self.watch.pending).push_back((Instant::now(), done));
@@ -501,14 +507,7 @@ impl NcclComm {
             return Err(self.err("all_reduce_sum", why));
         }
         let _calls = Watch::lock(&self.watch.calls);
-        let comm = self.watch.comm.load(Ordering::Acquire);
-        if comm.is_null() {
-            let why = self
-                .watch
-                .error()
-                .unwrap_or_else(|| "the communicator is closed".into());
-            return Err(self.err("all_reduce_sum", why));
-        }
+        let comm = self.live("all_reduce_sum")?;
         let mut state: NcclResult = 0;
         // SAFETY: the communicator is valid (not null, see `all_reduce`); `state` is a valid
         // out-pointer.

@@ -75,18 +75,17 @@ fn devices() -> Result<Vec<Device>> {
     }
 }
 
-/// Runs `epoch(rank)` once untimed, then `epochs` times with every rank starting together;
-/// rank 0 reads the machine's CPU time around the window. Returns (samples, secs, cpu share
-/// when rank 0).
-fn timed(
+/// Runs `epoch()` once untimed, then `epochs` times with every rank starting together; rank
+/// 0 reads the machine's CPU time around the window. The rank's run and (rank 0) the CPU share.
+fn timed<F: longshore::loader::Fetch>(
+    loader: &DataLoader<F>,
     rank: usize,
     gate: &Gate,
     epochs: usize,
     mut epoch: impl FnMut() -> Result<usize>,
-    reset: impl FnOnce(),
-) -> Result<(usize, f64, Option<f64>)> {
+) -> Result<(RankRun, Option<f64>)> {
     epoch()?;
-    reset();
+    loader.reset_stats();
     gate.wait()?;
     let (cpu0, t0) = (cpu_jiffies(), Instant::now());
     let mut samples = 0;
@@ -101,7 +100,17 @@ fn timed(
     } else {
         None
     };
-    Ok((samples, secs, cpu))
+    let cpus = loader
+        .placement()
+        .cpus
+        .map_or_else(|| "not pinned".to_owned(), |c| c.to_string());
+    let run = RankRun {
+        samples,
+        secs,
+        wait_fraction: loader.stats().wait_fraction(),
+        cpus,
+    };
+    Ok((run, cpu))
 }
 
 fn cpu_world(
@@ -124,20 +133,7 @@ fn cpu_world(
             compute.synchronize()?;
             Ok(seen)
         };
-        let (samples, secs, cpu) = timed(rank, gate, epochs, epoch, || loader.reset_stats())?;
-        let cpus = loader
-            .placement()
-            .cpus
-            .map_or_else(|| "not pinned".to_owned(), |c| c.to_string());
-        Ok((
-            RankRun {
-                samples,
-                secs,
-                wait_fraction: loader.stats().wait_fraction(),
-                cpus,
-            },
-            cpu,
-        ))
+        timed(&loader, rank, gate, epochs, epoch)
     })?;
     Ok(split(runs))
 }
@@ -212,20 +208,7 @@ fn nvjpeg_world(
             decoder = Some(it.into_decoder());
             Ok(seen)
         };
-        let (samples, secs, cpu) = timed(rank, gate, epochs, epoch, || loader.reset_stats())?;
-        let cpus = loader
-            .placement()
-            .cpus
-            .map_or_else(|| "not pinned".to_owned(), |c| c.to_string());
-        Ok((
-            RankRun {
-                samples,
-                secs,
-                wait_fraction: loader.stats().wait_fraction(),
-                cpus,
-            },
-            cpu,
-        ))
+        timed(&loader, rank, gate, epochs, epoch)
     })?;
     Ok(split(runs))
 }
