@@ -51,12 +51,16 @@ pub(crate) fn run(
     };
     // The ranks table (one loader per GPU, issue 18): 1 and 2 ranks (2 where the machine has
     // two GPUs, or Cpu devices without a driver).
+    // Both decoders (nvJPEG is skipped, and says so, without a GPU); nvJPEG also with a share
+    // of the JPEGs decoded by the workers beside the GPU's engines (`EncodedImages::cpu_share`).
     cmd.current_dir(root)
         .arg("--out")
         .arg(out)
-        .args(["--ranks", "1,2"]);
+        .args(["--ranks", "1,2", "--decode", "both"]);
     if quick {
         cmd.arg("--quick");
+    } else {
+        cmd.args(["--cpu-share", "0,0.1,0.2,0.3"]);
     }
     if let Some(dir) = data_dir {
         cmd.arg("--data-dir").arg(dir);

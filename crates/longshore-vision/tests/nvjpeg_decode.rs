@@ -16,7 +16,7 @@ use longshore_transfer::{Device, Stream};
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
 use longshore_vision::nvjpeg::{
     Backend, DecodedBy, EncodedCollate, EncodedImages, NvjpegBatch, NvjpegDecoder, NvjpegIter,
-    NvjpegLoader,
+    NvjpegLoader, Payload,
 };
 use longshore_vision::transforms::{CenterCrop, Normalize};
 use longshore_vision::{Compose, ImageFolder, Output, RandomSource};
@@ -160,9 +160,26 @@ fn compare_normalised(got: &[f32], want: &[f32], plane: usize, n: Normalize) -> 
 }
 
 fn check_pipeline(dev: &Device, compose: Compose, what: &str, max_mean: f32) {
+    check_pipeline_share(dev, compose, what, max_mean, 0.0);
+}
+
+/// [`check_pipeline`] with `share` of the hardware JPEGs decoded by the workers; returns how
+/// many images each decoder's stats count as decoded by the workers, and how many the
+/// workers' routing sends as pixels.
+fn check_pipeline_share(
+    dev: &Device,
+    compose: Compose,
+    what: &str,
+    max_mean: f32,
+    share: f64,
+) -> (Vec<u64>, u64) {
     let dir = tempfile::tempdir().unwrap();
     write_mixed(dir.path(), false);
-    let data = encoded(dir.path(), compose.clone());
+    let data = encoded(dir.path(), compose.clone()).cpu_share(share);
+    let as_pixels = (0..data.folder().samples().len())
+        .filter(|&i| data.read(i).unwrap().payload == Payload::Rgb)
+        .count() as u64;
+    let mut by_workers = Vec::new();
     for (name, decoder) in decoders(dev, &data) {
         let loader = DataLoader::builder(data.clone())
             .batch_size(5)
@@ -173,7 +190,8 @@ fn check_pipeline(dev: &Device, compose: Compose, what: &str, max_mean: f32) {
             .unwrap();
         let stream: Stream = decoder.stream().clone();
         let (mut worst_max, mut worst_mean, mut n) = (0f32, 0f32, 0);
-        for batch in loader.nvjpeg(decoder, 2).unwrap() {
+        let mut it = loader.nvjpeg(decoder, 2).unwrap();
+        for batch in it.by_ref() {
             let batch = batch.unwrap().wait().unwrap();
             let (h, w) = compose.output_size();
             assert_eq!(batch.shape(), [batch.batch_size(), 3, h, w]);
@@ -195,13 +213,37 @@ fn check_pipeline(dev: &Device, compose: Compose, what: &str, max_mean: f32) {
             assert_eq!(labels, batch.host_labels());
         }
         assert_eq!(n, data.folder().samples().len());
+        let stats = it.into_decoder().stats();
         eprintln!(
-            "{what} ({name}): vs the CPU Compose, worst max {worst_max:.2} levels, worst mean {worst_mean:.3}"
+            "{what} ({name}, cpu share {share}): vs the CPU Compose, worst max {worst_max:.2} levels, worst mean {worst_mean:.3}, {} decoded by the workers",
+            stats.worker
         );
         assert!(
             worst_mean < max_mean,
             "{what} ({name}): mean {worst_mean} levels (max {worst_max})"
         );
+        by_workers.push(stats.worker);
+    }
+    (by_workers, as_pixels)
+}
+
+/// With a CPU share the workers decode that share of the hardware JPEGs (as pixels), the
+/// device stage crops, resizes and normalises them with the rest, and the batch still matches
+/// the CPU Compose; share 1 leaves the engines only what the workers cannot route.
+#[test]
+fn a_cpu_share_decodes_jpegs_in_the_workers_beside_the_engines() {
+    let Some(dev) = gpu() else { return };
+    let compose = Compose::train(64, Output::Normalized(Normalize::IMAGENET));
+    // write_mixed: 12 baseline JPEGs and one PNG (always decoded by a worker).
+    for (share, want) in [(0.0, 1..=1), (0.5, 2..=12), (1.0, 13..=13)] {
+        let (counts, as_pixels) = check_pipeline_share(&dev, compose.clone(), "train", 2.0, share);
+        assert!(
+            want.contains(&as_pixels),
+            "share {share}: {as_pixels} of 13 as pixels"
+        );
+        for count in counts {
+            assert_eq!(count, as_pixels, "share {share}: decoded by the workers");
+        }
     }
 }
 

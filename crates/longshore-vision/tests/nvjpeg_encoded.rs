@@ -178,6 +178,83 @@ fn progressive_jpegs_are_decoded_by_the_worker() {
     }
 }
 
+/// The CPU share: the chosen JPEGs travel as the CPU decoder's pixels, the rest as files; the
+/// choice is a fixed function of the index (the same on every read and every clone), nested
+/// (a larger share adds files), and near the share on many files; PNGs are pixels anyway.
+#[test]
+fn a_cpu_share_of_jpegs_is_decoded_by_the_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = longshore_vision::synth::FolderSpec {
+        classes: 4,
+        per_class: 50,
+        mean_area: 1_500.0,
+        quality: 80,
+        seed: 3,
+    };
+    longshore_vision::synth::write_folder(dir.path(), &spec).unwrap();
+    let data = files_of(dir.path());
+    let n = data.folder().samples().len();
+    assert_eq!(n, 200);
+    // None: a progressive JPEG (the synthetic folder has 5%), which the workers decode anyway.
+    let chosen = |d: &EncodedImages| -> Vec<Option<bool>> {
+        (0..n)
+            .map(|i| {
+                let s = d.read(i).unwrap();
+                let file = std::fs::read(&s.path).unwrap();
+                let progressive = is_progressive(&file);
+                match s.payload {
+                    Payload::Rgb => {
+                        assert!(!s.hardware);
+                        let image = decode_rgb(&file, &DecodeOptions::default()).unwrap();
+                        assert_eq!(s.bytes, image.as_bytes(), "sample {i}");
+                        (!progressive).then_some(true)
+                    }
+                    Payload::Jpeg => {
+                        assert!(!progressive && s.hardware, "sample {i}: a baseline JPEG");
+                        assert_eq!(s.bytes, file, "sample {i}");
+                        Some(false)
+                    }
+                    other => panic!("sample {i}: unexpected payload {other:?}"),
+                }
+            })
+            .collect()
+    };
+    let none = chosen(&data);
+    assert!(none.iter().all(|c| *c != Some(true)), "share 0 by default");
+    assert_eq!(data.current_cpu_share(), 0.0);
+    let m = none.iter().filter(|c| c.is_some()).count();
+    assert!(m > 150, "{m} baseline JPEGs");
+    let quarter = chosen(&data.clone().cpu_share(0.25));
+    let half_data = data.clone().cpu_share(0.5);
+    let half = chosen(&half_data);
+    let count = |v: &[Option<bool>]| v.iter().filter(|c| **c == Some(true)).count();
+    // Binomial(m, p): within 4 standard deviations.
+    for (v, p) in [(&quarter, 0.25), (&half, 0.5)] {
+        let (mean, sd) = (m as f64 * p, (m as f64 * p * (1.0 - p)).sqrt());
+        let c = count(v) as f64;
+        assert!((c - mean).abs() <= 4.0 * sd, "share {p}: {c} of {m}");
+    }
+    assert!(
+        quarter
+            .iter()
+            .zip(&half)
+            .all(|(q, h)| *q != Some(true) || *h == Some(true)),
+        "nested"
+    );
+    assert_eq!(chosen(&half_data), half, "the same files each read");
+    // Clones share the setting: a loader's workers see a change.
+    let clone = half_data.clone();
+    half_data.set_cpu_share(1.0);
+    assert_eq!(clone.current_cpu_share(), 1.0);
+    assert_eq!(count(&chosen(&clone)), m);
+    clone.set_cpu_share(f64::NAN);
+    assert_eq!(half_data.current_cpu_share(), 0.0);
+    clone.set_cpu_share(7.0);
+    assert_eq!(half_data.current_cpu_share(), 1.0);
+    clone.set_cpu_share(-1.0);
+    assert_eq!(count(&chosen(&half_data)), 0);
+}
+
 fn files_of(root: &std::path::Path) -> EncodedImages {
     files(root, 1)
 }

@@ -81,8 +81,12 @@ struct Args {
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "nvjpeg", "both"])]
     decode: String,
     /// nvJPEG device-stage threads to sweep (`NvjpegLoader::nvjpeg_lanes`).
-    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    #[arg(long, value_delimiter = ',', default_value = "1")]
     nvjpeg_lanes: Vec<usize>,
+    /// nvJPEG: shares of the hardware-routed JPEGs the workers decode on the CPU, beside the
+    /// GPU's engines, to sweep (`EncodedImages::cpu_share`).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    cpu_share: Vec<f64>,
     /// Also measure what nvJPEG itself does on this GPU, one thread, no loader: the hardware
     /// batched decode alone on a batch of the folder's JPEGs in page-locked memory, with the
     /// routing checks, and the whole device stage (`NvjpegDecoder::ceiling`).
@@ -240,11 +244,12 @@ fn steady_nvjpeg(
     files: &EncodedImages,
     workers: usize,
     lanes: usize,
+    cpu_share: f64,
     batch: usize,
     epochs: usize,
     device: &Device,
 ) -> Result<Value> {
-    let mut b = DataLoader::builder(files.clone())
+    let mut b = DataLoader::builder(files.clone().cpu_share(cpu_share))
         .dataset_collate(EncodedCollate)
         .batch_size(batch)
         .shuffle(true)
@@ -259,9 +264,12 @@ fn steady_nvjpeg(
     let mut decoder = Some(NvjpegDecoder::new(device, files)?);
     // Where each epoch's wall time goes, outside the device stage's own phases: starting the
     // epoch's iterator, its first batch, the rest, the final synchronise, taking the decoder
-    // back (every epoch, the warm-up included).
-    let mut epoch_phases = [std::time::Duration::ZERO; 5];
+    // back; the warm-up epoch (index 0) apart from the timed ones (index 1).
+    let mut epoch_phases = [[std::time::Duration::ZERO; 5]; 2];
+    let mut epochs_run = 0usize;
     let run_epoch = || -> Result<usize> {
+        let epoch_phases = &mut epoch_phases[usize::from(epochs_run > 0)];
+        epochs_run += 1;
         let t = Instant::now();
         let mut it = loader.nvjpeg_lanes(decoder.take().context("decoder")?, lanes, 2)?;
         epoch_phases[0] += t.elapsed();
@@ -284,7 +292,16 @@ fn steady_nvjpeg(
         Ok(n)
     };
     let (rate, cpu) = time_epochs(epochs, run_epoch, || loader.reset_stats())?;
-    let per_epoch = |d: std::time::Duration| d.as_secs_f64() * 1e3 / (epochs + 1) as f64;
+    let ms = |d: std::time::Duration, n: usize| d.as_secs_f64() * 1e3 / n.max(1) as f64;
+    let epoch_json = |p: &[std::time::Duration; 5], n: usize| {
+        json!({
+            "start_iterator": ms(p[0], n),
+            "first_batch": ms(p[1], n),
+            "all_batches": ms(p[2], n),
+            "synchronize": ms(p[3], n),
+            "into_decoder": ms(p[4], n),
+        })
+    };
     let stats = decoder.as_ref().map(|d| d.stats()).unwrap_or_default();
     let mut run = run_json(
         workers,
@@ -313,13 +330,11 @@ fn steady_nvjpeg(
     }
     phases.insert("wall".into(), json!(us(stats.wall_time)));
     run["device_stage_us_per_image"] = Value::Object(phases);
-    run["epoch_ms"] = json!({
-        "start_iterator": per_epoch(epoch_phases[0]),
-        "first_batch": per_epoch(epoch_phases[1]),
-        "all_batches": per_epoch(epoch_phases[2]),
-        "synchronize": per_epoch(epoch_phases[3]),
-        "into_decoder": per_epoch(epoch_phases[4]),
-    });
+    run["cpu_share_of_jpegs"] = json!(cpu_share);
+    // Per timed epoch, and the warm-up epoch (the decoder's states made, the workers started)
+    // on its own.
+    run["epoch_ms"] = epoch_json(&epoch_phases[1], epochs);
+    run["warmup_epoch_ms"] = epoch_json(&epoch_phases[0], 1);
     Ok(run)
 }
 
@@ -562,13 +577,16 @@ fn main() -> Result<()> {
                 Some(d) => {
                     let files = EncodedImages::new(folder.clone(), pipeline.clone())?;
                     let mut runs = Vec::new();
-                    for (&w, &lanes) in workers
-                        .iter()
-                        .flat_map(|w| args.nvjpeg_lanes.iter().map(move |l| (w, l)))
-                    {
-                        let r = steady_nvjpeg(&files, w, lanes, batch, epochs, d)?;
+                    let shares = &args.cpu_share;
+                    let grid = workers.iter().flat_map(|&w| {
+                        args.nvjpeg_lanes
+                            .iter()
+                            .flat_map(move |&l| shares.iter().map(move |&s| (w, l, s)))
+                    });
+                    for (w, lanes, share) in grid {
+                        let r = steady_nvjpeg(&files, w, lanes, share, batch, epochs, d)?;
                         eprintln!(
-                            "jpeg: longshore nvjpeg {name} workers={w} lanes={lanes}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}, epoch ms {}",
+                            "jpeg: longshore nvjpeg {name} workers={w} lanes={lanes} cpu_share={share}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}, epoch ms {}",
                             r["samples_per_s"].as_f64().unwrap_or(0.0),
                             100.0 * r["cpu_share"].as_f64().unwrap_or(0.0),
                             r["decoded"],
@@ -741,6 +759,13 @@ fn markdown(r: &Value) -> String {
     }
     for name in ["train", "val"] {
         let b = &r["longshore_nvjpeg"][name]["best"];
+        if b["cpu_share_of_jpegs"].is_number() {
+            s += &format!(
+                "\nnvJPEG, {name} (best run): {} of the JPEGs decoded by the workers \
+                 (`--cpu-share`); per timed epoch (ms) {}; warm-up epoch {}\n",
+                b["cpu_share_of_jpegs"], b["epoch_ms"], b["warmup_epoch_ms"]
+            );
+        }
         if let Some(phases) = b["device_stage_us_per_image"].as_object() {
             let list: Vec<String> = phases
                 .iter()

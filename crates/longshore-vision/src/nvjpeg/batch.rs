@@ -32,7 +32,8 @@ pub enum DecodedBy {
     Default,
     /// The CPU decoder in the device stage: a JPEG nvJPEG refused or that looked truncated.
     CpuFallback,
-    /// The CPU decoder in the worker: not a JPEG (PNG).
+    /// The CPU decoder in the worker: not a JPEG (PNG), a JPEG the engines do not take, or one
+    /// of the [CPU share](super::EncodedImages::cpu_share).
     Worker,
 }
 
@@ -53,7 +54,8 @@ pub struct NvjpegStats {
     pub default_backend: u64,
     /// JPEGs decoded on the CPU by the device stage.
     pub cpu_fallback: u64,
-    /// Images decoded by the workers (not JPEG, or a JPEG the engines do not take).
+    /// Images decoded by the workers (not JPEG, a JPEG the engines do not take, or the
+    /// [CPU share](super::EncodedImages::cpu_share)).
     pub worker: u64,
     /// Samples dropped under [`SampleErrorPolicy::Skip`](longshore_loader::SampleErrorPolicy::Skip).
     pub skipped: u64,

@@ -8,14 +8,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use longshore_data::{Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, Storage};
 
 use super::header::{JpegHeader, JpegRoute};
 use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
 use crate::compose::Compose;
-use crate::dataset::RandomSource;
+use crate::dataset::{RandomSource, mix};
 use crate::decode::{DecodeError, DecodeOptions, ImageFormat, decode_rgb, probe};
 use crate::folder::{ImageFolder, invalid};
 
@@ -167,6 +167,9 @@ pub struct EncodedImages {
     transform: Arc<Compose>,
     random: RandomSource,
     epoch: Arc<AtomicU64>,
+    /// The share of hardware-routed JPEGs the workers decode on the CPU, in units of 2^-32
+    /// (shared by clones: workers see a change at their next sample).
+    cpu_share: Arc<AtomicU32>,
 }
 
 /// A sample of [`EncodedImages`]: the file's bytes and what its header says.
@@ -206,7 +209,63 @@ impl EncodedImages {
             transform: Arc::new(transform),
             random: RandomSource::Worker,
             epoch: Arc::new(AtomicU64::new(0)),
+            cpu_share: Arc::new(AtomicU32::new(0)),
         })
+    }
+
+    /// Has the workers decode `share` (0 to 1) of the JPEGs the hardware engines would take on
+    /// the CPU, as a PNG is, so the device stage only crops, resizes and normalises their
+    /// pixels: the GPU's JPEG engines and the host's idle cores decode side by side. Default
+    /// 0: every such JPEG goes to the engines.
+    ///
+    /// nvJPEG's hardware decoder has a fixed rate per GPU (about 20,000 ImageNet-sized images/s
+    /// on an H100 or H200, batches of 256); with fast training steps it is the bound of the
+    /// device path while the workers, which only read files, leave most cores idle. Moving a
+    /// share of the decoding to them raises the pipeline's rate up to what both decode
+    /// together (DALI's `hw_decoder_load` splits the same work between the engines and CUDA
+    /// decoding). A share too large makes the workers the bound instead: measure it
+    /// (`jpeg-bench --cpu-share 0,0.1,0.2,0.3`) on the training host.
+    ///
+    /// Which JPEGs go to the CPU is a fixed function of the dataset index (a hash compared
+    /// with the share), so a run decodes the same files the same way each time; the pixels of
+    /// a CPU-decoded file are zune-jpeg's instead of nvJPEG's (within a few levels, see the
+    /// [module docs](super)). Values outside 0..=1 are clamped; NaN counts as 0.
+    pub fn cpu_share(self, share: f64) -> EncodedImages {
+        self.set_cpu_share(share);
+        self
+    }
+
+    /// Changes the CPU share of a dataset already in a loader (its clones in the workers share
+    /// it; each worker reads it per sample). See [`cpu_share`](EncodedImages::cpu_share).
+    pub fn set_cpu_share(&self, share: f64) {
+        let share = if share.is_nan() {
+            0.0
+        } else {
+            share.clamp(0.0, 1.0)
+        };
+        // 1.0 maps to u32::MAX + 1, saturated to u32::MAX: `decode_on_cpu` treats that as all.
+        let units = (share * 4_294_967_296.0).min(u32::MAX as f64) as u32;
+        self.cpu_share.store(units, Ordering::Relaxed);
+    }
+
+    /// The CPU share (0 to 1, as stored: a multiple of 2^-32).
+    pub fn current_cpu_share(&self) -> f64 {
+        let units = self.cpu_share.load(Ordering::Relaxed);
+        if units == u32::MAX {
+            1.0
+        } else {
+            f64::from(units) / 4_294_967_296.0
+        }
+    }
+
+    /// Whether sample `index`, a JPEG the engines take, is decoded by the worker instead
+    /// ([`cpu_share`](EncodedImages::cpu_share)).
+    fn decode_on_cpu(&self, index: usize) -> bool {
+        match self.cpu_share.load(Ordering::Relaxed) {
+            0 => false,
+            u32::MAX => true,
+            units => (mix(index as u64 ^ 0x6A09_E667_F3BC_C909) >> 32) < u64::from(units),
+        }
     }
 
     /// Chooses where random transforms draw from (as [`crate::ImageDataset::random_source`]:
@@ -269,12 +328,14 @@ impl EncodedImages {
             },
             ImageFormat::Png => JpegRoute::CpuHuffman,
         };
+        let on_cpu = route == JpegRoute::Hardware && self.decode_on_cpu(index);
         let (bytes, payload) = match route {
-            JpegRoute::Hardware | JpegRoute::Check => (bytes, Payload::Jpeg),
+            JpegRoute::Hardware | JpegRoute::Check if !on_cpu => (bytes, Payload::Jpeg),
             // A PNG, or a JPEG that nvJPEG's hardware engines do not take (progressive,
             // arithmetic, lossless: about 5% of ImageNet). nvJPEG's default backend would run
             // its Huffman pass on the CPU, one image at a time on the device stage's single
-            // thread; decoding it here, in parallel workers, keeps that thread free.
+            // thread; decoding it here, in parallel workers, keeps that thread free. Or a JPEG of
+            // the CPU share, which the workers decode beside the engines.
             _ => {
                 let image = decode_rgb(&bytes, options).map_err(|e| invalid(path, e))?;
                 (image.into_vec(), Payload::Rgb)
@@ -287,7 +348,7 @@ impl EncodedImages {
             payload,
             width: header.width,
             height: header.height,
-            hardware: route == JpegRoute::Hardware,
+            hardware: route == JpegRoute::Hardware && !on_cpu,
             bytes,
         })
     }

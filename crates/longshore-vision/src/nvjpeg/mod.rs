@@ -39,7 +39,9 @@
 //!    A file that is not a JPEG (PNG), or a JPEG the hardware engines do not take
 //!    (progressive, arithmetic, lossless: about 5% of ImageNet, which nvJPEG's default
 //!    backend would decode with a CPU Huffman pass on the device stage's one thread), is
-//!    decoded there, on the CPU, in parallel workers, and travels as pixels. A
+//!    decoded there, on the CPU, in parallel workers, and travels as pixels; so does a chosen
+//!    share of the JPEGs the engines would take ([`EncodedImages::cpu_share`]), when the
+//!    engines are the bound and the host has idle cores. A
 //!    file whose header does not parse is a `DataError` naming it, and the loader's
 //!    `on_sample_error` applies as on the CPU path.
 //! 2. **Device stage** ([`NvjpegDecoder`], on its own stream; [`NvjpegLoader::nvjpeg`] or
