@@ -61,6 +61,10 @@ struct Args {
     /// nvJPEG; the workers only read files into pinned memory).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "nvjpeg"])]
     decode: String,
+    /// With `--decode nvjpeg`: the share (0 to 1) of the JPEGs the GPU's engines would take
+    /// that the workers decode on the CPU instead, beside them (`EncodedImages::cpu_share`).
+    #[arg(long, default_value_t = 0.0)]
+    cpu_share: f64,
 }
 
 /// A linear classifier `[b, features] -> [b, classes]` with SGD momentum.
@@ -359,8 +363,10 @@ fn train_nvjpeg(
     workers: usize,
 ) -> Result<()> {
     ensure!(!device.is_cpu(), "--decode nvjpeg needs a CUDA device");
-    let encoded =
-        |ds: &ImageDataset| EncodedImages::new(ds.folder().clone(), ds.transform().clone());
+    let encoded = |ds: &ImageDataset| {
+        EncodedImages::new(ds.folder().clone(), ds.transform().clone())
+            .map(|e| e.cpu_share(args.cpu_share))
+    };
     let (train, val) = (encoded(train)?, encoded(val)?);
     let build = |files: &EncodedImages, shuffle: bool| {
         let mut b = DataLoader::builder(files.clone())
