@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where an epoch's per-batch time goes, on the host path (no GPU needed): the epoch thread
-(the *pump*: the loader's next(), the DLPack export, the position, the hand-over to the queue)
+(the *pump*: the loader's next(), the position, the hand-over to the queue; the DLPack export runs in `__next__`)
 and Python's `__next__` (waiting, conversion).
 
 The tabular workload of the python bench: f32 [N, 64] + i64 [N] memmapped, batch 1024,
@@ -11,7 +11,7 @@ of --epochs epochs (after one warm-up epoch), in microseconds per batch:
   process  : CPU time of the whole process (time.process_time: workers included)
   py-cpu   : CPU time of the Python thread (time.thread_time; its polling included)
   with LONGSHORE_EPOCH_TIMINGS=1 (set by this script), the epoch's own counters
-  (`_Epoch._debug_timings()`): the epoch thread's CPU time, pump next / export / state / send, `__next__` wait / deliver,
+  (`_Epoch._debug_timings()`): the epoch thread's CPU time, pump next / state / send, `__next__` export / wait / deliver (deliver includes the export),
   and the share of `__next__` calls that found no batch ready.
 
 Cases: raw (longshore.Tensor lists, no conversion), numpy (np.from_dlpack per tensor) and, with
@@ -113,7 +113,7 @@ def main():
                 cells = " | ".join([
                     us("pump_cpu_ns", b),
                     f"{us('pump_next_ns', b)} ({us('pump_next_cpu_ns', b)})",
-                    us("pump_export_ns", b), us("pump_state_ns", b),
+                    us("export_ns", d), us("pump_state_ns", b),
                     f"{us('pump_send_ns', b)} ({us('pump_send_cpu_ns', b)})",
                     us("next_wait_ns", d), us("next_deliver_ns", d)])
                 cells += f" | {100 * acc['next_waits'] / d:.0f}"
