@@ -40,5 +40,6 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("SampleError", py.get_type::<errors::SampleError>())?;
     m.add("LoaderTimeout", py.get_type::<errors::LoaderTimeout>())?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
+    m.add_function(wrap_pyfunction!(torch::_cuda_bytes_copied_on, m)?)?;
     Ok(())
 }

@@ -110,7 +110,7 @@ impl PyTensor {
         }
     }
 
-    fn take(&self) -> PyResult<DlpackTensor> {
+    pub(crate) fn take(&self) -> PyResult<DlpackTensor> {
         self.inner
             .lock()
             .unwrap_or_else(|p| p.into_inner())

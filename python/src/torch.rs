@@ -26,7 +26,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::errors::{LoaderFailure, dlpack_err, transfer_err};
-use crate::tensor::capsule_of;
+use crate::tensor::{PyTensor, capsule_of};
 
 /// The torch stream adopted last (a [`Stream`] over torch's handle), reused while torch's
 /// current stream stays the same: adopting one allocates, reading the handle does not.
@@ -85,6 +85,76 @@ impl PyTorchConverter {
     fn pinned(&self) -> bool {
         self.pinned
     }
+
+    /// Converts `tensors` (`longshore.Tensor`s not yet exported, one batch: CUDA ones share a
+    /// GPU) as an epoch does, on torch's current stream; `device` is the GPU ordinal of CUDA
+    /// tensors. Each `longshore.Tensor` is consumed.
+    #[pyo3(signature = (tensors, device = None))]
+    fn convert<'py>(
+        &self,
+        py: Python<'py>,
+        tensors: Vec<PyRef<'py, PyTensor>>,
+        device: Option<usize>,
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let tensors = tensors
+            .iter()
+            .map(|t| t.take())
+            .collect::<PyResult<Vec<_>>>()?;
+        let device = device
+            .map(|d| py.detach(|| Device::cuda(d)).map_err(transfer_err))
+            .transpose()?;
+        self.batch(py, tensors, device.as_ref())
+    }
+}
+
+/// For tests of stream ordering: a one-dimensional u8 CUDA tensor on GPU `device` holding
+/// `data`, whose copy is enqueued on the foreign stream `stream` (a `cudaStream_t` the caller
+/// keeps alive, such as a `torch.cuda.Stream`'s `cuda_stream`), so it completes only when that
+/// stream gets there. Before the copy the memory holds zeros (filled and synchronised first):
+/// a consumer that is not ordered after the copy reads zeros.
+#[pyfunction]
+pub(crate) fn _cuda_bytes_copied_on(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    data: Vec<u8>,
+) -> PyResult<PyTensor> {
+    use longshore_data::{BatchLayout, DType};
+    use longshore_host::HostBuffer;
+    let n = data.len();
+    let tensor = py
+        .detach(|| -> Result<DlpackTensor, longshore_dlpack::DlpackError> {
+            let dev = Device::cuda(device)?;
+            let own = dev.new_stream()?;
+            let mut buf = own.alloc_zeroed(n.max(1))?;
+            own.synchronize()?;
+            // SAFETY: the caller passes a live stream of the device's primary context and keeps
+            // it alive while the tensor is in use (the Python test holds the torch stream); the
+            // buffer was allocated on this crate's own stream, so nothing is freed on `raw`.
+            let foreign = unsafe { Stream::from_raw(&dev, stream as *mut c_void) }?;
+            let mut host = HostBuffer::page_locked(n.max(1))
+                .map_err(longshore_transfer::TransferError::from)?;
+            host[..n].copy_from_slice(&data);
+            let pending = foreign.upload(host, &mut buf)?;
+            let ready = pending.event().clone();
+            drop(pending);
+            let mut layout = BatchLayout::new(1);
+            layout
+                .push(Some("bytes".into()), DType::U8, vec![n])
+                .map_err(|e| longshore_dlpack::DlpackError::Unsupported {
+                    what: "a test tensor",
+                    reason: e.to_string(),
+                })?;
+            let mut out = longshore_dlpack::export_device(
+                &layout,
+                buf,
+                Some(ready),
+                &longshore_dlpack::ExportOptions::default(),
+            )?;
+            Ok(out.remove(0))
+        })
+        .map_err(dlpack_err)?;
+    Ok(PyTensor::new(tensor))
 }
 
 impl PyTorchConverter {

@@ -257,6 +257,42 @@ def test_torch_cuda_batches_are_ordered_on_the_current_stream(files):
         assert torch.equal(torch.cat(got), want), f"fast={fast}"
 
 
+def test_torch_waits_for_a_copy_still_queued_on_another_stream():
+    """The copy of the tensor is enqueued behind a long sleep on another stream, so it has not
+    run when torch reads: a consumer not ordered after it reads the zeros the memory held
+    before. Both conversions (the batch converter and the per-tensor `__dlpack__` path) must
+    make torch's current stream wait for it."""
+    torch = need_cuda()
+    payload = bytes(range(1, 256)) * 4096
+    want = torch.frombuffer(bytearray(payload), dtype=torch.uint8).cuda()
+    convert = longshore._torch_converter(torch, cuda=True, pinned=False)
+    assert isinstance(convert, _longshore._TorchConverter)
+    for fast in (True, False):
+        copy = torch.cuda.Stream()
+        with torch.cuda.stream(copy):
+            torch.cuda._sleep(1_000_000_000)  # several hundred ms of the copy stream
+        t = _longshore._cuda_bytes_copied_on(0, copy.cuda_stream, payload)
+        consumer = torch.cuda.Stream()
+        with torch.cuda.stream(consumer):
+            x = convert.convert([t], 0)[0] if fast else torch.from_dlpack(t)
+            got = x.clone()
+        consumer.synchronize()
+        assert got.shape == want.shape
+        assert torch.equal(got, want), f"fast={fast}: read before the copy ({int(got.sum())})"
+    # The control: with no ordering (DLPack's stream=-1), the same read sees the zeros, so the
+    # assertions above can fail.
+    copy = torch.cuda.Stream()
+    with torch.cuda.stream(copy):
+        torch.cuda._sleep(1_000_000_000)
+    t = _longshore._cuda_bytes_copied_on(0, copy.cuda_stream, payload)
+    consumer = torch.cuda.Stream()
+    with torch.cuda.stream(consumer):
+        got = torch._C._from_dlpack(t.__dlpack__(stream=-1)).clone()
+    consumer.synchronize()
+    copy.synchronize()
+    assert not torch.equal(got, want) and int(got.sum()) == 0, "the copy ran before the read"
+
+
 def test_pinned_lease_waits_for_the_current_stream(files):
     torch = need_cuda()
     pool = longshore.PinnedPool(pinned=True)
