@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Two device calls that each fit 10 minutes, for the open targets of issues 15, 16 and 14:
+#   bash scripts/gpu-session.sh jpeg    issue 15 in one run: nvJPEG with CPU shares
+#                                       0/0.1/0.2/0.3 of the JPEGs decoded by the workers beside
+#                                       the GPU's engines, longshore CPU decoding, PyTorch +
+#                                       torchvision over workers 8/16/32 x pin_memory, and
+#                                       torchvision.io.decode_jpeg(device="cuda") + resize
+#   bash scripts/gpu-session.sh tests   every bundled test with CUDA required, pytest on the
+#                                       GPU, the Rust loader's limits/loader/scaling sections,
+#                                       the Python bench on the same shapes, the pump's timings
+# Needs gpu-pack/gpu.tar.xz (scripts/gpu-pack.sh) and gpu-python/ (python/gpu-artifacts.sh).
+# Results are packed into $OUT/<part>.tar.gz.
+set -u
+part=${1:?jpeg or tests}
+out=${OUT:-gpu-out}; mkdir -p "$out"
+R=/tmp/session-$part; rm -rf "$R"; mkdir -p "$R"
+[ -x .gpu/bin/longshore-bench ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu.tar.xz').extractall()"
+{ nvidia-smi -L; nproc; date -u; } | tee "$R/machine.txt"
+case "$part" in
+jpeg)
+  LONGSHORE_REQUIRE_CUDA=1 timeout 520 .gpu/bin/jpeg-bench --decode both --workers 16,32 \
+    --cpu-share 0,0.1,0.2,0.3 --torch-workers 8,16,32 --nvjpeg-ceiling --epochs 2 \
+    --out "$R/jpeg" --data-dir /tmp/jdata > "$R/jpeg.log" 2>&1
+  echo "jpeg exit $?"
+  grep "^jpeg: longshore\|^jpeg: nvjpeg ceiling [a-z_]*:\|^jpeg: pytorch\|torchvision" "$R/jpeg.log" \
+    | sed 's/, decoded {.*//' | head -60
+  tail -30 "$R/jpeg/jpeg.md" 2>/dev/null
+  ;;
+tests)
+  site=/tmp/longshore-gpu-site
+  python3 -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$site" gpu-python/wheels/*.whl
+  export PYTHONPATH="$site"
+  SANITIZER_SECS=0 OUT="$R" timeout 200 bash scripts/gpu-verify.sh 2>&1 | grep -v 'not run' | tail -8
+  OUT="$R" timeout 100 bash gpu-python/run.sh --no-bench > "$R/pytest-run.log" 2>&1; tail -4 "$R/pytest-run.log"
+  timeout 150 .gpu/bin/longshore-bench --only limits,loader --out "$R/bench" \
+    --data-dir /tmp/bdata > "$R/bench.log" 2>&1; echo "bench exit $?"
+  grep -i "tabular\|images" "$R/bench.log" | grep -i "best\|pick" | head -12
+  timeout 120 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+    --tabular 2000000 --workers 4,8 --rust-results "$R/bench/results.json" --out "$R/python.json" \
+    > "$R/python-bench.log" 2>&1; echo "python bench exit $?"; tail -8 "$R/python-bench.log"
+  LONGSHORE_EPOCH_TIMINGS=1 timeout 60 python3 gpu-python/bench/pump_timings.py --device cuda \
+    --workers 4,8 --rows 1048576 --epochs 3 --repeats 3 > "$R/pump.log" 2>&1; echo "pump exit $?"; tail -12 "$R/pump.log"
+  ;;
+esac
+rm -rf "$R"/*/data
+tar -czf "$out/$part.tar.gz" -C "$R" .
