@@ -453,3 +453,51 @@ fn lanes_yield_what_one_thread_yields() {
     }
     assert_eq!(loader.pool().stats().bytes_in_use, 0);
 }
+
+/// The lanes of an epoch are kept in the decoder and reused by the next epoch (their nvJPEG
+/// states are not made again), which then yields what the first did; counts add up.
+#[test]
+fn lanes_are_kept_across_epochs() {
+    let Some(dev) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = encoded(dir.path(), Compose::imagenet_val());
+    let n = data.folder().samples().len();
+    let loader = DataLoader::builder(data.clone())
+        .batch_size(4)
+        .num_workers(2)
+        .pin_memory(true)
+        .dataset_collate(EncodedCollate)
+        .build()
+        .unwrap();
+    let mut decoder = NvjpegDecoder::new(&dev, &data).unwrap();
+    assert_eq!(decoder.spare_lanes(), 0);
+    let stream: Stream = decoder.stream().clone();
+    let mut epochs = Vec::new();
+    for epoch in 1..=2u64 {
+        let mut it = loader.nvjpeg_lanes(decoder, 2, 2).unwrap();
+        let mut out = Vec::new();
+        for b in it.by_ref() {
+            let b = b.unwrap().wait().unwrap();
+            let px: Vec<f32> = b.read_images(&stream).unwrap();
+            out.push((b.indices().to_vec(), px));
+        }
+        decoder = it.into_decoder();
+        assert_eq!(decoder.spare_lanes(), 2, "epoch {epoch}");
+        let s = decoder.stats();
+        let counted = s.hardware + s.default_backend + s.cpu_fallback + s.worker;
+        assert_eq!(counted as usize, epoch as usize * n, "{s:?}");
+        epochs.push(out);
+    }
+    assert_eq!(epochs[0].len(), epochs[1].len());
+    for (a, b) in epochs[0].iter().zip(&epochs[1]) {
+        assert_eq!(a.0, b.0);
+        let worst =
+            a.1.iter()
+                .zip(&b.1)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "reused lanes changed pixels by {worst}");
+    }
+    assert_eq!(loader.pool().stats().bytes_in_use, 0);
+}

@@ -378,6 +378,22 @@ fn nvjpeg_ceiling(
         );
         out.insert(stage.name().into(), json!(r.images_per_s()));
     }
+    // The same decode on several threads at once, each with its own states and stream: more
+    // than one thread's rate means the host side of nvJPEG's call, not the engines, bounds one
+    // thread.
+    for threads in [2, 4] {
+        for stage in [CeilingStage::Decode, CeilingStage::Pipeline] {
+            let r = decoder.ceiling_threads(&host, stage, iterations, threads)?;
+            let name = format!("{}_threads_{threads}", stage.name());
+            eprintln!(
+                "jpeg: nvjpeg ceiling {name}: {:.0} images/s ({} images in {:.3} s)",
+                r.images_per_s(),
+                r.images,
+                r.seconds
+            );
+            out.insert(name, json!(r.images_per_s()));
+        }
+    }
     Ok(Value::Object(out))
 }
 
@@ -755,6 +771,14 @@ fn markdown(r: &Value) -> String {
             f(&ce["decode_checked"]),
             f(&ce["pipeline"]),
             f(&ce["pipeline_checked"]),
+        );
+        s += &format!(
+            "Several threads at once, each with its own states and stream (images/s together): \
+             decode on 2 threads {}, 4 threads {}; device stage on 2 threads {}, 4 threads {}\n",
+            f(&ce["decode_threads_2"]),
+            f(&ce["decode_threads_4"]),
+            f(&ce["pipeline_threads_2"]),
+            f(&ce["pipeline_threads_4"]),
         );
     }
     for name in ["train", "val"] {

@@ -91,6 +91,10 @@ pub struct NvjpegDecoder {
     stats: NvjpegStats,
     /// The end of the last timed phase: consecutive laps partition the stage's time.
     clock: Instant,
+    /// Lanes of an earlier epoch, kept with their states for the next one
+    /// ([`NvjpegIter::with_lanes`](super::NvjpegIter::with_lanes)): making a hardware state
+    /// costs hundreds of milliseconds.
+    spare_lanes: Vec<NvjpegDecoder>,
 }
 
 impl std::fmt::Debug for NvjpegDecoder {
@@ -213,6 +217,7 @@ impl NvjpegDecoder {
             verify: false,
             stats: NvjpegStats::default(),
             clock: Instant::now(),
+            spare_lanes: Vec::new(),
         };
         decoder.set_depth(2)?;
         if let Ok(v) = ffi::version() {
@@ -245,9 +250,38 @@ impl NvjpegDecoder {
             verify: self.verify,
             stats: NvjpegStats::default(),
             clock: Instant::now(),
+            spare_lanes: Vec::new(),
         };
         lane.set_depth(self.slots.len().saturating_sub(1))?;
         Ok(lane)
+    }
+
+    /// A lane for a parallel device stage: one kept from an earlier epoch (its states reused,
+    /// its settings brought up to date) or a new [`lane`](NvjpegDecoder::lane).
+    pub(crate) fn take_lane(&mut self) -> Result<NvjpegDecoder, TransferError> {
+        match self.spare_lanes.pop() {
+            Some(mut lane) => {
+                lane.on_error = self.on_error;
+                lane.verify = self.verify;
+                lane.backend = self.backend;
+                lane.set_depth(self.slots.len().saturating_sub(1))?;
+                lane.clock = Instant::now();
+                Ok(lane)
+            }
+            None => self.lane(),
+        }
+    }
+
+    /// Takes back a lane at the end of an epoch: its counts are added to this decoder's, and
+    /// it is kept for the next epoch's [`take_lane`](NvjpegDecoder::take_lane).
+    pub(crate) fn keep_lane(&mut self, mut lane: NvjpegDecoder) {
+        self.stats += &std::mem::take(&mut lane.stats);
+        self.spare_lanes.push(lane);
+    }
+
+    /// Lanes kept from earlier epochs.
+    pub fn spare_lanes(&self) -> usize {
+        self.spare_lanes.len()
     }
 
     /// Makes the device's context current on the calling thread (nvJPEG's calls use the
@@ -260,11 +294,6 @@ impl NvjpegDecoder {
             device: self.device.id(),
             what: "making the context current for an nvjpeg lane".into(),
         })
-    }
-
-    /// Adds `other`'s counts and times to this decoder's (a lane's, at the end of an epoch).
-    pub(crate) fn absorb_stats(&mut self, other: &NvjpegStats) {
-        self.stats += other;
     }
 
     /// What a sample that fails to decode in the device stage does (as the loader's

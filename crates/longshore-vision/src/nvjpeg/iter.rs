@@ -144,7 +144,8 @@ where
     /// [`NvjpegIter::new`] with the device stage on `lanes` threads, each keeping `depth`
     /// batches in flight (`lanes <= 1`: on the calling thread, as `new`). The lanes' decoders
     /// are [`lane`](NvjpegDecoder::lane)s of `decoder`; their counts are added to its own by
-    /// [`into_decoder`](NvjpegIter::into_decoder).
+    /// [`into_decoder`](NvjpegIter::into_decoder), which also keeps them in `decoder` for the
+    /// next epoch (with their nvJPEG states: an epoch with the same lanes makes none).
     ///
     /// # Errors
     /// [`LoaderError::Transfer`] when a lane's states or stream cannot be made;
@@ -160,7 +161,7 @@ where
     {
         let mut it = NvjpegIter::new(source, decoder, depth)?;
         for id in 0..if lanes > 1 { lanes } else { 0 } {
-            let dec = it.decoder.lane()?;
+            let dec = it.decoder.take_lane()?;
             let (job_tx, job_rx) = sync_channel::<Job>(it.depth);
             let (ans_tx, ans_rx) = sync_channel::<Answer>(it.depth);
             let thread = std::thread::Builder::new()
@@ -183,11 +184,11 @@ where
     }
 
     /// The decoder back, to decode the next epoch with the same states (with lanes: once
-    /// their threads have ended, with their counts added).
+    /// their threads have ended, with their counts added and the lanes kept in it).
     pub fn into_decoder(mut self) -> NvjpegDecoder {
         for mut lane in std::mem::take(&mut self.lanes) {
             if let Some(d) = lane.finish() {
-                self.decoder.absorb_stats(&d.stats());
+                self.decoder.keep_lane(d);
             }
         }
         self.decoder

@@ -3,6 +3,7 @@
 //! memory, then with the routing checks, then the whole device stage (routes, decode, kernel),
 //! so a benchmark can say how far the pipeline is from the library's own rate.
 
+use std::sync::Barrier;
 use std::time::Instant;
 
 use longshore_data::{Batch, Storage};
@@ -95,6 +96,89 @@ impl NvjpegDecoder {
         stage: CeilingStage,
         iterations: usize,
     ) -> Result<CeilingRun, LoaderError> {
+        self.ceiling_from(batch, stage, iterations, None)
+    }
+
+    /// [`ceiling`](NvjpegDecoder::ceiling) on `threads` threads at once, each with its own
+    /// [`lane`](NvjpegDecoder::lane) (states and stream; kept in this decoder afterwards),
+    /// their timed passes started together after each one's untimed pass: `images` is the sum
+    /// over the threads and `seconds` the longest thread's time, so the rate is what they
+    /// decode together. Tells whether the bound of one thread is the GPU's engines (no gain)
+    /// or the host side of nvJPEG's calls.
+    ///
+    /// # Errors
+    /// As [`ceiling`](NvjpegDecoder::ceiling); the first thread's error.
+    pub fn ceiling_threads<S: Storage + Sync>(
+        &mut self,
+        batch: &Batch<S>,
+        stage: CeilingStage,
+        iterations: usize,
+        threads: usize,
+    ) -> Result<CeilingRun, LoaderError> {
+        let threads = threads.max(1);
+        let mut lanes = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            lanes.push(self.take_lane()?);
+        }
+        let start = Barrier::new(threads);
+        let results: Vec<(NvjpegDecoder, Result<CeilingRun, LoaderError>)> =
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = lanes
+                    .into_iter()
+                    .map(|mut lane| {
+                        let start = &start;
+                        scope.spawn(move || {
+                            let r = match lane.bind() {
+                                Ok(()) => lane.ceiling_from(batch, stage, iterations, Some(start)),
+                                Err(e) => {
+                                    // The others wait for this thread at the barrier.
+                                    start.wait();
+                                    Err(e.into())
+                                }
+                            };
+                            (lane, r)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|p| {
+                            std::panic::resume_unwind(p);
+                        })
+                    })
+                    .collect()
+            });
+        let (mut images, mut seconds, mut first_err) = (0, 0f64, None);
+        for (lane, r) in results {
+            self.keep_lane(lane);
+            match r {
+                Ok(run) => {
+                    images += run.images;
+                    seconds = seconds.max(run.seconds);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(CeilingRun {
+                stage,
+                images,
+                seconds,
+            }),
+        }
+    }
+
+    fn ceiling_from<S: Storage>(
+        &mut self,
+        batch: &Batch<S>,
+        stage: CeilingStage,
+        iterations: usize,
+        start: Option<&Barrier>,
+    ) -> Result<CeilingRun, LoaderError> {
         let (rows, bytes) = entries(batch)?;
         let jpegs: Vec<(&[u8], (usize, usize), bool)> = rows
             .iter()
@@ -140,9 +224,14 @@ impl NvjpegDecoder {
                 }
             })
         };
+        let mut waited = false;
         let result = (|| {
-            pass(self, 0)?;
-            self.stream.synchronize()?;
+            let warm = pass(self, 0).and_then(|_| Ok(self.stream.synchronize()?));
+            if let Some(b) = start {
+                waited = true;
+                b.wait();
+            }
+            warm?;
             let t = Instant::now();
             let mut images = 0;
             for i in 0..iterations {
@@ -161,6 +250,9 @@ impl NvjpegDecoder {
         }
         self.sync_slots();
         self.verify = verify;
+        if let (Some(b), false) = (start, waited) {
+            b.wait();
+        }
         result
     }
 }
