@@ -5,6 +5,12 @@
 #                                       the GPU's engines, longshore CPU decoding, PyTorch +
 #                                       torchvision over workers 8/16/32 x pin_memory, and
 #                                       torchvision.io.decode_jpeg(device="cuda") + resize
+#   bash scripts/gpu-session.sh lanes   nvJPEG on 1, 2 and 4 device-stage threads (lanes now kept
+#                                       across epochs), with CPU shares 0 and 0.1; the ceiling on
+#                                       1, 2 and 4 threads; CPU decoding and PyTorch (16/32
+#                                       workers) in the same run
+#   bash scripts/gpu-session.sh scaling the Rust loader's limits, scaling and roofline sections
+#                                       (issue 14's curve, repeated)
 #   bash scripts/gpu-session.sh tests   every bundled test with CUDA required, pytest on the
 #                                       GPU, the Rust loader's limits/loader/scaling sections,
 #                                       the Python bench on the same shapes, the pump's timings
@@ -25,6 +31,20 @@ jpeg)
   grep "^jpeg: longshore\|^jpeg: nvjpeg ceiling [a-z_]*:\|^jpeg: pytorch\|torchvision" "$R/jpeg.log" \
     | sed 's/, decoded {.*//' | head -60
   tail -30 "$R/jpeg/jpeg.md" 2>/dev/null
+  ;;
+lanes)
+  LONGSHORE_REQUIRE_CUDA=1 timeout 520 .gpu/bin/jpeg-bench --decode both --workers 16,32 \
+    --nvjpeg-lanes 1,2,4 --cpu-share 0,0.1 --torch-workers 16,32 --nvjpeg-ceiling --epochs 2 \
+    --out "$R/jpeg" --data-dir /tmp/jdata > "$R/jpeg.log" 2>&1
+  echo "jpeg exit $?"
+  grep "^jpeg: longshore\|^jpeg: nvjpeg ceiling [a-z_0-9]*:\|^jpeg: pytorch\|torchvision" "$R/jpeg.log" \
+    | sed 's/, decoded {.*//' | head -60
+  tail -24 "$R/jpeg/jpeg.md" 2>/dev/null
+  ;;
+scaling)
+  timeout 540 .gpu/bin/longshore-bench --only limits,scaling,roofline --out "$R/bench" \
+    --data-dir /tmp/bdata > "$R/bench.log" 2>&1; echo "bench exit $?"
+  grep -A14 "^== scaling\|^== roofline" "$R/bench.log" | head -60
   ;;
 tests)
   site=/tmp/longshore-gpu-site
