@@ -8,7 +8,7 @@ use longshore_transfer::{DeviceBuffer, DeviceId, Event};
 
 use crate::error::DlpackError;
 use crate::ffi::{DLDevice, DLDeviceType};
-use crate::tensor::{DlpackTensor, Owner, Source};
+use crate::tensor::{DlpackTensor, Owner, Shared, Source};
 
 /// How page-locked host memory is labelled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -110,7 +110,7 @@ pub fn export_host<S: HostStorage>(
         let bytes: &mut [u8] = s;
         (bytes.as_mut_ptr(), bytes.len())
     };
-    let owner: Owner = shared;
+    let owner: Owner = Shared::owner(shared);
     let src = Source {
         base,
         len,
@@ -154,7 +154,7 @@ pub fn export_device(
     };
     let ready = ready.or_else(|| storage.ready_event());
     let (base, len) = (storage.device_ptr() as usize as *mut u8, storage.len());
-    let owner: Owner = Arc::new(storage);
+    let owner: Owner = Shared::owner(storage);
     let src = Source {
         base,
         len,
@@ -169,11 +169,10 @@ pub fn export_device(
 
 fn export_layout(layout: &BatchLayout, src: &Source<'_>) -> Result<Vec<DlpackTensor>, DlpackError> {
     // One event for the whole export, shared: a consumer waits for it once per batch
-    // (`hand_all_to`).
-    let ready = src
-        .ready
-        .filter(|e| !e.is_complete())
-        .map(|e| Arc::new(e.clone()));
+    // (`hand_all_to`). Not queried here: a query is a driver call, as much as the consumer's
+    // wait on an event that has completed, and the export runs once per batch on the thread
+    // that hands batches to the framework.
+    let ready = src.ready.map(|e| Arc::new(e.clone()));
     layout
         .tensors()
         .iter()

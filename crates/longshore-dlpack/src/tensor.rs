@@ -16,10 +16,53 @@ use crate::ffi::{
 };
 
 /// What keeps a batch's memory alive: the pool lease, host buffer or device buffer, shared by
-/// every tensor exported from the batch and dropped when the last deleter has run (and the
-/// consumer's stream has passed the point where it was released, see
+/// every tensor exported from the batch and dropped when the last deleter has run (and every
+/// consumer stream has passed the point where its tensor was released, see
 /// [`DlpackTensor::hand_to`]).
-pub(crate) type Owner = Arc<dyn Send + Sync>;
+pub(crate) type Owner = Arc<Shared>;
+
+/// The memory of one export and the consumer streams its released tensors were used on.
+///
+/// A tensor released before the others only notes its consumer stream here; the last one
+/// records one event on each distinct stream noted (usually one: a batch's tensors go to the
+/// same framework stream), and the memory is dropped once they all complete. Work a consumer
+/// enqueued on a stream before releasing a tensor precedes an event recorded on that stream
+/// later, so one event per stream and batch covers every tensor, where one per tensor cost
+/// a driver call and an event-watcher registration each.
+pub(crate) struct Shared {
+    memory: Box<dyn Send + Sync>,
+    streams: std::sync::Mutex<Vec<Stream>>,
+}
+
+impl Shared {
+    /// An owner of `memory`.
+    pub(crate) fn owner(memory: impl Send + Sync + 'static) -> Owner {
+        Arc::new(Shared {
+            memory: Box::new(memory),
+            streams: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Frees the memory once every noted stream has passed the event recorded on it now.
+    fn release_after_streams(self) {
+        let streams = self.streams.into_inner().unwrap_or_else(|p| p.into_inner());
+        let memory = Arc::new(self.memory);
+        for stream in streams {
+            let memory = memory.clone();
+            match stream.record() {
+                Ok(done) => done.on_complete(move || drop(memory)),
+                Err(e) => {
+                    // The consumer's stream is broken: wait for it as well as we can.
+                    tracing::error!(target: "longshore::dlpack", error = %e, "cannot record the release of an exported tensor on the consumer's stream; synchronising it");
+                    if let Err(e) = stream.synchronize() {
+                        tracing::error!(target: "longshore::dlpack", error = %e, "synchronising the consumer's stream failed");
+                    }
+                    drop(memory);
+                }
+            }
+        }
+    }
+}
 
 /// The allocation behind one exported tensor: both DLPack headers (versioned and legacy; the
 /// consumer receives one), the shape and strides they point to, and the share of the owner.
@@ -43,24 +86,22 @@ struct Holder {
 }
 
 impl Holder {
-    /// Drops the owner now, or once the consumer's stream has run what was enqueued so far.
+    /// Gives back this tensor's share of the owner: the memory is dropped when the last share
+    /// is, once each consumer stream noted by the tensors has run what was enqueued on it
+    /// before their release ([`Shared`]).
     fn release(mut self: Box<Self>) {
         let Some(owner) = self.owner.take() else {
             return;
         };
-        match self.consumer.take() {
-            None => drop(owner),
-            Some(stream) => match stream.record() {
-                Ok(done) => done.on_complete(move || drop(owner)),
-                Err(e) => {
-                    // The consumer's stream is broken: wait for it as well as we can, then free.
-                    tracing::error!(target: "longshore::dlpack", error = %e, "cannot record the release of an exported tensor on the consumer's stream; synchronising it");
-                    if let Err(e) = stream.synchronize() {
-                        tracing::error!(target: "longshore::dlpack", error = %e, "synchronising the consumer's stream failed");
-                    }
-                    drop(owner);
-                }
-            },
+        if let Some(stream) = self.consumer.take() {
+            let mut streams = owner.streams.lock().unwrap_or_else(|p| p.into_inner());
+            if !streams.iter().any(|s| s.id() == stream.id()) {
+                streams.push(stream);
+            }
+        }
+        // Exactly one share gets the owner back; the notes of the others happened before.
+        if let Some(shared) = Arc::into_inner(owner) {
+            shared.release_after_streams();
         }
     }
 }

@@ -237,3 +237,74 @@ fn hand_all_to_orders_every_tensor_of_every_export_and_defers_the_release() {
     consumer.synchronize().unwrap();
     assert!(eventually(|| pool.stats().bytes_in_use == 0));
 }
+
+/// The tensors of one batch released on two different consumer streams, in either order: the
+/// memory goes back only once both streams have run what they had enqueued before the
+/// release of their tensor (the last release records on every stream noted, not only on its
+/// own).
+#[test]
+fn a_batch_on_two_consumer_streams_waits_for_both() {
+    for first_released in [0usize, 1] {
+        let pool = pool(false);
+        let streams = [
+            Device::cpu().new_stream().unwrap(),
+            Device::cpu().new_stream().unwrap(),
+        ];
+        let mut tensors = export_host(batch(&pool, 0, 4), &ExportOptions::default()).unwrap();
+        assert_eq!(tensors.len(), 2);
+        let mut gates = Vec::new();
+        for (t, s) in tensors.iter_mut().zip(&streams) {
+            t.hand_to(s).unwrap();
+            let (go, gate) = mpsc::channel::<()>();
+            s.launch_host_fn(move || {
+                let _ = gate.recv();
+            })
+            .unwrap();
+            gates.push(go);
+        }
+        let raws: Vec<_> = tensors.into_iter().map(|t| t.into_raw()).collect();
+        for i in [first_released, 1 - first_released] {
+            // SAFETY: a live export, deleted once.
+            unsafe { ((*raws[i]).deleter.unwrap())(raws[i]) };
+        }
+        // Let the stream of the tensor released first finish: the other one still reads.
+        gates[first_released].send(()).unwrap();
+        streams[first_released].synchronize().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            pool.stats().bytes_in_use > 0,
+            "released first on stream {first_released}: the lease went back while the other stream could still read it"
+        );
+        let other = 1 - first_released;
+        gates[other].send(()).unwrap();
+        streams[other].synchronize().unwrap();
+        assert!(eventually(|| pool.stats().bytes_in_use == 0));
+        // And the other way: the stream of the tensor released last finishes first.
+        let mut tensors = export_host(batch(&pool, 0, 4), &ExportOptions::default()).unwrap();
+        let mut gates = Vec::new();
+        for (t, s) in tensors.iter_mut().zip(&streams) {
+            t.hand_to(s).unwrap();
+            let (go, gate) = mpsc::channel::<()>();
+            s.launch_host_fn(move || {
+                let _ = gate.recv();
+            })
+            .unwrap();
+            gates.push(go);
+        }
+        let raws: Vec<_> = tensors.into_iter().map(|t| t.into_raw()).collect();
+        for i in [first_released, other] {
+            // SAFETY: a live export, deleted once.
+            unsafe { ((*raws[i]).deleter.unwrap())(raws[i]) };
+        }
+        gates[other].send(()).unwrap();
+        streams[other].synchronize().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            pool.stats().bytes_in_use > 0,
+            "the lease went back while the stream of the tensor released first could still read it"
+        );
+        gates[first_released].send(()).unwrap();
+        streams[first_released].synchronize().unwrap();
+        assert!(eventually(|| pool.stats().bytes_in_use == 0));
+    }
+}
