@@ -234,15 +234,24 @@ fn check_pipeline_share(
 fn a_cpu_share_decodes_jpegs_in_the_workers_beside_the_engines() {
     let Some(dev) = gpu() else { return };
     let compose = Compose::train(64, Output::Normalized(Normalize::IMAGENET));
-    // write_mixed: 12 baseline JPEGs and one PNG (always decoded by a worker).
-    for (share, want) in [(0.0, 1..=1), (0.5, 2..=12), (1.0, 13..=13)] {
+    // write_mixed: 12 JPEGs and one PNG; at share 0 the workers decode the PNG and any
+    // progressive JPEG only.
+    let mut base = 0;
+    for share in [0.0, 0.5, 1.0] {
         let (counts, as_pixels) = check_pipeline_share(&dev, compose.clone(), "train", 2.0, share);
-        assert!(
-            want.contains(&as_pixels),
-            "share {share}: {as_pixels} of 13 as pixels"
-        );
         for count in counts {
             assert_eq!(count, as_pixels, "share {share}: decoded by the workers");
+        }
+        if share == 0.0 {
+            base = as_pixels;
+            assert!((1..13).contains(&base), "share 0: {base} of 13 as pixels");
+        } else if share == 0.5 {
+            assert!(
+                as_pixels > base && as_pixels < 13,
+                "share 0.5: {as_pixels} of 13 as pixels (share 0: {base})"
+            );
+        } else {
+            assert_eq!(as_pixels, 13, "share 1: every image");
         }
     }
 }
@@ -499,5 +508,81 @@ fn lanes_are_kept_across_epochs() {
                 .fold(0f32, f32::max);
         assert!(worst < 1e-4, "reused lanes changed pixels by {worst}");
     }
+    assert_eq!(loader.pool().stats().bytes_in_use, 0);
+}
+
+/// A CUDA share: part of each batch's hardware JPEGs is decoded by nvJPEG's GPU_HYBRID
+/// backend on a second stream beside the engines; the batch still matches the CPU Compose
+/// and every image is counted once. (Only where the GPU has JPEG engines.)
+#[test]
+fn a_cuda_share_decodes_beside_the_engines() {
+    let Some(dev) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let compose = Compose::train(64, Output::Normalized(Normalize::IMAGENET));
+    let data = encoded(dir.path(), compose.clone());
+    let n = data.folder().samples().len();
+    // The JPEGs the workers route to the engines; the share is half of them.
+    let hw = (0..n).filter(|&i| data.read(i).unwrap().hardware).count();
+    let share = (hw as f64 * 0.5).round() as u64;
+    let decoder = match NvjpegDecoder::with_backend(&dev, &data, Backend::Hardware) {
+        Ok(d) => d.cuda_share(0.5).unwrap(),
+        Err(e) => {
+            eprintln!("no hardware backend on this GPU, nothing to share: {e}");
+            return;
+        }
+    };
+    // Batches of 13: one batch.
+    let loader = DataLoader::builder(data.clone())
+        .batch_size(13)
+        .num_workers(2)
+        .pin_memory(true)
+        .dataset_collate(EncodedCollate)
+        .build()
+        .unwrap();
+    let stream: Stream = decoder.stream().clone();
+    let mut it = loader.nvjpeg(decoder, 2).unwrap();
+    let (mut worst_max, mut worst_mean, mut seen) = (0f32, 0f32, 0);
+    let mut by = Vec::new();
+    for batch in it.by_ref() {
+        let batch = batch.unwrap().wait().unwrap();
+        let got: Vec<f32> = batch.read_images(&stream).unwrap();
+        let per = 3 * 64 * 64;
+        by.extend_from_slice(batch.decoded_by());
+        for (k, &index) in batch.indices().iter().enumerate() {
+            let want = cpu_tensor(dir.path(), &compose, index);
+            let Output::Normalized(norm) = compose.output() else {
+                unreachable!()
+            };
+            let (max, mean) = compare_normalised(
+                &got[k * per..(k + 1) * per],
+                want.as_slice().unwrap(),
+                64 * 64,
+                norm,
+            );
+            worst_max = worst_max.max(max);
+            worst_mean = worst_mean.max(mean);
+            seen += 1;
+        }
+    }
+    let stats = it.into_decoder().stats();
+    eprintln!(
+        "cuda share 0.5: {stats:?}; vs the CPU Compose worst max {worst_max:.2}, worst mean {worst_mean:.3}"
+    );
+    assert_eq!(seen, n);
+    assert_eq!(stats.images() as usize, n);
+    assert_eq!(stats.gpu_hybrid_failures, 0);
+    assert!(share > 0, "{hw} hardware JPEGs");
+    assert_eq!(stats.gpu_hybrid, share, "{stats:?}");
+    assert_eq!(stats.hardware, hw as u64 - share, "{stats:?}");
+    assert_eq!(
+        by.iter().filter(|d| **d == DecodedBy::GpuHybrid).count() as u64,
+        share,
+        "{by:?}"
+    );
+    assert!(
+        worst_mean < 2.0,
+        "mean {worst_mean} levels (max {worst_max})"
+    );
     assert_eq!(loader.pool().stats().bytes_in_use, 0);
 }

@@ -32,6 +32,8 @@ pub use ceiling::{CeilingRun, CeilingStage};
 struct Handles {
     default: Arc<NvHandle>,
     hardware: Result<Arc<NvHandle>, String>,
+    /// `NVJPEG_BACKEND_GPU_HYBRID`, made on first use ([`NvjpegDecoder::cuda_share`]).
+    gpu: std::sync::OnceLock<Result<Arc<NvHandle>, String>>,
 }
 
 /// The per-batch state a decoder cycles through: one is reused only after the event of the
@@ -39,6 +41,8 @@ struct Handles {
 struct Slot {
     default: NvState,
     hardware: Option<NvState>,
+    /// A `GPU_HYBRID` state, with a CUDA share ([`NvjpegDecoder::cuda_share`]).
+    gpu: Option<NvState>,
     last: Option<Event>,
     /// Pixels the device stage decoded on the CPU (rare: JPEGs nvJPEG refuses), uploaded
     /// from here.
@@ -57,6 +61,8 @@ struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     Hardware,
+    /// nvJPEG's `GPU_HYBRID` backend, batched, on the side stream (the CUDA share).
+    Gpu,
     Default,
     /// RGB HWC bytes in the host batch.
     HostRgb,
@@ -95,6 +101,11 @@ pub struct NvjpegDecoder {
     /// ([`NvjpegIter::with_lanes`](super::NvjpegIter::with_lanes)): making a hardware state
     /// costs hundreds of milliseconds.
     spare_lanes: Vec<NvjpegDecoder>,
+    /// The share of the hardware-routed JPEGs of each batch decoded by the `GPU_HYBRID`
+    /// backend instead, on `side` ([`cuda_share`](NvjpegDecoder::cuda_share)).
+    cuda_share: f64,
+    /// The stream of the CUDA share's decode, beside the engines' work on `stream`.
+    side: Option<Stream>,
 }
 
 impl std::fmt::Debug for NvjpegDecoder {
@@ -189,6 +200,7 @@ impl NvjpegDecoder {
             Ok(Handles {
                 default: Arc::new(default),
                 hardware,
+                gpu: std::sync::OnceLock::new(),
             })
         })?;
         if backend == Backend::Hardware
@@ -218,6 +230,8 @@ impl NvjpegDecoder {
             stats: NvjpegStats::default(),
             clock: Instant::now(),
             spare_lanes: Vec::new(),
+            cuda_share: 0.0,
+            side: None,
         };
         decoder.set_depth(2)?;
         if let Ok(v) = ffi::version() {
@@ -251,6 +265,11 @@ impl NvjpegDecoder {
             stats: NvjpegStats::default(),
             clock: Instant::now(),
             spare_lanes: Vec::new(),
+            cuda_share: self.cuda_share,
+            side: match self.side {
+                Some(_) => Some(self.device.new_stream()?),
+                None => None,
+            },
         };
         lane.set_depth(self.slots.len().saturating_sub(1))?;
         Ok(lane)
@@ -264,6 +283,10 @@ impl NvjpegDecoder {
                 lane.on_error = self.on_error;
                 lane.verify = self.verify;
                 lane.backend = self.backend;
+                lane.cuda_share = self.cuda_share;
+                if self.side.is_some() && lane.side.is_none() {
+                    lane.side = Some(self.device.new_stream()?);
+                }
                 lane.set_depth(self.slots.len().saturating_sub(1))?;
                 lane.clock = Instant::now();
                 Ok(lane)
@@ -313,6 +336,54 @@ impl NvjpegDecoder {
         self
     }
 
+    /// Has nvJPEG's `GPU_HYBRID` backend (Huffman decoding and the rest on the GPU's CUDA
+    /// cores) decode `share` (0 to 1) of each batch's JPEGs that would go to the hardware
+    /// engines, in its own batched call on a second stream, so the engines and the CUDA cores
+    /// decode side by side. Default 0. Only where the engines are used
+    /// ([`uses_hardware`](NvjpegDecoder::uses_hardware)); elsewhere every JPEG already goes
+    /// to nvJPEG's default backend.
+    ///
+    /// The engines have a fixed rate (about 20,000 ImageNet-sized images/s on an H100 or
+    /// H200, batches of 256, whatever the number of threads calling them); DALI's
+    /// `hw_decoder_load` splits a batch the same way. If the `GPU_HYBRID` batch fails, its
+    /// images go to the engines with the rest. Values outside 0..=1 are clamped; NaN is 0.
+    ///
+    /// # Errors
+    /// [`TransferError::Cuda`] when the `GPU_HYBRID` handle or its states cannot be made;
+    /// driver errors making the second stream.
+    pub fn cuda_share(mut self, share: f64) -> Result<NvjpegDecoder, TransferError> {
+        let share = if share.is_nan() {
+            0.0
+        } else {
+            share.clamp(0.0, 1.0)
+        };
+        self.cuda_share = share;
+        if share > 0.0 && self.side.is_none() {
+            self.side = Some(self.device.new_stream()?);
+        }
+        let depth = self.slots.len().saturating_sub(1);
+        self.set_depth(depth)?;
+        Ok(self)
+    }
+
+    /// The `GPU_HYBRID` handle, made on first use.
+    fn gpu_handle(&self) -> Result<Arc<NvHandle>, TransferError> {
+        self.handles
+            .gpu
+            .get_or_init(|| {
+                NvHandle::new(ffi::BACKEND_GPU_HYBRID)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|code| TransferError::Cuda {
+                call: "nvjpegCreateEx",
+                code,
+                device: self.device.id(),
+                what: "creating an nvjpeg handle with NVJPEG_BACKEND_GPU_HYBRID".into(),
+            })
+    }
+
     /// The time since the last lap, and a new lap starts.
     pub(crate) fn lap(&mut self) -> Duration {
         let now = Instant::now();
@@ -348,6 +419,17 @@ impl NvjpegDecoder {
             s.keep.clear();
         }
         let id = self.device.id();
+        if self.cuda_share > 0.0 && use_hw {
+            let gpu = self.gpu_handle()?;
+            for s in &mut self.slots {
+                if s.gpu.is_none() {
+                    s.gpu = Some(
+                        NvState::new(gpu.clone())
+                            .map_err(|e| nv_err(e, id, "creating an nvjpeg GPU_HYBRID state"))?,
+                    );
+                }
+            }
+        }
         for _ in self.slots.len()..want {
             let default = NvState::new(self.handles.default.clone())
                 .map_err(|e| nv_err(e, id, "creating an nvjpeg state"))?;
@@ -358,9 +440,18 @@ impl NvjpegDecoder {
                 ),
                 _ => None,
             };
+            let gpu = if self.cuda_share > 0.0 && use_hw {
+                Some(
+                    NvState::new(self.gpu_handle()?)
+                        .map_err(|e| nv_err(e, id, "creating an nvjpeg GPU_HYBRID state"))?,
+                )
+            } else {
+                None
+            };
             self.slots.push(Slot {
                 default,
                 hardware,
+                gpu,
                 last: None,
                 keep: Vec::new(),
                 decoded: None,
@@ -490,6 +581,16 @@ impl NvjpegDecoder {
                 dropped: false,
             });
         }
+        if self.cuda_share > 0.0 && self.slots[slot_i].gpu.is_some() {
+            // The CUDA share: that many of the batch's hardware images, spread over the batch.
+            let hw: Vec<usize> = (0..items.len())
+                .filter(|&i| items[i].route == Route::Hardware)
+                .collect();
+            let k = (self.cuda_share * hw.len() as f64).round() as usize;
+            for j in 0..k {
+                items[hw[j * hw.len() / k]].route = Route::Gpu;
+            }
+        }
         let lap = self.lap();
         self.stats.route_time += lap;
         if items.is_empty() {
@@ -566,6 +667,7 @@ impl NvjpegDecoder {
         for it in &kept {
             match it.route {
                 Route::Hardware => self.stats.hardware += 1,
+                Route::Gpu => self.stats.gpu_hybrid += 1,
                 Route::Default => self.stats.default_backend += 1,
                 Route::HostRgb => self.stats.worker += 1,
                 Route::Kept(_) => self.stats.cpu_fallback += 1,
@@ -588,6 +690,7 @@ impl NvjpegDecoder {
                 .iter()
                 .map(|i| match i.route {
                     Route::Hardware => DecodedBy::Hardware,
+                    Route::Gpu => DecodedBy::GpuHybrid,
                     Route::Default => DecodedBy::Default,
                     Route::HostRgb => DecodedBy::Worker,
                     Route::Kept(_) => DecodedBy::CpuFallback,
@@ -599,15 +702,22 @@ impl NvjpegDecoder {
 
     /// The hardware batched decode alone (for [`ceiling`](NvjpegDecoder::ceiling)): `data[i]`
     /// (`dims[i]` = width x height) into the next slot's decode buffer, with nvJPEG's
-    /// per-image checks first when `checked`; returns the images decoded. The caller keeps
-    /// `data` alive and unchanged until the stream has synchronised.
+    /// per-image checks first when `checked`, or with the `GPU_HYBRID` backend instead when
+    /// `cuda`; returns the images decoded. The caller keeps `data` alive and unchanged until
+    /// the stream has synchronised.
     pub(super) fn decode_only(
         &mut self,
         data: &[&[u8]],
         dims: &[(usize, usize)],
         checked: bool,
+        cuda: bool,
     ) -> Result<usize, TransferError> {
         let slot_i = self.next_slot()?;
+        if cuda && self.slots[slot_i].gpu.is_none() {
+            let state = NvState::new(self.gpu_handle()?)
+                .map_err(|e| nv_err(e, self.device.id(), "creating an nvjpeg GPU_HYBRID state"))?;
+            self.slots[slot_i].gpu = Some(state);
+        }
         let mut n_ok = data.len();
         if checked {
             let e0 = EncodedEntry {
@@ -653,14 +763,20 @@ impl NvjpegDecoder {
                     .map(|(&(w, h), &a)| Image::planar(base + a as u64, w * h, w))
                     .collect();
                 let raw = self.stream.as_raw()?;
-                let state = self.slots[slot_i].hardware.as_mut().ok_or_else(|| {
+                let slot = &mut self.slots[slot_i];
+                let state = if cuda {
+                    slot.gpu.as_mut()
+                } else {
+                    slot.hardware.as_mut()
+                };
+                let state = state.ok_or_else(|| {
                     TransferError::Invalid("nvjpeg ceiling: no hardware backend here".into())
                 })?;
                 // SAFETY: each image's planes lie in the slot's decode buffer, sized above for
                 // `dims`, which the caller took from the files' headers; the bitstreams stay
                 // alive until the stream synchronises (the caller's promise).
                 unsafe { state.decode_batched(data, &mut images, raw) }
-                    .map_err(|e| nv_err(e, id, "nvjpeg ceiling: batched hardware decode"))
+                    .map_err(|e| nv_err(e, id, "nvjpeg ceiling: batched decode"))
             })
         };
         self.slots[slot_i].decoded = Some(dec);

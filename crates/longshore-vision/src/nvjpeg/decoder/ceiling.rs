@@ -24,6 +24,9 @@ pub enum CeilingStage {
     /// `nvjpegDecodeBatched` on the hardware backend alone, over the batch's JPEGs the workers
     /// routed to the engines.
     Decode,
+    /// The same JPEGs through `nvjpegDecodeBatched` on the `GPU_HYBRID` backend (the CUDA
+    /// cores, no engines): what a [CUDA share](NvjpegDecoder::cuda_share) can add.
+    DecodeCuda,
     /// The same, each image first checked with nvJPEG as the device stage did before the
     /// workers routed (`nvjpegGetImageInfo`, `nvjpegJpegStreamParse`,
     /// `nvjpegDecodeBatchedSupported`).
@@ -38,9 +41,10 @@ pub enum CeilingStage {
 
 impl CeilingStage {
     /// Every stage, in the order a benchmark reports them.
-    pub const ALL: [CeilingStage; 5] = [
+    pub const ALL: [CeilingStage; 6] = [
         CeilingStage::Walk,
         CeilingStage::Decode,
+        CeilingStage::DecodeCuda,
         CeilingStage::DecodeChecked,
         CeilingStage::Pipeline,
         CeilingStage::PipelineChecked,
@@ -51,6 +55,7 @@ impl CeilingStage {
         match self {
             CeilingStage::Walk => "walk",
             CeilingStage::Decode => "decode",
+            CeilingStage::DecodeCuda => "decode_cuda",
             CeilingStage::DecodeChecked => "decode_checked",
             CeilingStage::Pipeline => "pipeline",
             CeilingStage::PipelineChecked => "pipeline_checked",
@@ -207,7 +212,7 @@ impl NvjpegDecoder {
                     }
                     n
                 }
-                CeilingStage::Decode | CeilingStage::DecodeChecked => {
+                CeilingStage::Decode | CeilingStage::DecodeChecked | CeilingStage::DecodeCuda => {
                     if hw.is_empty() {
                         return Err(TransferError::Invalid(
                             "nvjpeg ceiling: the batch holds no jpeg the hardware engines take"
@@ -215,7 +220,12 @@ impl NvjpegDecoder {
                         )
                         .into());
                     }
-                    dec.decode_only(&hw, &dims, stage == CeilingStage::DecodeChecked)? as u64
+                    dec.decode_only(
+                        &hw,
+                        &dims,
+                        stage == CeilingStage::DecodeChecked,
+                        stage == CeilingStage::DecodeCuda,
+                    )? as u64
                 }
                 CeilingStage::Pipeline | CeilingStage::PipelineChecked => {
                     let mut fence = None;
