@@ -11,6 +11,11 @@
 #                                       workers) in the same run
 #   bash scripts/gpu-session.sh scaling the Rust loader's limits, scaling and roofline sections
 #                                       (issue 14's curve, repeated)
+#   bash scripts/gpu-session.sh hybrid  nvJPEG's GPU_HYBRID share beside the engines
+#                                       (cuda_share 0/0.1/0.2/0.3, the ceiling's GPU_HYBRID
+#                                       decode), PyTorch at 16/32 workers in the same run; the
+#                                       nvJPEG and DLPack CUDA tests; pytest on the GPU; the
+#                                       Python bench on the same shapes as the Rust loader
 #   bash scripts/gpu-session.sh tests   every bundled test with CUDA required, pytest on the
 #                                       GPU, the Rust loader's limits/loader/scaling sections,
 #                                       the Python bench on the same shapes, the pump's timings
@@ -40,6 +45,29 @@ lanes)
   grep "^jpeg: longshore\|^jpeg: nvjpeg ceiling [a-z_0-9]*:\|^jpeg: pytorch\|torchvision" "$R/jpeg.log" \
     | sed 's/, decoded {.*//' | head -60
   tail -24 "$R/jpeg/jpeg.md" 2>/dev/null
+  ;;
+hybrid)
+  for t in .gpu/tests/nvjpeg_decode-* .gpu/tests/nvjpeg_routes-* .gpu/tests/export_cuda-*; do
+    LONGSHORE_REQUIRE_CUDA=1 timeout 60 "$t" > "$R/$(basename "$t").log" 2>&1 \
+      && echo "ok: $(basename "$t") $(grep -h '^test result' "$R/$(basename "$t").log")" \
+      || { echo "FAILED: $(basename "$t")"; grep -h -A8 'panicked\|^failures' "$R/$(basename "$t").log" | head -30; }
+  done
+  site=/tmp/longshore-gpu-site
+  python3 -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$site" gpu-python/wheels/*.whl
+  export PYTHONPATH="$site"
+  OUT="$R" timeout 60 bash gpu-python/run.sh --no-bench > "$R/pytest-run.log" 2>&1; tail -2 "$R/pytest-run.log"
+  LONGSHORE_REQUIRE_CUDA=1 timeout 300 .gpu/bin/jpeg-bench --decode nvjpeg --workers 16 \
+    --cuda-share 0,0.1,0.2,0.3 --torch-workers 16,32 --nvjpeg-ceiling --epochs 2 \
+    --out "$R/jpeg" --data-dir /tmp/jdata > "$R/jpeg.log" 2>&1
+  echo "jpeg exit $?"
+  grep "^jpeg: longshore\|^jpeg: nvjpeg ceiling [a-z_0-9]*:\|^jpeg: pytorch" "$R/jpeg.log" \
+    | sed 's/, device stage.*//' | head -40
+  grep "longshore / PyTorch" "$R/jpeg/jpeg.md"
+  timeout 150 .gpu/bin/longshore-bench --only loader --out "$R/bench" \
+    --data-dir /tmp/bdata > "$R/bench.log" 2>&1; echo "bench exit $?"
+  timeout 110 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+    --tabular 2000000 --workers 4,8,16 --rust-results "$R/bench/results.json" --out "$R/python.json" \
+    > "$R/python-bench.log" 2>&1; echo "python bench exit $?"; tail -6 "$R/python-bench.log"
   ;;
 scaling)
   timeout 540 .gpu/bin/longshore-bench --only limits,scaling,roofline --out "$R/bench" \
