@@ -11,11 +11,10 @@
 #                                       workers) in the same run
 #   bash scripts/gpu-session.sh scaling the Rust loader's limits, scaling and roofline sections
 #                                       (issue 14's curve, repeated)
-#   bash scripts/gpu-session.sh hybrid  nvJPEG's GPU_HYBRID share beside the engines
-#                                       (cuda_share 0/0.1/0.2/0.3, the ceiling's GPU_HYBRID
-#                                       decode), PyTorch at 16/32 workers in the same run; the
-#                                       nvJPEG and DLPack CUDA tests; pytest on the GPU; the
-#                                       Python bench on the same shapes as the Rust loader
+#   bash scripts/gpu-session.sh hybrid  (run at commit d212009, with the experimental
+#                                       NvjpegDecoder::cuda_share, since removed) nvJPEG's
+#                                       GPU_HYBRID share beside the engines, PyTorch at 16/32
+#                                       workers; the nvJPEG and DLPack CUDA tests; pytest
 #   bash scripts/gpu-session.sh tests   every bundled test with CUDA required, pytest on the
 #                                       GPU, the Rust loader's limits/loader/scaling sections,
 #                                       the Python bench on the same shapes, the pump's timings
@@ -57,7 +56,7 @@ hybrid)
   export PYTHONPATH="$site"
   OUT="$R" timeout 60 bash gpu-python/run.sh --no-bench > "$R/pytest-run.log" 2>&1; tail -2 "$R/pytest-run.log"
   LONGSHORE_REQUIRE_CUDA=1 timeout 300 .gpu/bin/jpeg-bench --decode nvjpeg --workers 16 \
-    --cuda-share 0,0.1,0.2,0.3 --torch-workers 16,32 --nvjpeg-ceiling --epochs 2 \
+    --torch-workers 16,32 --nvjpeg-ceiling --epochs 2 \
     --out "$R/jpeg" --data-dir /tmp/jdata > "$R/jpeg.log" 2>&1
   echo "jpeg exit $?"
   grep "^jpeg: longshore\|^jpeg: nvjpeg ceiling [a-z_0-9]*:\|^jpeg: pytorch" "$R/jpeg.log" \
@@ -83,7 +82,7 @@ tests)
   timeout 150 .gpu/bin/longshore-bench --only limits,loader --out "$R/bench" \
     --data-dir /tmp/bdata > "$R/bench.log" 2>&1; echo "bench exit $?"
   grep -i "tabular\|images" "$R/bench.log" | grep -i "best\|pick" | head -12
-  timeout 120 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+  timeout 170 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
     --tabular 2000000 --workers 4,8 --rust-results "$R/bench/results.json" --out "$R/python.json" \
     > "$R/python-bench.log" 2>&1; echo "python bench exit $?"; tail -8 "$R/python-bench.log"
   LONGSHORE_EPOCH_TIMINGS=1 timeout 60 python3 gpu-python/bench/pump_timings.py --device cuda \

@@ -87,11 +87,6 @@ struct Args {
     /// GPU's engines, to sweep (`EncodedImages::cpu_share`).
     #[arg(long, value_delimiter = ',', default_value = "0")]
     cpu_share: Vec<f64>,
-    /// nvJPEG: shares of the hardware-routed JPEGs of each batch decoded by nvJPEG's
-    /// GPU_HYBRID backend (the CUDA cores) beside the engines, to sweep
-    /// (`NvjpegDecoder::cuda_share`).
-    #[arg(long, value_delimiter = ',', default_value = "0")]
-    cuda_share: Vec<f64>,
     /// Also measure what nvJPEG itself does on this GPU, one thread, no loader: the hardware
     /// batched decode alone on a batch of the folder's JPEGs in page-locked memory, with the
     /// routing checks, and the whole device stage (`NvjpegDecoder::ceiling`).
@@ -249,7 +244,7 @@ fn steady_nvjpeg(
     files: &EncodedImages,
     workers: usize,
     lanes: usize,
-    (cpu_share, cuda_share): (f64, f64),
+    cpu_share: f64,
     batch: usize,
     epochs: usize,
     device: &Device,
@@ -266,7 +261,7 @@ fn steady_nvjpeg(
     }
     let loader = b.build()?;
     let compute = device.new_stream()?;
-    let mut decoder = Some(NvjpegDecoder::new(device, files)?.cuda_share(cuda_share)?);
+    let mut decoder = Some(NvjpegDecoder::new(device, files)?);
     // Where each epoch's wall time goes, outside the device stage's own phases: starting the
     // epoch's iterator, its first batch, the rest, the final synchronise, taking the decoder
     // back; the warm-up epoch (index 0) apart from the timed ones (index 1).
@@ -321,8 +316,6 @@ fn steady_nvjpeg(
     run["lanes"] = json!(lanes);
     run["decoded"] = json!({
         "hardware": stats.hardware,
-        "gpu_hybrid": stats.gpu_hybrid,
-        "gpu_hybrid_failures": stats.gpu_hybrid_failures,
         "default_backend": stats.default_backend,
         "cpu_fallback": stats.cpu_fallback,
         "worker": stats.worker,
@@ -338,7 +331,6 @@ fn steady_nvjpeg(
     phases.insert("wall".into(), json!(us(stats.wall_time)));
     run["device_stage_us_per_image"] = Value::Object(phases);
     run["cpu_share_of_jpegs"] = json!(cpu_share);
-    run["cuda_share_of_jpegs"] = json!(cuda_share);
     // Per timed epoch, and the warm-up epoch (the decoder's states made, the workers started)
     // on its own.
     run["epoch_ms"] = epoch_json(&epoch_phases[1], epochs);
@@ -601,12 +593,7 @@ fn main() -> Result<()> {
                 Some(d) => {
                     let files = EncodedImages::new(folder.clone(), pipeline.clone())?;
                     let mut runs = Vec::new();
-                    let shares: Vec<(f64, f64)> = args
-                        .cpu_share
-                        .iter()
-                        .flat_map(|&c| args.cuda_share.iter().map(move |&g| (c, g)))
-                        .collect();
-                    let shares = &shares;
+                    let shares = &args.cpu_share;
                     let grid = workers.iter().flat_map(|&w| {
                         args.nvjpeg_lanes
                             .iter()
@@ -615,9 +602,7 @@ fn main() -> Result<()> {
                     for (w, lanes, share) in grid {
                         let r = steady_nvjpeg(&files, w, lanes, share, batch, epochs, d)?;
                         eprintln!(
-                            "jpeg: longshore nvjpeg {name} workers={w} lanes={lanes} cpu_share={} cuda_share={}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}, epoch ms {}",
-                            share.0,
-                            share.1,
+                            "jpeg: longshore nvjpeg {name} workers={w} lanes={lanes} cpu_share={share}: {:.0} images/s, cpu {:.0}%, decoded {}, device stage us/image {}, epoch ms {}",
                             r["samples_per_s"].as_f64().unwrap_or(0.0),
                             100.0 * r["cpu_share"].as_f64().unwrap_or(0.0),
                             r["decoded"],
@@ -803,12 +788,8 @@ fn markdown(r: &Value) -> String {
         if b["cpu_share_of_jpegs"].is_number() {
             s += &format!(
                 "\nnvJPEG, {name} (best run): {} of the JPEGs decoded by the workers \
-                 (`--cpu-share`), {} by the GPU_HYBRID backend (`--cuda-share`); per timed \
-                 epoch (ms) {}; warm-up epoch {}\n",
-                b["cpu_share_of_jpegs"],
-                b["cuda_share_of_jpegs"],
-                b["epoch_ms"],
-                b["warmup_epoch_ms"]
+                 (`--cpu-share`); per timed epoch (ms) {}; warm-up epoch {}\n",
+                b["cpu_share_of_jpegs"], b["epoch_ms"], b["warmup_epoch_ms"]
             );
         }
         if let Some(phases) = b["device_stage_us_per_image"].as_object() {

@@ -28,9 +28,6 @@ pub enum Backend {
 pub enum DecodedBy {
     /// nvJPEG's hardware backend, batched.
     Hardware,
-    /// nvJPEG's `GPU_HYBRID` backend, batched: the
-    /// [CUDA share](super::NvjpegDecoder::cuda_share).
-    GpuHybrid,
     /// nvJPEG's default backend, per image.
     Default,
     /// The CPU decoder in the device stage: a JPEG nvJPEG refused or that looked truncated.
@@ -53,11 +50,6 @@ pub enum DecodedBy {
 pub struct NvjpegStats {
     /// Images decoded by the hardware backend.
     pub hardware: u64,
-    /// Images decoded by the `GPU_HYBRID` backend (the
-    /// [CUDA share](super::NvjpegDecoder::cuda_share)).
-    pub gpu_hybrid: u64,
-    /// Times a `GPU_HYBRID` batch failed and its images went to the engines.
-    pub gpu_hybrid_failures: u64,
     /// Images decoded by the default backend.
     pub default_backend: u64,
     /// JPEGs decoded on the CPU by the device stage.
@@ -108,7 +100,7 @@ pub struct NvjpegStats {
 impl NvjpegStats {
     /// Every image the decoder delivered (all routes).
     pub fn images(&self) -> u64 {
-        self.hardware + self.gpu_hybrid + self.default_backend + self.cpu_fallback + self.worker
+        self.hardware + self.default_backend + self.cpu_fallback + self.worker
     }
 
     /// The timed phases, by name, in loop order (they sum to the wall time, less
@@ -155,8 +147,6 @@ impl NvjpegStats {
 impl std::ops::AddAssign<&NvjpegStats> for NvjpegStats {
     fn add_assign(&mut self, other: &NvjpegStats) {
         self.hardware += other.hardware;
-        self.gpu_hybrid += other.gpu_hybrid;
-        self.gpu_hybrid_failures += other.gpu_hybrid_failures;
         self.default_backend += other.default_backend;
         self.cpu_fallback += other.cpu_fallback;
         self.worker += other.worker;

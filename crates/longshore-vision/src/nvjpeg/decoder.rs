@@ -32,7 +32,8 @@ pub use ceiling::{CeilingRun, CeilingStage};
 struct Handles {
     default: Arc<NvHandle>,
     hardware: Result<Arc<NvHandle>, String>,
-    /// `NVJPEG_BACKEND_GPU_HYBRID`, made on first use ([`NvjpegDecoder::cuda_share`]).
+    /// `NVJPEG_BACKEND_GPU_HYBRID`, made on first use (the ceiling's
+    /// [`DecodeCuda`](super::CeilingStage::DecodeCuda) stage).
     gpu: std::sync::OnceLock<Result<Arc<NvHandle>, String>>,
 }
 
@@ -41,7 +42,7 @@ struct Handles {
 struct Slot {
     default: NvState,
     hardware: Option<NvState>,
-    /// A `GPU_HYBRID` state, with a CUDA share ([`NvjpegDecoder::cuda_share`]).
+    /// A `GPU_HYBRID` state, made by the ceiling's `DecodeCuda` stage.
     gpu: Option<NvState>,
     last: Option<Event>,
     /// Pixels the device stage decoded on the CPU (rare: JPEGs nvJPEG refuses), uploaded
@@ -61,8 +62,6 @@ struct Slot {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     Hardware,
-    /// nvJPEG's `GPU_HYBRID` backend, batched, on the side stream (the CUDA share).
-    Gpu,
     Default,
     /// RGB HWC bytes in the host batch.
     HostRgb,
@@ -101,11 +100,6 @@ pub struct NvjpegDecoder {
     /// ([`NvjpegIter::with_lanes`](super::NvjpegIter::with_lanes)): making a hardware state
     /// costs hundreds of milliseconds.
     spare_lanes: Vec<NvjpegDecoder>,
-    /// The share of the hardware-routed JPEGs of each batch decoded by the `GPU_HYBRID`
-    /// backend instead, on `side` ([`cuda_share`](NvjpegDecoder::cuda_share)).
-    cuda_share: f64,
-    /// The stream of the CUDA share's decode, beside the engines' work on `stream`.
-    side: Option<Stream>,
 }
 
 impl std::fmt::Debug for NvjpegDecoder {
@@ -230,8 +224,6 @@ impl NvjpegDecoder {
             stats: NvjpegStats::default(),
             clock: Instant::now(),
             spare_lanes: Vec::new(),
-            cuda_share: 0.0,
-            side: None,
         };
         decoder.set_depth(2)?;
         if let Ok(v) = ffi::version() {
@@ -265,11 +257,6 @@ impl NvjpegDecoder {
             stats: NvjpegStats::default(),
             clock: Instant::now(),
             spare_lanes: Vec::new(),
-            cuda_share: self.cuda_share,
-            side: match self.side {
-                Some(_) => Some(self.device.new_stream()?),
-                None => None,
-            },
         };
         lane.set_depth(self.slots.len().saturating_sub(1))?;
         Ok(lane)
@@ -283,10 +270,6 @@ impl NvjpegDecoder {
                 lane.on_error = self.on_error;
                 lane.verify = self.verify;
                 lane.backend = self.backend;
-                lane.cuda_share = self.cuda_share;
-                if self.side.is_some() && lane.side.is_none() {
-                    lane.side = Some(self.device.new_stream()?);
-                }
                 lane.set_depth(self.slots.len().saturating_sub(1))?;
                 lane.clock = Instant::now();
                 Ok(lane)
@@ -334,36 +317,6 @@ impl NvjpegDecoder {
     pub fn verify_routes(mut self, verify: bool) -> NvjpegDecoder {
         self.verify = verify;
         self
-    }
-
-    /// Has nvJPEG's `GPU_HYBRID` backend (Huffman decoding and the rest on the GPU's CUDA
-    /// cores) decode `share` (0 to 1) of each batch's JPEGs that would go to the hardware
-    /// engines, in its own batched call on a second stream, so the engines and the CUDA cores
-    /// decode side by side. Default 0. Only where the engines are used
-    /// ([`uses_hardware`](NvjpegDecoder::uses_hardware)); elsewhere every JPEG already goes
-    /// to nvJPEG's default backend.
-    ///
-    /// The engines have a fixed rate (about 20,000 ImageNet-sized images/s on an H100 or
-    /// H200, batches of 256, whatever the number of threads calling them); DALI's
-    /// `hw_decoder_load` splits a batch the same way. If the `GPU_HYBRID` batch fails, its
-    /// images go to the engines with the rest. Values outside 0..=1 are clamped; NaN is 0.
-    ///
-    /// # Errors
-    /// [`TransferError::Cuda`] when the `GPU_HYBRID` handle or its states cannot be made;
-    /// driver errors making the second stream.
-    pub fn cuda_share(mut self, share: f64) -> Result<NvjpegDecoder, TransferError> {
-        let share = if share.is_nan() {
-            0.0
-        } else {
-            share.clamp(0.0, 1.0)
-        };
-        self.cuda_share = share;
-        if share > 0.0 && self.side.is_none() {
-            self.side = Some(self.device.new_stream()?);
-        }
-        let depth = self.slots.len().saturating_sub(1);
-        self.set_depth(depth)?;
-        Ok(self)
     }
 
     /// The `GPU_HYBRID` handle, made on first use.
@@ -419,17 +372,6 @@ impl NvjpegDecoder {
             s.keep.clear();
         }
         let id = self.device.id();
-        if self.cuda_share > 0.0 && use_hw {
-            let gpu = self.gpu_handle()?;
-            for s in &mut self.slots {
-                if s.gpu.is_none() {
-                    s.gpu = Some(
-                        NvState::new(gpu.clone())
-                            .map_err(|e| nv_err(e, id, "creating an nvjpeg GPU_HYBRID state"))?,
-                    );
-                }
-            }
-        }
         for _ in self.slots.len()..want {
             let default = NvState::new(self.handles.default.clone())
                 .map_err(|e| nv_err(e, id, "creating an nvjpeg state"))?;
@@ -440,18 +382,10 @@ impl NvjpegDecoder {
                 ),
                 _ => None,
             };
-            let gpu = if self.cuda_share > 0.0 && use_hw {
-                Some(
-                    NvState::new(self.gpu_handle()?)
-                        .map_err(|e| nv_err(e, id, "creating an nvjpeg GPU_HYBRID state"))?,
-                )
-            } else {
-                None
-            };
             self.slots.push(Slot {
                 default,
                 hardware,
-                gpu,
+                gpu: None,
                 last: None,
                 keep: Vec::new(),
                 decoded: None,
@@ -581,16 +515,6 @@ impl NvjpegDecoder {
                 dropped: false,
             });
         }
-        if self.cuda_share > 0.0 && self.slots[slot_i].gpu.is_some() {
-            // The CUDA share: that many of the batch's hardware images, spread over the batch.
-            let hw: Vec<usize> = (0..items.len())
-                .filter(|&i| items[i].route == Route::Hardware)
-                .collect();
-            let k = (self.cuda_share * hw.len() as f64).round() as usize;
-            for j in 0..k {
-                items[hw[j * hw.len() / k]].route = Route::Gpu;
-            }
-        }
         let lap = self.lap();
         self.stats.route_time += lap;
         if items.is_empty() {
@@ -667,7 +591,6 @@ impl NvjpegDecoder {
         for it in &kept {
             match it.route {
                 Route::Hardware => self.stats.hardware += 1,
-                Route::Gpu => self.stats.gpu_hybrid += 1,
                 Route::Default => self.stats.default_backend += 1,
                 Route::HostRgb => self.stats.worker += 1,
                 Route::Kept(_) => self.stats.cpu_fallback += 1,
@@ -690,7 +613,6 @@ impl NvjpegDecoder {
                 .iter()
                 .map(|i| match i.route {
                     Route::Hardware => DecodedBy::Hardware,
-                    Route::Gpu => DecodedBy::GpuHybrid,
                     Route::Default => DecodedBy::Default,
                     Route::HostRgb => DecodedBy::Worker,
                     Route::Kept(_) => DecodedBy::CpuFallback,

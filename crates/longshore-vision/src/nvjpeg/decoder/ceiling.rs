@@ -25,7 +25,7 @@ pub enum CeilingStage {
     /// routed to the engines.
     Decode,
     /// The same JPEGs through `nvjpegDecodeBatched` on the `GPU_HYBRID` backend (the CUDA
-    /// cores, no engines): what a [CUDA share](NvjpegDecoder::cuda_share) can add.
+    /// cores, no engines).
     DecodeCuda,
     /// The same, each image first checked with nvJPEG as the device stage did before the
     /// workers routed (`nvjpegGetImageInfo`, `nvjpegJpegStreamParse`,

@@ -54,25 +54,6 @@ impl NvjpegDecoder {
         }
         let lap = self.lap();
         self.stats.upload_time += lap;
-        // 2a. The CUDA share: a GPU_HYBRID batched decode on the side stream, enqueued first so
-        //     that the CUDA cores work while this thread waits in the engines' call below; the
-        //     decoder's stream waits for it before the kernel. If it fails, its images go to
-        //     the engines with the rest.
-        let gpu: Vec<usize> = (0..items.len())
-            .filter(|&i| items[i].route == Route::Gpu)
-            .collect();
-        if !gpu.is_empty() {
-            let r = self.enqueue_gpu_hybrid(slot_i, &gpu, items, bytes, dec);
-            let lap = self.lap();
-            self.stats.decode_call_time += lap;
-            if let Err(e) = r {
-                self.stats.gpu_hybrid_failures += 1;
-                tracing::debug!(target: "longshore::vision", error = %e, images = gpu.len(), "GPU_HYBRID batch failed; its images go to the hardware engines");
-                for &i in &gpu {
-                    items[i].route = Route::Hardware;
-                }
-            }
-        }
         // 2. The hardware batch. If it fails as a whole (the workers' walk let through an
         //    image the engines refuse), its images are routed again one by one with nvJPEG's
         //    checks, and those the engines take are decoded in a second batch.
@@ -191,7 +172,7 @@ impl NvjpegDecoder {
         for (k, it) in items.iter().filter(|i| !i.dropped).enumerate() {
             let e = &it.entry;
             let (cs, rs, ps) = match it.route {
-                Route::Hardware | Route::Gpu | Route::Default => {
+                Route::Hardware | Route::Default => {
                     ((e.width * e.height) as i64, e.width as i64, 1)
                 }
                 _ => (1, (e.width * 3) as i64, 3),
@@ -266,54 +247,5 @@ fn check_plan(p: &crate::nvjpeg::SamplePlan, e: &EncodedEntry) -> Result<(), Tra
             "nvjpeg: sample {} has a crop box {:?} outside its {w}x{h} image",
             e.index, p
         )))
-    }
-}
-
-impl NvjpegDecoder {
-    /// The CUDA share's batched `GPU_HYBRID` decode of `items[gpu]` into the decode buffer at
-    /// `dec`, on the side stream, ordered after the decoder's stream's work so far (the
-    /// buffer's allocation, its earlier uses) and before its later work (the kernel).
-    fn enqueue_gpu_hybrid(
-        &mut self,
-        slot_i: usize,
-        gpu: &[usize],
-        items: &[super::Item],
-        bytes: &[u8],
-        dec: u64,
-    ) -> Result<(), TransferError> {
-        let id = self.device.id();
-        let side = self.side.clone().ok_or_else(|| {
-            TransferError::Invalid("nvjpeg: a CUDA share without its stream".into())
-        })?;
-        side.wait_event(&self.stream.record()?)?;
-        let data: Vec<&[u8]> = gpu
-            .iter()
-            .map(|&i| {
-                let e = &items[i].entry;
-                &bytes[e.offset..e.offset + e.len]
-            })
-            .collect();
-        let mut images: Vec<Image> = gpu
-            .iter()
-            .map(|&i| {
-                let e = &items[i].entry;
-                Image::planar(dec + items[i].at as u64, e.width * e.height, e.width)
-            })
-            .collect();
-        let raw = side.as_raw()?;
-        let state = self.slots[slot_i]
-            .gpu
-            .as_mut()
-            .ok_or_else(|| TransferError::Invalid("nvjpeg: no GPU_HYBRID state".into()))?;
-        // SAFETY: as for the hardware batch: each image's planes lie in the decode buffer at
-        // its offset (sized from the header's dimensions); the bitstreams are in the host
-        // batch, alive until the batch's event, which the decoder's stream records after
-        // waiting for the side stream below; `raw` is the side stream, of this context.
-        let r = unsafe { state.decode_batched(&data, &mut images, raw) }
-            .map_err(|e| super::nv_err(e, id, "batched GPU_HYBRID decode"));
-        // Whatever was enqueued, the decoder's stream waits for it (also on an error: the
-        // engines then write the same images, after it).
-        self.stream.wait_event(&side.record()?)?;
-        r
     }
 }
