@@ -13,6 +13,8 @@
 //! (one thread for every batch of every worker), and on an H200 host a CUDA batch's export
 //! (an event query, the capsules' allocations, the host lease's hand-back) cost 5.6-6.9 us of
 //! the pump's 33 us per tabular batch, while Python waited for the pump on almost every call.
+//! For the same reason a small batch's device copy is enqueued by `__next__` too
+//! ([`crate::upload`]); a large one's by the pump, ahead of Python.
 //!
 //! Guarantees:
 //! - A `KeyboardInterrupt` while waiting takes nothing from the queue: the next `__next__`
@@ -31,7 +33,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded};
 use longshore_dlpack::{DlpackError, DlpackTensor, ExportOptions, export_device, export_host};
 use longshore_loader::{LoaderError, LoaderState};
-use longshore_transfer::Device;
+use longshore_transfer::{Device, Stream};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -40,6 +42,7 @@ use crate::errors::{LoaderFailure, dlpack_err, loader_err};
 use crate::loader::{AnyLoader, Epoch, Handoff};
 use crate::tensor::PyTensor;
 use crate::torch::PyTorchConverter;
+use crate::upload::Uploader;
 
 /// Batches the pump may hold ready for Python, queued or being queued, when a batch is larger
 /// than [`SMALL_BATCH`] bytes.
@@ -86,6 +89,8 @@ pub(crate) struct Timings {
     next: AtomicU64,
     /// `__next__`: exporting a batch for DLPack.
     export: AtomicU64,
+    /// `__next__`: enqueuing a small batch's device copy (see [`crate::upload`]).
+    upload: AtomicU64,
     /// The pump: taking the loader's position after a batch.
     state: AtomicU64,
     /// The pump: handing a batch to the queue, waiting for room included.
@@ -102,8 +107,8 @@ pub(crate) struct Timings {
     wait: AtomicU64,
     /// `__next__` calls that found no batch ready and waited.
     waits: AtomicU64,
-    /// `__next__`: recording the position, exporting the batch and turning it into Python
-    /// values (the export included).
+    /// `__next__`: recording the position, enqueuing a small batch's copy, exporting the batch
+    /// and turning it into Python values (the copy and the export included).
     deliver: AtomicU64,
     /// Batches `__next__` delivered.
     delivered: AtomicU64,
@@ -210,7 +215,7 @@ impl Room {
 /// The bytes of a batch's tensors.
 fn batch_bytes(h: &Handoff) -> usize {
     match h {
-        Handoff::Host(b) => b.layout().total_bytes(),
+        Handoff::Host(b) | Handoff::Staged(b) => b.layout().total_bytes(),
         Handoff::Device(p) => p.batch.layout().total_bytes(),
         Handoff::Nvjpeg(p) => {
             let b = &p.batch;
@@ -269,6 +274,10 @@ fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackE
             export_device(&layout, storage, Some(p.ready), opts)
         }
         Handoff::Nvjpeg(p) => crate::nvjpeg::export(p, opts),
+        Handoff::Staged(_) => Err(DlpackError::Unsupported {
+            what: "a batch for the device",
+            reason: "its copy to the device was not enqueued".into(),
+        }),
     }
 }
 
@@ -280,6 +289,7 @@ fn pump(
     out: Sender<Ready>,
     room: Arc<Room>,
     timings: Option<Arc<Timings>>,
+    mut uploader: Option<Uploader>,
 ) {
     let t = timings.as_deref();
     let now = || t.map(|_| Instant::now());
@@ -291,10 +301,19 @@ fn pump(
             let next = epoch.next();
             lap(t, |t| &t.next, start);
             cpu_lap(t, |t| &t.next_cpu, cpu);
-            match next {
-                None => Reply::End,
-                Some(Err(e)) => Reply::Failed(e),
-                Some(Ok(h)) => Reply::Batch(Box::new(h)),
+            match (next, uploader.as_mut()) {
+                (None, _) => Reply::End,
+                (Some(Err(e)), _) => Reply::Failed(e),
+                // A large batch's copy starts now, ahead of Python (see `crate::upload`).
+                (Some(Ok(Handoff::Staged(b))), Some(up))
+                    if b.layout().total_bytes() > SMALL_BATCH =>
+                {
+                    match up.upload(b, |e| e.synchronize()) {
+                        Ok(p) => Reply::Batch(Box::new(Handoff::Device(p))),
+                        Err(e) => Reply::Failed(e.into()),
+                    }
+                }
+                (Some(Ok(h)), _) => Reply::Batch(Box::new(h)),
             }
         })) {
             Ok(r) => r,
@@ -411,6 +430,8 @@ pub(crate) struct PyEpoch {
     single: bool,
     opts: ExportOptions,
     timings: Option<Arc<Timings>>,
+    /// Enqueues the copies of the small batches the pump leaves to `__next__` (device epochs).
+    uploader: Mutex<Option<Uploader>>,
 }
 
 impl Drop for PyEpoch {
@@ -422,7 +443,9 @@ impl Drop for PyEpoch {
 }
 
 impl PyEpoch {
-    /// Starts the pump of `epoch`; `position` has already begun epoch `id`.
+    /// Starts the pump of `epoch`; `position` has already begun epoch `id`. `copies`: the
+    /// copy stream of an epoch that yields [`Handoff::Staged`] batches.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         epoch: Epoch,
         loader: Arc<dyn AnyLoader>,
@@ -431,6 +454,7 @@ impl PyEpoch {
         id: u64,
         convert: Convert,
         single: bool,
+        copies: Option<Stream>,
     ) -> PyResult<Self> {
         // The pump holds one batch while it waits for room: the queue holds the rest; large
         // batches wait for the queue to hold fewer than `AHEAD - 1`.
@@ -441,7 +465,10 @@ impl PyEpoch {
         let pump_timings = timings.clone();
         std::thread::Builder::new()
             .name("longshore-epoch".into())
-            .spawn(move || pump(epoch, loader, tx, pump_room, pump_timings))
+            .spawn({
+                let uploader = copies.clone().map(Uploader::new);
+                move || pump(epoch, loader, tx, pump_room, pump_timings, uploader)
+            })
             .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
             ready: Mutex::new(Some(rx)),
@@ -452,7 +479,26 @@ impl PyEpoch {
             single,
             opts,
             timings,
+            uploader: Mutex::new(copies.map(Uploader::new)),
         })
+    }
+
+    /// Enqueues the copy of a batch the pump left to `__next__`, waiting (the GIL released)
+    /// if the copies in flight are at their bound; other batches pass as they are.
+    fn stage(&self, py: Python<'_>, h: Handoff) -> Result<Handoff, LoaderError> {
+        let Handoff::Staged(b) = h else {
+            return Ok(h);
+        };
+        let start = self.timings.as_ref().map(|_| Instant::now());
+        let mut up = self.uploader.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(up) = up.as_mut() else {
+            return Err(LoaderError::State(
+                "a batch for the device came from an epoch without a copy stream".into(),
+            ));
+        };
+        let p = up.upload(b, |e| py.detach(move || e.synchronize()))?;
+        lap(self.timings.as_deref(), |t| &t.upload, start);
+        Ok(Handoff::Device(p))
     }
 
     /// The Python value of one batch.
@@ -541,8 +587,13 @@ impl PyEpoch {
             Reply::Batch(handoff) => {
                 let start = self.timings.as_ref().map(|_| Instant::now());
                 self.position.received(self.id, state);
-                let tensors = export(*handoff, &self.opts);
-                lap(self.timings.as_deref(), |t| &t.export, start);
+                let handoff = match self.stage(py, *handoff) {
+                    Ok(h) => h,
+                    Err(e) => return Err(loader_err(e)),
+                };
+                let exported = self.timings.as_ref().map(|_| Instant::now());
+                let tensors = export(handoff, &self.opts);
+                lap(self.timings.as_deref(), |t| &t.export, exported);
                 let out = tensors
                     .map_err(dlpack_err)
                     .and_then(|t| self.deliver(py, t))
@@ -576,6 +627,7 @@ impl PyEpoch {
         for (k, v) in [
             ("pump_next_ns", &t.next),
             ("export_ns", &t.export),
+            ("upload_ns", &t.upload),
             ("pump_state_ns", &t.state),
             ("pump_send_ns", &t.send),
             ("pumped", &t.pumped),

@@ -11,6 +11,7 @@ mod loader;
 mod nvjpeg;
 mod tensor;
 mod torch;
+mod upload;
 mod vision;
 
 use pyo3::prelude::*;

@@ -25,6 +25,9 @@ use crate::vision::PyImageFolder;
 /// What an epoch yields before export: a host batch or a prefetched device batch.
 pub(crate) enum Handoff {
     Host(Batch<PoolBuffer>),
+    /// A host batch still to be copied to the epoch's device (by the epoch thread or by
+    /// `__next__`: see [`crate::upload`]).
+    Staged(Batch<PoolBuffer>),
     Device(Prefetched<DeviceBatch>),
     /// A batch decoded on the device by nvJPEG.
     Nvjpeg(Prefetched<NvjpegBatch>),
@@ -34,7 +37,14 @@ pub(crate) type Epoch = Box<dyn Iterator<Item = Result<Handoff, LoaderError>> + 
 
 /// A loader of any dataset type, as the binding drives it.
 pub(crate) trait AnyLoader: Send + Sync {
-    fn epoch(&self, device: Option<&Device>, depth: usize) -> Result<Epoch, LoaderError>;
+    /// An epoch's batches; with a device, `staged` asks for host batches ([`Handoff::Staged`])
+    /// where the loader can leave the copies to its caller, else prefetched device batches.
+    fn epoch(
+        &self,
+        device: Option<&Device>,
+        depth: usize,
+        staged: bool,
+    ) -> Result<Epoch, LoaderError>;
     fn len(&self) -> Option<usize>;
     fn set_epoch(&self, epoch: u64);
     fn state_dict(&self) -> Result<LoaderState, LoaderError>;
@@ -44,9 +54,20 @@ pub(crate) trait AnyLoader: Send + Sync {
 }
 
 impl<F: Fetch<Output = Batch<PoolBuffer>>> AnyLoader for DataLoader<F> {
-    fn epoch(&self, device: Option<&Device>, depth: usize) -> Result<Epoch, LoaderError> {
+    fn epoch(
+        &self,
+        device: Option<&Device>,
+        depth: usize,
+        staged: bool,
+    ) -> Result<Epoch, LoaderError> {
         Ok(match device {
             None => Box::new(self.iter().map(|r| r.map(Handoff::Host))),
+            Some(d) if staged => {
+                // What `to_device` does before its first batch: the workers move to the
+                // device's CPUs and the pool to its NUMA node.
+                self.place_for(d);
+                Box::new(self.iter().map(|r| r.map(Handoff::Staged)))
+            }
             Some(d) => Box::new(self.to_device(d, depth)?.map(|r| r.map(Handoff::Device))),
         })
     }
@@ -68,6 +89,13 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> AnyLoader for DataLoader<F> {
     fn reset_stats(&self) {
         DataLoader::reset_stats(self)
     }
+}
+
+/// Whether `LONGSHORE_UPLOAD_IN_PUMP` (a benchmark switch, read when an epoch starts) asks for
+/// every device copy to be enqueued by the epoch thread, as before `crate::upload`: set to a
+/// non-empty value other than `0`.
+fn upload_in_pump() -> bool {
+    matches!(std::env::var_os("LONGSHORE_UPLOAD_IN_PUMP"), Some(v) if !v.is_empty() && v != "0")
 }
 
 /// The loader's options, as PyTorch names them.
@@ -204,7 +232,8 @@ pub(crate) struct PyLoader {
 impl PyLoader {
     #[new]
     #[pyo3(signature = (dataset, batch_size, shuffle, num_workers, pin_memory, drop_last,
-        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host", decode = "cpu"))]
+        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host", decode = "cpu",
+        cpu_backend = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -222,6 +251,7 @@ impl PyLoader {
         pool: Option<PyRef<'_, PyPinnedPool>>,
         pinned_label: &str,
         decode: &str,
+        cpu_backend: bool,
     ) -> PyResult<Self> {
         let pinned = match pinned_label {
             "cuda_host" => PinnedLabel::CudaHost,
@@ -301,15 +331,26 @@ impl PyLoader {
                 ));
             }
         };
-        let device = device
-            .map(|i| py.detach(|| Device::cuda(i)))
-            .transpose()
-            .map_err(transfer_err)?;
+        let cuda = device.is_some();
+        let device = match (device, cpu_backend) {
+            (Some(_), true) => {
+                return Err(PyValueError::new_err(
+                    "cpu_backend (a test hook) takes the place of a CUDA device: give one or the other",
+                ));
+            }
+            // Test hook: "device" batches on longshore-transfer's Cpu backend (host memory with
+            // asynchronous copies and events), so the device path runs without a GPU.
+            (None, true) => Some(Device::cpu()),
+            (i, false) => i
+                .map(|i| py.detach(|| Device::cuda(i)))
+                .transpose()
+                .map_err(transfer_err)?,
+        };
         let options = Options {
             batch_size,
             shuffle,
             num_workers,
-            pin_memory: pin_memory || device.is_some(),
+            pin_memory: pin_memory || cuda,
             drop_last,
             prefetch_factor,
             persistent_workers,
@@ -346,16 +387,23 @@ impl PyLoader {
                 Err(_) => Convert::Each(c.unbind()),
             },
         };
-        let (epoch, id) = py
+        let epoch = py
             .detach(|| {
                 // The epoch's iterator first (it sets the loader's progress for this epoch and
                 // pulls no batch yet), then where Python stands until it receives this
                 // epoch's first batch: the new epoch's start, not the abandoned one's.
-                let epoch = self.inner.epoch(self.device.as_ref(), self.depth)?;
+                let staged = self.device.is_some() && !upload_in_pump();
+                let epoch = self.inner.epoch(self.device.as_ref(), self.depth, staged)?;
+                // The copy stream both sides enqueue staged batches' copies on.
+                let copies = match (&self.device, staged) {
+                    (Some(d), true) => Some(d.new_stream()?),
+                    _ => None,
+                };
                 let id = self.position.begin(self.inner.state_dict().ok());
-                Ok::<_, LoaderError>((epoch, id))
+                Ok::<_, LoaderError>((epoch, copies, id))
             })
             .map_err(loader_err)?;
+        let (epoch, copies, id) = epoch;
         PyEpoch::start(
             epoch,
             self.inner.clone(),
@@ -364,6 +412,7 @@ impl PyLoader {
             id,
             convert,
             self.single,
+            copies,
         )
     }
 
@@ -430,5 +479,58 @@ impl PyLoader {
 
     fn reset_stats(&self) {
         self.inner.reset_stats()
+    }
+
+    /// For benchmarks: runs `epochs` whole epochs of this loader in Rust on the calling
+    /// thread, the GIL released, consuming each batch as the Rust bench's consumer does
+    /// (`wait_on` a compute stream of the loader's device, then dropped; without a device, its
+    /// first and last bytes read), with no epoch thread, export or conversion; returns
+    /// `(samples, seconds)`. The same loader (and its persistent workers) then measures what
+    /// the binding costs against the Rust side in one process.
+    fn _drain_in_rust(&self, py: Python<'_>, epochs: usize) -> PyResult<(usize, f64)> {
+        let drained = py.detach(|| -> Result<(usize, f64), String> {
+            let cs = self
+                .device
+                .as_ref()
+                .map(Device::new_stream)
+                .transpose()
+                .map_err(|e| e.to_string())?;
+            let start = std::time::Instant::now();
+            let mut samples = 0usize;
+            for _ in 0..epochs {
+                let epoch = self
+                    .inner
+                    .epoch(self.device.as_ref(), self.depth, false)
+                    .map_err(|e| e.to_string())?;
+                for h in epoch {
+                    samples += match (h.map_err(|e| e.to_string())?, &cs) {
+                        (Handoff::Host(b), _) => {
+                            let bytes = b.bytes();
+                            std::hint::black_box(
+                                bytes.first().copied().unwrap_or(0)
+                                    ^ bytes.last().copied().unwrap_or(0),
+                            );
+                            b.batch_size()
+                        }
+                        (Handoff::Device(p), Some(cs)) => {
+                            p.wait_on(cs).map_err(|e| e.to_string())?.batch_size()
+                        }
+                        (Handoff::Nvjpeg(p), Some(cs)) => {
+                            p.wait_on(cs).map_err(|e| e.to_string())?.batch_size()
+                        }
+                        (Handoff::Staged(_), _) | (_, None) => {
+                            return Err("a device batch without a device".into());
+                        }
+                    };
+                }
+            }
+            if let Some(cs) = &cs {
+                cs.synchronize().map_err(|e| e.to_string())?;
+            }
+            Ok((samples, start.elapsed().as_secs_f64()))
+        });
+        // The loader's own position applies again.
+        self.position.clear();
+        drained.map_err(LoaderFailure::new_err)
     }
 }

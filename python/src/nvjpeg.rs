@@ -24,7 +24,12 @@ struct NvjpegSource<F: Fetch> {
 }
 
 impl<F: Fetch<Output = Batch<PoolBuffer>>> AnyLoader for NvjpegSource<F> {
-    fn epoch(&self, device: Option<&Device>, depth: usize) -> Result<Epoch, LoaderError> {
+    fn epoch(
+        &self,
+        device: Option<&Device>,
+        depth: usize,
+        _staged: bool,
+    ) -> Result<Epoch, LoaderError> {
         let device = device.ok_or_else(|| LoaderError::Config {
             option: "decode",
             reason: "decode=\"nvjpeg\" decodes on a GPU: it needs device=\"cuda\"".into(),

@@ -140,6 +140,18 @@ def test_stats(files):
     assert dl.stats["batches"] == 0
 
 
+def test_drain_in_rust_runs_whole_epochs_and_leaves_the_position(files):
+    # The benchmark's Rust-side consumer: whole epochs, every sample, on the same loader.
+    dl = loader(longshore.NpyDataset([files["x"], files["y"]]), batch_size=16, shuffle=True,
+                drop_last=True, num_workers=2, persistent_workers=True, seed=1)
+    n, secs = dl._loader._drain_in_rust(3)
+    assert n == 3 * 96 and secs > 0.0
+    assert dl.state_dict()["epoch"] == 3
+    # Python's iteration goes on from there: the next epoch, whole.
+    assert sum(b[0].shape[0] for b in dl) == 96
+    assert dl.state_dict()["epoch"] == 4
+
+
 def test_missing_and_bad_files_name_the_file(files, tmp_path):
     missing = str(tmp_path / "nope.npy")
     with pytest.raises(FileNotFoundError, match="nope.npy"):
