@@ -15,6 +15,10 @@
 #                                       NvjpegDecoder::cuda_share, since removed) nvJPEG's
 #                                       GPU_HYBRID share beside the engines, PyTorch at 16/32
 #                                       workers; the nvJPEG and DLPack CUDA tests; pytest
+#   bash scripts/gpu-session.sh python  pytest on the GPU; the pump's timings and the Python bench
+#                                       (against the same loader driven in Rust, in the same
+#                                       process) with small batches' copies enqueued by __next__
+#                                       and by the epoch thread; the bench with PyTorch
 #   bash scripts/gpu-session.sh tests   every bundled test with CUDA required, pytest on the
 #                                       GPU, the Rust loader's limits/loader/scaling sections,
 #                                       the Python bench on the same shapes, the pump's timings
@@ -72,6 +76,25 @@ scaling)
   timeout 540 .gpu/bin/longshore-bench --only limits,scaling,roofline --out "$R/bench" \
     --data-dir /tmp/bdata > "$R/bench.log" 2>&1; echo "bench exit $?"
   grep -A14 "^== scaling\|^== roofline" "$R/bench.log" | head -60
+  ;;
+python)
+  # Needs only gpu-python/ (python/gpu-artifacts.sh).
+  site=/tmp/longshore-gpu-site
+  python3 -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$site" gpu-python/wheels/*.whl
+  export PYTHONPATH="$site"
+  OUT="$R" timeout 150 bash gpu-python/run.sh --no-bench > "$R/pytest-run.log" 2>&1; tail -4 "$R/pytest-run.log"
+  LONGSHORE_EPOCH_TIMINGS=1 timeout 100 python3 gpu-python/bench/pump_timings.py --device cuda \
+    --workers 4,8 --rows 1048576 --epochs 3 --repeats 3 --copies split,pump > "$R/pump.log" 2>&1
+  echo "pump exit $?"; tail -10 "$R/pump.log"
+  for mode in split pump; do
+    LONGSHORE_UPLOAD_IN_PUMP=$([ $mode = pump ] && echo 1 || echo 0) timeout 150 python3 \
+      gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 --tabular 2000000 \
+      --workers 4,8,16 --rounds 3 --no-torch --out "$R/python-$mode.json" \
+      > "$R/python-$mode.log" 2>&1; echo "python bench ($mode) exit $?"; grep "^|" "$R/python-$mode.log"
+  done
+  timeout 200 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+    --tabular 2000000 --workers 8,16 --rounds 1 --out "$R/python-torch.json" \
+    > "$R/python-torch.log" 2>&1; echo "python bench (torch) exit $?"; grep "^|" "$R/python-torch.log"
   ;;
 tests)
   site=/tmp/longshore-gpu-site

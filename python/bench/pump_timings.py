@@ -71,6 +71,29 @@ def run(dl, convert, epochs):
     return n, wall / n * 1e6, py / n * 1e6, acc, cpu / n * 1e6
 
 
+def report(nw, case, runs):
+    best = min(runs, key=lambda r: r[1])
+    n, wall, _, acc, _ = best
+    py = min(r[2] for r in runs)
+    cpu = min(r[4] for r in runs)
+    if acc:
+        b = acc["pumped"] or 1
+        d = acc["delivered"] or 1
+        def us(k, per):
+            return f"{acc[k] / per / 1000:.2f}"
+
+        cells = " | ".join([
+            us("pump_cpu_ns", b),
+            f"{us('pump_next_ns', b)} ({us('pump_next_cpu_ns', b)})",
+            us("upload_ns", d), us("export_ns", d), us("pump_state_ns", b),
+            f"{us('pump_send_ns', b)} ({us('pump_send_cpu_ns', b)})",
+            us("next_wait_ns", d), us("next_deliver_ns", d)])
+        cells += f" | {100 * acc['next_waits'] / d:.0f}"
+    else:
+        cells = " | ".join("-" for _ in range(9))
+    print(f"| {nw} | {case} | {wall:.1f} | {cpu:.1f} | {py:.1f} | {cells} |", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1 << 20)
@@ -81,6 +104,10 @@ def main():
     ap.add_argument("--cases", default=None, help="default: raw,numpy (host), raw,fast (cuda)")
     ap.add_argument("--device", default=None, help="e.g. cuda: batches on the GPU")
     ap.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "longshore-pt"))
+    ap.add_argument("--copies", default="split",
+                    help="with --device: who enqueues small batches' copies, comma-separated, "
+                         "alternated run by run: split (__next__) and/or pump (the epoch thread, "
+                         "LONGSHORE_UPLOAD_IN_PUMP=1)")
     args = ap.parse_args()
     if args.cases is None:
         args.cases = "raw,fast" if args.device else "raw,numpy"
@@ -88,9 +115,9 @@ def main():
     ds = longshore.NpyDataset(make(args.data_dir, args.rows))
     print(f"rows={args.rows} batch={args.batch} epochs={args.epochs} repeats={args.repeats} "
           f"cores={os.cpu_count()}")
-    print("| workers | case | wall us | process cpu us | py-cpu us | pump-cpu us | pump next (cpu) | export | state | send (cpu) | "
+    print("| workers | case | wall us | process cpu us | py-cpu us | pump-cpu us | pump next (cpu) | upload | export | state | send (cpu) | "
           "next wait | deliver | waited % |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for nw in [int(w) for w in args.workers.split(",")]:
         torchy = args.device is not None or "fast" in args.cases
         dl = longshore.DataLoader(ds, batch_size=args.batch, num_workers=nw, shuffle=True,
@@ -99,27 +126,14 @@ def main():
                                   framework="torch" if torchy else "numpy")
         for case in args.cases.split(","):
             convert = {"raw": None, "numpy": np.from_dlpack}.get(case, dl._convert)
-            runs = [run(dl, convert, args.epochs) for _ in range(args.repeats)]
-            best = min(runs, key=lambda r: r[1])
-            n, wall, _, acc, _ = best
-            py = min(r[2] for r in runs)
-            cpu = min(r[4] for r in runs)
-            if acc:
-                b = acc["pumped"] or 1
-                d = acc["delivered"] or 1
-                def us(k, per):
-                    return f"{acc[k] / per / 1000:.2f}"
-
-                cells = " | ".join([
-                    us("pump_cpu_ns", b),
-                    f"{us('pump_next_ns', b)} ({us('pump_next_cpu_ns', b)})",
-                    us("export_ns", d), us("pump_state_ns", b),
-                    f"{us('pump_send_ns', b)} ({us('pump_send_cpu_ns', b)})",
-                    us("next_wait_ns", d), us("next_deliver_ns", d)])
-                cells += f" | {100 * acc['next_waits'] / d:.0f}"
-            else:
-                cells = " | ".join("-" for _ in range(8))
-            print(f"| {nw} | {case} | {wall:.1f} | {cpu:.1f} | {py:.1f} | {cells} |", flush=True)
+            modes = args.copies.split(",") if args.device else ["host"]
+            by_mode = {m: [] for m in modes}
+            for _ in range(args.repeats):
+                for m in modes:
+                    os.environ["LONGSHORE_UPLOAD_IN_PUMP"] = "1" if m == "pump" else "0"
+                    by_mode[m].append(run(dl, convert, args.epochs))
+            for m in modes:
+                report(nw, case if m == "host" else f"{case}, copies: {m}", by_mode[m])
 
 
 if __name__ == "__main__":

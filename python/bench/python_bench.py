@@ -231,6 +231,8 @@ def main():
     ap.add_argument("--tabular", type=int, default=None, help="tabular rows (default 1M; quick 32768)")
     ap.add_argument("--workers", default=None, help="comma-separated num_workers sweep")
     ap.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU")
+    ap.add_argument("--workloads", default="images,tabular", help="comma-separated workloads")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--rounds", type=int, default=None,
                     help="alternating Python / Rust-in-process rounds per worker count (default 2; quick 1)")
     args = ap.parse_args()
@@ -263,17 +265,22 @@ def main():
             "Rust loader: the best of the loader section in " + str(args.rust_results)
             + " (its own sweep and method; compare like with like before quoting the ratio)")
     table = []
-    for w in ("images", "tabular"):
+    for w in args.workloads.split(","):
+        if w not in ("images", "tabular"):
+            sys.exit(f"unknown workload {w!r}: images or tabular")
         ours = bench_longshore(files, w, workers, epochs, cuda, rounds)
         best = max(ours, key=lambda r: r["samples_per_s"])
         for r in ours:
             report["figures"].append({"workload": w, "side": "longshore-python", **r})
         theirs_best = None
-        if torch is not None:
+        if torch is not None and not args.no_torch:
             theirs = bench_torch(files, w, workers, epochs, cuda)
             for r in theirs:
                 report["figures"].append({"workload": w, "side": "pytorch", **r})
             theirs_best = max(theirs, key=lambda r: r["samples_per_s"])
+        elif args.no_torch:
+            if "--no-torch: no PyTorch baseline" not in report["notes"]:
+                report["notes"].append("--no-torch: no PyTorch baseline")
         elif "torch not installed: no PyTorch baseline" not in report["notes"]:
             report["notes"].append("torch not installed: no PyTorch baseline")
         rb = rust.get(w)

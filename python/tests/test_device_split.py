@@ -17,8 +17,10 @@ SMALL_BATCH = 4 << 20
 
 
 def native(ds, batch_size, workers=2, shuffle=False):
-    return _longshore._Loader(ds, batch_size, shuffle, workers, False, False, None,
-                              workers > 0, 0.0, 7, None, None, cpu_backend=True)
+    # Not persistent: persistent workers start the next epoch's first batches at the end of
+    # an epoch (prefetch_next_epoch), which hold leases.
+    return _longshore._Loader(ds, batch_size, shuffle, workers, False, False, None, False, 0.0,
+                              7, None, None, cpu_backend=True)
 
 
 def wait_for(cond, timeout=5.0):
@@ -66,8 +68,8 @@ def test_large_and_small_batches_reach_the_device_in_order(wide, monkeypatch, in
 def test_small_batches_shuffled_match_the_host_path(files, workers):
     ds = longshore.NpyDataset([files["x"], files["y"]])
     on_device = [[f.copy() for f in b] for b in native(ds, 16, workers, True).epoch(np.from_dlpack)]
-    host = _longshore._Loader(ds, 16, True, workers, False, False, None, workers > 0, 0.0, 7,
-                              None, None)
+    host = _longshore._Loader(ds, 16, True, workers, False, False, None, False, 0.0, 7, None,
+                              None)
     on_host = [[f.copy() for f in b] for b in host.epoch(np.from_dlpack)]
     assert len(on_device) == len(on_host) == 7
     for d, h in zip(on_device, on_host):
