@@ -92,7 +92,7 @@ python)
       --workers 4,8,16 --rounds 3 --no-torch --out "$R/python-$mode.json" \
       > "$R/python-$mode.log" 2>&1; echo "python bench ($mode) exit $?"; grep "^|" "$R/python-$mode.log"
   done
-  timeout 200 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+  timeout 140 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
     --tabular 2000000 --workers 8,16 --rounds 1 --out "$R/python-torch.json" \
     > "$R/python-torch.log" 2>&1; echo "python bench (torch) exit $?"; grep "^|" "$R/python-torch.log"
   ;;
