@@ -19,6 +19,8 @@
 #                                       (against the same loader driven in Rust, in the same
 #                                       process) with small batches' copies enqueued by __next__
 #                                       and by the epoch thread; the bench with PyTorch
+#   bash scripts/gpu-session.sh priority  the Python bench with the workers at normal and
+#                                       background priority, the Rust side in the same process
 #   bash scripts/gpu-session.sh tests   every bundled test with CUDA required, pytest on the
 #                                       GPU, the Rust loader's limits/loader/scaling sections,
 #                                       the Python bench on the same shapes, the pump's timings
@@ -30,7 +32,7 @@ out=${OUT:-gpu-out}; mkdir -p "$out"
 R=/tmp/session-$part
 # The python part writes straight into $OUT, so a call cut off at its limit still returns
 # what it measured.
-[ "$part" = python ] && R="$(cd "$out" && pwd)/session-python"
+case "$part" in python | priority) R="$(cd "$out" && pwd)/session-$part" ;; esac
 rm -rf "$R"; mkdir -p "$R"
 [ -x .gpu/bin/longshore-bench ] || python3 -c "import tarfile; tarfile.open('gpu-pack/gpu.tar.xz').extractall()"
 { nvidia-smi -L; nproc; date -u; } | tee "$R/machine.txt"
@@ -100,6 +102,26 @@ python)
     --tabular 2000000 --workers 8,16 --rounds 1 --out "$R/python-torch.json" \
     > "$R/python-torch.log" 2>&1; echo "python bench (torch) exit $?"; grep "^|" "$R/python-torch.log"
   ;;
+priority)
+  # Needs only gpu-python/. The Python package with its workers at normal and background
+  # priority (DataLoader(worker_priority=...)), the Rust side in the same process.
+  site=/tmp/longshore-gpu-site
+  python3 -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$site" gpu-python/wheels/*.whl
+  export PYTHONPATH="$site"
+  OUT="$R" timeout 100 bash gpu-python/run.sh --no-bench > "$R/pytest-run.log" 2>&1; tail -3 "$R/pytest-run.log"
+  timeout 150 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+    --tabular 2000000 --workloads tabular --workers 8,12,16 --worker-priority normal,background \
+    --rounds 3 --no-torch --out "$R/python-tabular.json" > "$R/python-tabular.log" 2>&1
+  echo "python bench (tabular) exit $?"; grep "^|" "$R/python-tabular.log"
+  timeout 110 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+    --tabular 2000000 --workloads images --workers 4,8,16 --worker-priority normal,background \
+    --rounds 2 --no-torch --out "$R/python-images.json" > "$R/python-images.log" 2>&1
+  echo "python bench (images) exit $?"; grep "^|" "$R/python-images.log"
+  timeout 160 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
+    --tabular 2000000 --workers 8,16 --worker-priority normal,background --rounds 1 \
+    --out "$R/python-torch.json" > "$R/python-torch.log" 2>&1
+  echo "python bench (torch) exit $?"; grep "^|" "$R/python-torch.log"
+  ;;
 tests)
   site=/tmp/longshore-gpu-site
   python3 -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$site" gpu-python/wheels/*.whl
@@ -117,5 +139,5 @@ tests)
   ;;
 esac
 rm -rf "$R"/*/data
-[ "$part" = python ] && exit 0
+case "$part" in python | priority) exit 0 ;; esac
 tar -czf "$out/$part.tar.gz" -C "$R" .

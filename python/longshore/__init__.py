@@ -121,6 +121,10 @@ class DataLoader:
     ``prefetch_factor=None`` means 2 with workers, as in PyTorch. ``decode="nvjpeg"`` (with an
     ImageFolder and ``device="cuda"``) decodes the JPEGs on the GPU with nvJPEG: the workers
     only read the files and draw the crops (the same crops as ``decode="cpu"`` for a seed).
+    ``worker_priority="background"`` runs the worker threads at a lower priority (Linux:
+    ``SCHED_BATCH``, nice 10), so that with about as many busy workers as cores the threads that
+    hand batches to Python (the epoch thread and the one calling ``next``) still get a core
+    when they wake; ``"normal"`` (the default) leaves them as PyTorch's workers are.
     """
 
     def __init__(
@@ -140,6 +144,7 @@ class DataLoader:
         pool=None,
         framework=None,
         decode="cpu",
+        worker_priority="normal",
     ):
         if shuffle is None:
             shuffle = False
@@ -176,6 +181,7 @@ class DataLoader:
             # memory, which is kept for other consumers.
             "cpu" if framework == "torch" else "cuda_host",
             decode,
+            worker_priority=worker_priority,
         )
         self._index = index
         self._convert = self._converter(framework)

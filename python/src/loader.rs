@@ -9,6 +9,7 @@ use longshore_dlpack::{ExportOptions, PinnedLabel};
 use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
 use longshore_loader::{
     DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderState, LoaderStats,
+    WorkerPriority,
 };
 use longshore_transfer::{Device, Prefetched};
 use longshore_vision::nvjpeg::NvjpegBatch;
@@ -110,6 +111,7 @@ pub(crate) struct Options {
     timeout: Option<Duration>,
     seed: Option<u64>,
     pool: Option<PinnedPool>,
+    worker_priority: WorkerPriority,
 }
 
 pub(crate) fn configure<D, C>(
@@ -122,7 +124,8 @@ pub(crate) fn configure<D, C>(
         .num_workers(o.num_workers)
         .pin_memory(o.pin_memory)
         .drop_last(o.drop_last)
-        .persistent_workers(o.persistent_workers);
+        .persistent_workers(o.persistent_workers)
+        .worker_priority(o.worker_priority);
     if let Some(p) = o.prefetch_factor {
         b = b.prefetch_factor(p);
     }
@@ -233,7 +236,7 @@ impl PyLoader {
     #[new]
     #[pyo3(signature = (dataset, batch_size, shuffle, num_workers, pin_memory, drop_last,
         prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host", decode = "cpu",
-        cpu_backend = false))]
+        cpu_backend = false, worker_priority = "normal"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -252,7 +255,17 @@ impl PyLoader {
         pinned_label: &str,
         decode: &str,
         cpu_backend: bool,
+        worker_priority: &str,
     ) -> PyResult<Self> {
+        let worker_priority = match worker_priority {
+            "normal" => WorkerPriority::Normal,
+            "background" => WorkerPriority::Background,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "worker_priority must be 'normal' or 'background', not {other:?}"
+                )));
+            }
+        };
         let pinned = match pinned_label {
             "cuda_host" => PinnedLabel::CudaHost,
             "cpu" => PinnedLabel::Cpu,
@@ -357,6 +370,7 @@ impl PyLoader {
             timeout,
             seed,
             pool: pool.map(|p| p.pool.clone()),
+            worker_priority,
         };
         let inner = py
             .detach(|| match (nvjpeg_files, device.as_ref()) {

@@ -152,6 +152,47 @@ def test_drain_in_rust_runs_whole_epochs_and_leaves_the_position(files):
     assert dl.state_dict()["epoch"] == 4
 
 
+def _worker_nice_values():
+    """The nice value of each of this process's loader worker threads (Linux /proc)."""
+    import glob
+    import os
+
+    out = []
+    for task in glob.glob(f"/proc/{os.getpid()}/task/*"):
+        try:
+            comm = open(os.path.join(task, "comm")).read().strip()
+            stat = open(os.path.join(task, "stat")).read()
+        except OSError:
+            continue  # the thread ended meanwhile
+        if comm.startswith("longshore-worke"):
+            # Fields after the command's closing parenthesis; nice is field 19 (index 16 here).
+            out.append(int(stat.rsplit(")", 1)[1].split()[16]))
+    return out
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+def test_worker_priority_background_lowers_the_workers_and_keeps_the_batches(files):
+    import os
+
+    ds = longshore.NpyDataset([files["x"], files["y"]])
+    kw = dict(batch_size=16, shuffle=True, num_workers=2, persistent_workers=True, seed=3)
+    normal = loader(ds, **kw)
+    background = loader(ds, worker_priority="background", **kw)
+    a = [b[1] for b in normal]
+    base = os.nice(0)
+    del normal
+    b = [x[1] for x in background]
+    # Nice 10 (or the inherited value, if higher) on its two workers, which persist between
+    # epochs (threads of the loaders of earlier tests, at the inherited value, may not have
+    # ended yet).
+    nice = _worker_nice_values()
+    assert sum(v == max(10, base) for v in nice) == 2, nice
+    # The priority changes scheduling, not what is loaded.
+    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match="worker_priority"):
+        loader(ds, worker_priority="high")
+
+
 def test_missing_and_bad_files_name_the_file(files, tmp_path):
     missing = str(tmp_path / "nope.npy")
     with pytest.raises(FileNotFoundError, match="nope.npy"):
