@@ -42,7 +42,7 @@ use crate::errors::{LoaderFailure, dlpack_err, loader_err};
 use crate::loader::{AnyLoader, Epoch, Handoff};
 use crate::tensor::PyTensor;
 use crate::torch::PyTorchConverter;
-use crate::upload::Uploader;
+use crate::upload::{Copies, Uploader, copy_thread};
 
 /// Batches the pump may hold ready for Python, queued or being queued, when a batch is larger
 /// than [`SMALL_BATCH`] bytes.
@@ -73,12 +73,33 @@ pub(crate) const SMALL_BATCH: usize = 4 << 20;
 /// How long one wait lasts before signals are checked.
 const SLICE: Duration = Duration::from_millis(50);
 
-/// How long `__next__` polls the queue (GIL released) before it sleeps. When Python consumes
-/// faster than the loader produces, the next batch is usually due within a few microseconds;
-/// catching it while polling spares the pump a wake-up call on its critical path (a sleeping
-/// receiver costs the sender a futex syscall and the receiver a reschedule, several
-/// microseconds per batch at tens of thousands of batches per second).
+/// How long `__next__` polls the queue (GIL released) before it sleeps, when the host has a
+/// core to spare for it ([`poll_for`]). When Python consumes faster than the loader produces,
+/// the next batch is usually due within a few microseconds; catching it while polling spares
+/// the pump a wake-up call on its critical path (a sleeping receiver costs the sender a futex
+/// syscall and the receiver a reschedule, several microseconds per batch at tens of thousands
+/// of batches per second).
 const POLL: Duration = Duration::from_micros(50);
+
+/// How long `__next__` polls before it sleeps, for a loader with `num_workers` workers:
+/// [`POLL`] when the workers, the epoch thread and Python's thread fit the cores this process
+/// may use, else none: with every core busy, a polling thread takes a core from the workers or
+/// from the epoch thread it waits for. `LONGSHORE_EPOCH_POLL_US` (a benchmark switch, read
+/// when an epoch starts) sets it.
+pub(crate) fn poll_for(num_workers: usize) -> Duration {
+    if let Some(us) = std::env::var("LONGSHORE_EPOCH_POLL_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        return Duration::from_micros(us);
+    }
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    if num_workers + 2 <= cores {
+        POLL
+    } else {
+        Duration::ZERO
+    }
+}
 
 /// Per-stage time counters of one epoch, kept only when the environment variable
 /// `LONGSHORE_EPOCH_TIMINGS` is set to a non-empty value other than `0` when the epoch starts
@@ -89,8 +110,13 @@ pub(crate) struct Timings {
     next: AtomicU64,
     /// `__next__`: exporting a batch for DLPack.
     export: AtomicU64,
-    /// `__next__`: enqueuing a small batch's device copy (see [`crate::upload`]).
-    upload: AtomicU64,
+    /// Enqueuing staged batches' device copies, by `__next__` or by the copy thread (see
+    /// [`crate::upload`]).
+    pub(crate) upload: AtomicU64,
+    /// Batches whose copy `__next__` enqueued.
+    uploads_next: AtomicU64,
+    /// Batches whose copy the copy thread enqueued.
+    pub(crate) uploads_thread: AtomicU64,
     /// The pump: taking the loader's position after a batch.
     state: AtomicU64,
     /// The pump: handing a batch to the queue, waiting for room included.
@@ -139,7 +165,7 @@ fn thread_cpu_ns() -> u64 {
 }
 
 /// Adds the time since `start` to `counter`, when timings are kept.
-fn lap(t: Option<&Timings>, counter: impl Fn(&Timings) -> &AtomicU64, start: Option<Instant>) {
+pub(crate) fn lap(t: Option<&Timings>, counter: impl Fn(&Timings) -> &AtomicU64, start: Option<Instant>) {
     if let (Some(t), Some(s)) = (t, start) {
         let ns = u64::try_from(s.elapsed().as_nanos()).unwrap_or(u64::MAX);
         counter(t).fetch_add(ns, Ordering::Relaxed);
@@ -156,7 +182,7 @@ fn cpu_lap(t: Option<&Timings>, counter: impl Fn(&Timings) -> &AtomicU64, start:
 /// Where the pump waits for room in the queue before it hands over a batch larger than
 /// [`SMALL_BATCH`] (the queue holds up to [`AHEAD_SMALL`] small ones).
 #[derive(Debug, Default)]
-struct Room {
+pub(crate) struct Room {
     /// Set while the pump waits (or is about to check) for room: the receiver then wakes it
     /// after taking a batch.
     waiting: AtomicBool,
@@ -173,7 +199,7 @@ impl Room {
 
     /// Waits until `out` holds fewer than `AHEAD - 1` batches (the pump holds the other), or
     /// the epoch is closed.
-    fn wait_for_room(&self, out: &Sender<Ready>) {
+    pub(crate) fn wait_for_room(&self, out: &Sender<Ready>) {
         if out.len() < AHEAD - 1 {
             return;
         }
@@ -197,7 +223,7 @@ impl Room {
 
     /// Called after the receiver took a batch or closed the epoch: wakes the pump if it waits
     /// for room (costs a fence and a load when it does not).
-    fn taken(&self) {
+    pub(crate) fn taken(&self) {
         fence(Ordering::SeqCst);
         if self.waiting.load(Ordering::SeqCst) {
             // Under the lock: the pump is then either before its check or inside its wait.
@@ -206,14 +232,19 @@ impl Room {
         }
     }
 
-    fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.taken();
+    }
+
+    /// Whether `close()` was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 }
 
 /// The bytes of a batch's tensors.
-fn batch_bytes(h: &Handoff) -> usize {
+pub(crate) fn batch_bytes(h: &Handoff) -> usize {
     match h {
         Handoff::Host(b) | Handoff::Staged(b) => b.layout().total_bytes(),
         Handoff::Device(p) => p.batch.layout().total_bytes(),
@@ -229,7 +260,7 @@ fn batch_bytes(h: &Handoff) -> usize {
 }
 
 /// A batch for Python (exported by `__next__`), or why there is none.
-enum Reply {
+pub(crate) enum Reply {
     /// Boxed: a handoff is several hundred bytes, moved through the queue.
     Batch(Box<Handoff>),
     Failed(LoaderError),
@@ -238,13 +269,16 @@ enum Reply {
 
 /// A reply with the loader's position once it was taken (`None` when the loader has no
 /// resumable position).
-struct Ready {
-    reply: Reply,
-    state: Option<LoaderState>,
+pub(crate) struct Ready {
+    pub(crate) reply: Reply,
+    pub(crate) state: Option<LoaderState>,
 }
 
-/// Waits up to [`SLICE`] for the next reply: polls for [`POLL`] first, then sleeps.
-fn wait(rx: &Receiver<Ready>) -> Result<Ready, RecvTimeoutError> {
+/// Waits up to [`SLICE`] for the next reply: polls for `poll` first, then sleeps.
+fn wait(rx: &Receiver<Ready>, poll: Duration) -> Result<Ready, RecvTimeoutError> {
+    if poll.is_zero() {
+        return rx.recv_timeout(SLICE);
+    }
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
@@ -255,7 +289,7 @@ fn wait(rx: &Receiver<Ready>) -> Result<Ready, RecvTimeoutError> {
         }
         spins += 1;
         if spins.is_multiple_of(64) {
-            if start.elapsed() >= POLL {
+            if start.elapsed() >= poll {
                 return rx.recv_timeout(SLICE);
             }
             // Lets the pump run where it shares a core with this thread.
@@ -432,6 +466,8 @@ pub(crate) struct PyEpoch {
     timings: Option<Arc<Timings>>,
     /// Enqueues the copies of the small batches the pump leaves to `__next__` (device epochs).
     uploader: Mutex<Option<Uploader>>,
+    /// How long `__next__` polls for a batch before it sleeps ([`poll_for`]).
+    poll: Duration,
 }
 
 impl Drop for PyEpoch {
@@ -444,7 +480,8 @@ impl Drop for PyEpoch {
 
 impl PyEpoch {
     /// Starts the pump of `epoch`; `position` has already begun epoch `id`. `copies`: the
-    /// copy stream of an epoch that yields [`Handoff::Staged`] batches.
+    /// copy stream of an epoch that yields [`Handoff::Staged`] batches, and who enqueues their
+    /// copies ([`Copies::Next`] or [`Copies::Thread`], which starts the copy thread).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         epoch: Epoch,
@@ -454,22 +491,48 @@ impl PyEpoch {
         id: u64,
         convert: Convert,
         single: bool,
-        copies: Option<Stream>,
+        copies: Option<(Stream, Copies)>,
+        poll: Duration,
     ) -> PyResult<Self> {
         // The pump holds one batch while it waits for room: the queue holds the rest; large
         // batches wait for the queue to hold fewer than `AHEAD - 1`.
         let (tx, rx) = bounded::<Ready>(AHEAD_SMALL - 1);
         let room = Arc::new(Room::default());
-        let pump_room = room.clone();
         let timings = Timings::from_env();
-        let pump_timings = timings.clone();
+        let spawn_err =
+            |what, e| LoaderFailure::new_err(format!("cannot start the {what} thread: {e}"));
+        let (pump_tx, pump_room, pump_uploader, next_uploader) = match copies {
+            Some((stream, Copies::Thread)) => {
+                // The pump hands host batches to the copy thread through a queue of the same
+                // bounds, and the copy thread hands them on to Python's.
+                let (host_tx, host_rx) = bounded::<Ready>(AHEAD_SMALL - 1);
+                let upstream = Arc::new(Room::default());
+                std::thread::Builder::new()
+                    .name("longshore-copy".into())
+                    .spawn({
+                        let (room, upstream, timings) =
+                            (room.clone(), upstream.clone(), timings.clone());
+                        let uploader = Uploader::new(stream);
+                        move || copy_thread(host_rx, tx, room, upstream, uploader, timings)
+                    })
+                    .map_err(|e| spawn_err("copy", e))?;
+                (host_tx, upstream, None, None)
+            }
+            Some((stream, _)) => (
+                tx,
+                room.clone(),
+                Some(Uploader::new(stream.clone())),
+                Some(Uploader::new(stream)),
+            ),
+            None => (tx, room.clone(), None, None),
+        };
         std::thread::Builder::new()
             .name("longshore-epoch".into())
             .spawn({
-                let uploader = copies.clone().map(Uploader::new);
-                move || pump(epoch, loader, tx, pump_room, pump_timings, uploader)
+                let timings = timings.clone();
+                move || pump(epoch, loader, pump_tx, pump_room, timings, pump_uploader)
             })
-            .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
+            .map_err(|e| spawn_err("epoch", e))?;
         Ok(Self {
             ready: Mutex::new(Some(rx)),
             room,
@@ -479,7 +542,8 @@ impl PyEpoch {
             single,
             opts,
             timings,
-            uploader: Mutex::new(copies.map(Uploader::new)),
+            uploader: Mutex::new(next_uploader),
+            poll,
         })
     }
 
@@ -498,6 +562,9 @@ impl PyEpoch {
         };
         let p = up.upload(b, |e| py.detach(move || e.synchronize()))?;
         lap(self.timings.as_deref(), |t| &t.upload, start);
+        if let Some(t) = self.timings.as_deref() {
+            t.uploads_next.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(Handoff::Device(p))
     }
 
@@ -556,7 +623,7 @@ impl PyEpoch {
             }
             Err(TryRecvError::Empty) => loop {
                 let start = self.timings.as_ref().map(|_| Instant::now());
-                let got = py.detach(|| wait(rx));
+                let got = py.detach(|| wait(rx, self.poll));
                 if let Some(t) = self.timings.as_deref() {
                     lap(Some(t), |t| &t.wait, start);
                     t.waits.fetch_add(1, Ordering::Relaxed);
@@ -628,6 +695,8 @@ impl PyEpoch {
             ("pump_next_ns", &t.next),
             ("export_ns", &t.export),
             ("upload_ns", &t.upload),
+            ("uploads_next", &t.uploads_next),
+            ("uploads_thread", &t.uploads_thread),
             ("pump_state_ns", &t.state),
             ("pump_send_ns", &t.send),
             ("pumped", &t.pumped),
