@@ -165,7 +165,11 @@ fn thread_cpu_ns() -> u64 {
 }
 
 /// Adds the time since `start` to `counter`, when timings are kept.
-pub(crate) fn lap(t: Option<&Timings>, counter: impl Fn(&Timings) -> &AtomicU64, start: Option<Instant>) {
+pub(crate) fn lap(
+    t: Option<&Timings>,
+    counter: impl Fn(&Timings) -> &AtomicU64,
+    start: Option<Instant>,
+) {
     if let (Some(t), Some(s)) = (t, start) {
         let ns = u64::try_from(s.elapsed().as_nanos()).unwrap_or(u64::MAX);
         counter(t).fetch_add(ns, Ordering::Relaxed);
