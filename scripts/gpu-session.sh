@@ -17,8 +17,8 @@
 #                                       workers; the nvJPEG and DLPack CUDA tests; pytest
 #   bash scripts/gpu-session.sh python  pytest on the GPU; the pump's timings and the Python bench
 #                                       (against the same loader driven in Rust, in the same
-#                                       process) with the copies enqueued by the copy thread and
-#                                       by __next__ (LONGSHORE_UPLOAD); the bench with PyTorch
+#                                       process) with small batches' copies enqueued by __next__
+#                                       and by the epoch thread; the bench with PyTorch
 #   bash scripts/gpu-session.sh priority  the Python bench with the workers at normal and
 #                                       background priority, the Rust side in the same process
 #   bash scripts/gpu-session.sh tests   every bundled test with CUDA required, pytest on the
@@ -90,16 +90,14 @@ python)
   export PYTHONPATH="$site"
   OUT="$R" timeout 110 bash gpu-python/run.sh --no-bench > "$R/pytest-run.log" 2>&1; tail -4 "$R/pytest-run.log"
   LONGSHORE_EPOCH_TIMINGS=1 timeout 80 python3 gpu-python/bench/pump_timings.py --device cuda \
-    --workers 4,8 --rows 1048576 --epochs 3 --repeats 3 --copies thread,next > "$R/pump.log" 2>&1
+    --workers 4,8 --rows 1048576 --epochs 3 --repeats 3 --copies split,pump > "$R/pump.log" 2>&1
   echo "pump exit $?"; tail -10 "$R/pump.log"
-  # Who enqueues the copies (LONGSHORE_UPLOAD), alternating processes, twice each.
-  for i in 1 2; do for mode in thread next; do
-    LONGSHORE_UPLOAD=$mode timeout 70 python3 \
+  for mode in split pump; do
+    LONGSHORE_UPLOAD_IN_PUMP=$([ $mode = pump ] && echo 1 || echo 0) timeout 120 python3 \
       gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 --tabular 2000000 \
-      --workers 8,16 --rounds 3 --no-torch --out "$R/python-$mode-$i.json" \
-      > "$R/python-$mode-$i.log" 2>&1; echo "python bench ($mode $i) exit $?"
-    grep "^| [it]" "$R/python-$mode-$i.log" | grep -v "|.*|.*|.*|.*|.*|.*|.*|.*|"
-  done; done
+      --workers 4,8,16 --rounds 3 --no-torch --out "$R/python-$mode.json" \
+      > "$R/python-$mode.log" 2>&1; echo "python bench ($mode) exit $?"; grep "^|" "$R/python-$mode.log"
+  done
   timeout 130 python3 gpu-python/bench/python_bench.py --data-dir /tmp/pdata --images 8192 \
     --tabular 2000000 --workers 8,16 --rounds 1 --out "$R/python-torch.json" \
     > "$R/python-torch.log" 2>&1; echo "python bench (torch) exit $?"; grep "^|" "$R/python-torch.log"

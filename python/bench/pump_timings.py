@@ -104,10 +104,10 @@ def main():
     ap.add_argument("--cases", default=None, help="default: raw,numpy (host), raw,fast (cuda)")
     ap.add_argument("--device", default=None, help="e.g. cuda: batches on the GPU")
     ap.add_argument("--data-dir", default=os.path.join(tempfile.gettempdir(), "longshore-pt"))
-    ap.add_argument("--copies", default="thread",
-                    help="with --device: who enqueues the device copies (LONGSHORE_UPLOAD), "
-                         "comma-separated, alternated run by run: thread (the copy thread), "
-                         "next (__next__ for small batches) and/or pump (the epoch thread)")
+    ap.add_argument("--copies", default="split",
+                    help="with --device: who enqueues small batches' copies, comma-separated, "
+                         "alternated run by run: split (__next__) and/or pump (the epoch thread, "
+                         "LONGSHORE_UPLOAD_IN_PUMP=1)")
     args = ap.parse_args()
     if args.cases is None:
         args.cases = "raw,fast" if args.device else "raw,numpy"
@@ -130,8 +130,7 @@ def main():
             by_mode = {m: [] for m in modes}
             for _ in range(args.repeats):
                 for m in modes:
-                    if m != "host":
-                        os.environ["LONGSHORE_UPLOAD"] = m
+                    os.environ["LONGSHORE_UPLOAD_IN_PUMP"] = "1" if m == "pump" else "0"
                     by_mode[m].append(run(dl, convert, args.epochs))
             for m in modes:
                 report(nw, case if m == "host" else f"{case}, copies: {m}", by_mode[m])

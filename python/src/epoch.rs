@@ -42,7 +42,7 @@ use crate::errors::{LoaderFailure, dlpack_err, loader_err};
 use crate::loader::{AnyLoader, Epoch, Handoff};
 use crate::tensor::PyTensor;
 use crate::torch::PyTorchConverter;
-use crate::upload::{Copies, Uploader, copy_thread};
+use crate::upload::Uploader;
 
 /// Batches the pump may hold ready for Python, queued or being queued, when a batch is larger
 /// than [`SMALL_BATCH`] bytes.
@@ -110,13 +110,8 @@ pub(crate) struct Timings {
     next: AtomicU64,
     /// `__next__`: exporting a batch for DLPack.
     export: AtomicU64,
-    /// Enqueuing staged batches' device copies, by `__next__` or by the copy thread (see
-    /// [`crate::upload`]).
-    pub(crate) upload: AtomicU64,
-    /// Batches whose copy `__next__` enqueued.
-    uploads_next: AtomicU64,
-    /// Batches whose copy the copy thread enqueued.
-    pub(crate) uploads_thread: AtomicU64,
+    /// `__next__`: enqueuing a small batch's device copy (see [`crate::upload`]).
+    upload: AtomicU64,
     /// The pump: taking the loader's position after a batch.
     state: AtomicU64,
     /// The pump: handing a batch to the queue, waiting for room included.
@@ -165,11 +160,7 @@ fn thread_cpu_ns() -> u64 {
 }
 
 /// Adds the time since `start` to `counter`, when timings are kept.
-pub(crate) fn lap(
-    t: Option<&Timings>,
-    counter: impl Fn(&Timings) -> &AtomicU64,
-    start: Option<Instant>,
-) {
+fn lap(t: Option<&Timings>, counter: impl Fn(&Timings) -> &AtomicU64, start: Option<Instant>) {
     if let (Some(t), Some(s)) = (t, start) {
         let ns = u64::try_from(s.elapsed().as_nanos()).unwrap_or(u64::MAX);
         counter(t).fetch_add(ns, Ordering::Relaxed);
@@ -186,7 +177,7 @@ fn cpu_lap(t: Option<&Timings>, counter: impl Fn(&Timings) -> &AtomicU64, start:
 /// Where the pump waits for room in the queue before it hands over a batch larger than
 /// [`SMALL_BATCH`] (the queue holds up to [`AHEAD_SMALL`] small ones).
 #[derive(Debug, Default)]
-pub(crate) struct Room {
+struct Room {
     /// Set while the pump waits (or is about to check) for room: the receiver then wakes it
     /// after taking a batch.
     waiting: AtomicBool,
@@ -203,7 +194,7 @@ impl Room {
 
     /// Waits until `out` holds fewer than `AHEAD - 1` batches (the pump holds the other), or
     /// the epoch is closed.
-    pub(crate) fn wait_for_room(&self, out: &Sender<Ready>) {
+    fn wait_for_room(&self, out: &Sender<Ready>) {
         if out.len() < AHEAD - 1 {
             return;
         }
@@ -227,7 +218,7 @@ impl Room {
 
     /// Called after the receiver took a batch or closed the epoch: wakes the pump if it waits
     /// for room (costs a fence and a load when it does not).
-    pub(crate) fn taken(&self) {
+    fn taken(&self) {
         fence(Ordering::SeqCst);
         if self.waiting.load(Ordering::SeqCst) {
             // Under the lock: the pump is then either before its check or inside its wait.
@@ -236,19 +227,14 @@ impl Room {
         }
     }
 
-    pub(crate) fn close(&self) {
+    fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         self.taken();
-    }
-
-    /// Whether `close()` was called.
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
     }
 }
 
 /// The bytes of a batch's tensors.
-pub(crate) fn batch_bytes(h: &Handoff) -> usize {
+fn batch_bytes(h: &Handoff) -> usize {
     match h {
         Handoff::Host(b) | Handoff::Staged(b) => b.layout().total_bytes(),
         Handoff::Device(p) => p.batch.layout().total_bytes(),
@@ -264,7 +250,7 @@ pub(crate) fn batch_bytes(h: &Handoff) -> usize {
 }
 
 /// A batch for Python (exported by `__next__`), or why there is none.
-pub(crate) enum Reply {
+enum Reply {
     /// Boxed: a handoff is several hundred bytes, moved through the queue.
     Batch(Box<Handoff>),
     Failed(LoaderError),
@@ -273,9 +259,9 @@ pub(crate) enum Reply {
 
 /// A reply with the loader's position once it was taken (`None` when the loader has no
 /// resumable position).
-pub(crate) struct Ready {
-    pub(crate) reply: Reply,
-    pub(crate) state: Option<LoaderState>,
+struct Ready {
+    reply: Reply,
+    state: Option<LoaderState>,
 }
 
 /// Waits up to [`SLICE`] for the next reply: polls for `poll` first, then sleeps.
@@ -484,8 +470,7 @@ impl Drop for PyEpoch {
 
 impl PyEpoch {
     /// Starts the pump of `epoch`; `position` has already begun epoch `id`. `copies`: the
-    /// copy stream of an epoch that yields [`Handoff::Staged`] batches, and who enqueues their
-    /// copies ([`Copies::Next`] or [`Copies::Thread`], which starts the copy thread).
+    /// copy stream of an epoch that yields [`Handoff::Staged`] batches.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         epoch: Epoch,
@@ -495,48 +480,23 @@ impl PyEpoch {
         id: u64,
         convert: Convert,
         single: bool,
-        copies: Option<(Stream, Copies)>,
+        copies: Option<Stream>,
         poll: Duration,
     ) -> PyResult<Self> {
         // The pump holds one batch while it waits for room: the queue holds the rest; large
         // batches wait for the queue to hold fewer than `AHEAD - 1`.
         let (tx, rx) = bounded::<Ready>(AHEAD_SMALL - 1);
         let room = Arc::new(Room::default());
+        let pump_room = room.clone();
         let timings = Timings::from_env();
-        let spawn_err =
-            |what, e| LoaderFailure::new_err(format!("cannot start the {what} thread: {e}"));
-        let (pump_tx, pump_room, pump_uploader, next_uploader) = match copies {
-            Some((stream, Copies::Thread)) => {
-                // The pump hands host batches to the copy thread through a queue of the same
-                // bounds, and the copy thread hands them on to Python's.
-                let (host_tx, host_rx) = bounded::<Ready>(AHEAD_SMALL - 1);
-                let upstream = Arc::new(Room::default());
-                std::thread::Builder::new()
-                    .name("longshore-copy".into())
-                    .spawn({
-                        let (room, upstream, timings) =
-                            (room.clone(), upstream.clone(), timings.clone());
-                        let uploader = Uploader::new(stream);
-                        move || copy_thread(host_rx, tx, room, upstream, uploader, timings)
-                    })
-                    .map_err(|e| spawn_err("copy", e))?;
-                (host_tx, upstream, None, None)
-            }
-            Some((stream, _)) => (
-                tx,
-                room.clone(),
-                Some(Uploader::new(stream.clone())),
-                Some(Uploader::new(stream)),
-            ),
-            None => (tx, room.clone(), None, None),
-        };
+        let pump_timings = timings.clone();
         std::thread::Builder::new()
             .name("longshore-epoch".into())
             .spawn({
-                let timings = timings.clone();
-                move || pump(epoch, loader, pump_tx, pump_room, timings, pump_uploader)
+                let uploader = copies.clone().map(Uploader::new);
+                move || pump(epoch, loader, tx, pump_room, pump_timings, uploader)
             })
-            .map_err(|e| spawn_err("epoch", e))?;
+            .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
             ready: Mutex::new(Some(rx)),
             room,
@@ -546,7 +506,7 @@ impl PyEpoch {
             single,
             opts,
             timings,
-            uploader: Mutex::new(next_uploader),
+            uploader: Mutex::new(copies.map(Uploader::new)),
             poll,
         })
     }
@@ -566,9 +526,6 @@ impl PyEpoch {
         };
         let p = up.upload(b, |e| py.detach(move || e.synchronize()))?;
         lap(self.timings.as_deref(), |t| &t.upload, start);
-        if let Some(t) = self.timings.as_deref() {
-            t.uploads_next.fetch_add(1, Ordering::Relaxed);
-        }
         Ok(Handoff::Device(p))
     }
 
@@ -699,8 +656,6 @@ impl PyEpoch {
             ("pump_next_ns", &t.next),
             ("export_ns", &t.export),
             ("upload_ns", &t.upload),
-            ("uploads_next", &t.uploads_next),
-            ("uploads_thread", &t.uploads_thread),
             ("pump_state_ns", &t.state),
             ("pump_send_ns", &t.send),
             ("pumped", &t.pumped),

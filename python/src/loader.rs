@@ -21,14 +21,13 @@ use crate::dataset::{PyNpyDataset, PyRecordDataset, Source};
 use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::torch::PyTorchConverter;
-use crate::upload::Copies;
 use crate::vision::PyImageFolder;
 
 /// What an epoch yields before export: a host batch or a prefetched device batch.
 pub(crate) enum Handoff {
     Host(Batch<PoolBuffer>),
-    /// A host batch still to be copied to the epoch's device (by the copy thread, the epoch
-    /// thread or `__next__`: see [`crate::upload`]).
+    /// A host batch still to be copied to the epoch's device (by the epoch thread or by
+    /// `__next__`: see [`crate::upload`]).
     Staged(Batch<PoolBuffer>),
     Device(Prefetched<DeviceBatch>),
     /// A batch decoded on the device by nvJPEG.
@@ -91,6 +90,13 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> AnyLoader for DataLoader<F> {
     fn reset_stats(&self) {
         DataLoader::reset_stats(self)
     }
+}
+
+/// Whether `LONGSHORE_UPLOAD_IN_PUMP` (a benchmark switch, read when an epoch starts) asks for
+/// every device copy to be enqueued by the epoch thread, as before `crate::upload`: set to a
+/// non-empty value other than `0`.
+fn upload_in_pump() -> bool {
+    matches!(std::env::var_os("LONGSHORE_UPLOAD_IN_PUMP"), Some(v) if !v.is_empty() && v != "0")
 }
 
 /// The loader's options, as PyTorch names them.
@@ -402,12 +408,11 @@ impl PyLoader {
                 // The epoch's iterator first (it sets the loader's progress for this epoch and
                 // pulls no batch yet), then where Python stands until it receives this
                 // epoch's first batch: the new epoch's start, not the abandoned one's.
-                let mode = Copies::from_env()?;
-                let staged = self.device.is_some() && mode != Copies::Pump;
+                let staged = self.device.is_some() && !upload_in_pump();
                 let epoch = self.inner.epoch(self.device.as_ref(), self.depth, staged)?;
-                // The copy stream of the staged batches' copies.
+                // The copy stream both sides enqueue staged batches' copies on.
                 let copies = match (&self.device, staged) {
-                    (Some(d), true) => Some((d.new_stream()?, mode)),
+                    (Some(d), true) => Some(d.new_stream()?),
                     _ => None,
                 };
                 let id = self.position.begin(self.inner.state_dict().ok());
