@@ -99,6 +99,17 @@ fn upload_in_pump() -> bool {
     matches!(std::env::var_os("LONGSHORE_UPLOAD_IN_PUMP"), Some(v) if !v.is_empty() && v != "0")
 }
 
+/// The value of a string option among two `options`, or a `ValueError` naming the option and
+/// its accepted values.
+fn choice<T>(name: &str, value: &str, options: [(&str, T); 2]) -> PyResult<T> {
+    let [(a, _), (b, _)] = &options;
+    let message = format!("{name} must be '{a}' or '{b}', not {value:?}");
+    options
+        .into_iter()
+        .find_map(|(k, v)| (k == value).then_some(v))
+        .ok_or_else(|| PyValueError::new_err(message))
+}
+
 /// The loader's options, as PyTorch names them.
 pub(crate) struct Options {
     batch_size: usize,
@@ -258,24 +269,22 @@ impl PyLoader {
         cpu_backend: bool,
         worker_priority: &str,
     ) -> PyResult<Self> {
-        let worker_priority = match worker_priority {
-            "normal" => WorkerPriority::Normal,
-            "background" => WorkerPriority::Background,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "worker_priority must be 'normal' or 'background', not {other:?}"
-                )));
-            }
-        };
-        let pinned = match pinned_label {
-            "cuda_host" => PinnedLabel::CudaHost,
-            "cpu" => PinnedLabel::Cpu,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "pinned_label must be 'cuda_host' or 'cpu', not {other:?}"
-                )));
-            }
-        };
+        let worker_priority = choice(
+            "worker_priority",
+            worker_priority,
+            [
+                ("normal", WorkerPriority::Normal),
+                ("background", WorkerPriority::Background),
+            ],
+        )?;
+        let pinned = choice(
+            "pinned_label",
+            pinned_label,
+            [
+                ("cuda_host", PinnedLabel::CudaHost),
+                ("cpu", PinnedLabel::Cpu),
+            ],
+        )?;
         // Device decoding reads the files in the workers and decodes them on the GPU.
         let nvjpeg_files = match decode {
             "cpu" => None,
