@@ -238,10 +238,13 @@ fn persistent_workers_follow_a_topology_change() {
     let topo = fake_topology(dir.path(), "0-1\n", "0\n", &format!("{all}\n"));
     let (before, during, after) = narrowed(first, move || {
         let probe = std::sync::Arc::new(SelfProbe::new(16));
+        // Without the next epoch's prefetch: the first batches of the next epoch would be
+        // loaded at the end of this one, before the topology changes, and be counted with it.
         let loader = DataLoader::builder(probe.clone())
             .batch_size(4)
             .num_workers(2)
             .persistent_workers(true)
+            .prefetch_next_epoch(false)
             .build()
             .unwrap();
         worker_views(&loader);
