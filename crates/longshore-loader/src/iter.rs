@@ -664,6 +664,11 @@ impl<F: Fetch> LoaderIter<F> {
         }
     }
 
+    /// The epoch this iterator runs.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// The position of the item `next` yielded last, and whether it counts as delivered.
     pub(crate) fn last_yielded(&self) -> Option<(u64, bool)> {
         self.last

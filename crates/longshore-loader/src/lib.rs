@@ -44,7 +44,10 @@
 //! * [`DataLoaderBuilder::prefetch_next_epoch`]: with persistent workers, the next epoch's
 //!   first batches load while the current epoch drains (same batches, discarded if the next
 //!   epoch is not the one predicted).
-//! * [`DataLoader::to_device`]: batches on a device through the prefetcher ([`DeviceBatch`]);
+//! * [`DataLoader::to_device`]: batches on a device, copied while the model computes
+//!   ([`DeviceBatch`]); [`DataLoader::with_stage`] with any [`DeviceStage`] (nvJPEG decoding,
+//!   your own kernel) gives a [`DeviceLoader`]: one delivery pipeline (depth, lanes, order,
+//!   resume marks, [`DeviceStats`]) whatever turns host batches into device batches;
 //!   `DataLoader::stream`: an epoch as an executor-agnostic `futures_core::Stream`
 //!   ([`LoaderStream`], feature `stream`, on by default).
 //! * [`LoaderError`]: every error names its worker, batch or sample; its `Display` says what
@@ -90,7 +93,10 @@ mod worker;
 pub use builder::{DataLoaderBuilder, IterableSource};
 pub use collate::{ByDataset, ByItems, ByStream, IntoCollate};
 pub use config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
-pub use device::{DeviceBatch, DeviceIter, HostBatch};
+pub use device::{
+    DeviceBatch, DeviceIter, DeviceLoader, DevicePart, DeviceStage, DeviceStats, StageContext,
+    Upload,
+};
 pub use error::LoaderError;
 #[allow(deprecated)]
 pub use fetch::CollateFetch;

@@ -50,7 +50,7 @@ fn run_on(device: &Device, pin: bool, workers: usize) {
             let batch = item.unwrap().wait_on(&compute).unwrap();
             assert_eq!(batch.shape(0).unwrap()[1], 1);
             assert_eq!(batch.shape(1).unwrap()[1], 3);
-            assert_eq!(batch.storage().device().id(), device.id());
+            assert_eq!(batch.buffer(0).unwrap().device().id(), device.id());
             let host = batch.to_host(&compute).unwrap();
             got.push(ids_of(&host));
         }

@@ -1,0 +1,15 @@
+//! Delivery to a device: one pipeline ([`DeviceLoader`], [`DeviceIter`]) around one seam
+//! ([`DeviceStage`]), yielding one batch type ([`DeviceBatch`]).
+//!
+//! Module order (imports point down): `pipeline` -> `lanes` -> `stage` -> `batch`, `stats`.
+
+mod batch;
+mod lanes;
+mod pipeline;
+mod stage;
+mod stats;
+
+pub use batch::{DeviceBatch, DevicePart};
+pub use pipeline::{DeviceIter, DeviceLoader};
+pub use stage::{DeviceStage, StageContext, Upload};
+pub use stats::DeviceStats;
