@@ -40,7 +40,7 @@ impl RandomSource {
     /// through here, so one seed gives the same boxes on both paths.
     /// `epoch` is the dataset's own, used only outside a loader (see
     /// [`RandomSource::PerSample`]).
-    pub(crate) fn draw<R>(self, epoch: u64, index: usize, f: impl FnOnce(&mut Rng) -> R) -> R {
+    pub fn draw<R>(self, epoch: u64, index: usize, f: impl FnOnce(&mut Rng) -> R) -> R {
         match self {
             RandomSource::Worker => longshore_data::worker::with_rng(f),
             RandomSource::PerSample { seed } => {
@@ -51,8 +51,9 @@ impl RandomSource {
     }
 }
 
-/// SplitMix64's finaliser.
-pub(crate) fn mix(mut z: u64) -> u64 {
+/// SplitMix64's finaliser: a well-mixed 64-bit hash of `z` (the per-sample seeds, and the
+/// nvJPEG stage's fixed choice of which images the CPU decodes).
+pub fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -246,7 +246,7 @@ impl ImageFolder {
 }
 
 /// A decoding error as the [`DataError`] of the file it came from.
-pub(crate) fn invalid(path: &Path, e: crate::decode::DecodeError) -> DataError {
+pub fn invalid(path: &Path, e: crate::decode::DecodeError) -> DataError {
     DataError::InvalidFile {
         path: path.to_path_buf(),
         reason: e.to_string(),

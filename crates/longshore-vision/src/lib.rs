@@ -43,20 +43,15 @@
 //!   [`Compose::imagenet_train`] and [`Compose::imagenet_val`] (PyTorch's ImageNet example).
 //! - [`ImageDataset`]: folder + pipeline, a [`longshore_data::DirectDataset`];
 //!   [`RandomSource`] picks the worker's generator or per-sample streams.
-//! - [`nvjpeg`]: device decoding (feature `cuda`): workers read files into pinned memory
-//!   ([`nvjpeg::EncodedImages`], [`nvjpeg::EncodedCollate`]), nvJPEG decodes on the GPU and one
-//!   kernel crops, resizes and normalises ([`nvjpeg::NvjpegDecoder`], `loader.nvjpeg(..)`).
+//! - GPU decoding with nvJPEG is the `longshore-nvjpeg` crate, a device stage of the loader.
 //! - [`synth`]: an ImageNet-like synthetic folder generator (for benchmarks and examples).
-// Unsafe code only in the FFI modules of `nvjpeg` (libnvjpeg, NVRTC, kernel launches), each
-// block with its SAFETY comment.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod compose;
 pub mod dataset;
 pub mod decode;
 pub mod folder;
 pub mod image;
-pub mod nvjpeg;
 mod resize;
 pub mod synth;
 pub mod transforms;

@@ -421,8 +421,9 @@ impl Normalize {
         Ok(Normalize { mean, std })
     }
 
-    /// Per-channel `(scale, bias)` so that `out = x * scale + bias`.
-    pub(crate) fn affine(&self) -> [(f32, f32); 3] {
+    /// Per-channel `(scale, bias)` so that `out = x * scale + bias` for `x` in 0..=255 (what
+    /// the device kernels apply).
+    pub fn affine(&self) -> [(f32, f32); 3] {
         std::array::from_fn(|c| (1.0 / (255.0 * self.std[c]), -self.mean[c] / self.std[c]))
     }
 }

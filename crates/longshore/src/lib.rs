@@ -71,6 +71,9 @@ pub use longshore_loader as loader;
 #[cfg(feature = "ops")]
 #[doc(inline)]
 pub use longshore_ops as ops;
+#[cfg(feature = "nvjpeg")]
+#[doc(inline)]
+pub use longshore_nvjpeg as nvjpeg;
 #[cfg(feature = "vision")]
 #[doc(inline)]
 pub use longshore_vision as vision;
@@ -120,8 +123,9 @@ pub mod prelude {
     };
     pub use longshore_host::{BudgetPolicy, HostBuffer, MemoryKind, PinnedPool, PoolConfig};
     pub use longshore_loader::{
-        DataLoader, DirectLoader, IterableLoader, LoaderConfig, LoaderError, LoaderState,
-        LoaderStats, LoaderWarning, MapLoader, StackLoader, UnbatchedLoader,
+        DataLoader, DeviceBatch, DeviceLoader, DeviceStage, DirectLoader, IterableLoader,
+        LoaderConfig, LoaderError, LoaderState, LoaderStats, LoaderWarning, MapLoader,
+        StackLoader, UnbatchedLoader, Upload,
     };
     pub use longshore_transfer::{Device, DeviceBuffer, Event, Pending, Prefetcher, Stream};
 }

@@ -60,6 +60,7 @@ type Status = c_int;
 pub(crate) const BACKEND_DEFAULT: c_int = 0;
 /// `NVJPEG_BACKEND_GPU_HYBRID`: Huffman decoding on the GPU too (batched decode of baseline
 /// JPEGs, in batches of more than about 50 images).
+#[cfg(feature = "ceiling")]
 pub(crate) const BACKEND_GPU_HYBRID: c_int = 2;
 pub(crate) const BACKEND_HARDWARE: c_int = 3;
 /// `NVJPEG_OUTPUT_RGB`: planar RGB.

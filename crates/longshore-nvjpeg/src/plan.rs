@@ -1,11 +1,11 @@
-//! [`SamplePlan`]: a [`Compose`](crate::Compose)'s geometry for one image reduced to one
+//! [`SamplePlan`]: a [`Compose`](longshore_vision::Compose)'s geometry for one image reduced to one
 //! resampling, drawn on the host with exactly the CPU pipeline's random draws, and
 //! [`render_reference`], the device kernel's arithmetic on the CPU.
 //!
 //! The CPU pipeline runs its steps on pixels; the device runs one kernel per output pixel. So
 //! the steps are replayed here on the image's *dimensions* only, in the same order and with the
-//! same calls into the generator ([`RandomResizedCrop::get_params`](crate::transforms::RandomResizedCrop::get_params), then
-//! [`RandomHorizontalFlip::draw`](crate::transforms::RandomHorizontalFlip::draw), ...), and what they do to the pixels is summed up as:
+//! same calls into the generator ([`RandomResizedCrop::get_params`](longshore_vision::transforms::RandomResizedCrop::get_params), then
+//! [`RandomHorizontalFlip::draw`](longshore_vision::transforms::RandomHorizontalFlip::draw), ...), and what they do to the pixels is summed up as:
 //!
 //! 1. a box of the decoded image (`box_*`) resampled to `resized_w x resized_h` with PIL's
 //!    antialiased bilinear filter (an identity resampling when no step resizes);
@@ -21,8 +21,8 @@
 use longshore_data::DataError;
 use longshore_data::rng::Rng;
 
-use crate::compose::Step;
-use crate::transforms::{CropBox, Interpolation};
+use longshore_vision::compose::Step;
+use longshore_vision::transforms::{CropBox, Interpolation};
 
 /// Where each pixel of one output image comes from; see the [module docs](self).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -121,6 +121,7 @@ pub fn check_steps(steps: &[Step]) -> Result<(), DataError> {
             Step::Resize(t) => Some(t.get_interpolation()),
             Step::ResizedCrop { interpolation, .. } => Some(*interpolation),
             Step::CenterCrop(_) | Step::RandomHorizontalFlip(_) => None,
+            other => return Err(unsupported(format!("the step {other:?}"))),
         };
         if let Some(i) = interpolation {
             resampling += 1;
@@ -211,7 +212,7 @@ impl State {
 }
 
 /// Replays `steps` on a `width x height` image, drawing from `rng` exactly as
-/// [`Compose`](crate::Compose) does, and returns where each output pixel comes from.
+/// [`Compose`](longshore_vision::Compose) does, and returns where each output pixel comes from.
 ///
 /// # Errors
 /// [`DataError::InvalidArgument`] for a pipeline [`check_steps`] refuses or padding before the
@@ -282,6 +283,7 @@ pub fn plan(
                     s.flip = !s.flip;
                 }
             }
+            other => return Err(unsupported(format!("the step {other:?}"))),
         }
     }
     if (s.view.h, s.view.w) != (out_h as i64, out_w as i64) {

@@ -123,7 +123,7 @@ impl NvjpegDecoder {
         let threads = threads.max(1);
         let mut lanes = Vec::with_capacity(threads);
         for _ in 0..threads {
-            lanes.push(self.take_lane()?);
+            lanes.push(self.lane()?);
         }
         let start = Barrier::new(threads);
         let results: Vec<(NvjpegDecoder, Result<CeilingRun, LoaderError>)> =
@@ -133,7 +133,7 @@ impl NvjpegDecoder {
                     .map(|mut lane| {
                         let start = &start;
                         scope.spawn(move || {
-                            let r = match lane.bind() {
+                            let r = match lane.enter() {
                                 Ok(()) => lane.ceiling_from(batch, stage, iterations, Some(start)),
                                 Err(e) => {
                                     // The others wait for this thread at the barrier.
@@ -156,7 +156,7 @@ impl NvjpegDecoder {
             });
         let (mut images, mut seconds, mut first_err) = (0, 0f64, None);
         for (lane, r) in results {
-            self.keep_lane(lane);
+            self.stats += &lane.stats;
             match r {
                 Ok(run) => {
                     images += run.images;
@@ -230,7 +230,7 @@ impl NvjpegDecoder {
                 CeilingStage::Pipeline | CeilingStage::PipelineChecked => {
                     let mut fence = None;
                     dec.run(seq, batch, &mut fence)?
-                        .map_or(0, |p| p.batch.batch_size() as u64)
+                        .map_or(0, |b| b.batch_size() as u64)
                 }
             })
         };

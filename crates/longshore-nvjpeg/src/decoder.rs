@@ -7,25 +7,28 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use longshore_data::{Batch, DType, DataError, Storage};
+use longshore_data::{Batch, BatchLayout, DType, DataError, Storage};
 use longshore_host::{HostBuffer, HostMemory};
-use longshore_loader::{LoaderError, SampleErrorPolicy};
-use longshore_transfer::{
-    Device, DeviceBuffer, DeviceId, Event, Prefetched, Stream, TransferError,
-};
+use longshore_loader::{DeviceBatch, DevicePart, LoaderError, SampleErrorPolicy};
+use longshore_transfer::{Device, DeviceBuffer, DeviceId, Event, Stream, TransferError};
 
-use super::batch::{Backend, DecodedBy, NvjpegBatch, NvjpegStats};
+use super::batch::{Backend, DecodedBy, NvjpegInfo, NvjpegStats};
 use super::encoded::{EncodedEntry, EncodedImages, Payload, check_limit, entries};
-use super::ffi::{self, Image, NvHandle, NvState};
+#[cfg(feature = "ceiling")]
+use super::ffi::Image;
+use super::ffi::{self, NvHandle, NvState};
 use super::header::has_eoi;
 use super::kernel::{Kernel, PARAMS, context};
-use crate::compose::{Compose, Output};
-use crate::decode::{DecodeOptions, decode_rgb};
-use crate::folder::{ImageFolder, invalid};
+use crate::{IMAGE, LABEL_NAME};
+use longshore_vision::compose::{Compose, Output};
+use longshore_vision::decode::{DecodeOptions, decode_rgb};
+use longshore_vision::folder::{ImageFolder, invalid};
 
+#[cfg(feature = "ceiling")]
 mod ceiling;
 mod enqueue;
 
+#[cfg(feature = "ceiling")]
 pub use ceiling::{CeilingRun, CeilingStage};
 
 /// The nvJPEG handles of a device, made once ([`Device::local`]).
@@ -34,6 +37,7 @@ struct Handles {
     hardware: Result<Arc<NvHandle>, String>,
     /// `NVJPEG_BACKEND_GPU_HYBRID`, made on first use (the ceiling's
     /// [`DecodeCuda`](super::CeilingStage::DecodeCuda) stage).
+    #[cfg_attr(not(feature = "ceiling"), allow(dead_code))]
     gpu: std::sync::OnceLock<Result<Arc<NvHandle>, String>>,
 }
 
@@ -43,6 +47,7 @@ struct Slot {
     default: NvState,
     hardware: Option<NvState>,
     /// A `GPU_HYBRID` state, made by the ceiling's `DecodeCuda` stage.
+    #[cfg_attr(not(feature = "ceiling"), allow(dead_code))]
     gpu: Option<NvState>,
     last: Option<Event>,
     /// Pixels the device stage decoded on the CPU (rare: JPEGs nvJPEG refuses), uploaded
@@ -96,10 +101,6 @@ pub struct NvjpegDecoder {
     stats: NvjpegStats,
     /// The end of the last timed phase: consecutive laps partition the stage's time.
     clock: Instant,
-    /// Lanes of an earlier epoch, kept with their states for the next one
-    /// ([`NvjpegIter::with_lanes`](super::NvjpegIter::with_lanes)): making a hardware state
-    /// costs hundreds of milliseconds.
-    spare_lanes: Vec<NvjpegDecoder>,
 }
 
 impl std::fmt::Debug for NvjpegDecoder {
@@ -223,7 +224,6 @@ impl NvjpegDecoder {
             verify: false,
             stats: NvjpegStats::default(),
             clock: Instant::now(),
-            spare_lanes: Vec::new(),
         };
         decoder.set_depth(2)?;
         if let Ok(v) = ffi::version() {
@@ -234,7 +234,7 @@ impl NvjpegDecoder {
 
     /// Another decoder sharing this one's nvJPEG handles and compiled kernel, with its own
     /// stream, decoding states (as many as this one's) and counts: a lane of a parallel device
-    /// stage ([`NvjpegIter::with_lanes`](super::NvjpegIter::with_lanes)). nvJPEG's handles are
+    /// stage ([`DeviceLoader::lanes`](longshore_loader::DeviceLoader::lanes)). nvJPEG's handles are
     /// thread-safe and its states are not, so each lane has its own states and may run on
     /// its own thread.
     ///
@@ -256,43 +256,14 @@ impl NvjpegDecoder {
             verify: self.verify,
             stats: NvjpegStats::default(),
             clock: Instant::now(),
-            spare_lanes: Vec::new(),
         };
         lane.set_depth(self.slots.len().saturating_sub(1))?;
         Ok(lane)
     }
 
-    /// A lane for a parallel device stage: one kept from an earlier epoch (its states reused,
-    /// its settings brought up to date) or a new [`lane`](NvjpegDecoder::lane).
-    pub(crate) fn take_lane(&mut self) -> Result<NvjpegDecoder, TransferError> {
-        match self.spare_lanes.pop() {
-            Some(mut lane) => {
-                lane.on_error = self.on_error;
-                lane.verify = self.verify;
-                lane.backend = self.backend;
-                lane.set_depth(self.slots.len().saturating_sub(1))?;
-                lane.clock = Instant::now();
-                Ok(lane)
-            }
-            None => self.lane(),
-        }
-    }
-
-    /// Takes back a lane at the end of an epoch: its counts are added to this decoder's, and
-    /// it is kept for the next epoch's [`take_lane`](NvjpegDecoder::take_lane).
-    pub(crate) fn keep_lane(&mut self, mut lane: NvjpegDecoder) {
-        self.stats += &std::mem::take(&mut lane.stats);
-        self.spare_lanes.push(lane);
-    }
-
-    /// Lanes kept from earlier epochs.
-    pub fn spare_lanes(&self) -> usize {
-        self.spare_lanes.len()
-    }
-
     /// Makes the device's context current on the calling thread (nvJPEG's calls use the
     /// thread's current context; a lane thread starts with none).
-    pub(crate) fn bind(&self) -> Result<(), TransferError> {
+    pub(crate) fn enter(&self) -> Result<(), TransferError> {
         let ctx = context(&self.device)?;
         ctx.bind_to_thread().map_err(|e| TransferError::Cuda {
             call: "cuCtxSetCurrent",
@@ -300,6 +271,11 @@ impl NvjpegDecoder {
             device: self.device.id(),
             what: "making the context current for an nvjpeg lane".into(),
         })
+    }
+
+    /// Sets the policy for samples that fail in the device stage (the loader's, at each epoch).
+    pub(crate) fn set_policy(&mut self, policy: SampleErrorPolicy) {
+        self.on_error = policy;
     }
 
     /// What a sample that fails to decode in the device stage does (as the loader's
@@ -320,6 +296,7 @@ impl NvjpegDecoder {
     }
 
     /// The `GPU_HYBRID` handle, made on first use.
+    #[cfg(feature = "ceiling")]
     fn gpu_handle(&self) -> Result<Arc<NvHandle>, TransferError> {
         self.handles
             .gpu
@@ -343,16 +320,6 @@ impl NvjpegDecoder {
         let d = now - self.clock;
         self.clock = now;
         d
-    }
-
-    /// The instant the current lap started.
-    pub(crate) fn clock(&self) -> Instant {
-        self.clock
-    }
-
-    /// The counts and times, to add the iterator's phases to.
-    pub(crate) fn stats_mut(&mut self) -> &mut NvjpegStats {
-        &mut self.stats
     }
 
     /// Makes `depth + 1` decoding states, so `depth` batches can be in flight.
@@ -447,7 +414,9 @@ impl NvjpegDecoder {
         &mut self,
         seq: u64,
         batch: Batch<S>,
-    ) -> Result<Option<Prefetched<NvjpegBatch>>, LoaderError> {
+    ) -> Result<Option<DeviceBatch>, LoaderError> {
+        // The time since the last batch is not the decoder's.
+        self.lap();
         let mut fence = None;
         let out = self.run(seq, &batch, &mut fence);
         let (_, mut storage) = batch.into_parts();
@@ -480,7 +449,7 @@ impl NvjpegDecoder {
         seq: u64,
         batch: &Batch<S>,
         fence: &mut Option<Event>,
-    ) -> Result<Option<Prefetched<NvjpegBatch>>, LoaderError> {
+    ) -> Result<Option<DeviceBatch>, LoaderError> {
         let slot_i = self.next_slot()?;
         self.slots[slot_i].keep.clear();
         let (rows, bytes) = entries(batch)?;
@@ -601,14 +570,16 @@ impl NvjpegDecoder {
             Output::Normalized(_) => ([b, 3, out_h, out_w], DType::F32),
             Output::U8Chw => ([b, 3, out_h, out_w], DType::U8),
             Output::U8Hwc => ([b, out_h, out_w, 3], DType::U8),
+            other => {
+                return Err(LoaderError::Data(DataError::InvalidArgument {
+                    name: "transform",
+                    reason: format!("the nvjpeg stage does not write the output {other:?}"),
+                }));
+            }
         };
-        let batch = NvjpegBatch {
-            images: out,
-            labels: labels_buf,
-            shape,
-            dtype,
+        let info = NvjpegInfo {
             indices: kept.iter().map(|i| i.entry.index).collect(),
-            host_labels: kept.iter().map(|i| i.entry.label).collect(),
+            labels: kept.iter().map(|i| i.entry.label).collect(),
             decoded_by: kept
                 .iter()
                 .map(|i| match i.route {
@@ -619,7 +590,23 @@ impl NvjpegDecoder {
                 })
                 .collect(),
         };
-        Ok(Some(Prefetched { batch, ready: ev }))
+        let mut image = BatchLayout::new(b);
+        image.push(Some(IMAGE.into()), dtype, shape.to_vec())?;
+        let mut label = BatchLayout::new(b);
+        label.push(Some(LABEL_NAME.into()), DType::I64, vec![b])?;
+        let parts = vec![
+            DevicePart {
+                layout: image,
+                storage: out,
+            },
+            DevicePart {
+                layout: label,
+                storage: labels_buf,
+            },
+        ];
+        Ok(Some(
+            DeviceBatch::from_parts(parts, ev)?.with_extension(info),
+        ))
     }
 
     /// The hardware batched decode alone (for [`ceiling`](NvjpegDecoder::ceiling)): `data[i]`
@@ -627,6 +614,7 @@ impl NvjpegDecoder {
     /// per-image checks first when `checked`, or with the `GPU_HYBRID` backend instead when
     /// `cuda`; returns the images decoded. The caller keeps `data` alive and unchanged until
     /// the stream has synchronised.
+    #[cfg(feature = "ceiling")]
     pub(super) fn decode_only(
         &mut self,
         data: &[&[u8]],

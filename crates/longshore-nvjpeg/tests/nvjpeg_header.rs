@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
-use longshore_vision::nvjpeg::header::{Coding, HeaderError, route};
-use longshore_vision::nvjpeg::{EncodedImages, JpegHeader, JpegRoute, Payload};
+use longshore_nvjpeg::header::{Coding, HeaderError, route};
+use longshore_nvjpeg::{EncodedImages, JpegHeader, JpegRoute, Payload};
 use longshore_vision::{Compose, ImageFolder};
 use proptest::prelude::*;
 use zune_jpeg::JpegDecoder;
@@ -174,7 +174,7 @@ fn generated_jpegs_are_walked_and_routed_by_kind() {
 
 #[test]
 fn the_bad_input_fixtures_are_walked_without_panics() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../longshore-vision/tests/fixtures");
     let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
     assert_eq!(
         JpegHeader::walk(&read("empty.jpg")),

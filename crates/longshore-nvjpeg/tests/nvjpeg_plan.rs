@@ -3,8 +3,8 @@
 //! kernel computes) matches the CPU `Compose` pixel for pixel within the stated tolerance.
 
 use longshore_data::rng::epoch_rng;
+use longshore_nvjpeg::plan::{check_steps, plan, render_reference};
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
-use longshore_vision::nvjpeg::plan::{check_steps, plan, render_reference};
 use longshore_vision::synth::{FolderSpec, image_jpeg};
 use longshore_vision::transforms::{
     CenterCrop, CropBox, Interpolation, RandomHorizontalFlip, RandomResizedCrop, Resize,

@@ -11,7 +11,7 @@ use super::super::encoded::EncodedEntry;
 use super::super::ffi::Image;
 use super::super::kernel::PARAMS;
 use super::{Item, NvjpegDecoder, Route};
-use crate::compose::Output;
+use longshore_vision::compose::Output;
 
 impl NvjpegDecoder {
     /// The work of one batch on the stream (inside `enqueue_work`): uploads, decodes, params,
@@ -212,6 +212,11 @@ impl NvjpegDecoder {
             Output::Normalized(n) => (0, n.affine()),
             Output::U8Chw => (1, [(1.0, 0.0); 3]),
             Output::U8Hwc => (2, [(1.0, 0.0); 3]),
+            other => {
+                return Err(TransferError::Invalid(format!(
+                    "the nvjpeg kernel does not write the output {other:?}"
+                )));
+            }
         };
         let (oh, ow) = self.transform.output_size();
         // SAFETY: `out` holds items.len() >= kept images of the output kind; `par` holds
@@ -230,7 +235,7 @@ impl NvjpegDecoder {
 }
 
 /// The kernel reads `box` of a `width x height` image: refuse a plan that would read outside.
-fn check_plan(p: &crate::nvjpeg::SamplePlan, e: &EncodedEntry) -> Result<(), TransferError> {
+fn check_plan(p: &crate::SamplePlan, e: &EncodedEntry) -> Result<(), TransferError> {
     let (w, h) = (e.width as i64, e.height as i64);
     let ok = p.box_x >= 0
         && p.box_y >= 0

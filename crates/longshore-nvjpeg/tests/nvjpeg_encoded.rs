@@ -2,19 +2,16 @@
 //! PNGs as pixels, plans drawn with the CPU pipeline's draws), the loader's on_sample_error
 //! for files whose header does not parse, where libnvjpeg is looked for and what the error
 //! says when it is missing, and that the decoder refuses the Cpu device.
-#![cfg(feature = "cuda")]
 
 mod nvjpeg_support;
 
 use longshore_data::DataError;
 use longshore_loader::{DataLoader, LoaderError, SampleErrorPolicy};
+use longshore_nvjpeg::plan::plan;
+use longshore_nvjpeg::{EncodedCollate, EncodedImages, NVJPEG, NvjpegDecoder, Payload, entries};
 use longshore_transfer::Device;
 use longshore_transfer::cuda_libs::{self, Candidate, SearchEnv};
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
-use longshore_vision::nvjpeg::plan::plan;
-use longshore_vision::nvjpeg::{
-    EncodedCollate, EncodedImages, NVJPEG, NvjpegDecoder, Payload, entries,
-};
 use longshore_vision::{Compose, ImageFolder, RandomSource, sample_rng};
 use nvjpeg_support::write_mixed;
 

@@ -3,7 +3,6 @@
 //! PNG and broken JPEGs under both sample-error policies, u8 outputs, and no leaked pinned
 //! memory. Skips without a driver unless LONGSHORE_REQUIRE_CUDA=1. Each check prints what it
 //! measured (run with `--nocapture`).
-#![cfg(feature = "cuda")]
 
 mod nvjpeg_support;
 
@@ -11,16 +10,15 @@ use std::path::Path;
 
 use longshore_data::{DataError, Dataset, DatasetCollate, Tensor};
 use longshore_host::{HostBuffer, MemoryKind};
-use longshore_loader::{DataLoader, LoaderError, SampleErrorPolicy};
+use longshore_loader::{DataLoader, DeviceBatch, LoaderError, SampleErrorPolicy};
+use longshore_nvjpeg::{
+    Backend, DecodedBy, EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegStats, Payload,
+};
 use longshore_transfer::{Device, Stream};
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
-use longshore_vision::nvjpeg::{
-    Backend, DecodedBy, EncodedCollate, EncodedImages, NvjpegBatch, NvjpegDecoder, NvjpegIter,
-    NvjpegLoader, Payload,
-};
 use longshore_vision::transforms::{CenterCrop, Normalize};
 use longshore_vision::{Compose, ImageFolder, Output, RandomSource};
-use nvjpeg_support::{gpu, write_mixed};
+use nvjpeg_support::{Decoded, gpu, write_mixed};
 
 const SEED: u64 = 42;
 
@@ -35,7 +33,7 @@ fn decode_once(
     decoder: &mut NvjpegDecoder,
     data: &EncodedImages,
     indices: &[usize],
-) -> NvjpegBatch {
+) -> DeviceBatch {
     let staged = EncodedCollate.stage(data, indices).unwrap();
     let n = EncodedCollate.staged_layout(&staged).total_bytes();
     let host = HostBuffer::alloc(MemoryKind::PageLocked, n).unwrap();
@@ -190,11 +188,11 @@ fn check_pipeline_share(
             .unwrap();
         let stream: Stream = decoder.stream().clone();
         let (mut worst_max, mut worst_mean, mut n) = (0f32, 0f32, 0);
-        let mut it = loader.nvjpeg(decoder, 2).unwrap();
-        for batch in it.by_ref() {
+        let on_gpu = loader.with_stage(decoder).depth(2);
+        for batch in on_gpu.iter().unwrap() {
             let batch = batch.unwrap().wait().unwrap();
             let (h, w) = compose.output_size();
-            assert_eq!(batch.shape(), [batch.batch_size(), 3, h, w]);
+            assert_eq!(batch.shape(0).unwrap(), [batch.batch_size(), 3, h, w]);
             let got: Vec<f32> = batch.read_images(&stream).unwrap();
             let per = 3 * h * w;
             for (k, &index) in batch.indices().iter().enumerate() {
@@ -209,11 +207,11 @@ fn check_pipeline_share(
                 worst_mean = worst_mean.max(mean);
                 n += 1;
             }
-            let labels: Vec<i64> = stream.read_to_vec(batch.labels()).unwrap();
+            let labels: Vec<i64> = stream.read_to_vec(batch.buffer(1).unwrap()).unwrap();
             assert_eq!(labels, batch.host_labels());
         }
         assert_eq!(n, data.folder().samples().len());
-        let stats = it.into_decoder().stats();
+        let stats = on_gpu.stage(|d| d.stats()).unwrap();
         eprintln!(
             "{what} ({name}, cpu share {share}): vs the CPU Compose, worst max {worst_max:.2} levels, worst mean {worst_mean:.3}, {} decoded by the workers",
             stats.worker
@@ -290,7 +288,7 @@ fn u8_outputs_match_the_cpu_compose() {
         let mut d = NvjpegDecoder::new(&dev, &data).unwrap();
         let indices: Vec<usize> = (0..data.folder().samples().len()).collect();
         let b = decode_once(&mut d, &data, &indices);
-        assert_eq!(b.dtype(), longshore_data::DType::U8);
+        assert_eq!(b.dtype(0).unwrap(), longshore_data::DType::U8);
         let got: Vec<u8> = b.read_images(d.stream()).unwrap();
         let per = 3 * 64 * 64;
         let mut worst = 0f64;
@@ -335,7 +333,8 @@ fn a_png_is_decoded_by_the_worker_and_broken_jpegs_follow_on_sample_error() {
         .unwrap();
     let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
     let stream = decoder.stream().clone();
-    let mut it = loader.nvjpeg(decoder, 1).unwrap();
+    let on_gpu = loader.with_stage(decoder).depth(1);
+    let mut it = on_gpu.iter().unwrap();
     let batch = it.next().unwrap().unwrap().wait().unwrap();
     let idx = batch.indices().to_vec();
     assert!(!idx.contains(&truncated), "{idx:?}");
@@ -365,9 +364,9 @@ fn a_png_is_decoded_by_the_worker_and_broken_jpegs_follow_on_sample_error() {
         None => eprintln!("the garbled JPEG was refused and skipped"),
     }
     assert!(
-        it.decoder().stats().skipped >= 1,
+        it.stage().unwrap().stats().skipped >= 1,
         "{:?}",
-        it.decoder().stats()
+        it.stage().unwrap().stats()
     );
     drop(it);
 
@@ -375,7 +374,8 @@ fn a_png_is_decoded_by_the_worker_and_broken_jpegs_follow_on_sample_error() {
     let decoder = NvjpegDecoder::new(&dev, &data)
         .unwrap()
         .on_sample_error(SampleErrorPolicy::FailBatch);
-    let mut it = NvjpegIter::new(loader.iter(), decoder, 1).unwrap();
+    let on_gpu = loader.with_stage(decoder).depth(1);
+    let mut it = on_gpu.iter().unwrap();
     match it.next().unwrap() {
         Err(LoaderError::Sample { index, source, .. }) => {
             assert_eq!(index, truncated);
@@ -402,16 +402,18 @@ fn every_pinned_lease_goes_back_to_the_pool() {
         .dataset_collate(EncodedCollate)
         .build()
         .unwrap();
+    let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
+    let on_gpu = loader.with_stage(decoder).depth(2);
     for epoch in 0..2 {
         data.set_epoch(epoch);
-        let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
         let mut n = 0;
-        for b in loader.nvjpeg(decoder, 2).unwrap() {
+        for b in on_gpu.iter().unwrap() {
             n += b.unwrap().wait().unwrap().batch_size();
         }
         assert_eq!(n, data.folder().samples().len());
     }
-    // The decoder (dropped with the iterator) synchronised its stream: every lease is back.
+    // Each lease goes back once its batch's work is done: the decoder's stream, drained.
+    on_gpu.stage(|d| d.stream().synchronize().unwrap()).unwrap();
     let stats = loader.pool().stats();
     assert_eq!(stats.bytes_in_use, 0, "{stats:?}");
 }
@@ -438,14 +440,20 @@ fn lanes_yield_what_one_thread_yields() {
         loader.set_epoch(0);
         let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
         let stream: Stream = decoder.stream().clone();
-        let mut it = loader.nvjpeg_lanes(decoder, lanes, 2).unwrap();
+        let on_gpu = loader.with_stage(decoder).lanes(lanes).depth(2);
         let mut out = Vec::new();
-        for b in it.by_ref() {
+        for b in on_gpu.iter().unwrap() {
             let b = b.unwrap().wait().unwrap();
             let px: Vec<f32> = b.read_images(&stream).unwrap();
             out.push((b.indices().to_vec(), b.host_labels().to_vec(), px));
         }
-        let stats = it.into_decoder().stats();
+        let stats = on_gpu
+            .lanes_kept(|l| {
+                let mut sum = NvjpegStats::default();
+                l.iter().for_each(|d| sum += &d.stats());
+                sum
+            })
+            .unwrap();
         let counted = stats.hardware + stats.default_backend + stats.cpu_fallback + stats.worker;
         assert_eq!(counted as usize, data.folder().samples().len(), "{stats:?}");
         runs.push(out);
@@ -479,21 +487,25 @@ fn lanes_are_kept_across_epochs() {
         .dataset_collate(EncodedCollate)
         .build()
         .unwrap();
-    let mut decoder = NvjpegDecoder::new(&dev, &data).unwrap();
-    assert_eq!(decoder.spare_lanes(), 0);
+    let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
     let stream: Stream = decoder.stream().clone();
+    let on_gpu = loader.with_stage(decoder).lanes(2).depth(2);
     let mut epochs = Vec::new();
     for epoch in 1..=2u64 {
-        let mut it = loader.nvjpeg_lanes(decoder, 2, 2).unwrap();
         let mut out = Vec::new();
-        for b in it.by_ref() {
+        for b in on_gpu.iter().unwrap() {
             let b = b.unwrap().wait().unwrap();
             let px: Vec<f32> = b.read_images(&stream).unwrap();
             out.push((b.indices().to_vec(), px));
         }
-        decoder = it.into_decoder();
-        assert_eq!(decoder.spare_lanes(), 2, "epoch {epoch}");
-        let s = decoder.stats();
+        assert_eq!(on_gpu.lanes_kept(|l| l.len()), Some(2), "epoch {epoch}");
+        let s = on_gpu
+            .lanes_kept(|l| {
+                let mut sum = NvjpegStats::default();
+                l.iter().for_each(|d| sum += &d.stats());
+                sum
+            })
+            .unwrap();
         let counted = s.hardware + s.default_backend + s.cpu_fallback + s.worker;
         assert_eq!(counted as usize, epoch as usize * n, "{s:?}");
         epochs.push(out);
@@ -509,4 +521,78 @@ fn lanes_are_kept_across_epochs() {
         assert!(worst < 1e-4, "reused lanes changed pixels by {worst}");
     }
     assert_eq!(loader.pool().stats().bytes_in_use, 0);
+}
+
+/// A checkpoint after k batches, with the stage holding more than that, restores exactly the
+/// batches the training loop had not received, with the same crops (per-sample randomness),
+/// on one lane and on two.
+#[test]
+fn resume_after_k_batches_yields_the_rest_with_the_same_crops() {
+    let Some(dev) = gpu() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = encoded(dir.path(), Compose::imagenet_train());
+    let build = || {
+        DataLoader::builder(data.clone())
+            .batch_size(3)
+            .num_workers(2)
+            .shuffle(true)
+            .seed(11)
+            .pin_memory(true)
+            .dataset_collate(EncodedCollate)
+            .build()
+            .unwrap()
+    };
+    let read = |b: DeviceBatch, stream: &Stream| {
+        let b = b.wait().unwrap();
+        (b.indices().to_vec(), b.read_images::<f32>(stream).unwrap())
+    };
+    for lanes in [1, 2] {
+        let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
+        let stream: Stream = decoder.stream().clone();
+        let full_loader = build();
+        let full: Vec<_> = full_loader
+            .with_stage(decoder)
+            .lanes(lanes)
+            .depth(2)
+            .iter()
+            .unwrap()
+            .map(|b| read(b.unwrap(), &stream))
+            .collect();
+        let k = 2;
+        assert!(
+            full.len() > k + 2 * lanes,
+            "the stage must hold batches past k"
+        );
+        let first = build();
+        let on_gpu = first
+            .with_stage(NvjpegDecoder::new(&dev, &data).unwrap())
+            .lanes(lanes)
+            .depth(2);
+        let mut it = on_gpu.iter().unwrap();
+        let mut got: Vec<_> = (0..k)
+            .map(|_| read(it.next().unwrap().unwrap(), &stream))
+            .collect();
+        let state = first.state_dict().unwrap();
+        drop(it);
+        let resumed = build();
+        resumed.load_state_dict(&state).unwrap();
+        let rest = resumed
+            .with_stage(NvjpegDecoder::new(&dev, &data).unwrap())
+            .lanes(lanes);
+        got.extend(rest.iter().unwrap().map(|b| read(b.unwrap(), &stream)));
+        assert_eq!(got.len(), full.len(), "lanes {lanes}");
+        for (a, b) in got.iter().zip(&full) {
+            assert_eq!(a.0, b.0, "lanes {lanes}");
+            let worst =
+                a.1.iter()
+                    .zip(&b.1)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+            assert!(
+                worst < 1e-4,
+                "lanes {lanes}: the resumed crops differ by {worst}"
+            );
+        }
+    }
 }

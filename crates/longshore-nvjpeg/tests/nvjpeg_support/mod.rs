@@ -70,3 +70,36 @@ pub fn write_mixed(root: &Path, broken: bool) {
         .unwrap();
     }
 }
+
+/// What the tests read of an nvJPEG device batch: its [`NvjpegInfo`] and its images.
+pub trait Decoded {
+    fn info(&self) -> &longshore_nvjpeg::NvjpegInfo;
+    fn indices(&self) -> &[usize] {
+        self.info().indices()
+    }
+    fn decoded_by(&self) -> &[longshore_nvjpeg::DecodedBy] {
+        self.info().decoded_by()
+    }
+    fn host_labels(&self) -> &[i64] {
+        self.info().labels()
+    }
+    /// The images tensor, copied back to the host.
+    fn read_images<T: longshore_data::Element>(
+        &self,
+        stream: &longshore_transfer::Stream,
+    ) -> Result<Vec<T>, longshore_loader::LoaderError>;
+}
+
+impl Decoded for longshore_loader::DeviceBatch {
+    fn info(&self) -> &longshore_nvjpeg::NvjpegInfo {
+        self.extension()
+            .expect("an nvjpeg batch carries its NvjpegInfo")
+    }
+    fn read_images<T: longshore_data::Element>(
+        &self,
+        stream: &longshore_transfer::Stream,
+    ) -> Result<Vec<T>, longshore_loader::LoaderError> {
+        let host = self.to_host(stream)?;
+        Ok(host.tensor::<T>(0)?.to_vec())
+    }
+}

@@ -14,10 +14,10 @@ use longshore_data::{Batch, BatchLayout, DType, DataError, Dataset, DatasetColla
 
 use super::header::{JpegHeader, JpegRoute};
 use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
-use crate::compose::Compose;
-use crate::dataset::{RandomSource, mix};
-use crate::decode::{DecodeError, DecodeOptions, ImageFormat, decode_rgb, probe};
-use crate::folder::{ImageFolder, invalid};
+use longshore_vision::compose::Compose;
+use longshore_vision::dataset::{RandomSource, mix};
+use longshore_vision::decode::{DecodeError, DecodeOptions, ImageFormat, decode_rgb, probe};
+use longshore_vision::folder::{ImageFolder, invalid};
 
 /// How a sample's bytes are stored in a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -268,7 +268,7 @@ impl EncodedImages {
         }
     }
 
-    /// Chooses where random transforms draw from (as [`crate::ImageDataset::random_source`]:
+    /// Chooses where random transforms draw from (as [`longshore_vision::ImageDataset::random_source`]:
     /// the same source and seed draw the same boxes on both paths).
     pub fn random_source(mut self, random: RandomSource) -> EncodedImages {
         self.random = random;
@@ -277,7 +277,7 @@ impl EncodedImages {
 
     /// Sets the epoch of [`RandomSource::PerSample`] streams for samples staged outside a
     /// loader (shared by clones); inside a loader the loader's epoch applies, as for
-    /// [`crate::ImageDataset::set_epoch`].
+    /// [`longshore_vision::ImageDataset::set_epoch`].
     pub fn set_epoch(&self, epoch: u64) {
         self.epoch.store(epoch, Ordering::Relaxed);
     }
@@ -326,7 +326,8 @@ impl EncodedImages {
                 Ok(h) if (h.width, h.height) == (header.width, header.height) => h.route(),
                 _ => JpegRoute::Check,
             },
-            ImageFormat::Png => JpegRoute::CpuHuffman,
+            // PNG, and any format the CPU decoder learns later: decoded by the workers.
+            _ => JpegRoute::CpuHuffman,
         };
         let on_cpu = route == JpegRoute::Hardware && self.decode_on_cpu(index);
         let (bytes, payload) = match route {
