@@ -232,7 +232,7 @@ fn run_device_normalize(args: &Args, device: &Device, path: &std::path::Path) ->
             ops::normalize_u8(
                 &compute,
                 &norm,
-                View::new(batch.storage(), offset),
+                View::new(batch.buffer(0)?, offset),
                 ViewMut::from(&mut out),
                 n,
             )?;

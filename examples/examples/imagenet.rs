@@ -20,11 +20,11 @@ use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use longshore::data::{Dataset, DirectCollate};
 use longshore::loader::{DataLoader, Tuner};
+use longshore::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder};
 use longshore::ops::{
     self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
 };
 use longshore::transfer::{DeviceBuffer, Stream};
-use longshore::vision::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageDataset, ImageFolder};
 use longshore_examples::{DeviceChoice, data_root, pick_device};
@@ -330,8 +330,8 @@ fn main() -> Result<()> {
                 let (xo, yo) = (batch.spec(0)?.offset, batch.spec(1)?.offset);
                 head.step(
                     &compute,
-                    View::new(batch.storage(), xo),
-                    View::new(batch.storage(), yo),
+                    View::new(batch.buffer(0)?, xo),
+                    View::new(batch.buffer(1)?, yo),
                     b,
                     &mut stats,
                     training,
@@ -381,49 +381,57 @@ fn train_nvjpeg(
         }
         b.build()
     };
+    // Each loader keeps its decoder (the device stage) across epochs.
     let loaders = [
-        ("train", build(&train, true)?, true),
-        ("val", build(&val, false)?, false),
-    ];
-    let mut decoders = [
-        Some(NvjpegDecoder::new(device, &train)?),
-        Some(NvjpegDecoder::new(device, &val)?),
+        (
+            "train",
+            build(&train, true)?.with_stage(NvjpegDecoder::new(device, &train)?),
+            true,
+        ),
+        (
+            "val",
+            build(&val, false)?.with_stage(NvjpegDecoder::new(device, &val)?),
+            false,
+        ),
     ];
     let compute = device.new_stream()?;
     let mut head = Head::new(&compute, 3 * 224 * 224, classes, args.batch_size, args.lr)?;
     let mut stats = compute.alloc_zeroed(CrossEntropyStats::LEN * 4)?;
     for epoch in 0..args.epochs {
-        for (k, (phase, l, training)) in loaders.iter().enumerate() {
+        for (phase, on_gpu, training) in &loaders {
             let t = Instant::now();
+            let l = on_gpu.loader();
             l.set_epoch(epoch as u64);
             l.reset_stats();
             compute.memset(&mut stats, 0)?;
             let mut seen = 0;
-            let decoder = decoders[k].take().context("decoder")?;
-            let mut it = l.nvjpeg(decoder, 2)?;
-            for item in &mut it {
+            let before = on_gpu.stage(|d| d.stats()).context("the decoder")?;
+            for item in on_gpu.iter()? {
                 let batch = item?.wait_on(&compute)?;
                 let b = batch.batch_size();
                 head.step(
                     &compute,
-                    View::new(batch.images(), 0),
-                    View::new(batch.labels(), 0),
+                    View::new(batch.buffer(0)?, 0),
+                    View::new(batch.buffer(1)?, 0),
                     b,
                     &mut stats,
                     *training,
                 )?;
                 seen += b;
             }
-            let d = it.into_decoder();
-            let ds = d.stats();
-            decoders[k] = Some(d);
+            let after = on_gpu.stage(|d| d.stats()).context("the decoder")?;
+            let (hardware, default, cpu) = (
+                after.hardware - before.hardware,
+                after.default_backend - before.default_backend,
+                after.cpu_fallback + after.worker - before.cpu_fallback - before.worker,
+            );
             let st = CrossEntropyStats::from_slice(&compute.read_to_vec::<f32>(&stats)?)?;
             println!(
                 "epoch {} {phase:<5} (nvjpeg: {} hardware, {} default, {} cpu): loss {:.4}  accuracy {:>5.1}%  {:>6.0} images/s  waited {:>4.1}% for data",
                 epoch + 1,
-                ds.hardware,
-                ds.default_backend,
-                ds.cpu_fallback + ds.worker,
+                hardware,
+                default,
+                cpu,
                 st.loss_sum / seen.max(1) as f64,
                 100.0 * st.correct as f64 / seen.max(1) as f64,
                 seen as f64 / t.elapsed().as_secs_f64(),

@@ -637,8 +637,8 @@ pub fn train_with_hook(
             let (xo, yo) = (batch.spec(0)?.offset, batch.spec(1)?.offset);
             model.train_step(
                 &compute,
-                View::new(batch.storage(), xo),
-                View::new(batch.storage(), yo),
+                View::new(batch.buffer(0)?, xo),
+                View::new(batch.buffer(1)?, yo),
                 b,
                 &mut stats,
                 hook,

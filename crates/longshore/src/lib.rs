@@ -68,12 +68,12 @@ pub use longshore_dlpack as dlpack;
 pub use longshore_host as host;
 #[doc(inline)]
 pub use longshore_loader as loader;
-#[cfg(feature = "ops")]
-#[doc(inline)]
-pub use longshore_ops as ops;
 #[cfg(feature = "nvjpeg")]
 #[doc(inline)]
 pub use longshore_nvjpeg as nvjpeg;
+#[cfg(feature = "ops")]
+#[doc(inline)]
+pub use longshore_ops as ops;
 #[cfg(feature = "vision")]
 #[doc(inline)]
 pub use longshore_vision as vision;
@@ -124,8 +124,8 @@ pub mod prelude {
     pub use longshore_host::{BudgetPolicy, HostBuffer, MemoryKind, PinnedPool, PoolConfig};
     pub use longshore_loader::{
         DataLoader, DeviceBatch, DeviceLoader, DeviceStage, DirectLoader, IterableLoader,
-        LoaderConfig, LoaderError, LoaderState, LoaderStats, LoaderWarning, MapLoader,
-        StackLoader, UnbatchedLoader, Upload,
+        LoaderConfig, LoaderError, LoaderState, LoaderStats, LoaderWarning, MapLoader, StackLoader,
+        UnbatchedLoader, Upload,
     };
     pub use longshore_transfer::{Device, DeviceBuffer, Event, Pending, Prefetcher, Stream};
 }

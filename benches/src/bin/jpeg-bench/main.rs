@@ -33,11 +33,9 @@ use clap::Parser;
 use longshore::data::rng::epoch_rng;
 use longshore::data::{AlignedBuf, DirectCollate};
 use longshore::host::HostBuffer;
+use longshore::nvjpeg::{CeilingStage, EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegStats};
 use longshore::prelude::*;
 use longshore::vision::decode::{DecodeOptions, decode_rgb, decode_rgb_into};
-use longshore::vision::nvjpeg::{
-    CeilingStage, EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader,
-};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageFolder};
 use serde_json::{Value, json};
@@ -261,17 +259,22 @@ fn steady_nvjpeg(
     }
     let loader = b.build()?;
     let compute = device.new_stream()?;
-    let mut decoder = Some(NvjpegDecoder::new(device, files)?);
+    // The decoder is the loader's device stage, kept (with its lanes) across epochs.
+    let on_gpu = loader
+        .with_stage(NvjpegDecoder::new(device, files)?)
+        .lanes(lanes)
+        .depth(2);
     // Where each epoch's wall time goes, outside the device stage's own phases: starting the
-    // epoch's iterator, its first batch, the rest, the final synchronise, taking the decoder
-    // back; the warm-up epoch (index 0) apart from the timed ones (index 1).
+    // epoch's iterator, its first batch, the rest, the final synchronise, ending the epoch
+    // (the lanes back to the loader); the warm-up epoch (index 0) apart from the timed ones
+    // (index 1).
     let mut epoch_phases = [[std::time::Duration::ZERO; 5]; 2];
     let mut epochs_run = 0usize;
     let run_epoch = || -> Result<usize> {
         let epoch_phases = &mut epoch_phases[usize::from(epochs_run > 0)];
         epochs_run += 1;
         let t = Instant::now();
-        let mut it = loader.nvjpeg_lanes(decoder.take().context("decoder")?, lanes, 2)?;
+        let mut it = on_gpu.iter()?;
         epoch_phases[0] += t.elapsed();
         let t = Instant::now();
         let mut n = 0;
@@ -287,7 +290,7 @@ fn steady_nvjpeg(
         compute.synchronize()?;
         epoch_phases[3] += t.elapsed();
         let t = Instant::now();
-        decoder = Some(it.into_decoder());
+        drop(it);
         epoch_phases[4] += t.elapsed();
         Ok(n)
     };
@@ -299,10 +302,17 @@ fn steady_nvjpeg(
             "first_batch": ms(p[1], n),
             "all_batches": ms(p[2], n),
             "synchronize": ms(p[3], n),
-            "into_decoder": ms(p[4], n),
+            "end_epoch": ms(p[4], n),
         })
     };
-    let stats = decoder.as_ref().map(|d| d.stats()).unwrap_or_default();
+    let stats = on_gpu
+        .lanes_kept(|l| {
+            let mut sum = NvjpegStats::default();
+            l.iter().for_each(|d| sum += &d.stats());
+            sum
+        })
+        .unwrap_or_default();
+    let delivery = on_gpu.stats();
     let mut run = run_json(
         workers,
         true,
@@ -322,13 +332,16 @@ fn steady_nvjpeg(
         "checked_by_nvjpeg": stats.checked,
         "hardware_batch_failures": stats.hardware_batch_failures,
     });
-    // The device stage, per image over every epoch (warm-up included): every phase of its
-    // loop, which sum to its wall time (`unaccounted` is the clock's own cost with one lane).
+    // The device stage, per image over every epoch (warm-up included): the decoder's phases
+    // (summed over lanes), then the delivery's (the iterating thread's).
     let mut phases = serde_json::Map::new();
     for (name, d) in stats.phases() {
         phases.insert(name.into(), json!(us(d)));
     }
-    phases.insert("wall".into(), json!(us(stats.wall_time)));
+    phases.insert("source_wait".into(), json!(us(delivery.source_wait)));
+    phases.insert("lane_wait".into(), json!(us(delivery.lane_wait)));
+    phases.insert("consumer".into(), json!(us(delivery.consumer_time)));
+    phases.insert("wall".into(), json!(us(delivery.wall_time)));
     run["device_stage_us_per_image"] = Value::Object(phases);
     run["cpu_share_of_jpegs"] = json!(cpu_share);
     // Per timed epoch, and the warm-up epoch (the decoder's states made, the workers started)

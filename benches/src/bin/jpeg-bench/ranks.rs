@@ -13,8 +13,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use longshore::data::{Dataset, DirectCollate, DistributedSampler};
 use longshore::loader::{DataLoader, Tuner};
+use longshore::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder};
 use longshore::transfer::Device;
-use longshore::vision::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader};
 use longshore::vision::{Compose, ImageDataset, ImageFolder};
 use longshore_benches::world::{Gate, world};
 use serde_json::{Value, json};
@@ -197,15 +197,13 @@ fn nvjpeg_world(
             .seed(0)
             .build()?;
         let compute = dev.new_stream()?;
-        let mut decoder = Some(NvjpegDecoder::new(dev, files)?);
+        let on_gpu = loader.with_stage(NvjpegDecoder::new(dev, files)?).depth(2);
         let epoch = || -> Result<usize> {
-            let mut it = loader.nvjpeg_lanes(decoder.take().context("decoder")?, 1, 2)?;
             let mut seen = 0;
-            for item in &mut it {
+            for item in on_gpu.iter()? {
                 seen += item?.wait_on(&compute)?.batch_size();
             }
             compute.synchronize()?;
-            decoder = Some(it.into_decoder());
             Ok(seen)
         };
         timed(&loader, rank, gate, epochs, epoch)

@@ -149,7 +149,7 @@ impl<'d> Consumer<'d> {
                         ops::normalize_u8(
                             cs,
                             norm,
-                            View::new(batch.storage(), offset),
+                            View::new(batch.buffer(0)?, offset),
                             ViewMut::from(out),
                             n,
                         )?;
