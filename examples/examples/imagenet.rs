@@ -20,14 +20,14 @@ use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use longshore::data::{Dataset, DirectCollate};
 use longshore::loader::{DataLoader, Tuner};
-use longshore::ops::{
-    self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
-};
 use longshore::transfer::{DeviceBuffer, Stream};
 use longshore::vision::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegLoader};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageDataset, ImageFolder};
 use longshore_examples::{DeviceChoice, data_root, pick_device};
+use longshore_ops::{
+    self as ops, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
+};
 
 /// Train a linear head on an ImageFolder with PyTorch's ImageNet transforms.
 #[derive(Debug, Parser)]
