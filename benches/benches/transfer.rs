@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use longshore::host::{HostBuffer, MemoryKind};
-use longshore::transfer::bench_support::{bare_dtoh, bare_htod};
 use longshore::transfer::{Device, DeviceBuffer, Stream, UploadMode};
+use longshore_benches::bare::{bare_dtoh, bare_htod};
 
 #[derive(Clone, Copy, Debug)]
 enum Source {

@@ -4,7 +4,7 @@
 //! * (a) normalising on the CPU in the loader's workers (`Normalize` transform), then copying
 //!   `f32` batches to the device;
 //! * (b) copying the `u8` batches (a quarter of the bytes) and normalising on the device with
-//!   `longshore::ops::normalize_u8`.
+//!   `longshore_ops::normalize_u8`.
 //!
 //! ```text
 //! cargo run --release --example image_pipeline
@@ -22,11 +22,11 @@ use longshore::data::{
     DType, DatasetExt, DirectCollate, ImageLayout, Normalize, NpyDataset, write_npy,
 };
 use longshore::loader::DataLoader;
-use longshore::ops::{self, NormalizeU8, View, ViewMut};
 use longshore::transfer::{Device, Event};
 use longshore_examples::{
     DeviceChoice, data_root, expect_tensor, npy_has_shape, pick_device, progress, write_atomically,
 };
+use longshore_ops::{self as ops, NormalizeU8, View, ViewMut};
 
 const C: usize = 3;
 const H: usize = 224;

@@ -21,13 +21,13 @@ use clap::Parser;
 use longshore::data::{Dataset, DirectCollate};
 use longshore::loader::{DataLoader, Tuner};
 use longshore::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder};
-use longshore::ops::{
-    self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
-};
 use longshore::transfer::{DeviceBuffer, Stream};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, ImageDataset, ImageFolder};
 use longshore_examples::{DeviceChoice, data_root, pick_device};
+use longshore_ops::{
+    self as ops, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
+};
 
 /// Train a linear head on an ImageFolder with PyTorch's ImageNet transforms.
 #[derive(Debug, Parser)]

@@ -1,5 +1,5 @@
 //! Trains a small MLP classifier on a generated dataset, memory-mapped from `.npy` files and fed
-//! to the device by longshore's `DataLoader`, with all the math in `longshore::ops`.
+//! to the device by longshore's `DataLoader`, with all the math in `longshore_ops`.
 //!
 //! ```text
 //! cargo run --release --example train                      # GPU if there is one, else CPU

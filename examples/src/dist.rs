@@ -17,9 +17,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use longshore::collective::{Communicator, CpuGroup, Rendezvous};
 use longshore::data::DistEnv;
 use longshore::transfer::Stream;
+use longshore_collective::{Communicator, CpuGroup, Rendezvous};
 
 /// The variable naming the shared file of the file rendezvous.
 pub const ID_FILE_VAR: &str = "LONGSHORE_NCCL_ID_FILE";

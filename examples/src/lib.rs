@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use longshore::ops;
 use longshore::transfer::Device;
+use longshore_ops as ops;
 use rand::Rng;
 
 pub mod dist;

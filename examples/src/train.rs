@@ -1,7 +1,7 @@
 //! The `train` example: an MLP classifier trained with softmax cross-entropy and SGD with
 //! momentum on a generated, learnable dataset memory-mapped from `.npy` files, fed by a
 //! `DataLoader` (workers, pinned memory, shuffling) through `to_device`, with all the math in
-//! `longshore::ops` on the chosen device: the same code on the Cpu device and a GPU.
+//! `longshore_ops` on the chosen device: the same code on the Cpu device and a GPU.
 //!
 //! Data-parallel training ([`train_distributed`]): each rank loads its share through a
 //! `DistributedSampler` (rank `r` of `W` gets positions `r, r + W, ...` of the epoch's
@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
-use longshore::collective::Communicator;
 use longshore::data::{DType, DirectCollate, DistributedSampler, NpyDataset, Zip, write_npy};
 use longshore::loader::DataLoader;
-use longshore::ops::{
-    self, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
-};
 use longshore::transfer::{Device, DeviceBuffer, Event, Stream};
+use longshore_collective::Communicator;
+use longshore_ops::{
+    self as ops, Activation, CrossEntropyArgs, CrossEntropyStats, GemmArgs, Sgd, View, ViewMut,
+};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;

@@ -2,9 +2,9 @@
 //! first epoch's and accuracy is well above chance, on the Cpu device (always) and on CUDA
 //! (skipped without a usable GPU, required with LONGSHORE_REQUIRE_CUDA=1).
 
-use longshore::ops;
 use longshore::transfer::Device;
 use longshore_examples::train::{CLASSES, TrainConfig, train};
+use longshore_ops as ops;
 
 fn small_config(tag: &str) -> TrainConfig {
     let dir =

@@ -98,8 +98,6 @@ pub use formats::{
 };
 /// `#[derive(Sample)]`: a struct of tensor fields as a dataset item (see [`Sample`]).
 pub use longshore_derive::Sample;
-#[allow(deprecated)]
-pub use sampler::BatchedSampler;
 pub use sampler::{
     BatchIter, BatchSampler, BatchSampling, DistributedSampler, DistributedSamplerBuilder,
     IndexIter, RandomSampler, Sampler, SamplerState, SequentialSampler, SubsetRandomSampler,
@@ -111,20 +109,3 @@ pub use transform::{
     TransformExt,
 };
 pub use worker::WorkerInfo;
-
-/// The memory-mapped datasets' old path; use [`formats`] (they moved to
-/// [`formats::npy`] and [`formats::records`]).
-#[deprecated(since = "0.1.0", note = "moved to `longshore_data::formats`")]
-pub mod mmap {
-    pub use crate::formats::{
-        AccessPattern, NpyArray, NpyDataset, NpyShards, RecordDataset, RecordField, RecordLayout,
-    };
-}
-
-/// The `.npy` format's old path; use [`formats::npy`].
-#[deprecated(since = "0.1.0", note = "moved to `longshore_data::formats::npy`")]
-pub mod npy {
-    pub use crate::formats::npy::{
-        MAGIC, NpyHeader, encode_header, encode_npy, parse_header, write_npy, write_npy_bytes,
-    };
-}

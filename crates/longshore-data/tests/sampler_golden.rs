@@ -236,20 +236,8 @@ fn boxed_samplers_are_usable() {
     }
 }
 
-/// The struct's old name still compiles (deprecated) and is the same type.
+/// The builder's defaults are PyTorch's (shuffle=True, seed=0, drop_last=False).
 #[test]
-#[allow(deprecated)]
-fn old_batched_sampler_name_is_the_struct() {
-    let old: longshore_data::BatchedSampler<SequentialSampler> =
-        longshore_data::BatchedSampler::new(SequentialSampler::new(5), 2, true).unwrap();
-    let new: BatchSampler<SequentialSampler> = old;
-    assert_eq!(new.iter().collect::<Vec<_>>(), vec![vec![0, 1], vec![2, 3]]);
-}
-
-/// The builder's defaults are PyTorch's (shuffle=True, seed=0, drop_last=False), and the
-/// deprecated positional constructor builds the same sampler.
-#[test]
-#[allow(deprecated)]
 fn distributed_builder_defaults_are_pytorchs() {
     let default = DistributedSampler::builder(10, 3, 1).build().unwrap();
     let explicit = DistributedSampler::builder(10, 3, 1)
@@ -259,10 +247,6 @@ fn distributed_builder_defaults_are_pytorchs() {
         .build()
         .unwrap();
     assert_eq!(default, explicit);
-    assert_eq!(
-        default,
-        DistributedSampler::new(10, 3, 1, true, 0, false).unwrap()
-    );
     // drop_last=False pads: ceil(10 / 3) indices on every rank.
     assert_eq!(default.len(), 4);
     // shuffle=True: the order is a seeded permutation, not 1, 4, 7, 0.

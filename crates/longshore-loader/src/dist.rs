@@ -23,9 +23,10 @@
 //! `checkpoint/loader-rank{RANK}.json` next to the model, written by each rank, or gathered to
 //! rank 0), and have each rank restore its own after the restart with the same world size.
 //!
-//! **Gradients across ranks**: `longshore::transfer::collective` (feature `nccl`) has the
-//! `Communicator` whose `all_reduce_sum` sums a device buffer over every rank in place: NCCL
-//! on the GPU of [`local_device`], its unique id shared through
+//! **Gradients across ranks**: the `train` example's support crate `longshore-collective`
+//! (`examples/support/collective`, not part of the library) has a `Communicator` whose
+//! `all_reduce_sum` sums a device buffer over every rank in place: NCCL on the GPU of
+//! [`local_device`], its unique id shared through
 //! `Rendezvous::torchrun(MASTER_ADDR, MASTER_PORT, ..)` (rank 0 listens on `MASTER_PORT + 1`,
 //! since torchrun's own store holds `MASTER_PORT`) or a shared file; or a `CpuGroup` of ranks
 //! as threads on the Cpu device, to test data-parallel code without GPUs. The `train` example

@@ -62,9 +62,6 @@ impl<T: sealed::Sealed> Fetch for T {
 /// (page-locked with `pin_memory`). Named through the aliases
 /// [`MapLoader`](crate::MapLoader), [`StackLoader`](crate::StackLoader) and
 /// [`DirectLoader`](crate::DirectLoader).
-///
-/// Was `CollateFetch`, which differed from longshore-data's [`FetchCollate`](longshore_data::FetchCollate)
-/// only in word order.
 #[derive(Debug)]
 pub struct MapFetch<D, C> {
     pub(crate) dataset: Arc<D>,
@@ -250,13 +247,6 @@ pub struct IterableFetch<D, C> {
     pub(crate) drop_last: bool,
     pub(crate) on_error: SampleErrorPolicy,
 }
-
-/// The old name of [`MapFetch`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed to `MapFetch` (it read like longshore-data's `FetchCollate`); or name the loader with `MapLoader`/`StackLoader`/`DirectLoader`"
-)]
-pub type CollateFetch<D, C> = MapFetch<D, C>;
 
 /// One worker's stream for an epoch.
 #[doc(hidden)]

@@ -57,8 +57,7 @@
 //!
 //! * `cuda` (default): the CUDA backend of the layers below (loaded at run time).
 //! * `stream` (default): `DataLoader::stream` and [`LoaderStream`]. It works with any
-//!   executor (tokio's `sync` channel is used without its runtime). `tokio` is the old name
-//!   of this feature, kept as an alias for one release.
+//!   executor (tokio's `sync` channel is used without its runtime).
 //!
 //! # Logging
 //!
@@ -98,8 +97,6 @@ pub use device::{
     Upload,
 };
 pub use error::LoaderError;
-#[allow(deprecated)]
-pub use fetch::CollateFetch;
 pub use fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
 pub use iter::LoaderIter;
 pub use loader::{

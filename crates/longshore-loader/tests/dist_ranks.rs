@@ -50,9 +50,6 @@ fn ids(batch: longshore_data::Batch<longshore_host::PoolBuffer>) -> Vec<usize> {
 }
 
 /// What every rank together must see in `epoch`: PyTorch's padded (or truncated) list.
-// The positional `DistributedSampler::new` may become a deprecated alias of a builder
-// (longshore-data, issue 13): this reference computation keeps compiling either way.
-#[allow(deprecated)]
 fn expected_counts(
     len: usize,
     world: usize,

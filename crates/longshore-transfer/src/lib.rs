@@ -33,18 +33,16 @@
 //! * [`Pending`]: a value (a copy's source or destination) reachable once the copy completes.
 //! * [`UploadMode`], [`Stager`], [`StagingConfig`]: pageable uploads, direct or staged through
 //!   pooled page-locked chunks by several threads.
-//! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostStorage`], [`DeviceStorage`] (formerly `HostBatch` / `DeviceBatch`): keep N batches
+//! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostStorage`], [`DeviceStorage`]: keep N batches
 //!   in flight on a copy stream and hand them to a compute stream.
 //! * [`GpuTopology`] ([`Device::topology`]): a GPU's PCI address, NUMA node and nearest CPUs.
 //! * [`TransferError`]: what can fail, with the CUDA error name and what was being done.
-//! * Seams for crates above (longshore-ops, longshore-collective, decoders, DLPack):
+//! * Seams for crates above (decoders, DLPack, the examples' device operations and
+//!   all-reduce):
 //!   [`Stream::enqueue_work`] (your own kernels or `Cpu` closures, ordered and tracked like
 //!   copies), [`Stream::as_raw`] / [`Stream::from_raw`] (the native `CUstream`),
 //!   [`Stream::local`] (per-stream state), [`DeviceBuffer::device_ptr`] and
 //!   [`DeviceBuffer::cpu_memory`] ([`CpuMemory`]).
-//!
-//! The device f32 operations and the all-reduce that used to live here as `ops` and
-//! `collective` are the crates `longshore-ops` and `longshore-collective`.
 //!
 //! # Backends
 //!
@@ -60,8 +58,6 @@
 //! How CUDA futures are woken, and what it costs, is described in the [`event`] module.
 
 mod backend;
-#[doc(hidden)]
-pub mod bench_support;
 mod buffer;
 pub mod cuda_libs;
 mod device;
@@ -81,8 +77,6 @@ pub use error::{Result, TransferError};
 pub use event::{Event, EventFuture};
 pub use id::DeviceId;
 pub use pending::Pending;
-#[allow(deprecated)]
-pub use prefetch::{DeviceBatch, HostBatch};
 pub use prefetch::{DeviceStorage, HostStorage, Prefetched, Prefetcher, ToDevice, upload_new};
 pub use staging::{Stager, StagingConfig, UploadMode};
 pub use stream::Stream;

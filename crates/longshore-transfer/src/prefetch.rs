@@ -105,20 +105,6 @@ pub struct DeviceStorage<M> {
     pub meta: M,
 }
 
-/// Deprecated name of [`HostStorage`].
-#[deprecated(
-    since = "0.2.0",
-    note = "renamed `HostStorage` (the loader has its own batch types)"
-)]
-pub type HostBatch<S, M> = HostStorage<S, M>;
-
-/// Deprecated name of [`DeviceStorage`].
-#[deprecated(
-    since = "0.2.0",
-    note = "renamed `DeviceStorage` (the loader has its own `DeviceBatch`)"
-)]
-pub type DeviceBatch<M> = DeviceStorage<M>;
-
 impl<S: HostMemory, M: Send + 'static> ToDevice for HostStorage<S, M> {
     type Output = DeviceStorage<M>;
     fn to_device(self, stream: &Stream) -> Result<DeviceStorage<M>> {

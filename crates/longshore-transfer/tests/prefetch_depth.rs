@@ -112,28 +112,6 @@ fn pool_leases_and_metadata_flow_through_and_errors_pass_in_order() {
     );
 }
 
-/// The names before the rename still work for one release (deprecated aliases).
-#[test]
-#[allow(deprecated)]
-fn the_old_batch_names_are_deprecated_aliases() {
-    use longshore_transfer::{DeviceBatch, HostBatch, ToDevice};
-    let stream = Device::cpu().new_stream().unwrap();
-    let batch: HostBatch<longshore_host::HostBuffer, u32> = HostBatch {
-        storage: longshore_host::HostBuffer::from_slice(
-            longshore_host::MemoryKind::Pageable,
-            &[4u8; 8],
-        )
-        .unwrap(),
-        meta: 7,
-    };
-    let on_device: DeviceBatch<u32> = batch.to_device(&stream).unwrap();
-    assert_eq!(on_device.meta, 7);
-    assert_eq!(
-        stream.read_to_vec::<u8>(&on_device.storage).unwrap(),
-        vec![4u8; 8]
-    );
-}
-
 /// A source counting how many batches were pulled, on a copy stream held shut by a host
 /// function until `release` is sent: no copy completes before that.
 fn gated(

@@ -69,19 +69,3 @@ fn prelude_builds_a_loader_and_delivers_to_the_cpu_device() {
     }
     assert_eq!(labels, (0..10).collect::<Vec<i64>>());
 }
-
-/// `longshore::ops` and `longshore::collective` (features `ops`, `nccl`), and the deprecated
-/// paths under `longshore::transfer` that still resolve for one release.
-#[cfg(all(feature = "ops", feature = "nccl"))]
-#[test]
-#[allow(deprecated)]
-fn ops_and_collective_paths_resolve_old_and_new() {
-    let _: fn(&longshore::transfer::Device) -> longshore::transfer::Result<()> =
-        longshore::ops::available;
-    let _: fn(&longshore::transfer::Device) -> longshore::transfer::Result<()> =
-        longshore::transfer::ops::available;
-    let _: Option<longshore::ops::Activation> = None;
-    let _: Option<longshore::transfer::ops::Activation> = None;
-    let group = longshore::collective::CpuGroup::new(1).unwrap();
-    let _: Option<longshore::transfer::collective::CpuGroup> = Some(group);
-}

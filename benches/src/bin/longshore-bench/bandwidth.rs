@@ -5,8 +5,8 @@ use std::hint::black_box;
 
 use anyhow::Result;
 use longshore::host::{HostBuffer, MemoryKind};
-use longshore::transfer::bench_support::{bare_dtoh, bare_htod};
 use longshore::transfer::{Device, UploadMode};
+use longshore_benches::bare::{bare_dtoh, bare_htod};
 use longshore_benches::measure::{gbps, print_table, size_label};
 use serde_json::json;
 
@@ -134,7 +134,7 @@ fn cuda(ctx: &mut Ctx, dev: &Device, sizes: &[usize]) -> Result<()> {
         // Pageable: direct (the driver's own path) and staged, both against the bare copy.
         let mut src = HostBuffer::pageable(bytes)?;
         src.as_bytes_mut().fill(1);
-        let bare = reps.time(|| Ok(bare_htod(&stream, src.as_bytes(), &mut d)?))?;
+        let bare = reps.time(|| bare_htod(&stream, src.as_bytes(), &mut d))?;
         for (kind, mode) in [
             ("pageable direct", UploadMode::Direct),
             ("pageable staged", UploadMode::Staged),
@@ -160,20 +160,15 @@ fn cuda(ctx: &mut Ctx, dev: &Device, sizes: &[usize]) -> Result<()> {
                 k => k.as_str(),
             };
             if kind != MemoryKind::Pageable {
-                let bare = reps.time(|| Ok(bare_htod(&stream, held(&buf).as_bytes(), &mut d)?))?;
+                let bare = reps.time(|| bare_htod(&stream, held(&buf).as_bytes(), &mut d))?;
                 let ours = reps.time(|| {
                     buf = Some(stream.upload(take(&mut buf), &mut d)?.wait()?);
                     Ok(())
                 })?;
                 t.row("H2D", name, bytes, ours, bare);
             }
-            let bare = reps.time(|| {
-                Ok(bare_dtoh(
-                    &stream,
-                    &d,
-                    buf.as_mut().expect("held").as_bytes_mut(),
-                )?)
-            })?;
+            let bare =
+                reps.time(|| bare_dtoh(&stream, &d, buf.as_mut().expect("held").as_bytes_mut()))?;
             let ours = reps.time(|| {
                 buf = Some(stream.download(&d, take(&mut buf))?.wait()?);
                 Ok(())

@@ -19,9 +19,9 @@ use longshore::data::{
 };
 use longshore::host::PoolBuffer;
 use longshore::loader::{DataLoader, DataLoaderBuilder, Fetch, Placement, WorkerPriority};
-use longshore::ops::{self, NormalizeU8, View, ViewMut};
 use longshore::transfer::{Device, DeviceBuffer, Event, Stream};
 use longshore_benches::workload;
+use longshore_ops::{self as ops, NormalizeU8, View, ViewMut};
 
 use crate::Ctx;
 use crate::profile::Profile;

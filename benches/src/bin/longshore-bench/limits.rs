@@ -18,7 +18,7 @@ use longshore::data::normalize::NormalizeKernel;
 use longshore::data::{Dataset, NpyDataset};
 use longshore::data::{ImageLayout, Normalize};
 use longshore::host::{HostBuffer, MemoryKind};
-use longshore::transfer::bench_support::bare_htod;
+use longshore_benches::bare::bare_htod;
 use longshore_benches::measure::{gbps, print_table, size_label};
 use longshore_benches::workload::SplitMix64;
 use serde_json::json;
@@ -112,7 +112,7 @@ pub(crate) fn run(ctx: &mut Ctx) -> Result<()> {
             let mut d = stream.alloc_zeroed(bytes)?;
             let per = (64 * MIB / bytes).clamp(1, 64);
             let s = median_secs(if quick { 5 } else { 11 }, per, || {
-                Ok(bare_htod(&stream, src.as_bytes(), &mut d)?)
+                bare_htod(&stream, src.as_bytes(), &mut d)
             })?;
             let g = gbps(bytes, s);
             match w {

@@ -237,11 +237,3 @@ impl<S: BatchSampling + ?Sized> BatchSampling for Box<S> {
         (**self).restore(state)
     }
 }
-
-/// The old name of [`BatchSampler`] (the struct), from before the trait was renamed
-/// [`BatchSampling`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed `BatchSampler`, PyTorch's name; the trait it implements is now `BatchSampling`"
-)]
-pub type BatchedSampler<S> = BatchSampler<S>;

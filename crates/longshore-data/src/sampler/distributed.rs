@@ -49,29 +49,6 @@ impl DistributedSampler {
         }
     }
 
-    /// The share of replica `rank` of `num_replicas` of a dataset of `len` items.
-    ///
-    /// # Errors
-    /// [`DataError::InvalidArgument`] when `num_replicas == 0` or `rank >= num_replicas`.
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `DistributedSampler::builder(len, num_replicas, rank)` with `.shuffle()`, `.seed()`, `.drop_last()` (PyTorch's defaults)"
-    )]
-    pub fn new(
-        len: usize,
-        num_replicas: usize,
-        rank: usize,
-        shuffle: bool,
-        seed: u64,
-        drop_last: bool,
-    ) -> Result<DistributedSampler, DataError> {
-        DistributedSampler::builder(len, num_replicas, rank)
-            .shuffle(shuffle)
-            .seed(seed)
-            .drop_last(drop_last)
-            .build()
-    }
-
     /// Indices over all replicas (`num_samples * num_replicas`).
     pub fn total_size(&self) -> usize {
         self.num_samples * self.num_replicas

@@ -20,8 +20,6 @@ use crate::rng::{below, epoch_rng, permutation, unit_f64};
 mod batch;
 mod distributed;
 
-#[allow(deprecated)]
-pub use batch::BatchedSampler;
 pub use batch::{BatchSampler, BatchSampling};
 pub use distributed::{DistributedSampler, DistributedSamplerBuilder};
 

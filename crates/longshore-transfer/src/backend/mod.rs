@@ -288,37 +288,6 @@ impl StreamImpl {
             Self::Cuda(s) => s.bind(),
         }
     }
-
-    /// One bare copy of `src` into the start of `mem`, then a wait for the stream: the
-    /// benchmarks' baseline, with none of the crate's machinery. The range fits.
-    pub(crate) fn bare_htod(&self, mem: &MemImpl, src: &[u8]) -> Result<()> {
-        match (self, mem) {
-            (Self::Cpu(s), MemImpl::Cpu(m)) => {
-                s.record()?.wait();
-                m.lock()[..src.len()].copy_from_slice(src);
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            (Self::Cuda(s), MemImpl::Cuda(m)) => s.bare_htod(m, src),
-            #[cfg(feature = "cuda")]
-            _ => Err(mixed("bare copy")),
-        }
-    }
-
-    /// [`bare_htod`](Self::bare_htod)'s device -> host twin.
-    pub(crate) fn bare_dtoh(&self, mem: &MemImpl, dst: &mut [u8]) -> Result<()> {
-        match (self, mem) {
-            (Self::Cpu(s), MemImpl::Cpu(m)) => {
-                s.record()?.wait();
-                dst.copy_from_slice(&m.lock()[..dst.len()]);
-                Ok(())
-            }
-            #[cfg(feature = "cuda")]
-            (Self::Cuda(s), MemImpl::Cuda(m)) => s.bare_dtoh(m, dst),
-            #[cfg(feature = "cuda")]
-            _ => Err(mixed("bare copy")),
-        }
-    }
 }
 
 /// The backend of an event. Cheap to clone.

@@ -316,38 +316,6 @@ impl CuStream {
         }
         .map_err(|e| self.err("cuMemcpyDtoDAsync", e, format!("copying {len} bytes")))
     }
-
-    /// `cuMemcpyHtoDAsync` into the start of `m` + `cuStreamSynchronize`.
-    pub(crate) fn bare_htod(&self, m: &CuMem, src: &[u8]) -> Result<()> {
-        self.bind()?;
-        // SAFETY: the range fits `m` (checked), and we synchronise before `src`'s borrow ends.
-        unsafe { htod(&self.stream, m.ptr, src.as_ptr(), src.len()) }.map_err(|e| {
-            self.err(
-                "cuMemcpyHtoDAsync",
-                e,
-                format!("bare copy of {} bytes", src.len()),
-            )
-        })?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("cuStreamSynchronize", e, "bare copy".into()))
-    }
-
-    /// `cuMemcpyDtoHAsync` from the start of `m` + `cuStreamSynchronize`.
-    pub(crate) fn bare_dtoh(&self, m: &CuMem, dst: &mut [u8]) -> Result<()> {
-        self.bind()?;
-        // SAFETY: the range fits `m` (checked), and we synchronise before `dst`'s borrow ends.
-        unsafe { dtoh(&self.stream, dst.as_mut_ptr(), m.ptr, dst.len()) }.map_err(|e| {
-            self.err(
-                "cuMemcpyDtoHAsync",
-                e,
-                format!("bare copy of {} bytes", dst.len()),
-            )
-        })?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("cuStreamSynchronize", e, "bare copy".into()))
-    }
 }
 
 /// Device memory from `cuMemAllocAsync` (or `cuMemAlloc` where memory pools are missing).

@@ -193,7 +193,7 @@ impl Member {
                 bytes[r.offset..r.offset + r.bytes].copy_from_slice(bytemuck::cast_slice(&sum));
             }
             Err(reason) => {
-                tracing::error!(target: "longshore::collective", rank = self.rank, round, %reason, "cpu all-reduce failed");
+                tracing::error!(target: "longshore_collective", rank = self.rank, round, %reason, "cpu all-reduce failed");
                 lock(&self.error).get_or_insert(reason);
             }
         }

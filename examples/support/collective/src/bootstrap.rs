@@ -61,7 +61,7 @@ impl Rendezvous {
         if let Rendezvous::File { path, .. } = self
             && let Err(e) = std::fs::remove_file(path)
         {
-            tracing::warn!(target: "longshore::collective", path = %path.display(), error = %e, "removing the nccl id file");
+            tracing::warn!(target: "longshore_collective", path = %path.display(), error = %e, "removing the nccl id file");
         }
     }
 }
@@ -218,10 +218,10 @@ fn serve(
                         conns.push((r, conn));
                     }
                     Ok(r) => {
-                        tracing::warn!(target: "longshore::collective", %peer, rank = r, world, "nccl rendezvous: a rank outside the world, or one already served, connected")
+                        tracing::warn!(target: "longshore_collective", %peer, rank = r, world, "nccl rendezvous: a rank outside the world, or one already served, connected")
                     }
                     Err(err) => {
-                        tracing::warn!(target: "longshore::collective", %peer, error = %err, "nccl rendezvous: ignored a connection")
+                        tracing::warn!(target: "longshore_collective", %peer, error = %err, "nccl rendezvous: ignored a connection")
                     }
                 }
             }

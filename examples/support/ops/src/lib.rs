@@ -2,6 +2,10 @@
 //! enqueued on a [`Stream`]: enough to train a small model on the batches a loader delivers,
 //! on either backend, with one code path.
 //!
+//! It is a support crate of longshore's example training binaries (`examples/`), not part of
+//! the library and not published: real models use candle, burn or PyTorch over
+//! `DeviceBatch::cuda_ptr` or DLPack.
+//!
 //! ```
 //! use longshore_transfer::Device;
 //! use longshore_ops::{self as ops, Activation, GemmArgs, View, ViewMut};

@@ -167,7 +167,7 @@ fn record(shared: &Shared, lost: Lost) -> bool {
     let mut l = shared.lost.lock().unwrap_or_else(|p| p.into_inner());
     if l.is_none() {
         *l = Some(lost);
-        tracing::error!(target: "longshore::collective", rank = lost.rank, left = lost.left, "a rank of the job is gone");
+        tracing::error!(target: "longshore_collective", rank = lost.rank, left = lost.left, "a rank of the job is gone");
         true
     } else {
         false

@@ -55,7 +55,7 @@ fn with_mems<R>(
             }
             ([j], false) => dst_refs[*j] = Some(&mut **g),
             _ => {
-                tracing::error!(target: "longshore::ops", "an op's output aliases another of its buffers; skipped");
+                tracing::error!(target: "longshore_ops", "an op's output aliases another of its buffers; skipped");
                 return None;
             }
         }

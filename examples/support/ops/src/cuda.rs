@@ -228,7 +228,7 @@ fn kernels(op: &'static str, ordinal: usize) -> Result<Arc<Kernels>> {
         _module: module,
     });
     map.insert(ordinal, k.clone());
-    tracing::debug!(target: "longshore::ops", device = ordinal, "ops kernels loaded");
+    tracing::debug!(target: "longshore_ops", device = ordinal, "ops kernels loaded");
     Ok(k)
 }
 

@@ -148,7 +148,7 @@ impl Drop for Blas {
         if let Ok(api) = blas_api() {
             // SAFETY: the handle is valid and never used again.
             if let Err(e) = blas_check("cublasDestroy_v2", unsafe { (api.destroy)(self.handle) }) {
-                tracing::error!(target: "longshore::ops", error = %e, "destroying a cuBLAS handle");
+                tracing::error!(target: "longshore_ops", error = %e, "destroying a cuBLAS handle");
             }
         }
     }

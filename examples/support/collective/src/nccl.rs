@@ -246,7 +246,7 @@ impl Watch {
             if e.is_some() {
                 return;
             }
-            tracing::error!(target: "longshore::collective", rank = self.rank, world = self.world, reason = %why, "aborting the nccl communicator");
+            tracing::error!(target: "longshore_collective", rank = self.rank, world = self.world, reason = %why, "aborting the nccl communicator");
             *e = Some(why);
         }
         let comm = self.comm.swap(std::ptr::null_mut(), Ordering::AcqRel);
@@ -254,7 +254,7 @@ impl Watch {
             return;
         }
         if let Err(e) = bind(&self.ctx) {
-            tracing::error!(target: "longshore::collective", error = %e, "binding the context to abort an nccl communicator");
+            tracing::error!(target: "longshore_collective", error = %e, "binding the context to abort an nccl communicator");
         }
         // Take the call lock when it comes within a second, so the abort normally runs while
         // no other NCCL call is in progress on this communicator. A caller can hold it for
@@ -276,7 +276,7 @@ impl Watch {
         // caller can start a new call with it and it is neither aborted nor destroyed twice;
         // see above for a call that may still be running in it.
         if let Err(e) = check(unsafe { (self.api.comm_abort)(comm) }) {
-            tracing::error!(target: "longshore::collective", rank = self.rank, error = %e, "ncclCommAbort failed");
+            tracing::error!(target: "longshore_collective", rank = self.rank, error = %e, "ncclCommAbort failed");
         }
         drop(guard);
     }
@@ -406,7 +406,7 @@ impl NcclComm {
         if comm.is_null() {
             return Err(fail("no communicator returned".into()));
         }
-        tracing::info!(target: "longshore::collective", rank, world, device = ordinal, "nccl communicator ready");
+        tracing::info!(target: "longshore_collective", rank, world, device = ordinal, "nccl communicator ready");
         let watch = Arc::new(Watch {
             comm: AtomicPtr::new(comm),
             calls: Mutex::new(()),
@@ -531,14 +531,14 @@ impl Drop for NcclComm {
             return; // aborted after a failure: nothing left to destroy
         }
         if let Err(e) = bind(&self.watch.ctx) {
-            tracing::error!(target: "longshore::collective", error = %e, "binding the context to destroy an nccl communicator");
+            tracing::error!(target: "longshore_collective", error = %e, "binding the context to destroy an nccl communicator");
         }
         let _calls = Watch::lock(&self.watch.calls);
         // SAFETY: the communicator is valid, swapped out above so it is never used again, and
         // the watchdog has stopped. Buffers of enqueued all-reduces are kept alive by their
         // events.
         if let Err(e) = check(unsafe { (self.watch.api.comm_destroy)(comm) }) {
-            tracing::error!(target: "longshore::collective", rank = self.rank, error = %e, "ncclCommDestroy failed");
+            tracing::error!(target: "longshore_collective", rank = self.rank, error = %e, "ncclCommDestroy failed");
         }
     }
 }

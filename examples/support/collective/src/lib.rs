@@ -3,6 +3,9 @@
 //! region of a device buffer across every rank, in place, enqueued on a stream like any
 //! operation of [`longshore_ops`].
 //!
+//! It is a support crate of longshore's example training binaries (`examples/`, the
+//! data-parallel `train`), not part of the library and not published.
+//!
 //! ```
 //! use longshore_transfer::Device;
 //! use longshore_collective::CpuGroup;
