@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use longshore_data::{
+use longshore::data::{
     DType, DataError, Dataset, DirectCollate, DirectDataset, FieldSpec, ImageLayout, Normalize,
     NpyDataset, RecordDataset, RecordLayout, Tensor, Zip,
 };

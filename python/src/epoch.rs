@@ -31,9 +31,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded};
-use longshore_dlpack::{DlpackError, DlpackTensor, ExportOptions, export_device, export_host};
-use longshore_loader::{LoaderError, LoaderState};
-use longshore_transfer::{Device, Stream};
+use longshore::dlpack::{DlpackError, DlpackTensor, ExportOptions, export_batch, export_host};
+use longshore::loader::{LoaderError, LoaderState};
+use longshore::transfer::{Device, Stream};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -237,15 +237,7 @@ impl Room {
 fn batch_bytes(h: &Handoff) -> usize {
     match h {
         Handoff::Host(b) | Handoff::Staged(b) => b.layout().total_bytes(),
-        Handoff::Device(p) => p.batch.layout().total_bytes(),
-        Handoff::Nvjpeg(p) => {
-            let b = &p.batch;
-            b.shape()
-                .iter()
-                .product::<usize>()
-                .saturating_mul(b.dtype().size())
-                .saturating_add(b.batch_size() * 8)
-        }
+        Handoff::Device(b) => b.parts().iter().map(|p| p.layout.total_bytes()).sum(),
     }
 }
 
@@ -293,11 +285,7 @@ fn wait(rx: &Receiver<Ready>, poll: Duration) -> Result<Ready, RecvTimeoutError>
 fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackError> {
     match h {
         Handoff::Host(b) => export_host(b, opts),
-        Handoff::Device(p) => {
-            let (layout, storage) = p.batch.into_parts();
-            export_device(&layout, storage, Some(p.ready), opts)
-        }
-        Handoff::Nvjpeg(p) => crate::nvjpeg::export(p, opts),
+        Handoff::Device(b) => export_batch(b, opts),
         Handoff::Staged(_) => Err(DlpackError::Unsupported {
             what: "a batch for the device",
             reason: "its copy to the device was not enqueued".into(),
@@ -342,7 +330,7 @@ fn pump(
         })) {
             Ok(r) => r,
             Err(p) => {
-                let message = longshore_data::worker::panic_message(p);
+                let message = longshore::data::worker::panic_message(p);
                 let _ = out.send(Ready {
                     reply: Reply::Failed(LoaderError::WorkerPanicked {
                         worker: 0,

@@ -2,9 +2,9 @@
 //! a missing file `FileNotFoundError`, a failing sample `longshore.SampleError` naming the
 //! sample, batch and file, everything else `longshore.LoaderError` (a `RuntimeError`).
 
-use longshore_data::DataError;
-use longshore_dlpack::DlpackError;
-use longshore_loader::LoaderError;
+use longshore::data::DataError;
+use longshore::dlpack::DlpackError;
+use longshore::loader::LoaderError;
 use pyo3::exceptions::{
     PyBufferError, PyFileNotFoundError, PyOSError, PyRuntimeError, PyTimeoutError, PyValueError,
 };
@@ -77,6 +77,6 @@ pub(crate) fn dlpack_err(e: DlpackError) -> PyErr {
 }
 
 /// A transfer error (opening a device, a stream operation).
-pub(crate) fn transfer_err(e: longshore_transfer::TransferError) -> PyErr {
+pub(crate) fn transfer_err(e: longshore::transfer::TransferError) -> PyErr {
     LoaderFailure::new_err(message(&e))
 }

@@ -20,8 +20,8 @@ use pyo3::prelude::*;
 #[pyfunction]
 fn cuda_status() -> (bool, Option<String>) {
     (
-        longshore_host::driver_available(),
-        longshore_host::driver_unavailable_reason(),
+        longshore::host::driver_available(),
+        longshore::host::driver_unavailable_reason(),
     )
 }
 

@@ -4,15 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use longshore_data::Batch;
-use longshore_dlpack::{ExportOptions, PinnedLabel};
-use longshore_host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
-use longshore_loader::{
+use longshore::data::Batch;
+use longshore::dlpack::{ExportOptions, PinnedLabel};
+use longshore::host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
+use longshore::loader::{
     DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderState, LoaderStats,
     WorkerPriority,
 };
-use longshore_transfer::{Device, Prefetched};
-use longshore_vision::nvjpeg::NvjpegBatch;
+use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -29,9 +28,8 @@ pub(crate) enum Handoff {
     /// A host batch still to be copied to the epoch's device (by the epoch thread or by
     /// `__next__`: see [`crate::upload`]).
     Staged(Batch<PoolBuffer>),
-    Device(Prefetched<DeviceBatch>),
-    /// A batch decoded on the device by nvJPEG.
-    Nvjpeg(Prefetched<NvjpegBatch>),
+    /// A batch on the device, whatever stage made it (an upload, nvJPEG).
+    Device(DeviceBatch),
 }
 
 pub(crate) type Epoch = Box<dyn Iterator<Item = Result<Handoff, LoaderError>> + Send>;
@@ -178,7 +176,7 @@ impl PyPinnedPool {
         wait_timeout: f64,
         pinned: Option<bool>,
     ) -> PyResult<Self> {
-        let pinned = pinned.unwrap_or_else(longshore_host::driver_available);
+        let pinned = pinned.unwrap_or_else(longshore::host::driver_available);
         let kind = if pinned {
             MemoryKind::PageLocked
         } else {
@@ -384,7 +382,7 @@ impl PyLoader {
         };
         let inner = py
             .detach(|| match (nvjpeg_files, device.as_ref()) {
-                (Some(files), Some(d)) => crate::nvjpeg::build(files, options, d),
+                (Some(files), Some(d)) => crate::nvjpeg::build(files, options, d, 2),
                 _ => build(source, options),
             })
             .map_err(loader_err)?;
@@ -539,9 +537,6 @@ impl PyLoader {
                             b.batch_size()
                         }
                         (Handoff::Device(p), Some(cs)) => {
-                            p.wait_on(cs).map_err(|e| e.to_string())?.batch_size()
-                        }
-                        (Handoff::Nvjpeg(p), Some(cs)) => {
                             p.wait_on(cs).map_err(|e| e.to_string())?.batch_size()
                         }
                         (Handoff::Staged(_), _) | (_, None) => {

@@ -4,9 +4,9 @@
 use std::ffi::CStr;
 use std::sync::Mutex;
 
-use longshore_dlpack::ffi::{DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
-use longshore_dlpack::{DlpackTensor, wants_versioned};
-use longshore_transfer::Device;
+use longshore::dlpack::ffi::{DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
+use longshore::dlpack::{DlpackTensor, wants_versioned};
+use longshore::transfer::Device;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -142,7 +142,7 @@ impl PyTensor {
             device_id: id,
         });
         let prepare =
-            move || -> Result<DlpackTensor, (longshore_dlpack::DlpackError, DlpackTensor)> {
+            move || -> Result<DlpackTensor, (longshore::dlpack::DlpackError, DlpackTensor)> {
                 if let Err(e) = t.request(want, copy) {
                     return Err((e, t));
                 }

@@ -19,9 +19,9 @@
 use std::ffi::c_void;
 use std::sync::Mutex;
 
-use longshore_dlpack::ffi::DLDeviceType;
-use longshore_dlpack::{DlpackTensor, hand_all_to};
-use longshore_transfer::{Device, Stream};
+use longshore::dlpack::ffi::DLDeviceType;
+use longshore::dlpack::{DlpackTensor, hand_all_to};
+use longshore::transfer::{Device, Stream};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -119,11 +119,11 @@ pub(crate) fn _cuda_bytes_copied_on(
     stream: usize,
     data: Vec<u8>,
 ) -> PyResult<PyTensor> {
-    use longshore_data::{BatchLayout, DType};
-    use longshore_host::HostBuffer;
+    use longshore::data::{BatchLayout, DType};
+    use longshore::host::HostBuffer;
     let n = data.len();
     let tensor = py
-        .detach(|| -> Result<DlpackTensor, longshore_dlpack::DlpackError> {
+        .detach(|| -> Result<DlpackTensor, longshore::dlpack::DlpackError> {
             let dev = Device::cuda(device)?;
             let own = dev.new_stream()?;
             let mut buf = own.alloc_zeroed(n.max(1))?;
@@ -133,7 +133,7 @@ pub(crate) fn _cuda_bytes_copied_on(
             // buffer was allocated on this crate's own stream, so nothing is freed on `raw`.
             let foreign = unsafe { Stream::from_raw(&dev, stream as *mut c_void) }?;
             let mut host = HostBuffer::page_locked(n.max(1))
-                .map_err(longshore_transfer::TransferError::from)?;
+                .map_err(longshore::transfer::TransferError::from)?;
             host[..n].copy_from_slice(&data);
             let pending = foreign.upload(host, &mut buf)?;
             let ready = pending.event().clone();
@@ -141,15 +141,15 @@ pub(crate) fn _cuda_bytes_copied_on(
             let mut layout = BatchLayout::new(1);
             layout
                 .push(Some("bytes".into()), DType::U8, vec![n])
-                .map_err(|e| longshore_dlpack::DlpackError::Unsupported {
+                .map_err(|e| longshore::dlpack::DlpackError::Unsupported {
                     what: "a test tensor",
                     reason: e.to_string(),
                 })?;
-            let mut out = longshore_dlpack::export_device(
+            let mut out = longshore::dlpack::export_device(
                 &layout,
                 buf,
                 Some(ready),
-                &longshore_dlpack::ExportOptions::default(),
+                &longshore::dlpack::ExportOptions::default(),
             )?;
             Ok(out.remove(0))
         })

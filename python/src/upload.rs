@@ -15,10 +15,10 @@
 
 use std::collections::VecDeque;
 
-use longshore_data::Batch;
-use longshore_host::PoolBuffer;
-use longshore_loader::{DeviceBatch, HostBatch};
-use longshore_transfer::{Event, Prefetched, Stream, ToDevice, TransferError};
+use longshore::data::Batch;
+use longshore::host::PoolBuffer;
+use longshore::loader::DeviceBatch;
+use longshore::transfer::{Event, Stream, TransferError, upload_new};
 
 /// Copies one side may have enqueued and not seen complete before it waits for the oldest
 /// (the `Prefetcher`'s bound for a depth of 2).
@@ -46,7 +46,7 @@ impl Uploader {
         &mut self,
         batch: Batch<PoolBuffer>,
         wait: impl FnOnce(Event) -> Result<(), TransferError>,
-    ) -> Result<Prefetched<DeviceBatch>, TransferError> {
+    ) -> Result<DeviceBatch, TransferError> {
         while self.copies.len() >= MAX_COPIES {
             let Some(oldest) = self.copies.pop_front() else {
                 break;
@@ -56,9 +56,11 @@ impl Uploader {
                 break;
             }
         }
-        let batch = HostBatch(batch).to_device(&self.stream)?;
+        let (layout, host) = batch.into_parts();
+        // The lease returns to its pool once the copy has completed.
+        let storage = upload_new(&self.stream, host)?;
         let ready = self.stream.record()?;
         self.copies.push_back(ready.clone());
-        Ok(Prefetched { batch, ready })
+        Ok(DeviceBatch::new(layout, storage, ready))
     }
 }

@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use longshore_data::{DType, DataError, Dataset, DirectCollate, Tensor};
-use longshore_vision::nvjpeg::EncodedImages;
-use longshore_vision::transforms::{
+use longshore::data::{DType, DataError, Dataset, DirectCollate, Tensor};
+use longshore::nvjpeg::EncodedImages;
+use longshore::vision::transforms::{
     CenterCrop, Interpolation, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
-use longshore_vision::{
+use longshore::vision::{
     Compose, DecodeOptions, ImageDataset, ImageFolder, ImageFolderOptions, Output, Step,
 };
 use pyo3::exceptions::PyValueError;
@@ -261,7 +261,7 @@ pub(crate) fn write_synthetic_folder(
     quality: u8,
     seed: u64,
 ) -> PyResult<(usize, u64, bool)> {
-    let spec = longshore_vision::synth::FolderSpec {
+    let spec = longshore::vision::synth::FolderSpec {
         classes,
         per_class,
         mean_area,
@@ -269,7 +269,7 @@ pub(crate) fn write_synthetic_folder(
         seed,
     };
     let r = py
-        .detach(|| longshore_vision::synth::write_folder(&root, &spec))
+        .detach(|| longshore::vision::synth::write_folder(&root, &spec))
         .map_err(|e| {
             pyo3::exceptions::PyOSError::new_err(format!(
                 "cannot write the synthetic folder {}: {e}",

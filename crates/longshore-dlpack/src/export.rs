@@ -167,6 +167,29 @@ pub fn export_device(
     export_layout(layout, &src)
 }
 
+/// Exports every tensor of a loader's [`DeviceBatch`] (whatever stage made it: an upload,
+/// nvJPEG, your own), in the batch's tensor order, each ready after the batch's event; each
+/// device buffer is freed when the last tensor in it is released.
+///
+/// # Errors
+/// As [`export_device`], for any of the batch's buffers.
+pub fn export_batch(
+    batch: longshore_loader::DeviceBatch,
+    options: &ExportOptions,
+) -> Result<Vec<DlpackTensor>, DlpackError> {
+    let (parts, ready) = batch.into_parts();
+    let mut out = Vec::new();
+    for part in parts {
+        out.extend(export_device(
+            &part.layout,
+            part.storage,
+            Some(ready.clone()),
+            options,
+        )?);
+    }
+    Ok(out)
+}
+
 fn export_layout(layout: &BatchLayout, src: &Source<'_>) -> Result<Vec<DlpackTensor>, DlpackError> {
     // One event for the whole export, shared: a consumer waits for it once per batch
     // (`hand_all_to`). Not queried here: a query is a driver call, as much as the consumer's
