@@ -71,7 +71,9 @@ pub mod dataset;
 pub mod dist;
 pub mod dtype;
 mod error;
+pub mod field;
 pub mod formats;
+pub mod image;
 pub mod normalize;
 pub mod rng;
 pub mod sampler;
@@ -79,19 +81,20 @@ pub mod tensor;
 pub mod transform;
 pub mod worker;
 
+pub use batch::{AlignedBuf, Batch, BatchLayout, Storage, TENSOR_ALIGN, TensorSpec};
 pub use collate::{
-    AlignedBuf, Batch, BatchLayout, Collate, DatasetCollate, DirectCollate, FetchCollate,
-    FieldTransform, PadCollate, StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN,
-    TensorSpec,
+    Collate, DatasetCollate, DirectCollate, FetchCollate, PadCollate, StackCollate, StagedIndices,
+    StagedItems,
 };
 pub use dataset::{
-    Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FieldSpec, FromFn, ItemIter, IterMap,
+    Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FromFn, ItemIter, IterMap,
     IterableDataset, IterableExt, Map, Sharded, Subset, Transformed, TryMap, VecDataset, Zip,
     random_split, random_split_fractions, split_lengths,
 };
 pub use dist::{DistEnv, Launcher};
 pub use dtype::{ByteOrder, DType, Element, Shape};
 pub use error::{DataError, NpyError};
+pub use field::{DirectPlan, DirectSource, FieldSpec, FieldTransform};
 pub use formats::{
     AccessPattern, NpyArray, NpyDataset, NpyHeader, NpyShards, RecordDataset, RecordField,
     RecordLayout, write_npy,
@@ -105,11 +108,9 @@ pub use sampler::{
     IndexIter, RandomSampler, Sampler, SamplerState, SequentialSampler, SubsetRandomSampler,
     WeightedRandomSampler,
 };
-pub use tensor::{Field, Sample, Tensor, TensorRef};
-pub use transform::{
-    First, FnTransform, ImageLayout, Normalize, RandomCrop, RandomHorizontalFlip, Then, Transform,
-    TransformExt,
-};
+pub use image::{Normalize, RandomCrop, RandomHorizontalFlip};
+pub use tensor::{Field, ImageLayout, Sample, Tensor, TensorRef};
+pub use transform::{First, FnTransform, Then, Transform, TransformExt};
 pub use worker::WorkerInfo;
 
 /// The memory-mapped datasets' old path; use [`formats`] (they moved to

@@ -31,7 +31,7 @@ fn normalized(pipeline: &Compose, img: &RgbImage, epoch: u64, offset: usize) -> 
 }
 
 fn check(pipeline: Compose, img: &RgbImage, epoch: u64) -> Result<(), TestCaseError> {
-    let norm = Normalize::IMAGENET;
+    let norm = Normalize::imagenet(longshore_data::ImageLayout::Hwc);
     let u8s = pipeline.clone().with_output(Output::U8Chw);
     let mut chw = vec![0u8; u8s.output_bytes()];
     u8s.apply_into(img, &mut epoch_rng(1, epoch), &mut chw)
@@ -42,7 +42,7 @@ fn check(pipeline: Compose, img: &RgbImage, epoch: u64) -> Result<(), TestCaseEr
         let got = normalized(&pipeline, img, epoch, offset);
         for (i, (&x, &y)) in chw.iter().zip(&got).enumerate() {
             let c = i / plane;
-            let want = (f32::from(x) / 255.0 - norm.mean[c]) / norm.std[c];
+            let want = (f32::from(x) / 255.0 - norm.mean()[c]) / norm.std()[c];
             prop_assert!(
                 (want - y).abs() <= 1e-5 * want.abs().max(1.0),
                 "offset {} value {}: {} vs {}",

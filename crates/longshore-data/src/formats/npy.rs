@@ -8,7 +8,8 @@ use memmap2::Mmap;
 
 use super::{AccessPattern, advise, open_map};
 use crate::DataError;
-use crate::dataset::{Dataset, DirectDataset, FieldSpec};
+use crate::dataset::{Dataset, DirectDataset};
+use crate::field::{DirectPlan, FieldSpec};
 use crate::dtype::{DType, Element, Shape, nbytes, swap_bytes_in_place};
 use crate::tensor::Tensor;
 
@@ -237,6 +238,10 @@ impl Dataset for NpyDataset {
         }
         Ok(t)
     }
+    /// A row is the one field: batches are written straight from the mapped file.
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        Some(DirectPlan::new(self))
+    }
 }
 
 impl DirectDataset for NpyDataset {
@@ -350,6 +355,10 @@ impl Dataset for NpyShards {
     fn get(&self, index: usize) -> Result<Tensor, DataError> {
         let (s, i) = self.locate(index)?;
         s.get(i)
+    }
+    /// A row is the one field: batches are written straight from the mapped files.
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        Some(DirectPlan::new(self))
     }
 }
 

@@ -7,7 +7,8 @@ use memmap2::Mmap;
 
 use super::{AccessPattern, advise, open_map};
 use crate::DataError;
-use crate::dataset::{Dataset, DirectDataset, FieldSpec};
+use crate::dataset::{Dataset, DirectDataset};
+use crate::field::{DirectPlan, FieldSpec};
 use crate::dtype::{ByteOrder, DType, Shape, nbytes, swap_bytes_in_place};
 use crate::tensor::Tensor;
 
@@ -250,6 +251,10 @@ impl Dataset for RecordDataset {
                 Ok(t)
             })
             .collect()
+    }
+    /// A record's fields are the fields: batches are written straight from the mapped file.
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        Some(DirectPlan::new(self))
     }
 }
 
