@@ -9,7 +9,8 @@
 use std::fmt;
 
 use crate::DataError;
-use crate::dtype::{DType, Shape};
+use crate::dtype::DType;
+use crate::shape::Shape;
 
 /// The dtype and per-sample shape of one field of a [`crate::DirectDataset`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,7 +27,7 @@ impl FieldSpec {
     /// # Errors
     /// [`DataError::Overflow`] when the size overflows.
     pub fn nbytes(&self) -> Result<usize, DataError> {
-        crate::dtype::nbytes(self.shape.dims(), self.dtype.size(), "field size")
+        crate::shape::nbytes(self.shape.dims(), self.dtype.size(), "field size")
     }
 }
 

@@ -8,7 +8,8 @@
 //! [`Normalize::affine`], so the CPU, the `.npy` path and the GPU share one definition.
 
 use crate::DataError;
-use crate::dtype::{DType, Shape};
+use crate::dtype::DType;
+use crate::shape::Shape;
 use crate::field::{DirectPlan, FieldSpec, FieldTransform};
 use crate::normalize::NormalizeKernel;
 use crate::rng::{Rng, below, unit_f32};

@@ -77,6 +77,7 @@ pub mod image;
 pub mod normalize;
 pub mod rng;
 pub mod sampler;
+pub mod shape;
 pub mod tensor;
 pub mod transform;
 pub mod worker;
@@ -92,7 +93,7 @@ pub use dataset::{
     random_split, random_split_fractions, split_lengths,
 };
 pub use dist::{DistEnv, Launcher};
-pub use dtype::{ByteOrder, DType, Element, Shape};
+pub use dtype::{ByteOrder, DType, Element};
 pub use error::{DataError, NpyError};
 pub use field::{DirectPlan, DirectSource, FieldSpec, FieldTransform};
 pub use formats::{
@@ -109,6 +110,7 @@ pub use sampler::{
     WeightedRandomSampler,
 };
 pub use image::{Normalize, RandomCrop, RandomHorizontalFlip};
+pub use shape::Shape;
 pub use tensor::{Field, ImageLayout, Sample, Tensor, TensorRef};
 pub use transform::{First, FnTransform, Then, Transform, TransformExt};
 pub use worker::WorkerInfo;

@@ -4,7 +4,8 @@
 use std::fmt;
 
 use crate::DataError;
-use crate::dtype::{DType, Element, Shape, nbytes};
+use crate::dtype::{DType, Element};
+use crate::shape::{Shape, nbytes};
 
 /// Where the channel axis of an image tensor is: how the image transforms
 /// ([`crate::image`]) and the normalisation kernel ([`crate::normalize`]) read `u8` pixels.

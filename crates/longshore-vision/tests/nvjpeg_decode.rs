@@ -285,7 +285,7 @@ fn u8_outputs_match_the_cpu_compose() {
     let dir = tempfile::tempdir().unwrap();
     write_mixed(dir.path(), false);
     for output in [Output::U8Chw, Output::U8Hwc] {
-        let compose = Compose::val(72, 64, output);
+        let compose = Compose::val(72, 64, output.clone());
         let data = encoded(dir.path(), compose.clone());
         let mut d = NvjpegDecoder::new(&dev, &data).unwrap();
         let indices: Vec<usize> = (0..data.folder().samples().len()).collect();

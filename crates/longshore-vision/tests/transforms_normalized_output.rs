@@ -36,7 +36,7 @@ fn check(pipeline: Compose, img: &RgbImage, epoch: u64) -> Result<(), TestCaseEr
     let mut chw = vec![0u8; u8s.output_bytes()];
     u8s.apply_into(img, &mut epoch_rng(1, epoch), &mut chw)
         .unwrap();
-    let pipeline = pipeline.with_output(Output::Normalized(norm));
+    let pipeline = pipeline.with_output(Output::Normalized(norm.clone()));
     let plane = chw.len() / 3;
     for offset in [0, 1] {
         let got = normalized(&pipeline, img, epoch, offset);

@@ -10,7 +10,8 @@ use super::{AccessPattern, advise, open_map};
 use crate::DataError;
 use crate::dataset::{Dataset, DirectDataset};
 use crate::field::{DirectPlan, FieldSpec};
-use crate::dtype::{DType, Element, Shape, nbytes, swap_bytes_in_place};
+use crate::dtype::{DType, Element, swap_bytes_in_place};
+use crate::shape::{Shape, nbytes};
 use crate::tensor::Tensor;
 
 mod header;
@@ -129,7 +130,7 @@ impl NpyArray {
     /// Copies the whole array into a [`Tensor`] in native byte order.
     ///
     /// # Errors
-    /// When the shape has more than [`crate::dtype::MAX_DIMS`] dimensions.
+    /// When the shape has more than [`crate::shape::MAX_DIMS`] dimensions.
     pub fn to_tensor(&self) -> Result<Tensor, DataError> {
         let mut t = Tensor::from_bytes(self.dtype(), self.shape(), self.raw_bytes())?;
         if !self.header.byte_order.is_native() {

@@ -9,7 +9,8 @@ use super::{AccessPattern, advise, open_map};
 use crate::DataError;
 use crate::dataset::{Dataset, DirectDataset};
 use crate::field::{DirectPlan, FieldSpec};
-use crate::dtype::{ByteOrder, DType, Shape, nbytes, swap_bytes_in_place};
+use crate::dtype::{ByteOrder, DType, swap_bytes_in_place};
+use crate::shape::{Shape, nbytes};
 use crate::tensor::Tensor;
 
 /// One field of a fixed-size record.

@@ -8,7 +8,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::dtype::{ByteOrder, DType, nbytes};
+use crate::dtype::{ByteOrder, DType};
+use crate::shape::nbytes;
 use crate::error::{DataError, NpyError};
 
 /// The magic string every `.npy` file starts with.
