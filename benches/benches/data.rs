@@ -169,7 +169,10 @@ fn images_normalize(c: &mut Criterion) {
         .with_transform(0, norm);
     let indices: Vec<usize> = (0..batch).map(|i| (i * 7919) % rows).collect();
     assert!(
-        default.stage(&natural, &indices).expect("stage").is_direct(),
+        default
+            .stage(&natural, &indices)
+            .expect("stage")
+            .is_direct(),
         "the natural path must take the dataset's direct plan"
     );
     let bytes = batch * per * 4;
@@ -210,5 +213,4 @@ criterion_group!(
     normalize,
     images_normalize
 );
-criterion_main!(benches);
 criterion_main!(benches);

@@ -9,10 +9,10 @@
 
 use crate::DataError;
 use crate::dtype::DType;
-use crate::shape::Shape;
 use crate::field::{DirectPlan, FieldSpec, FieldTransform};
 use crate::normalize::NormalizeKernel;
 use crate::rng::{Rng, below, unit_f32};
+use crate::shape::Shape;
 use crate::tensor::{ImageLayout, Tensor};
 use crate::transform::Transform;
 

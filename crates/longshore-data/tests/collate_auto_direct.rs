@@ -70,7 +70,10 @@ fn transformed_npy_images_take_the_fused_route_with_the_same_bytes() {
 
         let default = FetchCollate(StackCollate::new().with_names(["image"]));
         let staged = default.stage(&natural, &indices).unwrap();
-        assert!(staged.is_direct(), "the default collate takes the direct plan");
+        assert!(
+            staged.is_direct(),
+            "the default collate takes the direct plan"
+        );
         let buf = AlignedBuf::zeroed(staged.layout().total_bytes());
         let auto = default.write(&natural, staged, buf).unwrap();
 
@@ -82,7 +85,10 @@ fn transformed_npy_images_take_the_fused_route_with_the_same_bytes() {
 
         same(&auto, &fused);
         same(&auto, &by_items(&natural, &indices));
-        assert_eq!(auto.shape(0).unwrap(), &[4, 3, shape_hw(layout, shape).0, shape_hw(layout, shape).1]);
+        assert_eq!(
+            auto.shape(0).unwrap(),
+            &[4, 3, shape_hw(layout, shape).0, shape_hw(layout, shape).1]
+        );
         assert_eq!(auto.layout().tensors()[0].dtype, DType::F32);
         assert_eq!(auto.layout().tensors()[0].name.as_deref(), Some("image"));
     }
@@ -118,7 +124,11 @@ fn subsets_and_pointers_keep_the_plan() {
     // Out of range is refused with the dataset's length, on both routes.
     assert!(matches!(
         run(&default, &nested, &[3]),
-        Err(DataError::IndexOutOfRange { index: 3, len: 3, .. })
+        Err(DataError::IndexOutOfRange {
+            index: 3,
+            len: 3,
+            ..
+        })
     ));
 }
 
@@ -135,8 +145,9 @@ fn transforms_that_do_not_fuse_keep_the_items_route() {
     assert!(flipped.direct_plan().is_none());
     assert!(!default.stage(&flipped, &[0, 1]).unwrap().is_direct());
     // Two normalisations in a row: the plan holds one transform per field.
-    let twice = images(&dir, 4, [3, 4, 4], 3)
-        .transform(Normalize::imagenet(ImageLayout::Chw).then(Normalize::imagenet(ImageLayout::Chw)));
+    let twice = images(&dir, 4, [3, 4, 4], 3).transform(
+        Normalize::imagenet(ImageLayout::Chw).then(Normalize::imagenet(ImageLayout::Chw)),
+    );
     assert!(twice.direct_plan().is_none());
     // A field Normalize does not accept (f32 rows): the items route reports the error.
     let path = dir.path().join("f32.npy");

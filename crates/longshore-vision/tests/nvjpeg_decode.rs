@@ -259,24 +259,14 @@ fn a_cpu_share_decodes_jpegs_in_the_workers_beside_the_engines() {
 #[test]
 fn the_val_pipeline_matches_the_cpu_compose() {
     let Some(dev) = gpu() else { return };
-    check_pipeline(
-        &dev,
-        Compose::val(96, 80, Output::imagenet()),
-        "val",
-        1.5,
-    );
+    check_pipeline(&dev, Compose::val(96, 80, Output::imagenet()), "val", 1.5);
 }
 
 #[test]
 fn the_train_pipeline_draws_the_same_boxes_and_matches_the_cpu_compose() {
     let Some(dev) = gpu() else { return };
     // A wrong box or flip would be tens of levels off on average.
-    check_pipeline(
-        &dev,
-        Compose::train(64, Output::imagenet()),
-        "train",
-        2.0,
-    );
+    check_pipeline(&dev, Compose::train(64, Output::imagenet()), "train", 2.0);
 }
 
 #[test]

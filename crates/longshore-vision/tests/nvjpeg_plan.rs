@@ -121,21 +121,27 @@ fn crops_flips_and_padding_around_the_resize_match() {
     let cases: Vec<Vec<Step>> = vec![
         // A flip before the crop box is drawn: the box is mirrored.
         vec![
-            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc).unwrap().into(),
+            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc)
+                .unwrap()
+                .into(),
             RandomResizedCrop::new(40).unwrap().into(),
         ],
         // Crop before the resize, flip after.
         vec![
             CenterCrop::new(100).unwrap().into(),
             Resize::new(50).unwrap().into(),
-            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc).unwrap().into(),
+            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc)
+                .unwrap()
+                .into(),
             CenterCrop::new(40).unwrap().into(),
         ],
         // A CenterCrop larger than the image pads with zeros; a second one crops the pad.
         vec![
             Resize::new(30).unwrap().into(),
             CenterCrop::with_size(50, 70).unwrap().into(),
-            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc).unwrap().into(),
+            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc)
+                .unwrap()
+                .into(),
             CenterCrop::with_size(44, 66).unwrap().into(),
         ],
         // No resize at all: an exact crop.

@@ -5,8 +5,7 @@ use longshore_data::rng::epoch_rng;
 use longshore_data::{DataError, Dataset, ImageLayout};
 use longshore_vision::synth::{FolderSpec, write_folder};
 use longshore_vision::transforms::{
-    CenterCrop, CropBox, RandomHorizontalFlip, RandomResizedCrop, Resize,
-    round_half_even,
+    CenterCrop, CropBox, RandomHorizontalFlip, RandomResizedCrop, Resize, round_half_even,
 };
 use longshore_vision::{Compose, ImageFolder, Output, RandomSource, RgbImage, Step, apply_steps};
 use proptest::prelude::*;
@@ -72,7 +71,9 @@ fn gradient(w: usize, h: usize) -> RgbImage {
 #[test]
 fn flips_mirror_rows_and_compose_with_later_crops() {
     let img = gradient(5, 3);
-    let always: Step = RandomHorizontalFlip::new(1.0, ImageLayout::Hwc).unwrap().into();
+    let always: Step = RandomHorizontalFlip::new(1.0, ImageLayout::Hwc)
+        .unwrap()
+        .into();
     let flipped = apply_steps(&[always], &img, &mut epoch_rng(0, 0)).unwrap();
     assert_eq!(flipped.pixel(0, 1), img.pixel(4, 1));
     assert_eq!(flipped.pixel(4, 2), img.pixel(0, 2));
@@ -81,7 +82,9 @@ fn flips_mirror_rows_and_compose_with_later_crops() {
     let out = apply_steps(&[always, crop], &img, &mut epoch_rng(0, 0)).unwrap();
     assert_eq!(out.pixel(0, 0), flipped.pixel(2, 0));
     assert_eq!(out.pixel(1, 0), flipped.pixel(3, 0));
-    let never: Step = RandomHorizontalFlip::new(0.0, ImageLayout::Hwc).unwrap().into();
+    let never: Step = RandomHorizontalFlip::new(0.0, ImageLayout::Hwc)
+        .unwrap()
+        .into();
     assert_eq!(
         apply_steps(&[never], &img, &mut epoch_rng(0, 0)).unwrap(),
         img

@@ -269,12 +269,6 @@ impl<D: DirectDataset + ?Sized> DatasetCollate<D> for DirectCollate {
         storage: S,
     ) -> Result<Batch<S>, DataError> {
         let StagedIndices { indices, layout } = staged;
-        write_fields(
-            dataset,
-            |f| self.transform(f),
-            &indices,
-            layout,
-            storage,
-        )
+        write_fields(dataset, |f| self.transform(f), &indices, layout, storage)
     }
 }

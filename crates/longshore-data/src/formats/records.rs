@@ -8,8 +8,8 @@ use memmap2::Mmap;
 use super::{AccessPattern, advise, open_map};
 use crate::DataError;
 use crate::dataset::{Dataset, DirectDataset};
-use crate::field::{DirectPlan, FieldSpec};
 use crate::dtype::{ByteOrder, DType, swap_bytes_in_place};
+use crate::field::{DirectPlan, FieldSpec};
 use crate::shape::{Shape, nbytes};
 use crate::tensor::Tensor;
 
