@@ -7,8 +7,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use longshore::data::{
-    AlignedBuf, Collate, DatasetCollate, DirectCollate, FetchCollate, ImageLayout, Normalize,
-    NpyDataset, StackCollate, Tensor, Zip, write_npy,
+    AlignedBuf, Collate, DatasetCollate, DatasetExt, DirectCollate, FetchCollate, ImageLayout,
+    Normalize, NpyDataset, StackCollate, Tensor, Zip, write_npy,
 };
 
 fn quick() -> bool {
@@ -139,5 +139,78 @@ fn normalize(c: &mut Criterion) {
     memcpy_bench(c, "normalize", n * 4);
 }
 
-criterion_group!(benches, collate_tabular, collate_image, normalize);
+/// Issue 26 item 7, on the CPU: a batch of `u8` CHW images normalised to `f32`, written
+/// (1) the natural way, `NpyDataset::open(..).transform(Normalize::imagenet(..))` with the
+/// loader's default collate (`FetchCollate(StackCollate)`), which takes the dataset's direct
+/// plan; (2) the fused way a user had to know, `DirectCollate::new().with_transform(0,
+/// Normalize)`; (3) the items route the natural way took before (the same dataset behind a
+/// `map`, which keeps no plan: a tensor per sample, then a stacking copy). (1) should equal
+/// (2) within noise; (3) is what (1) cost before. Throughput counts the f32 bytes written.
+fn images_normalize(c: &mut Criterion) {
+    let (batch, side) = if quick() { (16, 64) } else { (128, 224) };
+    let rows = batch * 4;
+    let per = 3 * side * side;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("images.npy");
+    let pixels: Vec<u8> = (0..rows * per).map(|i| (i * 31 % 251) as u8).collect();
+    write_npy(&path, &[rows, 3, side, side], &pixels).expect("write images");
+    let norm = Normalize::imagenet(ImageLayout::Chw);
+    let natural = NpyDataset::open(&path)
+        .expect("open")
+        .transform(norm.clone());
+    let items = NpyDataset::open(&path)
+        .expect("open")
+        .transform(norm.clone())
+        .map(|t| t);
+    let raw = NpyDataset::open(&path).expect("open");
+    let default = FetchCollate(StackCollate::new().with_names(["image"]));
+    let fused = DirectCollate::new()
+        .with_names(["image"])
+        .with_transform(0, norm);
+    let indices: Vec<usize> = (0..batch).map(|i| (i * 7919) % rows).collect();
+    assert!(
+        default
+            .stage(&natural, &indices)
+            .expect("stage")
+            .is_direct(),
+        "the natural path must take the dataset's direct plan"
+    );
+    let bytes = batch * per * 4;
+    let mut storage = Some(AlignedBuf::zeroed(bytes));
+    let mut g = c.benchmark_group("images_normalize");
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.bench_function(format!("natural_transform_b{batch}_{side}px"), |b| {
+        b.iter(|| {
+            let staged = default.stage(&natural, black_box(&indices)).expect("stage");
+            let buf = storage.take().expect("storage");
+            let batch = default.write(&natural, staged, buf).expect("write");
+            storage = Some(batch.into_parts().1);
+        })
+    });
+    g.bench_function(format!("fused_direct_collate_b{batch}_{side}px"), |b| {
+        b.iter(|| {
+            let staged = fused.stage(&raw, black_box(&indices)).expect("stage");
+            let buf = storage.take().expect("storage");
+            let batch = fused.write(&raw, staged, buf).expect("write");
+            storage = Some(batch.into_parts().1);
+        })
+    });
+    g.bench_function(format!("items_then_stack_b{batch}_{side}px"), |b| {
+        b.iter(|| {
+            let staged = default.stage(&items, black_box(&indices)).expect("stage");
+            let buf = storage.take().expect("storage");
+            let batch = default.write(&items, staged, buf).expect("write");
+            storage = Some(batch.into_parts().1);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    collate_tabular,
+    collate_image,
+    normalize,
+    images_normalize
+);
 criterion_main!(benches);

@@ -18,7 +18,7 @@ fuzz_target!(|bytes: &[u8]| {
     assert_eq!(image.as_bytes().len(), image.width() * image.height() * 3);
     let seed = bytes.len() as u64;
     for pipeline in [
-        Compose::train(24, Output::TO_TENSOR),
+        Compose::train(24, Output::to_tensor()),
         Compose::val(28, 24, Output::U8Chw),
         Compose::train(17, Output::U8Hwc),
     ] {

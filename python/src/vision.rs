@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use longshore::data::{DType, DataError, Dataset, DirectCollate, Tensor};
+use longshore::data::{DType, DataError, Dataset, DirectCollate, ImageLayout, Tensor};
 use longshore::nvjpeg::EncodedImages;
 use longshore::vision::transforms::{
     CenterCrop, Interpolation, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
@@ -78,7 +78,7 @@ fn step(desc: &Bound<'_, PyTuple>) -> PyResult<Step> {
         }
         "hflip" => {
             let (_, p): (String, f64) = desc.extract()?;
-            RandomHorizontalFlip::new(p).map(Into::into)
+            RandomHorizontalFlip::new(p, ImageLayout::Hwc).map(Into::into)
         }
         other => {
             return Err(PyValueError::new_err(format!(
@@ -96,11 +96,11 @@ fn output(desc: &Bound<'_, PyTuple>) -> PyResult<Output> {
     match kind.as_str() {
         "normalize" => {
             let (_, mean, std): (String, [f32; 3], [f32; 3]) = desc.extract()?;
-            Normalize::new(mean, std)
+            Normalize::new(&mean, &std, ImageLayout::Hwc)
                 .map(Output::Normalized)
                 .map_err(data_err)
         }
-        "to_tensor" => Ok(Output::TO_TENSOR),
+        "to_tensor" => Ok(Output::to_tensor()),
         "u8_chw" => Ok(Output::U8Chw),
         other => Err(PyValueError::new_err(format!("unknown output {other:?}"))),
     }

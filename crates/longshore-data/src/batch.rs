@@ -78,7 +78,7 @@ impl BatchLayout {
         dtype: DType,
         shape: Vec<usize>,
     ) -> Result<usize, DataError> {
-        let len = crate::dtype::nbytes(&shape, dtype.size(), "batch tensor size")?;
+        let len = crate::shape::nbytes(&shape, dtype.size(), "batch tensor size")?;
         let offset = self
             .total_bytes
             .checked_next_multiple_of(TENSOR_ALIGN)

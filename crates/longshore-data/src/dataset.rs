@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::DataError;
-use crate::dtype::{DType, Shape};
+use crate::field::{DirectPlan, DirectSource, FieldSpec};
 use crate::rng::{epoch_rng, permutation};
 use crate::transform::Transform;
 use crate::worker::{self, WorkerInfo};
@@ -31,24 +31,17 @@ pub trait Dataset: Send + Sync {
     /// # Errors
     /// [`DataError::IndexOutOfRange`] when `index >= len()`, or any error reading it.
     fn get(&self, index: usize) -> Result<Self::Item, DataError>;
-}
 
-/// The dtype and per-sample shape of one field of a [`DirectDataset`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FieldSpec {
-    /// Element type.
-    pub dtype: DType,
-    /// Shape of this field in one sample (without the batch dimension).
-    pub shape: Shape,
-}
-
-impl FieldSpec {
-    /// Bytes of this field in one sample.
+    /// How this dataset's items can be written straight into a batch, field by field, when
+    /// they can: a [`DirectPlan`] whose fields stack to exactly the items of
+    /// [`get`](Dataset::get). The loader's default collation then skips the items (no
+    /// per-sample tensor, no second copy) and gives the same bytes. `None` (the default)
+    /// when the items must be built: the loader then fetches and stacks them.
     ///
-    /// # Errors
-    /// [`DataError::Overflow`] when the size overflows.
-    pub fn nbytes(&self) -> Result<usize, DataError> {
-        crate::dtype::nbytes(self.shape.dims(), self.dtype.size(), "field size")
+    /// Implemented by the memory-mapped datasets, forwarded by [`Subset`] and the pointer
+    /// types, and kept by [`Transformed`] when its transform fuses ([`Transform::fuse`]).
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        None
     }
 }
 
@@ -91,6 +84,9 @@ macro_rules! forward_dataset {
             fn get(&self, index: usize) -> Result<D::Item, DataError> {
                 (**self).get(index)
             }
+            fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+                (**self).direct_plan()
+            }
         }
         impl<D: DirectDataset + ?Sized> DirectDataset for $ptr {
             fn fields(&self) -> &[FieldSpec] {
@@ -107,6 +103,19 @@ macro_rules! forward_dataset {
 }
 
 forward_dataset!(Arc<D>, Box<D>, &D);
+
+/// Every direct dataset is a [`DirectSource`] (what a [`DirectPlan`] holds).
+impl<D: DirectDataset + ?Sized> DirectSource for D {
+    fn source_fields(&self) -> &[FieldSpec] {
+        self.fields()
+    }
+    fn write_field(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        self.get_field_into(index, field, out)
+    }
+    fn lend_field(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        self.field_bytes(index, field)
+    }
+}
 
 /// An iterable (stream) dataset, like PyTorch's `IterableDataset`.
 ///
@@ -258,6 +267,11 @@ where
         let item = self.dataset.get(index)?;
         worker::with_rng(|rng| self.transform.apply(item, rng))
     }
+    /// The dataset's plan with the transform fused into it, when it fuses
+    /// ([`Transform::fuse`]: `Normalize` of a `.npy` image dataset).
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        self.transform.fuse(self.dataset.direct_plan()?)
+    }
 }
 
 /// Two datasets of equal length side by side; see [`DatasetExt::zip`].
@@ -386,6 +400,9 @@ impl<D: Dataset> Dataset for Subset<D> {
                 .get(index)
                 .ok_or(DataError::oob(index, self.indices.len(), "subset"))?;
         self.dataset.get(i)
+    }
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        Some(self.dataset.direct_plan()?.remapped(&self.indices))
     }
 }
 

@@ -39,23 +39,44 @@
 //!
 //! - Datasets ([`dataset`]): [`Dataset`] (map-style), [`IterableDataset`] (streams,
 //!   sharded by [`WorkerInfo`]), [`DirectDataset`] (writes samples straight into a
-//!   batch); combinators [`DatasetExt::map`], [`Subset`], [`ConcatDataset`], [`Zip`],
-//!   [`random_split`], [`IterableExt::chain`].
+//!   batch); combinators [`DatasetExt::map`], [`DatasetExt::transform`], [`Subset`],
+//!   [`ConcatDataset`], [`Zip`], [`random_split`], [`IterableExt::chain`].
 //! - Samplers ([`sampler`]): the [`Sampler`] and [`BatchSampling`] traits with resumable
 //!   [`SamplerState`]; [`SequentialSampler`], [`RandomSampler`], [`SubsetRandomSampler`],
 //!   [`WeightedRandomSampler`], [`DistributedSampler`], and [`BatchSampler`], the struct
 //!   that groups a sampler's indices into batches (PyTorch's `BatchSampler`).
 //! - Collation ([`collate`]): [`Collate`] (items to [`Batch`]), [`DatasetCollate`]
 //!   (indices to [`Batch`], used by the loader), [`StackCollate`], [`PadCollate`],
-//!   [`DirectCollate`] (with per-field [`FieldTransform`]s, such as a fused
-//!   [`Normalize`]); a [`Batch`] is typed tensors in one storage at
-//!   [`TENSOR_ALIGN`]-aligned offsets.
-//! - Samples ([`tensor`]): [`Tensor`], [`TensorRef`], the [`Field`] and [`Sample`] traits,
-//!   and `#[derive(Sample)]` for a struct of fields.
+//!   [`DirectCollate`], and [`FetchCollate`], the loader's default, which writes straight
+//!   from a dataset's [`DirectPlan`] when it has one (so `NpyDataset::open(..)?
+//!   .transform(Normalize::imagenet(..))` is as fast as a fused `DirectCollate`); a
+//!   [`Batch`] ([`batch`]) is typed tensors in one storage at [`TENSOR_ALIGN`]-aligned
+//!   offsets.
+//! - Fields ([`field`]): [`FieldSpec`], [`FieldTransform`] (a per-field hook such as a fused
+//!   [`Normalize`]), [`DirectSource`] and [`DirectPlan`].
+//! - Samples ([`tensor`], [`dtype`], [`shape`]): [`Tensor`], [`TensorRef`], the [`Field`]
+//!   and [`Sample`] traits, `#[derive(Sample)]` for a struct of fields, [`DType`],
+//!   [`Shape`], [`ImageLayout`].
 //! - Files ([`formats`], [`formats::npy`], [`formats::records`]): [`NpyArray`], [`NpyDataset`], [`NpyShards`],
 //!   [`RecordDataset`], [`write_npy`].
-//! - Transforms ([`transform`]): [`Normalize`], [`RandomCrop`], [`RandomHorizontalFlip`];
-//!   per-worker seeded randomness in [`worker`] and [`rng`].
+//! - Transforms ([`transform`]): the [`Transform`] trait and its combinators; the image
+//!   transforms ([`image`]) [`Normalize`], [`RandomCrop`], [`RandomHorizontalFlip`], defined
+//!   once for the `.npy` image datasets and longshore-vision, with the vectorised kernel in
+//!   [`normalize`]; per-worker seeded randomness in [`worker`] and [`rng`].
+//!
+//! ## Layers
+//!
+//! Modules import only modules of lower layers (checked with `grep 'crate::' src`, comments
+//! aside; a module's own submodules count as the module):
+//!
+//! 1. [`dtype`], [`rng`]
+//! 2. `error` ([`DataError`]: names dtypes)
+//! 3. [`shape`], [`worker`]
+//! 4. [`tensor`] (with [`ImageLayout`]), [`batch`], [`field`]
+//! 5. [`normalize`] (the kernel), [`transform`] (the trait)
+//! 6. [`image`] (the image transforms)
+//! 7. [`dataset`]
+//! 8. [`collate`], [`formats`], [`sampler`], then [`dist`]
 //!
 //! Unsafe code is denied in this crate except in one small private module of
 //! [`formats`], which holds the one `memmap2` call a memory-mapped dataset needs.
@@ -71,31 +92,36 @@ pub mod dataset;
 pub mod dist;
 pub mod dtype;
 mod error;
+pub mod field;
 pub mod formats;
+pub mod image;
 pub mod normalize;
 pub mod rng;
 pub mod sampler;
+pub mod shape;
 pub mod tensor;
 pub mod transform;
 pub mod worker;
 
+pub use batch::{AlignedBuf, Batch, BatchLayout, Storage, TENSOR_ALIGN, TensorSpec};
 pub use collate::{
-    AlignedBuf, Batch, BatchLayout, Collate, DatasetCollate, DirectCollate, FetchCollate,
-    FieldTransform, PadCollate, StackCollate, StagedIndices, StagedItems, Storage, TENSOR_ALIGN,
-    TensorSpec,
+    Collate, DatasetCollate, DirectCollate, FetchCollate, PadCollate, StackCollate, StagedIndices,
+    StagedItems,
 };
 pub use dataset::{
-    Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FieldSpec, FromFn, ItemIter, IterMap,
+    Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FromFn, ItemIter, IterMap,
     IterableDataset, IterableExt, Map, Sharded, Subset, Transformed, TryMap, VecDataset, Zip,
     random_split, random_split_fractions, split_lengths,
 };
 pub use dist::{DistEnv, Launcher};
-pub use dtype::{ByteOrder, DType, Element, Shape};
+pub use dtype::{ByteOrder, DType, Element};
 pub use error::{DataError, NpyError};
+pub use field::{DirectPlan, DirectSource, FieldSpec, FieldTransform};
 pub use formats::{
     AccessPattern, NpyArray, NpyDataset, NpyHeader, NpyShards, RecordDataset, RecordField,
     RecordLayout, write_npy,
 };
+pub use image::{Normalize, RandomCrop, RandomHorizontalFlip};
 /// `#[derive(Sample)]`: a struct of tensor fields as a dataset item (see [`Sample`]).
 pub use longshore_derive::Sample;
 pub use sampler::{
@@ -103,9 +129,7 @@ pub use sampler::{
     IndexIter, RandomSampler, Sampler, SamplerState, SequentialSampler, SubsetRandomSampler,
     WeightedRandomSampler,
 };
-pub use tensor::{Field, Sample, Tensor, TensorRef};
-pub use transform::{
-    First, FnTransform, ImageLayout, Normalize, RandomCrop, RandomHorizontalFlip, Then, Transform,
-    TransformExt,
-};
+pub use shape::Shape;
+pub use tensor::{Field, ImageLayout, Sample, Tensor, TensorRef};
+pub use transform::{First, FnTransform, Then, Transform, TransformExt};
 pub use worker::WorkerInfo;

@@ -47,7 +47,7 @@
 #![allow(unsafe_code)]
 
 use crate::DataError;
-use crate::transform::ImageLayout;
+use crate::tensor::ImageLayout;
 
 /// Outputs of at least this many bytes are written with non-temporal (streaming) stores by
 /// the SIMD paths.
@@ -223,6 +223,22 @@ impl NormalizeKernel {
     pub fn with_streaming(mut self, streaming: Option<bool>) -> Self {
         self.streaming = streaming;
         self
+    }
+
+    /// The same kernel reading images in `layout` (the output is CHW either way).
+    pub fn with_layout(mut self, layout: ImageLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Per-channel scale: `out = x * scale[c] + bias[c]`.
+    pub fn scale(&self) -> &[f32] {
+        &self.scale
+    }
+
+    /// Per-channel bias: `out = x * scale[c] + bias[c]`.
+    pub fn bias(&self) -> &[f32] {
+        &self.bias
     }
 
     /// The path [`apply`](NormalizeKernel::apply) runs.

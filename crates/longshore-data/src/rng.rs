@@ -39,6 +39,12 @@ pub fn unit_f64(rng: &mut Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
+/// A uniform float in `[0, 1)` with 24 random bits: one `u32` draw, as `torch.rand` draws a
+/// float32.
+pub fn unit_f32(rng: &mut Rng) -> f32 {
+    (rng.next_u32() >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
+}
+
 /// Shuffles `v` in place (Fisher-Yates).
 ///
 /// The swap targets depend only on the generator, not on the data, so they are drawn a few

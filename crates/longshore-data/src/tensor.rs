@@ -4,7 +4,44 @@
 use std::fmt;
 
 use crate::DataError;
-use crate::dtype::{DType, Element, Shape, nbytes};
+use crate::dtype::{DType, Element};
+use crate::shape::{Shape, nbytes};
+
+/// Where the channel axis of an image tensor is: how the image transforms
+/// ([`crate::image`]) and the normalisation kernel ([`crate::normalize`]) read `u8` pixels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ImageLayout {
+    /// `[channels, height, width]` (PyTorch).
+    Chw,
+    /// `[height, width, channels]` (decoded images, NumPy).
+    Hwc,
+}
+
+impl ImageLayout {
+    /// `(channels, height, width)` of a tensor in this layout.
+    pub(crate) fn dims(self, t: &Tensor) -> Result<(usize, usize, usize), DataError> {
+        self.dims_of(t.shape())
+    }
+
+    /// `(channels, height, width)` of a shape in this layout.
+    pub(crate) fn dims_of(self, shape: &[usize]) -> Result<(usize, usize, usize), DataError> {
+        match (self, shape) {
+            (ImageLayout::Chw, &[c, h, w]) => Ok((c, h, w)),
+            (ImageLayout::Hwc, &[h, w, c]) => Ok((c, h, w)),
+            (_, s) => Err(DataError::ShapeMismatch(format!(
+                "expected a 3-dimensional {self:?} image, got shape {s:?}"
+            ))),
+        }
+    }
+
+    /// The shape of a `channels x height x width` image in this layout.
+    pub(crate) fn shape(self, c: usize, h: usize, w: usize) -> [usize; 3] {
+        match self {
+            ImageLayout::Chw => [c, h, w],
+            ImageLayout::Hwc => [h, w, c],
+        }
+    }
+}
 
 /// An owned tensor: dtype, shape and native-endian bytes in 8-byte aligned storage,
 /// so it can always be viewed as a typed slice.

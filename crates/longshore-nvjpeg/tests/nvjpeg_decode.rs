@@ -150,7 +150,7 @@ fn cpu_tensor(root: &Path, compose: &Compose, index: usize) -> Tensor {
 fn compare_normalised(got: &[f32], want: &[f32], plane: usize, n: Normalize) -> (f32, f32) {
     let (mut max, mut sum) = (0f32, 0f32);
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        let d = (a - b).abs() * 255.0 * n.std[i / plane % 3];
+        let d = (a - b).abs() * 255.0 * n.std()[i / plane % 3];
         max = max.max(d);
         sum += d;
     }
@@ -202,7 +202,7 @@ fn check_pipeline_share(
                     unreachable!()
                 };
                 let (max, mean) =
-                    compare_normalised(&got[k * per..(k + 1) * per], want, h * w, norm);
+                    compare_normalised(&got[k * per..(k + 1) * per], want, h * w, norm.clone());
                 worst_max = worst_max.max(max);
                 worst_mean = worst_mean.max(mean);
                 n += 1;
@@ -231,7 +231,7 @@ fn check_pipeline_share(
 #[test]
 fn a_cpu_share_decodes_jpegs_in_the_workers_beside_the_engines() {
     let Some(dev) = gpu() else { return };
-    let compose = Compose::train(64, Output::Normalized(Normalize::IMAGENET));
+    let compose = Compose::train(64, Output::imagenet());
     // write_mixed: 12 JPEGs and one PNG; at share 0 the workers decode the PNG and any
     // progressive JPEG only.
     let mut base = 0;
@@ -257,24 +257,14 @@ fn a_cpu_share_decodes_jpegs_in_the_workers_beside_the_engines() {
 #[test]
 fn the_val_pipeline_matches_the_cpu_compose() {
     let Some(dev) = gpu() else { return };
-    check_pipeline(
-        &dev,
-        Compose::val(96, 80, Output::Normalized(Normalize::IMAGENET)),
-        "val",
-        1.5,
-    );
+    check_pipeline(&dev, Compose::val(96, 80, Output::imagenet()), "val", 1.5);
 }
 
 #[test]
 fn the_train_pipeline_draws_the_same_boxes_and_matches_the_cpu_compose() {
     let Some(dev) = gpu() else { return };
     // A wrong box or flip would be tens of levels off on average.
-    check_pipeline(
-        &dev,
-        Compose::train(64, Output::Normalized(Normalize::IMAGENET)),
-        "train",
-        2.0,
-    );
+    check_pipeline(&dev, Compose::train(64, Output::imagenet()), "train", 2.0);
 }
 
 #[test]
@@ -283,7 +273,7 @@ fn u8_outputs_match_the_cpu_compose() {
     let dir = tempfile::tempdir().unwrap();
     write_mixed(dir.path(), false);
     for output in [Output::U8Chw, Output::U8Hwc] {
-        let compose = Compose::val(72, 64, output);
+        let compose = Compose::val(72, 64, output.clone());
         let data = encoded(dir.path(), compose.clone());
         let mut d = NvjpegDecoder::new(&dev, &data).unwrap();
         let indices: Vec<usize> = (0..data.folder().samples().len()).collect();
@@ -315,7 +305,7 @@ fn a_png_is_decoded_by_the_worker_and_broken_jpegs_follow_on_sample_error() {
     let Some(dev) = gpu() else { return };
     let dir = tempfile::tempdir().unwrap();
     write_mixed(dir.path(), true);
-    let compose = Compose::val(48, 40, Output::Normalized(Normalize::IMAGENET));
+    let compose = Compose::val(48, 40, Output::imagenet());
     let data = encoded(dir.path(), compose.clone());
     let (png, truncated, garbled) = (
         position(&data, "x_image.png"),
@@ -350,7 +340,7 @@ fn a_png_is_decoded_by_the_worker_and_broken_jpegs_follow_on_sample_error() {
         &got[k * per..(k + 1) * per],
         want.as_slice().unwrap(),
         1600,
-        Normalize::IMAGENET,
+        Normalize::imagenet(longshore_data::ImageLayout::Hwc),
     );
     assert!(
         max <= 1.01,

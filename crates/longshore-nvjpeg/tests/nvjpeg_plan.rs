@@ -121,21 +121,27 @@ fn crops_flips_and_padding_around_the_resize_match() {
     let cases: Vec<Vec<Step>> = vec![
         // A flip before the crop box is drawn: the box is mirrored.
         vec![
-            RandomHorizontalFlip::new(1.0).unwrap().into(),
+            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc)
+                .unwrap()
+                .into(),
             RandomResizedCrop::new(40).unwrap().into(),
         ],
         // Crop before the resize, flip after.
         vec![
             CenterCrop::new(100).unwrap().into(),
             Resize::new(50).unwrap().into(),
-            RandomHorizontalFlip::new(1.0).unwrap().into(),
+            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc)
+                .unwrap()
+                .into(),
             CenterCrop::new(40).unwrap().into(),
         ],
         // A CenterCrop larger than the image pads with zeros; a second one crops the pad.
         vec![
             Resize::new(30).unwrap().into(),
             CenterCrop::with_size(50, 70).unwrap().into(),
-            RandomHorizontalFlip::new(1.0).unwrap().into(),
+            RandomHorizontalFlip::new(1.0, longshore_data::ImageLayout::Hwc)
+                .unwrap()
+                .into(),
             CenterCrop::with_size(44, 66).unwrap().into(),
         ],
         // No resize at all: an exact crop.
@@ -203,7 +209,7 @@ fn normalised_output_is_the_u8_output_normalised() {
     let image = photo(20_000.0, 0);
     let c = Compose::val(40, 32, Output::U8Chw);
     let n = c.clone().with_output(Output::Normalized(
-        longshore_vision::transforms::Normalize::IMAGENET,
+        longshore_vision::transforms::Normalize::imagenet(longshore_data::ImageLayout::Hwc),
     ));
     let u8s = c.apply(&image, &mut epoch_rng(0, 0)).unwrap();
     let f32s = n.apply(&image, &mut epoch_rng(0, 0)).unwrap();

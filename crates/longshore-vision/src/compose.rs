@@ -6,14 +6,14 @@
 //! image (no copy), a resize reads just that view (crop before resize), and a flip is applied
 //! while writing the output (or to the view, if a geometric step follows it). The output is
 //! `ToTensor()` + `Normalize(mean, std)` fused, as f32 CHW, or the raw u8 pixels (CHW or HWC)
-//! for normalising on the device.
+//! for normalising on the device. Normalising is longshore-data's [`Normalize`], whose one
+//! vectorised kernel ([`longshore_data::normalize::NormalizeKernel`]) writes every float.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::path::Path;
 
 use fast_image_resize::Resizer;
-use longshore_data::normalize::NormalizeKernel;
 use longshore_data::rng::Rng;
 use longshore_data::{DType, DataError, FieldSpec, ImageLayout, Shape, Tensor};
 
@@ -24,7 +24,8 @@ use crate::transforms::{
     CenterCrop, CropBox, Interpolation, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
 
-/// One step of a [`Compose`].
+/// One step of a [`Compose`]. A [`RandomHorizontalFlip`] step mirrors the decoded image,
+/// whatever the layout it was built with.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Step {
@@ -72,11 +73,12 @@ impl From<RandomHorizontalFlip> for Step {
 }
 
 /// What a [`Compose`] writes for each image.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Output {
     /// `ToTensor()` then `Normalize(mean, std)`: f32 `[3, H, W]`. `ToTensor()` alone is
-    /// `Normalize` with mean 0 and std 1.
+    /// `Normalize` with mean 0 and std 1 ([`Output::to_tensor`]). The normalisation must have 3
+    /// channels; a [`Compose`] reads it as HWC (the decoded pixels), whatever its layout.
     Normalized(Normalize),
     /// The pixels as u8 `[3, H, W]`, to normalise on the device.
     U8Chw,
@@ -86,22 +88,47 @@ pub enum Output {
 
 impl Output {
     /// `ToTensor()` alone: f32 in `[0, 1]`.
-    pub const TO_TENSOR: Output = Output::Normalized(Normalize {
-        mean: [0.0; 3],
-        std: [1.0; 3],
-    });
+    pub fn to_tensor() -> Output {
+        Output::Normalized(
+            Normalize::to_tensor(3, ImageLayout::Hwc).expect("3 channels are a valid count"),
+        )
+    }
+
+    /// `ToTensor()` + `Normalize` with ImageNet's statistics (PyTorch's ImageNet example).
+    pub fn imagenet() -> Output {
+        Output::Normalized(Normalize::imagenet(ImageLayout::Hwc))
+    }
+
+    /// The output as a pipeline writes it: a normalisation reads HWC pixels.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for a normalisation of other than 3 channels.
+    fn for_pipeline(self) -> Result<Output, DataError> {
+        match self {
+            Output::Normalized(n) if n.channels() != 3 => Err(DataError::InvalidArgument {
+                name: "output",
+                reason: format!(
+                    "images are RGB: Normalize needs 3 channels, has {}",
+                    n.channels()
+                ),
+            }),
+            Output::Normalized(n) => Ok(Output::Normalized(n.with_layout(ImageLayout::Hwc))),
+            other => Ok(other),
+        }
+    }
 }
 
 /// A pipeline of transforms with a fixed output size, like torchvision's
 /// `transforms.Compose([...])` for a classification model.
 ///
 /// ```
+/// use longshore_data::ImageLayout;
 /// use longshore_vision::{Compose, Output, RgbImage};
 /// use longshore_vision::transforms::{CenterCrop, Normalize, Resize};
 ///
 /// let val = Compose::new(
 ///     [Resize::new(8)?.into(), CenterCrop::new(6)?.into()],
-///     Output::Normalized(Normalize::IMAGENET),
+///     Output::Normalized(Normalize::imagenet(ImageLayout::Hwc)),
 /// )?;
 /// assert_eq!(val.output_size(), (6, 6));
 /// let image = RgbImage::from_vec(16, 12, vec![128; 16 * 12 * 3])?;
@@ -122,7 +149,8 @@ impl Compose {
     ///
     /// # Errors
     /// [`DataError::InvalidArgument`] when the output size depends on the image (the
-    /// pipeline must end its geometry with a crop or a fixed-size resize).
+    /// pipeline must end its geometry with a crop or a fixed-size resize), or a normalised
+    /// output has other than 3 channels.
     pub fn new(
         steps: impl IntoIterator<Item = Step>,
         output: Output,
@@ -146,7 +174,7 @@ impl Compose {
         })?;
         Ok(Compose {
             steps,
-            output,
+            output: output.for_pipeline()?,
             size,
         })
     }
@@ -154,38 +182,44 @@ impl Compose {
     /// PyTorch's ImageNet training transform: `RandomResizedCrop(224)`,
     /// `RandomHorizontalFlip()`, `ToTensor()`, `Normalize(IMAGENET)`.
     pub fn imagenet_train() -> Compose {
-        Compose::train(224, Output::Normalized(Normalize::IMAGENET))
+        Compose::train(224, Output::imagenet())
     }
 
     /// PyTorch's ImageNet validation transform: `Resize(256)`, `CenterCrop(224)`,
     /// `ToTensor()`, `Normalize(IMAGENET)`.
     pub fn imagenet_val() -> Compose {
-        Compose::val(256, 224, Output::Normalized(Normalize::IMAGENET))
+        Compose::val(256, 224, Output::imagenet())
     }
 
     /// `RandomResizedCrop(size)`, `RandomHorizontalFlip()`, then `output`.
     ///
     /// # Panics
-    /// When `size` is 0.
+    /// When `size` is 0 or a normalised output has other than 3 channels.
     pub fn train(size: usize, output: Output) -> Compose {
         let rrc = RandomResizedCrop::new(size).expect("a positive crop size");
         Compose::new([rrc.into(), RandomHorizontalFlip::default().into()], output)
-            .expect("a crop fixes the size")
+            .expect("a crop fixes the size, and the output has 3 channels")
     }
 
     /// `Resize(resize)`, `CenterCrop(crop)`, then `output`.
     ///
     /// # Panics
-    /// When a size is 0.
+    /// When a size is 0 or a normalised output has other than 3 channels.
     pub fn val(resize: usize, crop: usize, output: Output) -> Compose {
         let r = Resize::new(resize).expect("a positive resize");
         let c = CenterCrop::new(crop).expect("a positive crop size");
-        Compose::new([r.into(), c.into()], output).expect("a crop fixes the size")
+        Compose::new([r.into(), c.into()], output)
+            .expect("a crop fixes the size, and the output has 3 channels")
     }
 
     /// The same steps with another output.
+    ///
+    /// # Panics
+    /// When a normalised output has other than 3 channels.
     pub fn with_output(mut self, output: Output) -> Compose {
-        self.output = output;
+        self.output = output
+            .for_pipeline()
+            .expect("a normalised output has 3 channels");
         self
     }
 
@@ -194,9 +228,9 @@ impl Compose {
         &self.steps
     }
 
-    /// The output kind.
-    pub fn output(&self) -> Output {
-        self.output
+    /// The output kind (a normalisation as the pipeline runs it: HWC input).
+    pub fn output(&self) -> &Output {
+        &self.output
     }
 
     /// Output `(height, width)`.
@@ -307,15 +341,19 @@ impl Compose {
             )));
         }
         let mut cur = cur;
-        if let Output::Normalized(n) = self.output
-            && cur.write_normalized_fast(s, n, out)
-        {
-            cur.recycle(s);
-            return Ok(());
-        }
-        cur.write(self.output, out);
+        let r = match &self.output {
+            Output::Normalized(n) => cur.write_normalized(s, n, out),
+            Output::U8Chw => {
+                cur.write_u8(ImageLayout::Chw, out);
+                Ok(())
+            }
+            Output::U8Hwc => {
+                cur.write_u8(ImageLayout::Hwc, out);
+                Ok(())
+            }
+        };
         cur.recycle(s);
-        Ok(())
+        r
     }
 }
 
@@ -336,7 +374,7 @@ pub fn apply_steps(steps: &[Step], image: &RgbImage, rng: &mut Rng) -> Result<Rg
         )?;
         let (w, h) = (cur.view.w, cur.view.h);
         let mut out = vec![0u8; w * h * 3];
-        cur.write(Output::U8Hwc, &mut out);
+        cur.write_u8(ImageLayout::Hwc, &mut out);
         cur.recycle(s);
         RgbImage::from_vec(w, h, out)
     })
@@ -454,8 +492,8 @@ fn run_steps<'a>(
 /// Buffers a worker thread reuses for every image.
 #[derive(Default)]
 pub(crate) struct Scratch {
-    /// The SIMD normalisation of the last `Normalize` seen (one per pipeline in practice).
-    kernel: Option<(Normalize, NormalizeKernel)>,
+    /// The output view's pixels, gathered when they are not one whole buffer to normalise.
+    view: Vec<u8>,
     decoded: Vec<u8>,
     spare: Vec<u8>,
     pub(crate) file: Vec<u8>,
@@ -594,78 +632,48 @@ impl Current<'_> {
         }
     }
 
-    /// Writes the view as normalised f32 CHW into `out` with the SIMD kernel of
-    /// `longshore_data::normalize` (one fused multiply-add per value, non-temporal stores for
-    /// a batch slot), when the view is the whole of pixels this pipeline owns and `out` is
-    /// aligned for f32; a pending flip is applied to those pixels first. Returns `false`,
-    /// writing nothing, when that does not hold ([`Current::write`] then does it).
-    fn write_normalized_fast(&mut self, s: &mut Scratch, n: Normalize, out: &mut [u8]) -> bool {
+    /// Writes the view as normalised f32 CHW into `out` with `n`'s vectorised kernel (one
+    /// fused multiply-add per value, non-temporal stores for a batch slot). The kernel reads
+    /// the pixels in place when the view is the whole image (a pending flip applied to pixels
+    /// this pipeline owns); otherwise the view is gathered (and mirrored) into a reused buffer
+    /// first.
+    fn write_normalized(
+        &mut self,
+        s: &mut Scratch,
+        n: &Normalize,
+        out: &mut [u8],
+    ) -> Result<(), DataError> {
         let whole = self.view.x == 0
             && self.view.y == 0
             && (self.view.w, self.view.h) == (self.width, self.height);
-        let Cow::Owned(pixels) = &mut self.pixels else {
-            return false;
-        };
-        let Ok(floats) = bytemuck::try_cast_slice_mut::<u8, f32>(out) else {
-            return false;
-        };
-        if !whole || floats.len() != pixels.len() {
-            return false;
-        }
-        if self.flip {
-            for row in pixels.chunks_exact_mut(self.width * 3) {
-                bytemuck::cast_slice_mut::<u8, [u8; 3]>(row).reverse();
+        if whole && (!self.flip || matches!(self.pixels, Cow::Owned(_))) {
+            if self.flip {
+                for row in self.pixels.to_mut().chunks_exact_mut(self.width * 3) {
+                    bytemuck::cast_slice_mut::<u8, [u8; 3]>(row).reverse();
+                }
+                self.flip = false;
             }
-            self.flip = false;
+            return n.apply_into_bytes(&self.pixels, 3, out);
         }
-        let kernel = match &s.kernel {
-            Some((k, kernel)) if *k == n => kernel,
-            _ => {
-                let (scale, bias) = n.affine().iter().copied().unzip();
-                let kernel = NormalizeKernel::from_scale_bias(scale, bias, ImageLayout::Hwc)
-                    .expect("three scales and three biases");
-                &s.kernel.insert((n, kernel)).1
-            }
-        };
-        kernel
-            .apply(pixels, floats)
-            .expect("one float per byte, checked above");
-        true
+        let mut view = std::mem::take(&mut s.view);
+        view.clear();
+        view.resize(self.view.w * self.view.h * 3, 0);
+        self.write_u8(ImageLayout::Hwc, &mut view);
+        let r = n.apply_into_bytes(&view, 3, out);
+        s.view = view;
+        r
     }
 
-    /// Writes the view (mirrored if a flip is pending) as `output` into `out`.
-    fn write(&self, output: Output, out: &mut [u8]) {
+    /// Writes the view (mirrored if a flip is pending) as u8 pixels in `layout` into `out`.
+    fn write_u8(&self, layout: ImageLayout, out: &mut [u8]) {
         let v = self.view;
         let px = |y: usize| {
             let start = ((v.y + y) * self.width + v.x) * 3;
             &self.pixels[start..start + v.w * 3]
         };
         let col = |x: usize| if self.flip { v.w - 1 - x } else { x };
-        match output {
-            Output::Normalized(n) => {
-                let affine = n.affine();
-                let plane = v.w * v.h;
-                // One row of one channel at a time, then one copy into the slot: no
-                // alignment is required of `out`.
-                let mut buf = vec![0f32; v.w];
-                for y in 0..v.h {
-                    let row = px(y);
-                    for (c, &(scale, bias)) in affine.iter().enumerate() {
-                        if self.flip {
-                            for (x, d) in buf.iter_mut().enumerate() {
-                                *d = f32::from(row[(v.w - 1 - x) * 3 + c]) * scale + bias;
-                            }
-                        } else {
-                            for (d, p) in buf.iter_mut().zip(row.chunks_exact(3)) {
-                                *d = f32::from(p[c]) * scale + bias;
-                            }
-                        }
-                        let at = (c * plane + y * v.w) * 4;
-                        out[at..at + v.w * 4].copy_from_slice(bytemuck::cast_slice(&buf));
-                    }
-                }
-            }
-            Output::U8Chw => {
+        match layout {
+            ImageLayout::Chw => {
                 let plane = v.w * v.h;
                 for y in 0..v.h {
                     let row = px(y);
@@ -677,7 +685,7 @@ impl Current<'_> {
                     }
                 }
             }
-            Output::U8Hwc => {
+            ImageLayout::Hwc => {
                 for y in 0..v.h {
                     let row = px(y);
                     let dst = &mut out[y * v.w * 3..(y + 1) * v.w * 3];

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use longshore_data::rng::Rng;
-use longshore_data::{DType, DataError, Dataset, DirectDataset, FieldSpec, Shape, Tensor};
+use longshore_data::{
+    DType, DataError, Dataset, DirectDataset, DirectPlan, FieldSpec, Shape, Tensor,
+};
 use rand_chacha::rand_core::SeedableRng;
 
 use crate::compose::{Compose, with_scratch};
@@ -72,8 +74,9 @@ pub fn sample_rng(seed: u64, epoch: u64, index: usize) -> Rng {
 ///
 /// Samples are `(image, label)`: the image as the pipeline's output (f32 `[3, H, W]`
 /// normalised, or u8) and the label as `i64`. As a [`DirectDataset`] it decodes and
-/// transforms each image straight into its batch slot (use it with
-/// [`longshore_data::DirectCollate`]); as a [`Dataset`] it returns owned tensors.
+/// transforms each image straight into its batch slot (the loader's default collation does
+/// so through its [`DirectPlan`], as [`longshore_data::DirectCollate`] does); as a
+/// [`Dataset`] it returns owned tensors.
 #[derive(Debug, Clone)]
 pub struct ImageDataset {
     folder: ImageFolder,
@@ -193,6 +196,13 @@ impl Dataset for ImageDataset {
         let mut t = Tensor::zeros(f.dtype, f.shape.dims())?;
         self.image_into(index, t.bytes_mut())?;
         Ok((t, self.label(index)?))
+    }
+
+    /// The image and label fields: the loader's default collation decodes and transforms
+    /// each image straight into its batch slot, as [`longshore_data::DirectCollate`] does
+    /// (the same pixels, the same draws: labels draw nothing).
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        Some(DirectPlan::new(self))
     }
 }
 

@@ -25,8 +25,9 @@
 //! # }
 //! ```
 //!
-//! With the loader: `DataLoader::builder(train).collate(DirectCollate::new())`, then
-//! `num_workers`, `pin_memory` and the rest as usual; a file that fails to decode is a
+//! With the loader: `DataLoader::builder(train)`, then `num_workers`, `pin_memory` and the
+//! rest as usual (the default collation writes through the dataset's direct plan, as
+//! `.collate(DirectCollate::new())` does); a file that fails to decode is a
 //! `DataError` naming it, handled by the loader's `on_sample_error` policy.
 //!
 //! # Map of the crate
@@ -37,8 +38,10 @@
 //! - [`decode`]: [`decode_rgb`](decode::decode_rgb) (JPEG with zune-jpeg, PNG with zune-png,
 //!   converted to RGB as PIL's `convert("RGB")`), the pixel limit of
 //!   [`DecodeOptions`].
-//! - [`transforms`]: `RandomResizedCrop`, `Resize`, `CenterCrop`, `RandomHorizontalFlip`,
-//!   `Normalize`, with torchvision's parameters and rounding.
+//! - [`transforms`]: `RandomResizedCrop`, `Resize`, `CenterCrop`, with torchvision's
+//!   parameters and rounding, and longshore-data's `RandomHorizontalFlip` and `Normalize`
+//!   (one definition for the `.npy` image path, these pipelines and the device kernels,
+//!   which read [`Normalize::affine`](longshore_data::Normalize::affine)).
 //! - [`Compose`]: a pipeline with a fixed output size, presets
 //!   [`Compose::imagenet_train`] and [`Compose::imagenet_val`] (PyTorch's ImageNet example).
 //! - [`ImageDataset`]: folder + pipeline, a [`longshore_data::DirectDataset`];

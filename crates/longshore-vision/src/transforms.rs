@@ -4,10 +4,13 @@
 //! Each transform here computes *geometry* (which box of the image, what output size);
 //! [`crate::Compose`] runs them on pixels, cropping before resizing so no full-size copy
 //! is ever made, and writes the result straight into a batch slot.
+//!
+//! [`Normalize`] and [`RandomHorizontalFlip`] are longshore-data's (re-exported here): the
+//! `.npy` image datasets, these pipelines and the device kernels share one definition.
 
 use longshore_data::DataError;
-use longshore_data::rng::{Rng, below};
-use rand_chacha::rand_core::RngCore;
+use longshore_data::rng::{Rng, below, unit_f32};
+pub use longshore_data::{Normalize, RandomHorizontalFlip};
 
 /// A box of an image: `top`, `left` (may be negative when a crop pads), `height`, `width`,
 /// in torchvision's `(i, j, h, w)` order.
@@ -26,11 +29,6 @@ pub struct CropBox {
 /// Python's `round()` on floats: halves to even.
 pub fn round_half_even(x: f64) -> f64 {
     x.round_ties_even()
-}
-
-/// A uniform `f32` in `[0, 1)` with 24 random bits, as `torch.rand` draws.
-pub(crate) fn unit_f32(rng: &mut Rng) -> f32 {
-    (rng.next_u32() >> 8) as f32 * (1.0 / (1u32 << 24) as f32)
 }
 
 /// `torch.empty(1).uniform_(a, b)` on a float32 tensor.
@@ -350,80 +348,5 @@ impl CenterCrop {
             height: ch,
             width: cw,
         }
-    }
-}
-
-/// `RandomHorizontalFlip(p=0.5)`: mirrors the image with probability `p`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RandomHorizontalFlip {
-    p: f64,
-}
-
-impl Default for RandomHorizontalFlip {
-    fn default() -> Self {
-        RandomHorizontalFlip { p: 0.5 }
-    }
-}
-
-impl RandomHorizontalFlip {
-    /// Flips with probability `p`.
-    ///
-    /// # Errors
-    /// [`DataError::InvalidArgument`] unless `0 <= p <= 1`.
-    pub fn new(p: f64) -> Result<RandomHorizontalFlip, DataError> {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(DataError::InvalidArgument {
-                name: "p",
-                reason: format!("probability {p} must be in [0, 1]"),
-            });
-        }
-        Ok(RandomHorizontalFlip { p })
-    }
-
-    /// The probability.
-    pub fn p(&self) -> f64 {
-        self.p
-    }
-
-    /// Draws whether to flip: `torch.rand(1) < p`.
-    pub fn draw(&self, rng: &mut Rng) -> bool {
-        f64::from(unit_f32(rng)) < self.p
-    }
-}
-
-/// `Normalize(mean, std)` after `ToTensor()`: `(x / 255 - mean) / std` per channel.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Normalize {
-    /// Per-channel mean, on the `[0, 1]` scale.
-    pub mean: [f32; 3],
-    /// Per-channel standard deviation, on the `[0, 1]` scale.
-    pub std: [f32; 3],
-}
-
-impl Normalize {
-    /// ImageNet's statistics, as in PyTorch's ImageNet example.
-    pub const IMAGENET: Normalize = Normalize {
-        mean: [0.485, 0.456, 0.406],
-        std: [0.229, 0.224, 0.225],
-    };
-
-    /// A normalisation.
-    ///
-    /// # Errors
-    /// [`DataError::InvalidArgument`] when a `std` is not positive and finite.
-    pub fn new(mean: [f32; 3], std: [f32; 3]) -> Result<Normalize, DataError> {
-        if let Some(s) = std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
-            return Err(DataError::InvalidArgument {
-                name: "std",
-                reason: format!("std {s} must be positive and finite"),
-            });
-        }
-        Ok(Normalize { mean, std })
-    }
-
-    /// Per-channel `(scale, bias)` so that `out = x * scale + bias` for `x` in 0..=255 (what
-    /// the device kernels apply).
-    pub fn affine(&self) -> [(f32, f32); 3] {
-        std::array::from_fn(|c| (1.0 / (255.0 * self.std[c]), -self.mean[c] / self.std[c]))
     }
 }

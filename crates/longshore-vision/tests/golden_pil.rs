@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use longshore_data::NpyArray;
 use longshore_data::rng::epoch_rng;
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
-use longshore_vision::transforms::{CenterCrop, CropBox, Interpolation, Normalize, Resize};
+use longshore_vision::transforms::{CenterCrop, CropBox, Interpolation, Resize};
 use longshore_vision::{Compose, Output, RgbImage, Step, apply_steps};
 
 fn golden(name: &str) -> PathBuf {
@@ -210,7 +210,7 @@ fn resized_crop_matches_torchvision() {
 #[test]
 fn val_tensor_matches_torchvision_to_tensor_normalize() {
     for name in ["photo_420.jpg", "photo_444_prog.jpg"] {
-        let val = Compose::val(40, 32, Output::Normalized(Normalize::IMAGENET));
+        let val = Compose::val(40, 32, Output::imagenet());
         let ours = val.apply(&pil_decoded(name), &mut epoch_rng(0, 0)).unwrap();
         let ours: &[f32] = ours.as_slice().unwrap();
         let theirs = NpyArray::open(golden(&format!("{name}.val_tensor.npy"))).unwrap();

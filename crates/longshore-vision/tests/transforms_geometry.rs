@@ -2,11 +2,10 @@
 //! (`_compute_resized_output_size`, `center_crop`), flips, outputs, and the random sources.
 
 use longshore_data::rng::epoch_rng;
-use longshore_data::{DataError, Dataset};
+use longshore_data::{DataError, Dataset, ImageLayout};
 use longshore_vision::synth::{FolderSpec, write_folder};
 use longshore_vision::transforms::{
-    CenterCrop, CropBox, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
-    round_half_even,
+    CenterCrop, CropBox, RandomHorizontalFlip, RandomResizedCrop, Resize, round_half_even,
 };
 use longshore_vision::{Compose, ImageFolder, Output, RandomSource, RgbImage, Step, apply_steps};
 use proptest::prelude::*;
@@ -72,7 +71,9 @@ fn gradient(w: usize, h: usize) -> RgbImage {
 #[test]
 fn flips_mirror_rows_and_compose_with_later_crops() {
     let img = gradient(5, 3);
-    let always: Step = RandomHorizontalFlip::new(1.0).unwrap().into();
+    let always: Step = RandomHorizontalFlip::new(1.0, ImageLayout::Hwc)
+        .unwrap()
+        .into();
     let flipped = apply_steps(&[always], &img, &mut epoch_rng(0, 0)).unwrap();
     assert_eq!(flipped.pixel(0, 1), img.pixel(4, 1));
     assert_eq!(flipped.pixel(4, 2), img.pixel(0, 2));
@@ -81,19 +82,21 @@ fn flips_mirror_rows_and_compose_with_later_crops() {
     let out = apply_steps(&[always, crop], &img, &mut epoch_rng(0, 0)).unwrap();
     assert_eq!(out.pixel(0, 0), flipped.pixel(2, 0));
     assert_eq!(out.pixel(1, 0), flipped.pixel(3, 0));
-    let never: Step = RandomHorizontalFlip::new(0.0).unwrap().into();
+    let never: Step = RandomHorizontalFlip::new(0.0, ImageLayout::Hwc)
+        .unwrap()
+        .into();
     assert_eq!(
         apply_steps(&[never], &img, &mut epoch_rng(0, 0)).unwrap(),
         img
     );
-    assert!(RandomHorizontalFlip::new(1.5).is_err());
+    assert!(RandomHorizontalFlip::new(1.5, ImageLayout::Hwc).is_err());
 }
 
 #[test]
 fn outputs_are_the_same_pixels_in_three_layouts() {
     let img = gradient(6, 4);
     let crop: Step = CenterCrop::with_size(4, 6).unwrap().into();
-    let f = Compose::new([crop], Output::TO_TENSOR).unwrap();
+    let f = Compose::new([crop], Output::to_tensor()).unwrap();
     let chw = Compose::new([crop], Output::U8Chw).unwrap();
     let hwc = Compose::new([crop], Output::U8Hwc).unwrap();
     let mut rng = epoch_rng(0, 0);
@@ -113,7 +116,7 @@ fn outputs_are_the_same_pixels_in_three_layouts() {
             }
         }
     }
-    let n = Compose::new([crop], Output::Normalized(Normalize::IMAGENET)).unwrap();
+    let n = Compose::new([crop], Output::imagenet()).unwrap();
     let tn = n.apply(&img, &mut rng).unwrap();
     let x: &[f32] = tn.as_slice().unwrap();
     let expect = (f32::from(img.pixel(1, 2)[1]) / 255.0 - 0.456) / 0.224;

@@ -31,18 +31,18 @@ fn normalized(pipeline: &Compose, img: &RgbImage, epoch: u64, offset: usize) -> 
 }
 
 fn check(pipeline: Compose, img: &RgbImage, epoch: u64) -> Result<(), TestCaseError> {
-    let norm = Normalize::IMAGENET;
+    let norm = Normalize::imagenet(longshore_data::ImageLayout::Hwc);
     let u8s = pipeline.clone().with_output(Output::U8Chw);
     let mut chw = vec![0u8; u8s.output_bytes()];
     u8s.apply_into(img, &mut epoch_rng(1, epoch), &mut chw)
         .unwrap();
-    let pipeline = pipeline.with_output(Output::Normalized(norm));
+    let pipeline = pipeline.with_output(Output::Normalized(norm.clone()));
     let plane = chw.len() / 3;
     for offset in [0, 1] {
         let got = normalized(&pipeline, img, epoch, offset);
         for (i, (&x, &y)) in chw.iter().zip(&got).enumerate() {
             let c = i / plane;
-            let want = (f32::from(x) / 255.0 - norm.mean[c]) / norm.std[c];
+            let want = (f32::from(x) / 255.0 - norm.mean()[c]) / norm.std()[c];
             prop_assert!(
                 (want - y).abs() <= 1e-5 * want.abs().max(1.0),
                 "offset {} value {}: {} vs {}",

@@ -1,13 +1,14 @@
 //! [`DirectCollate`]: a [`DirectDataset`] writes each sample straight into its slot of
-//! the batch, optionally through a per-field [`FieldTransform`].
+//! the batch, optionally through a per-field [`FieldTransform`]; the same writer serves a
+//! dataset's [`DirectPlan`] (see [`super::FetchCollate`]).
 
-use std::fmt;
 use std::sync::Arc;
 
 use super::{DatasetCollate, TensorNames};
 use crate::DataError;
 use crate::batch::{Batch, BatchLayout, Storage, zero_gaps};
-use crate::dataset::{DirectDataset, FieldSpec};
+use crate::dataset::DirectDataset;
+use crate::field::{DirectPlan, DirectSource, FieldSpec, FieldTransform};
 
 /// Indices of a batch and its layout; see [`DirectCollate`].
 #[derive(Debug, Clone)]
@@ -21,50 +22,6 @@ impl StagedIndices {
     pub fn layout(&self) -> &BatchLayout {
         &self.layout
     }
-}
-
-/// A per-field hook of [`DirectCollate`]: turns one sample's field, as the dataset
-/// stores it, into that sample's slot of the batch tensor, in one pass and with no
-/// intermediate tensor. Fused `u8` image -> normalised `f32` is
-/// [`Normalize`](crate::Normalize)'s implementation.
-///
-/// ```
-/// use longshore_data::{DType, DataError, FieldSpec, FieldTransform, Shape};
-///
-/// /// Widens `u8` fields to `f32` (0..=255), any shape.
-/// #[derive(Debug)]
-/// struct ToF32;
-///
-/// impl FieldTransform for ToF32 {
-///     fn output(&self, input: &FieldSpec) -> Result<FieldSpec, DataError> {
-///         Ok(FieldSpec { dtype: DType::F32, shape: input.shape })
-///     }
-///     fn apply(&self, _: &FieldSpec, src: &[u8], dst: &mut [u8]) -> Result<(), DataError> {
-///         for (x, out) in src.iter().zip(dst.chunks_exact_mut(4)) {
-///             out.copy_from_slice(&f32::from(*x).to_ne_bytes());
-///         }
-///         Ok(())
-///     }
-/// }
-/// ```
-pub trait FieldTransform: Send + Sync + fmt::Debug {
-    /// The dtype and per-sample shape this transform writes for a field of `input`.
-    ///
-    /// # Errors
-    /// When this transform does not accept such a field (wrong dtype or shape), with
-    /// a message saying what it expected.
-    fn output(&self, input: &FieldSpec) -> Result<FieldSpec, DataError>;
-
-    /// Writes the transformed field: `src` holds one sample's field as described by
-    /// `input` (native byte order, `input.nbytes()` long); `dst` is its slot in the
-    /// batch, exactly `self.output(input)?.nbytes()` long. The slot's alignment is
-    /// that of the batch storage plus a multiple of the slot size: for storage
-    /// aligned to 8 bytes or more (page-locked buffers, [`crate::AlignedBuf`]) an
-    /// `f32` slot can be cast with `bytemuck`; stay correct when it cannot.
-    ///
-    /// # Errors
-    /// When `src` or `dst` has an unexpected length.
-    fn apply(&self, input: &FieldSpec, src: &[u8], dst: &mut [u8]) -> Result<(), DataError>;
 }
 
 /// Stacks the fields of a [`DirectDataset`] by having the dataset write each sample
@@ -121,6 +78,12 @@ impl DirectCollate {
         self
     }
 
+    /// Named as a [`super::StackCollate`] names its tensors.
+    pub(crate) fn with_tensor_names(mut self, names: TensorNames) -> DirectCollate {
+        self.names = names;
+        self
+    }
+
     /// Writes field `field` through `transform` (replacing any transform set for it
     /// before): its tensor gets the transform's output dtype and shape.
     pub fn with_transform(
@@ -164,18 +127,121 @@ impl DirectCollate {
                 ),
             ));
         }
-        let mut layout = BatchLayout::new(batch_size);
-        for (f, spec) in fields.iter().enumerate() {
-            let spec = match self.transform(f) {
-                Some(t) => t.output(spec)?,
-                None => *spec,
-            };
-            let mut shape = vec![batch_size];
-            shape.extend_from_slice(spec.shape.dims());
-            layout.push(self.names.get(f), spec.dtype, shape)?;
-        }
-        Ok(layout)
+        layout_of(&self.names, fields, |f| self.transform(f), batch_size)
     }
+
+    /// Whether this collation can write a batch of `plan`: no field is transformed both by
+    /// this collation and by the plan, and every transformed field exists.
+    pub(crate) fn accepts(&self, plan: &DirectPlan<'_>) -> bool {
+        self.transforms
+            .iter()
+            .all(|(f, _)| *f < plan.fields().len() && plan.transform(*f).is_none())
+    }
+
+    /// The layout of a batch of `batch_size` samples of `plan` (see [`Self::accepts`]).
+    pub(crate) fn plan_layout(
+        &self,
+        plan: &DirectPlan<'_>,
+        batch_size: usize,
+    ) -> Result<BatchLayout, DataError> {
+        layout_of(
+            &self.names,
+            plan.fields(),
+            |f| self.transform(f).or_else(|| plan.transform(f)),
+            batch_size,
+        )
+    }
+
+    /// Writes the samples `indices` of `plan` at `layout` (from [`Self::plan_layout`]).
+    pub(crate) fn write_plan<S: Storage>(
+        &self,
+        plan: &DirectPlan<'_>,
+        indices: &[usize],
+        layout: BatchLayout,
+        storage: S,
+    ) -> Result<Batch<S>, DataError> {
+        let sources = indices
+            .iter()
+            .map(|&i| plan.index(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        write_fields(
+            plan.source(),
+            |f| self.transform(f).or_else(|| plan.transform(f)),
+            &sources,
+            layout,
+            storage,
+        )
+    }
+}
+
+/// The layout of a batch of `batch_size` samples of `fields`, each through
+/// `transform(field)` when it has one.
+fn layout_of<'t>(
+    names: &TensorNames,
+    fields: &[FieldSpec],
+    transform: impl Fn(usize) -> Option<&'t dyn FieldTransform>,
+    batch_size: usize,
+) -> Result<BatchLayout, DataError> {
+    if batch_size == 0 {
+        return Err(DataError::Empty { what: "batch" });
+    }
+    let mut layout = BatchLayout::new(batch_size);
+    for (f, spec) in fields.iter().enumerate() {
+        let spec = match transform(f) {
+            Some(t) => t.output(spec)?,
+            None => *spec,
+        };
+        let mut shape = vec![batch_size];
+        shape.extend_from_slice(spec.shape.dims());
+        layout.push(names.get(f), spec.dtype, shape)?;
+    }
+    Ok(layout)
+}
+
+/// Writes the fields of samples `indices` of `source` into `storage` at `layout`, each field
+/// through `transform(field)` when it has one: the one writer of [`DirectCollate`] and of a
+/// dataset's [`DirectPlan`].
+fn write_fields<'t, D: DirectSource + ?Sized, S: Storage>(
+    source: &D,
+    transform: impl Fn(usize) -> Option<&'t dyn FieldTransform>,
+    indices: &[usize],
+    layout: BatchLayout,
+    mut storage: S,
+) -> Result<Batch<S>, DataError> {
+    layout.check_storage(storage.len())?;
+    let out = &mut storage[..layout.total_bytes];
+    zero_gaps(&layout, out);
+    // Filled only for a transformed field the dataset cannot lend, reused across samples.
+    let mut scratch = Vec::new();
+    for (f, spec) in layout.tensors.iter().enumerate() {
+        let per = spec.len / indices.len().max(1);
+        if per == 0 {
+            continue;
+        }
+        let slots = indices.iter().zip(out[spec.range()].chunks_exact_mut(per));
+        let Some(transform) = transform(f) else {
+            for (&i, slot) in slots {
+                source.write_field(i, f, slot)?;
+            }
+            continue;
+        };
+        let input = source.source_fields().get(f).ok_or(DataError::oob(
+            f,
+            source.source_fields().len(),
+            "dataset fields",
+        ))?;
+        for (&i, slot) in slots {
+            match source.lend_field(i, f)? {
+                Some(src) => transform.apply(input, src, slot)?,
+                None => {
+                    scratch.resize(input.nbytes()?, 0);
+                    source.write_field(i, f, &mut scratch)?;
+                    transform.apply(input, &scratch, slot)?;
+                }
+            }
+        }
+    }
+    Ok(Batch { layout, storage })
 }
 
 impl<D: DirectDataset + ?Sized> DatasetCollate<D> for DirectCollate {
@@ -200,42 +266,9 @@ impl<D: DirectDataset + ?Sized> DatasetCollate<D> for DirectCollate {
         &self,
         dataset: &D,
         staged: StagedIndices,
-        mut storage: S,
+        storage: S,
     ) -> Result<Batch<S>, DataError> {
         let StagedIndices { indices, layout } = staged;
-        layout.check_storage(storage.len())?;
-        let out = &mut storage[..layout.total_bytes];
-        zero_gaps(&layout, out);
-        // Filled only for a transformed field the dataset cannot lend, reused across samples.
-        let mut scratch = Vec::new();
-        for (f, spec) in layout.tensors.iter().enumerate() {
-            let per = spec.len / indices.len().max(1);
-            if per == 0 {
-                continue;
-            }
-            let slots = indices.iter().zip(out[spec.range()].chunks_exact_mut(per));
-            let Some(transform) = self.transform(f) else {
-                for (&i, slot) in slots {
-                    dataset.get_field_into(i, f, slot)?;
-                }
-                continue;
-            };
-            let input = dataset.fields().get(f).ok_or(DataError::oob(
-                f,
-                dataset.fields().len(),
-                "dataset fields",
-            ))?;
-            for (&i, slot) in slots {
-                match dataset.field_bytes(i, f)? {
-                    Some(src) => transform.apply(input, src, slot)?,
-                    None => {
-                        scratch.resize(input.nbytes()?, 0);
-                        dataset.get_field_into(i, f, &mut scratch)?;
-                        transform.apply(input, &scratch, slot)?;
-                    }
-                }
-            }
-        }
-        Ok(Batch { layout, storage })
+        write_fields(dataset, |f| self.transform(f), &indices, layout, storage)
     }
 }

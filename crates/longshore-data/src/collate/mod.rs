@@ -2,7 +2,7 @@
 //! buffer (in the loader, a page-locked pool buffer), with no second copy.
 //!
 //! A batch ([`Batch`], in [`crate::batch`]) is a list of typed tensors living in one
-//! contiguous storage, each at an offset aligned to [`TENSOR_ALIGN`] bytes, so the
+//! contiguous storage, each at an offset aligned to [`TENSOR_ALIGN`](crate::TENSOR_ALIGN) bytes, so the
 //! transfer layer can move the whole batch with one copy and hand out typed device
 //! views at the same offsets.
 //!
@@ -24,21 +24,28 @@
 //! ```
 //!
 //! The collations, one per file: [`StackCollate`] (`stack`), [`PadCollate`] (`pad`) and
-//! [`DirectCollate`] with its per-field [`FieldTransform`] hook (`direct`).
+//! [`DirectCollate`] with its per-field [`FieldTransform`](crate::FieldTransform) hook
+//! (`direct`).
+//!
+//! The default collation of the loader, [`FetchCollate`] of a [`StackCollate`], writes a
+//! batch the direct way whenever the dataset has a [`DirectPlan`]
+//! ([`Dataset::direct_plan`]): `NpyDataset::open(..)?.transform(Normalize::imagenet(..))`
+//! then collates exactly as `DirectCollate::new().with_transform(0, Normalize::imagenet(..))`
+//! does, with the same bytes and without a tensor per sample.
 
 use std::sync::Arc;
 
 use crate::DataError;
+use crate::batch::{AlignedBuf, Batch, BatchLayout, Storage};
 use crate::dataset::Dataset;
+use crate::field::DirectPlan;
 use crate::tensor::{Sample, TensorRef};
 
 mod direct;
 mod pad;
 mod stack;
 
-// The batch type lived here before it got its own module; these paths keep working.
-pub use crate::batch::{AlignedBuf, Batch, BatchLayout, Storage, TENSOR_ALIGN, TensorSpec};
-pub use direct::{DirectCollate, FieldTransform, StagedIndices};
+pub use direct::{DirectCollate, StagedIndices};
 pub use pad::PadCollate;
 pub use stack::StackCollate;
 
@@ -72,6 +79,14 @@ pub trait Collate<T>: Send + Sync {
         let layout = self.layout(samples)?;
         let buf = AlignedBuf::zeroed(layout.total_bytes());
         self.collate_into(samples, layout, buf)
+    }
+
+    /// The [`DirectCollate`] that writes, from a dataset's [`DirectPlan`], the batch this
+    /// collation makes of that dataset's items, when there is one: [`StackCollate`]'s is a
+    /// `DirectCollate` with its names. [`FetchCollate`] then skips the items. `None` (the
+    /// default) keeps the items.
+    fn as_direct(&self) -> Option<DirectCollate> {
+        None
     }
 }
 
@@ -134,11 +149,18 @@ pub trait DatasetCollate<D: Dataset + ?Sized>: Send + Sync {
     ) -> Result<Batch<S>, DataError>;
 }
 
-/// Items fetched for a batch, with their layout; see [`FetchCollate`].
+/// What [`FetchCollate`] gathered for a batch, with its layout: the fetched items, or only
+/// the indices when the dataset's [`DirectPlan`] writes the batch.
 #[derive(Debug)]
 pub struct StagedItems<T> {
-    items: Vec<T>,
+    items: Staged<T>,
     layout: BatchLayout,
+}
+
+#[derive(Debug)]
+enum Staged<T> {
+    Items(Vec<T>),
+    Direct(DirectCollate, Vec<usize>),
 }
 
 impl<T> StagedItems<T> {
@@ -146,11 +168,33 @@ impl<T> StagedItems<T> {
     pub fn layout(&self) -> &BatchLayout {
         &self.layout
     }
+
+    /// Whether the batch is written from the dataset's [`DirectPlan`] (no items fetched).
+    pub fn is_direct(&self) -> bool {
+        matches!(self.items, Staged::Direct(..))
+    }
 }
 
-/// Fetches each index with [`Dataset::get`], then collates the items with `C`.
+/// Fetches each index with [`Dataset::get`], then collates the items with `C`; or, when
+/// the dataset has a [`DirectPlan`] and `C` has a direct form ([`Collate::as_direct`]:
+/// [`StackCollate`]), writes the same batch straight from the dataset's fields.
 #[derive(Debug, Clone, Default)]
 pub struct FetchCollate<C>(pub C);
+
+impl<C> FetchCollate<C> {
+    /// The direct route for `dataset`, when it has one.
+    fn direct<'d, D: Dataset + ?Sized, T>(
+        &self,
+        dataset: &'d D,
+    ) -> Option<(DirectCollate, DirectPlan<'d>)>
+    where
+        C: Collate<T>,
+    {
+        let plan = dataset.direct_plan()?;
+        let direct = self.0.as_direct()?;
+        direct.accepts(&plan).then_some((direct, plan))
+    }
+}
 
 impl<D, C> DatasetCollate<D> for FetchCollate<C>
 where
@@ -160,12 +204,26 @@ where
     type Staged = StagedItems<D::Item>;
 
     fn stage(&self, dataset: &D, indices: &[usize]) -> Result<Self::Staged, DataError> {
+        if let Some((direct, plan)) = self.direct(dataset) {
+            let len = dataset.len();
+            if let Some(&bad) = indices.iter().find(|&&i| i >= len) {
+                return Err(DataError::oob(bad, len, "dataset"));
+            }
+            let layout = direct.plan_layout(&plan, indices.len())?;
+            return Ok(StagedItems {
+                items: Staged::Direct(direct, indices.to_vec()),
+                layout,
+            });
+        }
         let items = indices
             .iter()
             .map(|&i| dataset.get(i))
             .collect::<Result<Vec<_>, _>>()?;
         let layout = self.0.layout(&items)?;
-        Ok(StagedItems { items, layout })
+        Ok(StagedItems {
+            items: Staged::Items(items),
+            layout,
+        })
     }
 
     fn staged_layout<'a>(&self, staged: &'a Self::Staged) -> &'a BatchLayout {
@@ -174,10 +232,21 @@ where
 
     fn write<S: Storage>(
         &self,
-        _: &D,
+        dataset: &D,
         staged: Self::Staged,
         storage: S,
     ) -> Result<Batch<S>, DataError> {
-        self.0.collate_into(&staged.items, staged.layout, storage)
+        match staged.items {
+            Staged::Items(items) => self.0.collate_into(&items, staged.layout, storage),
+            Staged::Direct(direct, indices) => {
+                let plan = dataset.direct_plan().ok_or_else(|| {
+                    DataError::arg(
+                        "dataset",
+                        "the dataset had a direct plan when the batch was staged, none now",
+                    )
+                })?;
+                direct.write_plan(&plan, &indices, staged.layout, storage)
+            }
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! [`StackCollate`]: fixed-shape samples stacked field by field, like PyTorch's
 //! `default_collate`.
 
-use super::{Collate, TensorNames, field_of};
+use super::{Collate, DirectCollate, TensorNames, field_of};
 use crate::DataError;
 use crate::batch::{Batch, BatchLayout, Storage, zero_gaps};
 use crate::tensor::Sample;
@@ -98,5 +98,10 @@ impl<T: Sample> Collate<T> for StackCollate {
             }
         }
         Ok(Batch { layout, storage })
+    }
+
+    /// Stacking fixed-shape fields is what [`DirectCollate`] writes: with the same names.
+    fn as_direct(&self) -> Option<DirectCollate> {
+        Some(DirectCollate::new().with_tensor_names(self.names.clone()))
     }
 }

@@ -8,8 +8,10 @@ use memmap2::Mmap;
 
 use super::{AccessPattern, advise, open_map};
 use crate::DataError;
-use crate::dataset::{Dataset, DirectDataset, FieldSpec};
-use crate::dtype::{DType, Element, Shape, nbytes, swap_bytes_in_place};
+use crate::dataset::{Dataset, DirectDataset};
+use crate::dtype::{DType, Element, swap_bytes_in_place};
+use crate::field::{DirectPlan, FieldSpec};
+use crate::shape::{Shape, nbytes};
 use crate::tensor::Tensor;
 
 mod header;
@@ -128,7 +130,7 @@ impl NpyArray {
     /// Copies the whole array into a [`Tensor`] in native byte order.
     ///
     /// # Errors
-    /// When the shape has more than [`crate::dtype::MAX_DIMS`] dimensions.
+    /// When the shape has more than [`crate::shape::MAX_DIMS`] dimensions.
     pub fn to_tensor(&self) -> Result<Tensor, DataError> {
         let mut t = Tensor::from_bytes(self.dtype(), self.shape(), self.raw_bytes())?;
         if !self.header.byte_order.is_native() {
@@ -236,6 +238,10 @@ impl Dataset for NpyDataset {
             swap_bytes_in_place(t.bytes_mut(), self.array.dtype().size());
         }
         Ok(t)
+    }
+    /// A row is the one field: batches are written straight from the mapped file.
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        Some(DirectPlan::new(self))
     }
 }
 
@@ -350,6 +356,10 @@ impl Dataset for NpyShards {
     fn get(&self, index: usize) -> Result<Tensor, DataError> {
         let (s, i) = self.locate(index)?;
         s.get(i)
+    }
+    /// A row is the one field: batches are written straight from the mapped files.
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        Some(DirectPlan::new(self))
     }
 }
 

@@ -7,8 +7,10 @@ use memmap2::Mmap;
 
 use super::{AccessPattern, advise, open_map};
 use crate::DataError;
-use crate::dataset::{Dataset, DirectDataset, FieldSpec};
-use crate::dtype::{ByteOrder, DType, Shape, nbytes, swap_bytes_in_place};
+use crate::dataset::{Dataset, DirectDataset};
+use crate::dtype::{ByteOrder, DType, swap_bytes_in_place};
+use crate::field::{DirectPlan, FieldSpec};
+use crate::shape::{Shape, nbytes};
 use crate::tensor::Tensor;
 
 /// One field of a fixed-size record.
@@ -250,6 +252,10 @@ impl Dataset for RecordDataset {
                 Ok(t)
             })
             .collect()
+    }
+    /// A record's fields are the fields: batches are written straight from the mapped file.
+    fn direct_plan(&self) -> Option<DirectPlan<'_>> {
+        Some(DirectPlan::new(self))
     }
 }
 

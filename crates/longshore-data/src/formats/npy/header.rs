@@ -8,8 +8,9 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::dtype::{ByteOrder, DType, nbytes};
+use crate::dtype::{ByteOrder, DType};
 use crate::error::{DataError, NpyError};
+use crate::shape::nbytes;
 
 /// The magic string every `.npy` file starts with.
 pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
