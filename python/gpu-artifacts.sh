@@ -4,8 +4,8 @@
 #   gpu-python/wheels/   the longshore wheel (abi3, manylinux2014: glibc >= 2.17, so it installs
 #                        whatever glibc the GPU machine has) + pytest and its pure-Python deps
 #   gpu-python/tests/    the pytest suite
-#   gpu-python/bench/    python_bench.py, torch_per_batch.py (per-batch cost of the torch
-#                        handoff), per_batch.py
+#   gpu-python/bench/    xtask/python/: python_bench.py, torch_per_batch.py (per-batch cost of
+#                        the torch handoff), pump_timings.py, per_batch.py
 #   gpu-python/run.sh    what to run there
 # The GPU machine has Python 3.12, torch and numpy but no registry: everything else travels.
 # Needs PyPI here (maturin, ziglang for the manylinux2014 link, pytest to download).
@@ -33,8 +33,8 @@ mkdir -p "$out/wheels"
     --python-version 3.12 --implementation cp --platform any pytest
 cp -r python/tests "$out/tests"
 rm -rf "$out/tests/__pycache__"
-mkdir -p "$out/bench" && cp python/bench/python_bench.py python/bench/torch_per_batch.py python/bench/pump_timings.py \
-    python/bench/per_batch.py "$out/bench/"
+mkdir -p "$out/bench" && cp xtask/python/python_bench.py xtask/python/torch_per_batch.py xtask/python/pump_timings.py \
+    xtask/python/per_batch.py "$out/bench/"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # On the GPU machine (Python 3.12 + torch + numpy, no registry), from the project root:

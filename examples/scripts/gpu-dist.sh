@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 18 on a machine with 2 GPUs (no cargo): the data-parallel example against one
 # process, every rank's pinned pool back to zero, and what happens when a rank is killed.
-#   bash scripts/gpu-dist.sh [BIN_DIR]   (BIN_DIR holds `train` and `collective_cuda`;
+#   bash examples/scripts/gpu-dist.sh [BIN_DIR] (BIN_DIR holds `train` and `collective_cuda`;
 #                                          default .gpu/bin; results under $OUT or gpu-out/)
+# Build the binaries first, on a machine with cargo: `cargo xtask gpu-pack` (.gpu/bin).
 set -u
 B=${1:-.gpu/bin}; R=${OUT:-gpu-out}/dist; mkdir -p "$R"
 pass=0; fail=0
