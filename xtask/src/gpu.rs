@@ -240,20 +240,21 @@ fn exclude(root: &Path, patterns: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Marks `path` executable (a runner script).
 #[cfg(unix)]
-fn set_executable(path: &Path) -> Result<()> {
+pub(crate) fn set_executable(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
     Ok(())
 }
 
 #[cfg(not(unix))]
-fn set_executable(_: &Path) -> Result<()> {
+pub(crate) fn set_executable(_: &Path) -> Result<()> {
     Ok(())
 }
 
 /// The bytes of every file under `dir`.
-fn dir_bytes(dir: &Path) -> Result<u64> {
+pub(crate) fn dir_bytes(dir: &Path) -> Result<u64> {
     let mut total = 0;
     for e in std::fs::read_dir(dir)? {
         let e = e?;

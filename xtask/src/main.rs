@@ -9,6 +9,8 @@
 //! * `cargo xtask gpu-pack [CARGO TEST ARGS]`: release test binaries, examples, benches and
 //!   xtask, stripped, into `.gpu/` with `.gpu/run.sh`, compressed into `gpu-pack/gpu.tar.xz`
 //!   for a GPU machine without a Rust toolchain (see gpu.rs).
+//! * `cargo xtask gpu-python`: the Python wheel (manylinux2014), pytest, the pytest suite and
+//!   the Python bench scripts into `gpu-python/` with `gpu-python/run.sh` (see gpu_python.rs).
 //! * On that GPU machine, from the bundle: `.gpu/bin/xtask gpu-verify [--sanitizer-secs S]`
 //!   (the tests with CUDA required, then compute-sanitizer) and `.gpu/bin/xtask gpu-bench
 //!   [--only S,...] [--budget-secs S]` (the full bench, the staging sweep, the criterion
@@ -19,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod gpu;
+mod gpu_python;
 mod gpu_run;
 mod jpeg;
 mod python;
@@ -83,6 +86,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         cargo_args: Vec<String>,
     },
+    /// Build the Python wheel (manylinux2014, with zig), pytest, the pytest suite and the
+    /// Python bench scripts into `gpu-python/` with `gpu-python/run.sh`, for a GPU machine
+    /// with Python, torch and numpy but no registry. Needs PyPI here.
+    GpuPython,
     /// On the GPU machine, from the `gpu-pack` bundle: every bundled test with CUDA required,
     /// then compute-sanitizer over the tests that reach the driver.
     GpuVerify {
@@ -176,6 +183,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::GpuPack { cargo_args } => gpu::pack(&root(), &cargo_args),
+        Cmd::GpuPython => gpu_python::build(&root()),
         Cmd::GpuVerify {
             sanitizer_secs,
             sanitize_extra,

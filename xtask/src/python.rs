@@ -3,7 +3,7 @@
 //! the interpreter in `LONGSHORE_PYTHON` (default `python3`), after the Rust sections so that
 //! it can compare with their `results.json`. Writes `python.json` and `python.md` beside it.
 //! Skipped with a note when the interpreter cannot import `longshore` (install the wheel:
-//! `python/ci.sh` or `python/gpu-artifacts.sh`).
+//! `python/ci.sh` or `cargo xtask gpu-python`).
 
 use std::path::Path;
 use std::process::Command;
