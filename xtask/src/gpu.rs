@@ -8,8 +8,8 @@
 //!   (its sampling profiler, `--profile`, names functions from it);
 //! * `.gpu/run.sh`: runs every test binary with `LONGSHORE_REQUIRE_CUDA=1` and ends with
 //!   `gpu-bundle: N passed, N failed`;
-//! * `gpu-pack/gpu.tar.xz`: `.gpu/` compressed (both are git-ignored through the repository's
-//!   `info/exclude`, so pass `gpu-pack` as a carried path to the GPU machine).
+//! * `gpu-pack/gpu.tar.xz`: `.gpu/` compressed (both are git-ignored, so pass `gpu-pack` as a
+//!   carried path to the GPU machine).
 //!
 //! On the GPU machine: `tar -xJf gpu-pack/gpu.tar.xz && bash .gpu/run.sh`, then
 //! `.gpu/bin/xtask gpu-verify` / `gpu-bench` (see `gpu_run.rs`).
@@ -45,7 +45,6 @@ echo "gpu-bundle: $pass passed, $fail failed"
 /// Builds `.gpu/` and `gpu-pack/gpu.tar.xz` under `root`; `test_args` go to
 /// `cargo test --release --no-run` (default `--workspace`).
 pub(crate) fn pack(root: &Path, test_args: &[String]) -> Result<()> {
-    exclude(root, &["/.gpu/", "/gpu-pack/", "/gpu-out/", "/gpu-python/"])?;
     let gpu = root.join(".gpu");
     if gpu.exists() {
         std::fs::remove_dir_all(&gpu).with_context(|| format!("removing {}", gpu.display()))?;
@@ -207,36 +206,6 @@ fn copy_stripped(from: &Path, to: &Path, all: bool) -> Result<()> {
         "strip {} failed: {status}",
         from.display()
     );
-    Ok(())
-}
-
-/// Adds `patterns` to the repository's `info/exclude` (a worktree's is the main one's).
-fn exclude(root: &Path, patterns: &[&str]) -> Result<()> {
-    let out = Command::new("git")
-        .current_dir(root)
-        .args(["rev-parse", "--git-path", "info/exclude"])
-        .output()
-        .context("starting git")?;
-    anyhow::ensure!(out.status.success(), "git rev-parse failed: {}", out.status);
-    let path = root.join(String::from_utf8_lossy(&out.stdout).trim());
-    let mut text = std::fs::read_to_string(&path).unwrap_or_default();
-    let mut changed = false;
-    for p in patterns {
-        if !text.lines().any(|l| l == *p) {
-            if !text.is_empty() && !text.ends_with('\n') {
-                text.push('\n');
-            }
-            text.push_str(p);
-            text.push('\n');
-            changed = true;
-        }
-    }
-    if changed {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-    }
     Ok(())
 }
 
