@@ -1,5 +1,5 @@
 //! The loader's own serial cost, with datasets so cheap that the consumer thread's
-//! bookkeeping is what is timed (docs/benchmarks.md, "Why more workers can be slower"):
+//! bookkeeping is what is timed (docs/benchmarks.md, "Known limits", tabular):
 //!
 //! * `loader_epoch_start`: time from `loader.iter()` to the first batch of an epoch of the
 //!   tabular shape (2,000,000 rows shuffled, batch 1024, persistent workers, after a warm-up

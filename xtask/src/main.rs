@@ -6,11 +6,23 @@
 //! * `cargo xtask bench --criterion [--quick] [--only FILTER]`: the criterion benches
 //!   (`cargo bench -p longshore-benches`).
 //! * `cargo xtask report --results FILE --out DIR`: only renders (after a run elsewhere).
+//! * `cargo xtask gpu-pack [CARGO TEST ARGS]`: release test binaries, examples, benches and
+//!   xtask, stripped, into `.gpu/` with `.gpu/run.sh`, compressed into `gpu-pack/gpu.tar.xz`
+//!   for a GPU machine without a Rust toolchain (see gpu.rs).
+//! * `cargo xtask gpu-python`: the Python wheel (manylinux2014), pytest, the pytest suite and
+//!   the Python bench scripts into `gpu-python/` with `gpu-python/run.sh` (see gpu_python.rs).
+//! * On that GPU machine, from the bundle: `.gpu/bin/xtask gpu-verify [--sanitizer-secs S]`
+//!   (the tests with CUDA required, then compute-sanitizer) and `.gpu/bin/xtask gpu-bench
+//!   [--only S,...] [--budget-secs S]` (the full bench, the staging sweep, the criterion
+//!   benches); see gpu_run.rs.
 //!
 //! `cargo xtask` is a debug build, so this crate only drives: every measurement happens in the
 //! release binary.
 #![forbid(unsafe_code)]
 
+mod gpu;
+mod gpu_python;
+mod gpu_run;
 mod jpeg;
 mod python;
 mod report;
@@ -62,6 +74,45 @@ enum Cmd {
         #[arg(long)]
         results: PathBuf,
         /// Output folder (default: the folder of --results).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Build the release test binaries, examples, benches and xtask into `.gpu/` (with
+    /// `.gpu/run.sh`) and compress them into `gpu-pack/gpu.tar.xz`, for a GPU machine
+    /// without a Rust toolchain.
+    GpuPack {
+        /// Arguments for `cargo test --release --no-run` (default: `--workspace`), e.g.
+        /// `-p longshore-transfer -p longshore-loader` for a smaller bundle.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        cargo_args: Vec<String>,
+    },
+    /// Build the Python wheel (manylinux2014, with zig), pytest, the pytest suite and the
+    /// Python bench scripts into `gpu-python/` with `gpu-python/run.sh`, for a GPU machine
+    /// with Python, torch and numpy but no registry. Needs PyPI here.
+    GpuPython,
+    /// On the GPU machine, from the `gpu-pack` bundle: every bundled test with CUDA required,
+    /// then compute-sanitizer over the tests that reach the driver.
+    GpuVerify {
+        /// Seconds for all compute-sanitizer runs together (0: none).
+        #[arg(long, default_value_t = 300)]
+        sanitizer_secs: u64,
+        /// More test binaries to sanitise, by name (e.g. `nvjpeg_decode`).
+        #[arg(long, value_delimiter = ',')]
+        sanitize_extra: Vec<String>,
+        /// Logs folder (default: `$OUT`, else `gpu-out`).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// On the GPU machine, from the `gpu-pack` bundle: `xtask bench` with the bundled
+    /// `longshore-bench`, the staging sweep, then the criterion benches within the budget.
+    GpuBench {
+        /// Only these bench sections (as `bench --only`).
+        #[arg(long)]
+        only: Option<String>,
+        /// Seconds from the start after which no criterion bench starts.
+        #[arg(long, default_value_t = 540)]
+        budget_secs: u64,
+        /// Results folder (default: `$OUT`, else `gpu-out`).
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -131,6 +182,18 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Cmd::GpuPack { cargo_args } => gpu::pack(&root(), &cargo_args),
+        Cmd::GpuPython => gpu_python::build(&root()),
+        Cmd::GpuVerify {
+            sanitizer_secs,
+            sanitize_extra,
+            out,
+        } => gpu_run::verify(&gpu_run::out_dir(out)?, sanitizer_secs, &sanitize_extra),
+        Cmd::GpuBench {
+            only,
+            budget_secs,
+            out,
+        } => gpu_run::bench(&gpu_run::out_dir(out)?, only.as_deref(), budget_secs),
         Cmd::Report { results, out } => {
             let out = out.unwrap_or_else(|| {
                 results

@@ -1,9 +1,9 @@
-//! The `python` section of `cargo xtask bench`: runs `python/bench/python_bench.py` (the
+//! The `python` section of `cargo xtask bench`: runs `xtask/python/python_bench.py` (the
 //! longshore Python package against PyTorch's DataLoader on the same files, steady state) with
 //! the interpreter in `LONGSHORE_PYTHON` (default `python3`), after the Rust sections so that
 //! it can compare with their `results.json`. Writes `python.json` and `python.md` beside it.
 //! Skipped with a note when the interpreter cannot import `longshore` (install the wheel:
-//! `python/ci.sh` or `python/gpu-artifacts.sh`).
+//! `python/ci.sh` or `cargo xtask gpu-python`).
 
 use std::path::Path;
 use std::process::Command;
@@ -39,7 +39,7 @@ pub(crate) fn run(root: &Path, out: &Path, data_dir: Option<&Path>, quick: bool)
     let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let (root, out) = (abs(root), abs(out));
     let out = out.as_path();
-    let script = root.join("python/bench/python_bench.py");
+    let script = root.join("xtask/python/python_bench.py");
     let mut cmd = Command::new(&py);
     cmd.arg(&script)
         .arg("--out")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # H2D copy rate while k CPU threads stream-write host memory (issue 14: do the workers' writes
-# of normalised batches take link throughput from the DMA?). usage: python3 scripts/h2d-under-writes.py
+# of normalised batches take link throughput from the DMA?). usage: python3 xtask/probes/h2d-under-writes.py
 import threading, time, torch
 n = 147 << 20
 dst = torch.empty(n, dtype=torch.uint8, device="cuda")

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Issue 18 on a machine with 2 GPUs (no cargo): the data-parallel example against one
 # process, every rank's pinned pool back to zero, and what happens when a rank is killed.
-#   bash scripts/gpu-dist.sh [BIN_DIR]   (BIN_DIR holds `train` and `collective_cuda`;
-#                                          default .gpu/bin; results under $OUT or gpu-out/)
+#   bash examples/scripts/gpu-dist.sh [BIN_DIR]   (BIN_DIR holds `train`, default .gpu/bin;
+#                                                  results under $OUT or gpu-out/)
+# Build the binaries first, on a machine with cargo: `cargo xtask gpu-pack` (.gpu/bin/train,
+# and the test binary .gpu/tests/collective_cuda-<hash>; a BIN_DIR/collective_cuda wins).
 set -u
 B=${1:-.gpu/bin}; R=${OUT:-gpu-out}/dist; mkdir -p "$R"
 pass=0; fail=0
 ok() { echo "PASS: $*"; pass=$((pass + 1)); }
 ko() { echo "FAIL: $*"; fail=$((fail + 1)); }
 
-LONGSHORE_REQUIRE_CUDA=1 timeout 120 "$B/collective_cuda" > "$R/collective_cuda.log" 2>&1 \
+C="$B/collective_cuda"; [ -x "$C" ] || C=$(ls .gpu/tests/collective_cuda-* 2>/dev/null | head -1)
+LONGSHORE_REQUIRE_CUDA=1 timeout 120 "$C" > "$R/collective_cuda.log" 2>&1 \
   && ok "collective_cuda ($(grep -o '[0-9]* passed' "$R/collective_cuda.log"))" \
   || { ko "collective_cuda"; tail -30 "$R/collective_cuda.log"; }
 

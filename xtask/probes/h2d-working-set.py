@@ -8,7 +8,7 @@ cudaHostAlloc (torch's pin_memory) and for malloc'd memory registered with cudaH
 (what longshore's pool does above 32 MiB). If the rate falls with N, the size of the pinned
 working set (address translation on the DMA path), not the CPU work, costs link throughput.
 
-usage: python3 scripts/h2d-working-set.py [--max-buffers 64]
+usage: python3 xtask/probes/h2d-working-set.py [--max-buffers 64]
 """
 import argparse
 import ctypes

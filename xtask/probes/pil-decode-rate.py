@@ -2,7 +2,7 @@
 """PIL's single-core JPEG decode rate over the first 400 JPEGs under a folder (the baseline for
 longshore's per-core decode rate; PIL decodes with libjpeg-turbo).
 
-usage: python3 scripts/pil-decode-rate.py FOLDER
+usage: python3 xtask/probes/pil-decode-rate.py FOLDER
 """
 import glob
 import io

@@ -15,7 +15,7 @@ other load):
   numpy    : `DataLoader(framework="numpy")`: every tensor through np.from_dlpack
   capsule  : the torch converter (`_TorchConverter`, a whole batch per Rust call) handing its
              capsules to a C function that drops them (`id`) instead of torch._C._from_dlpack:
-             the torch path's cost without torch's own import (torch: bench/torch_per_batch.py)
+             the torch path's cost without torch's own import (torch: xtask/python/torch_per_batch.py)
   step=US  : numpy, plus a simulated training step of US microseconds of Python-held busy
              work per batch: with overlap, the cost per batch approaches max(step, loader)
              rather than step + loader

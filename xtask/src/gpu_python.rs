@@ -1,0 +1,157 @@
+//! `cargo xtask gpu-python`: builds what a GPU machine needs to test and benchmark the Python
+//! package, into `gpu-python/` (git-ignored; about 3 MiB, carried with the working tree):
+//!
+//! * `gpu-python/wheels/`: the longshore wheel (abi3, manylinux2014: glibc >= 2.17, so it
+//!   installs whatever glibc the GPU machine has) and pytest with its pure-Python dependencies;
+//! * `gpu-python/tests/`: the pytest suite;
+//! * `gpu-python/bench/`: `xtask/python/*.py` (the package's bench, the per-batch probes);
+//! * `gpu-python/run.sh`: what to run there (`bash gpu-python/run.sh [--no-bench]`).
+//!
+//! The GPU machine has Python 3.12, torch and numpy but no registry: everything else travels.
+//! Needs PyPI here (maturin, ziglang for the manylinux2014 link, pytest to download), in the
+//! virtual environment `python/ci.sh` uses (`target/python-ci/venv`).
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result};
+
+/// The runner written into `gpu-python/run.sh`.
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# On the GPU machine (Python 3.12 + torch + numpy, no registry), from the project root:
+#   bash gpu-python/run.sh [--no-bench]
+# Installs the wheel and pytest from gpu-python/wheels into a private folder on PYTHONPATH,
+# beside the system's torch and numpy, runs the pytest suite with CUDA required, then the
+# python benchmark and the per-batch cost of the torch handoff (RUST_TABULAR_SPS=<the Rust
+# loader's tabular samples/s> adds the ratio to it). Written by `cargo xtask gpu-python`.
+# Logs and results go to $OUT (the device tool's folder) or ./gpu-out.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out=${OUT:-gpu-out}; mkdir -p "$out"; out="$(cd "$out" && pwd)"
+# Not a venv: torch may live in the user site-packages, which a venv hides even with
+# --system-site-packages. The wheels go to a private folder on PYTHONPATH instead.
+site="${TMPDIR:-/tmp}/longshore-gpu-site"
+python3 -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$site" "$here"/wheels/*.whl
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+py=python3
+"$py" -c "import longshore, torch; print('longshore', longshore.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available(), longshore.cuda_status())" | tee "$out/python-versions.txt"
+cd "$out"
+LONGSHORE_REQUIRE_CUDA=1 "$py" -m pytest -q -p no:cacheprovider -rxs "$here/tests" 2>&1 | tee "$out/pytest.log"
+rc=${PIPESTATUS[0]}
+if [ "${1:-}" != "--no-bench" ]; then
+    # The Rust sections' results.json, if xtask bench ran first, for the Python/Rust ratio.
+    rust=""
+    for r in "$here/../gpu-out/bench/results.json" "$here/../gpu-out/results.json" "$out/results.json" "$here/../target/longshore-bench/results.json"; do
+        [ -f "$r" ] && rust="--rust-results $r" && break
+    done
+    "$py" "$here/bench/python_bench.py" --data-dir "${DATA_DIR:-/tmp/longshore-bench-data}" \
+        --out "$out/python.json" $rust 2>&1 | tee "$out/python-bench.log"
+    "$py" "$here/bench/torch_per_batch.py" --out "$out/torch-per-batch.json" \
+        ${RUST_TABULAR_SPS:+--rust-sps "$RUST_TABULAR_SPS"} 2>&1 | tee "$out/torch-per-batch.log"
+    "$py" "$here/bench/torch_per_batch.py" --pinned --workers 4 --out "$out/torch-per-batch-pinned.json" \
+        2>&1 | tee "$out/torch-per-batch-pinned.log"
+fi
+exit $rc
+"#;
+
+/// Builds `gpu-python/` under `root`.
+pub(crate) fn build(root: &Path) -> Result<()> {
+    let venv = root.join("target/python-ci/venv");
+    let py = venv.join("bin/python");
+    if !py.exists() {
+        let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        run(Command::new(base).arg("-m").arg("venv").arg(&venv))?;
+    }
+    run(Command::new(&py).args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "maturin>=1.5,<2",
+        "ziglang",
+    ]))?;
+
+    let out = root.join("gpu-python");
+    if out.exists() {
+        std::fs::remove_dir_all(&out)?;
+    }
+    let wheels = out.join("wheels");
+    std::fs::create_dir_all(&wheels)?;
+    // Zig links against glibc 2.17 symbols: a manylinux2014 wheel, checked by maturin. Its own
+    // target folder, so that the workspace's artifacts (another linker) are not rebuilt.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), std::path::PathBuf::from)
+        .join("zig");
+    let path = std::env::join_paths(std::iter::once(venv.join("bin")).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))?;
+    run(Command::new(venv.join("bin/maturin"))
+        .current_dir(root.join("python"))
+        .env("PATH", path)
+        .env("CARGO_TARGET_DIR", target)
+        .args([
+            "build",
+            "--release",
+            "--zig",
+            "--compatibility",
+            "manylinux2014",
+        ])
+        .arg("--interpreter")
+        .arg(&py)
+        .arg("--out")
+        .arg(&wheels))?;
+    // pytest for CPython 3.12 on any platform (pure Python wheels only).
+    run(Command::new(&py)
+        .args(["-m", "pip", "download", "--quiet", "--dest"])
+        .arg(&wheels)
+        .args(["--only-binary=:all:", "--python-version", "3.12"])
+        .args(["--implementation", "cp", "--platform", "any", "pytest"]))?;
+
+    copy_tree(&root.join("python/tests"), &out.join("tests"))?;
+    let bench = out.join("bench");
+    std::fs::create_dir_all(&bench)?;
+    for e in std::fs::read_dir(root.join("xtask/python"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "py") {
+            std::fs::copy(&p, bench.join(p.file_name().expect("a file")))?;
+        }
+    }
+    let run_sh = out.join("run.sh");
+    std::fs::write(&run_sh, RUN_SH)?;
+    crate::gpu::set_executable(&run_sh)?;
+    let mut listed: Vec<String> = std::fs::read_dir(&wheels)?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    listed.sort();
+    println!(
+        "gpu-python: {} ({} KiB): {}; on the GPU machine: bash gpu-python/run.sh",
+        out.display(),
+        crate::gpu::dir_bytes(&out)? >> 10,
+        listed.join(", ")
+    );
+    Ok(())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    anyhow::ensure!(status.success(), "{cmd:?} failed: {status}");
+    Ok(())
+}
+
+/// Copies the files under `from` to `to`, leaving out `__pycache__`.
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let e = e?;
+        let name = e.file_name();
+        if name == "__pycache__" {
+            continue;
+        }
+        if e.file_type()?.is_dir() {
+            copy_tree(&e.path(), &to.join(&name))?;
+        } else {
+            std::fs::copy(e.path(), to.join(&name))?;
+        }
+    }
+    Ok(())
+}
