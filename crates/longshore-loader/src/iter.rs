@@ -11,7 +11,7 @@ use crossbeam::channel::RecvTimeoutError;
 use longshore_data::WorkerInfo;
 
 use crate::config::{LoaderConfig, WorkerPanicPolicy};
-use crate::engine::{Engine, Outcome, Reply, Task, guarded};
+use crate::engine::{Engine, Outcome, Reply, Task, guarded, rank};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::loader::{Inner, Parked, lock};
@@ -22,6 +22,7 @@ use crate::stats::LoaderStats;
 use crate::worker::{worker_body, worker_seed};
 
 mod ahead;
+mod budget;
 
 /// Counters gathered between two deliveries, added to the loader's stats under one lock.
 #[derive(Debug, Default)]
@@ -34,12 +35,21 @@ struct Pending {
     adopted: u64,
     /// Batches started ahead for the next epoch and discarded.
     discarded: u64,
+    /// The part of the consumer's wait spent on pinned memory.
+    consumer_pinned: Duration,
+    /// The in-flight bound in force (0: not set yet).
+    in_flight_limit: usize,
 }
 
 impl Pending {
     fn flush(&mut self, s: &mut LoaderStats) {
         let p = std::mem::take(self);
         s.worker_busy += p.replies.worker_busy;
+        s.pinned_wait += p.replies.pinned_wait;
+        s.consumer_pinned_wait += p.consumer_pinned;
+        if p.in_flight_limit > 0 {
+            s.in_flight_limit = p.in_flight_limit;
+        }
         s.skipped_samples += p.replies.skipped;
         s.worker_restarts += p.replies.restarts;
         s.reloaded += p.reloaded;
@@ -280,12 +290,15 @@ impl<F: Fetch> LoaderIter<F> {
     /// Sends tasks until the in-flight bound is reached, pulling batches from the sampler;
     /// once this epoch has dealt its last batch, starts the next epoch's first ones.
     fn fill(&mut self) -> Result<(), LoaderError> {
+        if self.engine.is_none() {
+            return Ok(());
+        }
+        let capacity = self.in_flight_limit();
         let Some(engine) = &self.engine else {
             return Ok(());
         };
         let indexed = self.inner.fetch.indexed();
         let n = self.outstanding.len();
-        let capacity = n * self.config.prefetch_factor;
         // `in_flight` counts every batch sent and not yet yielded, including those held back in
         // the reorder buffer (as PyTorch's outstanding tasks do): otherwise sent-but-undelivered
         // batches, and their pool memory, could reach twice `num_workers * prefetch_factor`.
@@ -326,6 +339,7 @@ impl<F: Fetch> LoaderIter<F> {
                     lineage: self.lineage,
                     seq,
                     indices,
+                    rank: rank(self.epoch, seq),
                 },
             )?;
             self.outstanding[w] += 1;
@@ -359,6 +373,9 @@ impl<F: Fetch> LoaderIter<F> {
         }
         if matches!(r.outcome, Outcome::Exhausted) {
             self.active[r.worker] = false;
+        }
+        if let Outcome::Batch(b) = &r.outcome {
+            self.learn_block(self.inner.fetch.output_bytes(b));
         }
         self.pending.replies.add(&r);
         if settle(
@@ -432,11 +449,17 @@ impl<F: Fetch> LoaderIter<F> {
                     // Batches of the next epoch hold pool memory this epoch's awaited batch may
                     // be waiting for (they cannot be delivered before this epoch ends): they go
                     // first.
-                    if self.ahead.is_some() && self.inner.pool.stats().waiting > 0 {
+                    if self.ahead.is_some()
+                        && self
+                            .inner
+                            .pool
+                            .best_waiting()
+                            .is_some_and(|r| r < rank(self.epoch.saturating_add(1), 0))
+                    {
                         self.discard_ahead();
                         continue;
                     }
-                    self.relieve_budget()?;
+                    self.relieve_budget(awaited)?;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let seq = awaited.unwrap_or(0);
@@ -449,13 +472,18 @@ impl<F: Fetch> LoaderIter<F> {
         }
     }
 
-    /// In-order mode, while the awaited batch does not come: if the pool has requests blocked
-    /// on its budget and the reorder buffer holds later batches in pool memory, those batches
-    /// may be what starves the awaited one (its worker waits for budget they hold: a deadlock
-    /// until the pool's wait timeout). Gives the latest such batch back to the pool and loads
-    /// it again later.
-    fn relieve_budget(&mut self) -> Result<(), LoaderError> {
-        if !self.config.in_order || self.inner.pool.stats().waiting == 0 {
+    /// In-order mode, while the awaited batch does not come: if its worker waits for a pool
+    /// block (it is the best-ranked request waiting) and the reorder buffer holds later
+    /// batches in pool memory, those batches may be what starves it (a deadlock until the
+    /// pool's wait timeout: the consumer holds more blocks than the in-flight bound leaves
+    /// it). Gives the latest such batch back to the pool, where the awaited batch's request is
+    /// served first, and loads it again later.
+    fn relieve_budget(&mut self, awaited: Option<u64>) -> Result<(), LoaderError> {
+        let Some(seq) = awaited.or_else(|| self.slots.front().map(|s| s.seq)) else {
+            return Ok(());
+        };
+        if !self.config.in_order || self.inner.pool.best_waiting() != Some(rank(self.epoch, seq))
+        {
             return Ok(());
         }
         let fetch = &self.inner.fetch;
@@ -488,6 +516,7 @@ impl<F: Fetch> LoaderIter<F> {
                 lineage: self.lineage,
                 seq,
                 indices,
+                rank: rank(self.epoch, seq),
             },
         )?;
         // The batch was already counted in `in_flight` (it is sent and not yielded).
@@ -512,6 +541,7 @@ impl<F: Fetch> LoaderIter<F> {
             lineage: self.lineage,
             seq,
             indices,
+            rank: rank(self.epoch, seq),
         };
         let fetch = &*self.inner.fetch;
         let t0 = Instant::now();
@@ -716,6 +746,10 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
                         | LoaderError::Spawn { .. }
                 )
             );
+            if let Outcome::Batch(b) = &outcome {
+                let pinned = self.inner.fetch.output_pinned_wait(b);
+                self.pending.consumer_pinned += pinned.min(end - now);
+            }
             let item = match outcome {
                 Outcome::Batch(b) => Some(Ok(b)),
                 Outcome::Empty | Outcome::Exhausted => None,

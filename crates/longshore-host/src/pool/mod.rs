@@ -764,6 +764,7 @@ impl PinnedPool {
             len,
             fences: Vec::new(),
             pool: Some(self.inner.clone()),
+            waited: waited.unwrap_or_default(),
         }
     }
 
@@ -780,6 +781,7 @@ impl PinnedPool {
             len,
             fences: Vec::new(),
             pool: None,
+            waited: Duration::ZERO,
         })
     }
 
@@ -809,6 +811,17 @@ impl PinnedPool {
         wake(woken);
         self.inner.returned.notify_all();
         free_blocks(evicted);
+    }
+
+    /// The best rank among the requests waiting for the budget now (granted ones excluded),
+    /// if any: a loader tells from it whether the batch it needs next is the one starved.
+    pub fn best_waiting(&self) -> Option<u64> {
+        self.inner
+            .lock()
+            .waiters
+            .iter()
+            .find(|w| w.grant.is_none())
+            .map(|w| w.key.0)
     }
 
     /// Starts (or, with `false`, stops) recording every grant made to a request under

@@ -19,9 +19,12 @@ use super::{Block, Inner, State};
 pub const UNRANKED: u64 = u64::MAX;
 
 /// How long the reaper waits on the oldest pending block before it queries all of them again
-/// (fences on different streams may complete out of order). The oldest block's completion
-/// wakes it at once; this only bounds the delay of a block that completes before it.
-const REAP_SLICE: Duration = Duration::from_millis(10);
+/// (fences on different streams may complete out of order), at first and at most: the slice
+/// doubles while queries find nothing completed and starts again small when one does. The
+/// oldest block's completion wakes the reaper at once (copies on one stream complete in
+/// order); the slice only bounds the delay of a block that completes before it.
+const REAP_SLICE_MIN: Duration = Duration::from_micros(100);
+const REAP_SLICE_MAX: Duration = Duration::from_millis(5);
 
 /// What a waiter is handed.
 pub(super) enum Grant {
@@ -211,6 +214,7 @@ fn reap(sig: &Reaper, weak: Weak<Inner>) {
             }
             f.wanted = false;
         }
+        let mut slice = REAP_SLICE_MIN;
         loop {
             let Some(inner) = weak.upgrade() else { return };
             let fences = {
@@ -226,11 +230,15 @@ fn reap(sig: &Reaper, weak: Weak<Inner>) {
             };
             let Some(fences) = fences else { break };
             for f in &fences {
-                if !f.wait_timeout(REAP_SLICE) {
+                if !f.wait_timeout(slice) {
                     break;
                 }
             }
-            inner.reclaim();
+            slice = if inner.reclaim() > 0 {
+                REAP_SLICE_MIN
+            } else {
+                (slice * 2).min(REAP_SLICE_MAX)
+            };
         }
     }
 }
