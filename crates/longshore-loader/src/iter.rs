@@ -24,6 +24,8 @@ use crate::worker::{worker_body, worker_seed};
 mod ahead;
 mod budget;
 
+pub(crate) use budget::UNKNOWN_BLOCK;
+
 /// Counters gathered between two deliveries, added to the loader's stats under one lock.
 #[derive(Debug, Default)]
 struct Pending {
@@ -459,7 +461,7 @@ impl<F: Fetch> LoaderIter<F> {
                         self.discard_ahead();
                         continue;
                     }
-                    self.relieve_budget(awaited)?;
+                    self.relieve_budget()?;
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let seq = awaited.unwrap_or(0);
@@ -472,20 +474,20 @@ impl<F: Fetch> LoaderIter<F> {
         }
     }
 
-    /// In-order mode, while the awaited batch does not come: if its worker waits for a pool
-    /// block (it is the best-ranked request waiting) and the reorder buffer holds later
-    /// batches in pool memory, those batches may be what starves it (a deadlock until the
-    /// pool's wait timeout: the consumer holds more blocks than the in-flight bound leaves
-    /// it). Gives the latest such batch back to the pool, where the awaited batch's request is
-    /// served first, and loads it again later.
-    fn relieve_budget(&mut self, awaited: Option<u64>) -> Result<(), LoaderError> {
-        let Some(seq) = awaited.or_else(|| self.slots.front().map(|s| s.seq)) else {
-            return Ok(());
-        };
-        if !self.config.in_order || self.inner.pool.best_waiting() != Some(rank(self.epoch, seq))
-        {
+    /// In-order mode, while the awaited batch does not come: if a batch to be delivered
+    /// before the latest finished one held in the reorder buffer waits for a pool block (its
+    /// request is the best-ranked waiting), the finished batches may be what starves it, and
+    /// through it the awaited one (a deadlock until the pool's wait timeout: the consumer holds
+    /// more blocks than the in-flight bound leaves it, or a worker must load an earlier batch
+    /// first). Gives that latest batch back to the pool, where the earlier request is served
+    /// first, and loads it again later.
+    fn relieve_budget(&mut self) -> Result<(), LoaderError> {
+        if !self.config.in_order {
             return Ok(());
         }
+        let Some(best) = self.inner.pool.best_waiting() else {
+            return Ok(());
+        };
         let fetch = &self.inner.fetch;
         let Some(i) = self.slots.iter().rposition(|s| match &s.state {
             SlotState::Done(Outcome::Batch(b)) => {
@@ -495,11 +497,25 @@ impl<F: Fetch> LoaderIter<F> {
         }) else {
             return Ok(());
         };
+        let victim = self.slots[i].seq;
+        if best >= rank(self.epoch, victim) {
+            return Ok(());
+        }
         let Some(engine) = &self.engine else {
             return Ok(());
         };
+        // Preferably a worker with nothing queued that is delivered after the batch (it then
+        // waits behind nothing later), the least loaded among them. While the in-flight bound
+        // is below the worker count (`iter/budget.rs`), one always has no task at all.
         let n = self.outstanding.len();
-        let w = (0..n).min_by_key(|&w| self.outstanding[w]).unwrap_or(0);
+        let behind_later = |w: usize| {
+            self.slots
+                .iter()
+                .any(|s| s.worker == w && s.seq > victim && matches!(s.state, SlotState::Sent))
+        };
+        let w = (0..n)
+            .min_by_key(|&w| (behind_later(w), self.outstanding[w]))
+            .unwrap_or(0);
         let slot = &mut self.slots[i];
         // The batch's lease goes back to the pool here.
         drop(std::mem::replace(&mut slot.state, SlotState::Sent));

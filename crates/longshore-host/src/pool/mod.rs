@@ -35,8 +35,8 @@ mod wait;
 pub use config::{BudgetPolicy, PoolConfig, PoolStats, size_class};
 pub use lease::PoolBuffer;
 use lease::Slot;
-pub use wait::{GrantRecord, UNRANKED};
 use wait::{Grant, Reaper, Waiter, wake};
+pub use wait::{GrantRecord, UNRANKED};
 
 struct Block {
     buf: HostBuffer,
@@ -545,7 +545,9 @@ impl PinnedPool {
         loop {
             let mut evicted = Vec::new();
             let woken = st.dispatch(budget, &mut evicted);
-            let i = st.waiter_index(key).expect("a waiter leaves the queue only here");
+            let i = st
+                .waiter_index(key)
+                .expect("a waiter leaves the queue only here");
             if st.waiters[i].grant.is_some() {
                 let w = st.waiters.remove(i);
                 if counted {
@@ -586,7 +588,9 @@ impl PinnedPool {
                 inner.reaper.want(inner);
             }
             st = inner.lock();
-            let i = st.waiter_index(key).expect("a waiter leaves the queue only here");
+            let i = st
+                .waiter_index(key)
+                .expect("a waiter leaves the queue only here");
             if st.waiters[i].grant.is_some() {
                 continue;
             }

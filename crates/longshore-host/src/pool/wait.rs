@@ -83,7 +83,11 @@ impl State {
     /// first that cannot be served, so no later request overtakes it. Returns the condition
     /// variables to notify (one per waiter served); evicted blocks go to `evicted`, to be freed
     /// after unlocking.
-    pub(super) fn dispatch(&mut self, budget: usize, evicted: &mut Vec<Block>) -> Vec<Arc<Condvar>> {
+    pub(super) fn dispatch(
+        &mut self,
+        budget: usize,
+        evicted: &mut Vec<Block>,
+    ) -> Vec<Arc<Condvar>> {
         let mut wake = Vec::new();
         let mut i = 0;
         while i < self.waiters.len() {
