@@ -249,7 +249,12 @@ class DataLoader:
     def stats(self):
         """Counters: ``wait_fraction`` (share of the consumer's time spent waiting for data),
         ``consumer_wait_s``, ``consumer_time_s``, ``worker_busy_s``, ``samples_per_second``,
-        and the pool's counters under ``"pool"``."""
+        ``pinned_wait_s`` (time workers waited for pinned memory, summed),
+        ``consumer_pinned_wait_s`` and ``pinned_wait_fraction`` (the part of the consumer's
+        wait spent on pinned memory: near one, the pinned budget is the bottleneck),
+        ``in_flight_limit`` (batches kept in flight: ``num_workers * prefetch_factor``, fewer
+        when the budget cannot back them), ``reloaded``, and the pool's counters under
+        ``"pool"``."""
         return self._loader.stats()
 
     def reset_stats(self):

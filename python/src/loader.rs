@@ -496,6 +496,14 @@ impl PyLoader {
         d.set_item("consumer_time_s", s.consumer_time.as_secs_f64())?;
         d.set_item("worker_busy_s", s.worker_busy.as_secs_f64())?;
         d.set_item("peak_in_flight", s.peak_in_flight)?;
+        d.set_item("in_flight_limit", s.in_flight_limit)?;
+        d.set_item("pinned_wait_s", s.pinned_wait.as_secs_f64())?;
+        d.set_item(
+            "consumer_pinned_wait_s",
+            s.consumer_pinned_wait.as_secs_f64(),
+        )?;
+        d.set_item("pinned_wait_fraction", s.pinned_wait_fraction())?;
+        d.set_item("reloaded", s.reloaded)?;
         d.set_item("worker_restarts", s.worker_restarts)?;
         d.set_item("pool", pool_dict(py, &s.pool)?)?;
         Ok(d)

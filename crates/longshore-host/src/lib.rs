@@ -61,7 +61,9 @@ pub use error::{HostError, Result};
 pub use fence::{CpuFence, Fence, SharedFence};
 pub use kind::{MemoryKind, PageLockedFlags};
 pub use memory::HostMemory;
-pub use pool::{BudgetPolicy, PinnedPool, PoolBuffer, PoolConfig, PoolStats, size_class};
+pub use pool::{
+    BudgetPolicy, GrantRecord, PinnedPool, PoolBuffer, PoolConfig, PoolStats, UNRANKED, size_class,
+};
 
 /// Whether a CUDA driver can be loaded and initialised here (always `false` without the
 /// `cuda` feature). Never panics.

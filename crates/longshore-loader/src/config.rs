@@ -53,6 +53,23 @@ pub enum LoaderWarning {
         /// What `std::thread::available_parallelism` reports.
         available_parallelism: usize,
     },
+    /// `num_workers * prefetch_factor` batches take more pinned memory than the pool's budget
+    /// holds: the loader keeps fewer batches in flight (`in_flight`), as many as the budget
+    /// backs with one block left for the batch the consumer holds, so that no batch waits for
+    /// a block held by a later one. Raise the budget or lower `prefetch_factor` to silence it.
+    /// Found at the first batch (its size is not known before).
+    PrefetchExceedsBudget {
+        /// `num_workers`.
+        num_workers: usize,
+        /// `prefetch_factor`.
+        prefetch_factor: usize,
+        /// The pool block one batch takes (its size class).
+        batch_bytes: usize,
+        /// The pool's budget.
+        budget: usize,
+        /// The batches the loader keeps in flight instead.
+        in_flight: usize,
+    },
 }
 
 impl std::fmt::Display for LoaderWarning {
@@ -68,6 +85,17 @@ impl std::fmt::Display for LoaderWarning {
             } => write!(
                 f,
                 "num_workers is {num_workers} but this process may run on {available_parallelism} cores: workers will take turns"
+            ),
+            LoaderWarning::PrefetchExceedsBudget {
+                num_workers,
+                prefetch_factor,
+                batch_bytes,
+                budget,
+                in_flight,
+            } => write!(
+                f,
+                "num_workers {num_workers} x prefetch_factor {prefetch_factor} x {batch_bytes} bytes a batch = {} bytes exceeds the pinned budget of {budget} bytes: keeping {in_flight} batches in flight instead",
+                num_workers * prefetch_factor * batch_bytes
             ),
         }
     }

@@ -37,6 +37,19 @@ pub(crate) struct Task {
     pub(crate) seq: u64,
     /// Dataset indices of the batch.
     pub(crate) indices: Vec<usize>,
+    /// The batch's place in the delivery order ([`rank`]): its pool request is served before
+    /// those of batches delivered after it.
+    pub(crate) rank: u64,
+}
+
+/// The pool rank of batch `seq` of epoch `epoch` ([`PinnedPool::alloc_ranked`]): delivery
+/// order across epochs, so the next epoch's batches started ahead rank after every batch of
+/// the current one.
+///
+/// [`PinnedPool::alloc_ranked`]: longshore_host::PinnedPool::alloc_ranked
+pub(crate) fn rank(epoch: u64, seq: u64) -> u64 {
+    const SEQ_BITS: u32 = 40;
+    (epoch.min((1 << (63 - SEQ_BITS)) - 1) << SEQ_BITS) | seq.min((1 << SEQ_BITS) - 1)
 }
 
 /// What a worker made of a task.
@@ -64,6 +77,8 @@ pub(crate) struct Reply<O> {
     pub(crate) indices: Vec<usize>,
     /// Time the worker spent on the task.
     pub(crate) busy: Duration,
+    /// Of which waiting for pinned memory (the pool's budget).
+    pub(crate) pinned_wait: Duration,
     /// Samples skipped because they failed to load.
     pub(crate) skipped: u64,
     /// The worker panicked in this task and restarts (counted when the reply is taken in by

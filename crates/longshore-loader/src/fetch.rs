@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use longshore_data::{
     Batch, BatchLayout, Dataset, DatasetCollate, ItemIter, IterableDataset, WorkerInfo,
@@ -33,6 +34,10 @@ pub(crate) mod sealed {
         fn output_samples(&self, out: &Self::Out) -> usize;
         /// Pool bytes one output holds (0 when it holds none).
         fn output_bytes(&self, out: &Self::Out) -> usize;
+        /// How long the request for the output's pool memory waited for the budget.
+        fn output_pinned_wait(&self, _out: &Self::Out) -> Duration {
+            Duration::ZERO
+        }
         /// The state of worker `info` for a new epoch.
         fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a>;
         /// Loads one task; returns the outcome and how many samples were skipped.
@@ -97,7 +102,7 @@ where
             if indices.is_empty() {
                 return (Outcome::Empty, skipped);
             }
-            let err = match self.try_load(task.seq, &indices) {
+            let err = match self.try_load(task, &indices) {
                 Ok(batch) => return (Outcome::Batch(batch), skipped),
                 Err(LoadErr::Memory(e)) => return (Outcome::Failed(e), skipped),
                 Err(LoadErr::Data(e)) => e,
@@ -134,16 +139,19 @@ where
         }
     }
 
-    fn try_load(&self, seq: u64, indices: &[usize]) -> Result<Batch<PoolBuffer>, LoadErr> {
+    fn try_load(&self, task: &Task, indices: &[usize]) -> Result<Batch<PoolBuffer>, LoadErr> {
+        let seq = task.seq;
         let staged = self
             .collate
             .stage(&*self.dataset, indices)
             .map_err(LoadErr::Data)?;
         let layout: &BatchLayout = self.collate.staged_layout(&staged);
         let bytes = layout.total_bytes().max(1);
+        // One lease per batch, taken once the samples are staged: a worker never holds a
+        // block while it waits for another, and its request ranks by delivery order.
         let mut lease = self
             .pool
-            .alloc(bytes)
+            .alloc_ranked(bytes, task.rank)
             .map_err(|source| LoadErr::Memory(LoaderError::Memory { batch: seq, source }))?;
         let _ = lease.set_len(layout.total_bytes().max(1));
         self.collate
@@ -180,6 +188,9 @@ where
         } else {
             out.storage().capacity()
         }
+    }
+    fn output_pinned_wait(&self, out: &Self::Out) -> Duration {
+        out.storage().waited()
     }
     fn worker(&self, _: WorkerInfo) {}
     fn fetch(
@@ -282,6 +293,9 @@ where
             out.storage().capacity()
         }
     }
+    fn output_pinned_wait(&self, out: &Self::Out) -> Duration {
+        out.storage().waited()
+    }
     fn worker<'a>(&'a self, info: WorkerInfo) -> StreamState<'a, D::Item> {
         StreamState {
             iter: self.dataset.iter(info),
@@ -350,7 +364,7 @@ where
                 })?;
             let lease = self
                 .pool
-                .alloc(layout.total_bytes().max(1))
+                .alloc_ranked(layout.total_bytes().max(1), task.rank)
                 .map_err(|source| LoaderError::Memory {
                     batch: task.seq,
                     source,

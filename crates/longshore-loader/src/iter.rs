@@ -11,7 +11,7 @@ use crossbeam::channel::RecvTimeoutError;
 use longshore_data::WorkerInfo;
 
 use crate::config::{LoaderConfig, WorkerPanicPolicy};
-use crate::engine::{Engine, Outcome, Reply, Task, guarded};
+use crate::engine::{Engine, Outcome, Reply, Task, guarded, rank};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::loader::{Inner, Parked, lock};
@@ -22,6 +22,9 @@ use crate::stats::LoaderStats;
 use crate::worker::{worker_body, worker_seed};
 
 mod ahead;
+mod budget;
+
+pub(crate) use budget::UNKNOWN_BLOCK;
 
 /// Counters gathered between two deliveries, added to the loader's stats under one lock.
 #[derive(Debug, Default)]
@@ -34,12 +37,21 @@ struct Pending {
     adopted: u64,
     /// Batches started ahead for the next epoch and discarded.
     discarded: u64,
+    /// The part of the consumer's wait spent on pinned memory.
+    consumer_pinned: Duration,
+    /// The in-flight bound in force (0: not set yet).
+    in_flight_limit: usize,
 }
 
 impl Pending {
     fn flush(&mut self, s: &mut LoaderStats) {
         let p = std::mem::take(self);
         s.worker_busy += p.replies.worker_busy;
+        s.pinned_wait += p.replies.pinned_wait;
+        s.consumer_pinned_wait += p.consumer_pinned;
+        if p.in_flight_limit > 0 {
+            s.in_flight_limit = p.in_flight_limit;
+        }
         s.skipped_samples += p.replies.skipped;
         s.worker_restarts += p.replies.restarts;
         s.reloaded += p.reloaded;
@@ -280,12 +292,15 @@ impl<F: Fetch> LoaderIter<F> {
     /// Sends tasks until the in-flight bound is reached, pulling batches from the sampler;
     /// once this epoch has dealt its last batch, starts the next epoch's first ones.
     fn fill(&mut self) -> Result<(), LoaderError> {
+        if self.engine.is_none() {
+            return Ok(());
+        }
+        let capacity = self.in_flight_limit();
         let Some(engine) = &self.engine else {
             return Ok(());
         };
         let indexed = self.inner.fetch.indexed();
         let n = self.outstanding.len();
-        let capacity = n * self.config.prefetch_factor;
         // `in_flight` counts every batch sent and not yet yielded, including those held back in
         // the reorder buffer (as PyTorch's outstanding tasks do): otherwise sent-but-undelivered
         // batches, and their pool memory, could reach twice `num_workers * prefetch_factor`.
@@ -326,6 +341,7 @@ impl<F: Fetch> LoaderIter<F> {
                     lineage: self.lineage,
                     seq,
                     indices,
+                    rank: rank(self.epoch, seq),
                 },
             )?;
             self.outstanding[w] += 1;
@@ -359,6 +375,9 @@ impl<F: Fetch> LoaderIter<F> {
         }
         if matches!(r.outcome, Outcome::Exhausted) {
             self.active[r.worker] = false;
+        }
+        if let Outcome::Batch(b) = &r.outcome {
+            self.learn_block(self.inner.fetch.output_bytes(b));
         }
         self.pending.replies.add(&r);
         if settle(
@@ -432,7 +451,13 @@ impl<F: Fetch> LoaderIter<F> {
                     // Batches of the next epoch hold pool memory this epoch's awaited batch may
                     // be waiting for (they cannot be delivered before this epoch ends): they go
                     // first.
-                    if self.ahead.is_some() && self.inner.pool.stats().waiting > 0 {
+                    if self.ahead.is_some()
+                        && self
+                            .inner
+                            .pool
+                            .best_waiting()
+                            .is_some_and(|r| r < rank(self.epoch.saturating_add(1), 0))
+                    {
                         self.discard_ahead();
                         continue;
                     }
@@ -449,15 +474,20 @@ impl<F: Fetch> LoaderIter<F> {
         }
     }
 
-    /// In-order mode, while the awaited batch does not come: if the pool has requests blocked
-    /// on its budget and the reorder buffer holds later batches in pool memory, those batches
-    /// may be what starves the awaited one (its worker waits for budget they hold: a deadlock
-    /// until the pool's wait timeout). Gives the latest such batch back to the pool and loads
-    /// it again later.
+    /// In-order mode, while the awaited batch does not come: if a batch to be delivered
+    /// before the latest finished one held in the reorder buffer waits for a pool block (its
+    /// request is the best-ranked waiting), the finished batches may be what starves it, and
+    /// through it the awaited one (a deadlock until the pool's wait timeout: the consumer holds
+    /// more blocks than the in-flight bound leaves it, or a worker must load an earlier batch
+    /// first). Gives that latest batch back to the pool, where the earlier request is served
+    /// first, and loads it again later.
     fn relieve_budget(&mut self) -> Result<(), LoaderError> {
-        if !self.config.in_order || self.inner.pool.stats().waiting == 0 {
+        if !self.config.in_order {
             return Ok(());
         }
+        let Some(best) = self.inner.pool.best_waiting() else {
+            return Ok(());
+        };
         let fetch = &self.inner.fetch;
         let Some(i) = self.slots.iter().rposition(|s| match &s.state {
             SlotState::Done(Outcome::Batch(b)) => {
@@ -467,11 +497,25 @@ impl<F: Fetch> LoaderIter<F> {
         }) else {
             return Ok(());
         };
+        let victim = self.slots[i].seq;
+        if best >= rank(self.epoch, victim) {
+            return Ok(());
+        }
         let Some(engine) = &self.engine else {
             return Ok(());
         };
+        // Preferably a worker with nothing queued that is delivered after the batch (it then
+        // waits behind nothing later), the least loaded among them. While the in-flight bound
+        // is below the worker count (`iter/budget.rs`), one always has no task at all.
         let n = self.outstanding.len();
-        let w = (0..n).min_by_key(|&w| self.outstanding[w]).unwrap_or(0);
+        let behind_later = |w: usize| {
+            self.slots
+                .iter()
+                .any(|s| s.worker == w && s.seq > victim && matches!(s.state, SlotState::Sent))
+        };
+        let w = (0..n)
+            .min_by_key(|&w| (behind_later(w), self.outstanding[w]))
+            .unwrap_or(0);
         let slot = &mut self.slots[i];
         // The batch's lease goes back to the pool here.
         drop(std::mem::replace(&mut slot.state, SlotState::Sent));
@@ -488,6 +532,7 @@ impl<F: Fetch> LoaderIter<F> {
                 lineage: self.lineage,
                 seq,
                 indices,
+                rank: rank(self.epoch, seq),
             },
         )?;
         // The batch was already counted in `in_flight` (it is sent and not yielded).
@@ -512,6 +557,7 @@ impl<F: Fetch> LoaderIter<F> {
             lineage: self.lineage,
             seq,
             indices,
+            rank: rank(self.epoch, seq),
         };
         let fetch = &*self.inner.fetch;
         let t0 = Instant::now();
@@ -721,6 +767,10 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
                         | LoaderError::Spawn { .. }
                 )
             );
+            if let Outcome::Batch(b) = &outcome {
+                let pinned = self.inner.fetch.output_pinned_wait(b);
+                self.pending.consumer_pinned += pinned.min(end - now);
+            }
             let item = match outcome {
                 Outcome::Batch(b) => Some(Ok(b)),
                 Outcome::Empty | Outcome::Exhausted => None,

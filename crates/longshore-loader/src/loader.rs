@@ -20,6 +20,7 @@
 //! `plan` and releasing it.
 
 use std::fmt;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use longshore_data::{
@@ -154,6 +155,12 @@ pub(crate) struct Inner<F: Fetch> {
     pub(crate) threads: Arc<ThreadSetup>,
     /// The GPU topology and what the placement became. Taken alone.
     pub(crate) placement: Mutex<PlacementState>,
+    /// The pool block a batch takes, learned from the first batch ([`UNKNOWN_BLOCK`]: not yet;
+    /// 0: batches hold no pool memory); with the pool's budget it bounds the batches in
+    /// flight (`iter/budget.rs`).
+    ///
+    /// [`UNKNOWN_BLOCK`]: crate::iter::UNKNOWN_BLOCK
+    pub(crate) block_bytes: AtomicUsize,
 }
 
 /// The GPU the loader places its workers for, and the settled placement.
@@ -292,6 +299,7 @@ impl<F: Fetch> DataLoader<F> {
                 stats: Mutex::new(LoaderStats::default()),
                 persistent: Mutex::new(None),
                 threads,
+                block_bytes: AtomicUsize::new(crate::iter::UNKNOWN_BLOCK),
                 placement: Mutex::new(PlacementState {
                     topology: None,
                     explicit: false,

@@ -95,6 +95,7 @@ pub(crate) struct Slot<O> {
 #[derive(Debug, Default)]
 pub(crate) struct ReplyCounts {
     pub(crate) worker_busy: Duration,
+    pub(crate) pinned_wait: Duration,
     pub(crate) skipped: u64,
     pub(crate) restarts: u64,
 }
@@ -102,6 +103,7 @@ pub(crate) struct ReplyCounts {
 impl ReplyCounts {
     pub(crate) fn add<O>(&mut self, r: &Reply<O>) {
         self.worker_busy += r.busy;
+        self.pinned_wait += r.pinned_wait;
         self.skipped += r.skipped;
         self.restarts += u64::from(r.restarted);
     }

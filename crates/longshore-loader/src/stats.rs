@@ -47,6 +47,17 @@ pub struct LoaderStats {
     /// another epoch, `load_state_dict`, an epoch dropped or ended by an error, a starved
     /// pool): discarded, never delivered.
     pub speculative_discarded: u64,
+    /// Time workers waited for pinned memory (the pool's budget), summed over workers.
+    pub pinned_wait: Duration,
+    /// The part of [`consumer_wait`](LoaderStats::consumer_wait) spent on pinned memory: for
+    /// each delivered batch, the shorter of the consumer's wait for it and its worker's wait
+    /// for a block. See [`pinned_wait_fraction`](LoaderStats::pinned_wait_fraction).
+    pub consumer_pinned_wait: Duration,
+    /// Most batches the loader keeps in flight: `num_workers * prefetch_factor`, or fewer
+    /// where the pool's budget cannot back that many blocks (see
+    /// [`LoaderWarning::PrefetchExceedsBudget`](crate::LoaderWarning::PrefetchExceedsBudget));
+    /// 0 before the first epoch.
+    pub in_flight_limit: usize,
     /// The host-memory pool's counters.
     pub pool: PoolStats,
     /// Where the workers run now (the CPUs they are pinned to, and why); see
@@ -62,6 +73,18 @@ impl LoaderStats {
             0.0
         } else {
             (self.consumer_wait.as_secs_f64() / t).clamp(0.0, 1.0)
+        }
+    }
+
+    /// Share of the consumer's wait spent waiting for pinned memory, in `0.0..=1.0`: near
+    /// one, the pool's budget is what the consumer waits for (raise it, or lower
+    /// `prefetch_factor`); near zero, the budget costs nothing.
+    pub fn pinned_wait_fraction(&self) -> f64 {
+        let w = self.consumer_wait.as_secs_f64();
+        if w <= 0.0 {
+            0.0
+        } else {
+            (self.consumer_pinned_wait.as_secs_f64() / w).clamp(0.0, 1.0)
         }
     }
 

@@ -128,6 +128,10 @@ pub(crate) fn worker_body<F: Fetch>(
                 }
             };
             let busy = t0.elapsed();
+            let pinned_wait = match &outcome {
+                Outcome::Batch(b) => fetch.output_pinned_wait(b),
+                _ => std::time::Duration::ZERO,
+            };
             drop(entered);
             let reply = Reply {
                 generation: task.generation,
@@ -136,6 +140,7 @@ pub(crate) fn worker_body<F: Fetch>(
                 outcome,
                 indices: task.indices,
                 busy,
+                pinned_wait,
                 skipped,
                 restarted,
             };

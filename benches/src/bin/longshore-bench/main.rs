@@ -9,6 +9,7 @@
 //! [`SECTIONS`].
 
 mod bandwidth;
+mod budget;
 mod drive;
 mod limits;
 mod loader;
@@ -85,6 +86,11 @@ pub(crate) const SECTIONS: &[Section] = &[
         name: "pytorch",
         about: "PyTorch's DataLoader on the same files, when `torch` imports",
         run: pytorch::run,
+    },
+    Section {
+        name: "budget",
+        about: "images-u8 at 16 workers under pinned budgets from unconstrained to 2 batches",
+        run: budget::run,
     },
     Section {
         name: "roofline",

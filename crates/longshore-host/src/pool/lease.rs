@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[cfg(doc)]
 use super::PinnedPool;
@@ -27,6 +28,8 @@ pub struct PoolBuffer {
     pub(super) len: usize,
     pub(super) fences: Vec<SharedFence>,
     pub(super) pool: Option<Arc<Inner>>,
+    /// How long the request waited for the budget.
+    pub(super) waited: Duration,
 }
 
 impl PoolBuffer {
@@ -49,6 +52,12 @@ impl PoolBuffer {
     /// The kind of memory: the pool's, or [`MemoryKind::Pageable`] for a budget fallback.
     pub fn kind(&self) -> MemoryKind {
         self.buf().kind()
+    }
+
+    /// How long the request for this lease waited for the budget under
+    /// [`BudgetPolicy::Wait`](super::BudgetPolicy::Wait) (zero when it was served at once).
+    pub fn waited(&self) -> Duration {
+        self.waited
     }
 
     /// Whether this lease is a pageable fallback handed out because the budget was reached.

@@ -30,10 +30,13 @@ use crate::{HostBuffer, sys};
 
 mod config;
 mod lease;
+mod wait;
 
 pub use config::{BudgetPolicy, PoolConfig, PoolStats, size_class};
 pub use lease::PoolBuffer;
 use lease::Slot;
+use wait::{Grant, Reaper, Waiter, wake};
+pub use wait::{GrantRecord, UNRANKED};
 
 struct Block {
     buf: HostBuffer,
@@ -57,6 +60,11 @@ struct State {
     tick: u64,
     next_pending: u64,
     stats: PoolStats,
+    /// Requests queued on the budget, in (rank, arrival) order.
+    waiters: Vec<Waiter>,
+    next_ticket: u64,
+    /// Grants recorded since [`PinnedPool::record_grants`] turned it on.
+    grant_log: Option<Vec<GrantRecord>>,
 }
 
 impl State {
@@ -121,6 +129,8 @@ struct Inner {
     large: Option<Arc<dyn RawAllocator>>,
     state: Mutex<State>,
     returned: Condvar,
+    /// Watches pending blocks' fences while requests wait (`wait.rs`).
+    reaper: Arc<Reaper>,
     /// Where new blocks are placed (see `numa.rs`).
     placement: Placement,
 }
@@ -158,6 +168,7 @@ impl Drop for Inner {
     /// flight: a pending block is freed only once its fences have completed (the same rule as
     /// [`HostBuffer`]'s drop), never under a DMA or a `Cpu` stream still reading it.
     fn drop(&mut self) {
+        self.reaper.stop();
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for p in st.pending.drain(..) {
             for f in &p.fences {
@@ -214,10 +225,18 @@ impl Inner {
                 i += 1;
             }
         }
+        let mut evicted = Vec::new();
+        let woken = if n > 0 {
+            st.dispatch(self.config.budget, &mut evicted)
+        } else {
+            Vec::new()
+        };
         drop(st);
+        wake(woken);
         if n > 0 {
             self.returned.notify_all();
         }
+        free_blocks(evicted);
         n
     }
 
@@ -228,10 +247,11 @@ impl Inner {
         }
     }
 
-    fn release(&self, block: Block, mut fences: Vec<SharedFence>) {
+    fn release(self: &Arc<Self>, block: Block, mut fences: Vec<SharedFence>) {
         fences.retain(|f| !f.is_complete());
         let mut evicted = Vec::new();
-        {
+        let mut watch = false;
+        let woken = {
             let mut st = self.lock();
             st.stats.bytes_in_use -= block.class;
             st.stats.blocks_in_use -= 1;
@@ -243,12 +263,20 @@ impl Inner {
                 st.next_pending += 1;
                 let id = st.next_pending;
                 st.pending.push(Pending { id, block, fences });
+                watch = !st.waiters.is_empty();
             }
+            // Waiters first: a block coming back goes to the best-ranked one.
+            let woken = st.dispatch(self.config.budget, &mut evicted);
             let cap = self.config.max_cached_bytes;
             if st.stats.bytes_cached > cap {
                 let over = st.stats.bytes_cached - cap;
                 st.evict_lru(over, &mut evicted);
             }
+            woken
+        };
+        wake(woken);
+        if watch {
+            self.reaper.want(self);
         }
         self.returned.notify_all();
         free_blocks(evicted);
@@ -346,6 +374,7 @@ impl PinnedPool {
                 large,
                 state: Mutex::new(state),
                 returned: Condvar::new(),
+                reaper: Arc::default(),
                 placement: Placement {
                     node: AtomicUsize::new(node),
                     host_nodes,
@@ -395,7 +424,27 @@ impl PinnedPool {
     ///
     /// Served from the cache when a block of the size class is free (the hot path: no driver
     /// call); otherwise allocated, within the budget, following the pool's [`BudgetPolicy`].
+    /// Under [`BudgetPolicy::Wait`] it queues behind every ranked request
+    /// ([`alloc_ranked`](PinnedPool::alloc_ranked)).
     pub fn alloc(&self, len: usize) -> Result<PoolBuffer> {
+        self.alloc_ranked(len, UNRANKED)
+    }
+
+    /// Leases a buffer like [`alloc`](PinnedPool::alloc), ranked `rank` among requests that
+    /// wait for the budget under [`BudgetPolicy::Wait`]: a block coming back (a lease dropped,
+    /// a pending block's fences completed) goes to the waiting request of the lowest rank
+    /// (equal ranks in arrival order), and only that request is woken; a request never takes a
+    /// block while a better-ranked one waits. A data loader ranks each batch by its place in
+    /// the delivery order, so the batch needed next is never starved by later ones.
+    ///
+    /// ```
+    /// # use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
+    /// let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::Pageable).budget(1 << 20))?;
+    /// let first = pool.alloc_ranked(1 << 20, 0)?; // the whole budget
+    /// # drop(first);
+    /// # Ok::<(), longshore_host::HostError>(())
+    /// ```
+    pub fn alloc_ranked(&self, len: usize, rank: u64) -> Result<PoolBuffer> {
         let inner = &self.inner;
         let class = self.class_of(len)?;
         let budget = inner.config.budget;
@@ -409,13 +458,14 @@ impl PinnedPool {
                 budget,
             });
         }
-        let start = Instant::now();
-        let mut waited = false;
+        if let BudgetPolicy::Wait { timeout } = inner.config.policy {
+            return self.alloc_waiting(len, class, rank, timeout);
+        }
         loop {
             // Hot path: a cached block of this class.
             let mut st = inner.lock();
             if let Some(block) = st.take_free(class) {
-                return Ok(self.lease(st, block, len, true, waited.then(|| start.elapsed())));
+                return Ok(self.lease(st, block, len, true, None));
             }
             // Counts blocks put in the free lists; tells below whether any came back meanwhile.
             let returned_before = st.tick;
@@ -424,13 +474,13 @@ impl PinnedPool {
                 inner.reclaim();
                 st = inner.lock();
                 if let Some(block) = st.take_free(class) {
-                    return Ok(self.lease(st, block, len, true, waited.then(|| start.elapsed())));
+                    return Ok(self.lease(st, block, len, true, None));
                 }
             }
             // Room in the budget: allocate outside the lock.
             if st.held() + class <= budget {
                 let (st, block) = self.allocate_block(st, class, "pool allocated a block")?;
-                return Ok(self.lease(st, block, len, false, waited.then(|| start.elapsed())));
+                return Ok(self.lease(st, block, len, false, None));
             }
             // Over budget: free cached blocks of other classes if that makes room.
             let need = st.held() + class - budget;
@@ -446,50 +496,141 @@ impl PinnedPool {
             if st.tick != returned_before {
                 continue;
             }
-            match inner.config.policy {
-                BudgetPolicy::Error => {
-                    return Err(HostError::BudgetExceeded {
-                        requested: len,
-                        block: class,
-                        in_use: st.stats.bytes_in_use,
-                        cached: st.stats.bytes_cached,
-                        pending: st.stats.bytes_pending,
-                        budget,
-                    });
-                }
-                BudgetPolicy::FallbackPageable => {
-                    drop(st);
-                    return self.fallback(len);
-                }
-                BudgetPolicy::Wait { timeout } => {
-                    let elapsed = start.elapsed();
-                    if elapsed >= timeout {
-                        return Err(HostError::WaitTimedOut {
-                            waited: elapsed,
-                            block: class,
-                            in_use: st.stats.bytes_in_use,
-                            budget,
-                        });
-                    }
-                    if !waited {
-                        waited = true;
-                        st.stats.waits += 1;
-                    }
-                    // Device fences do not notify us: poll them often while some are pending.
-                    let slice = if st.pending.is_empty() {
-                        timeout - elapsed
-                    } else {
-                        Duration::from_micros(500)
-                    };
-                    st.stats.waiting += 1;
-                    let (mut st, _) = inner
-                        .returned
-                        .wait_timeout(st, slice.min(timeout - elapsed))
-                        .unwrap_or_else(|p| p.into_inner());
+            if inner.config.policy == BudgetPolicy::FallbackPageable {
+                drop(st);
+                return self.fallback(len);
+            }
+            return Err(HostError::BudgetExceeded {
+                requested: len,
+                block: class,
+                in_use: st.stats.bytes_in_use,
+                cached: st.stats.bytes_cached,
+                pending: st.stats.bytes_pending,
+                budget,
+            });
+        }
+    }
+
+    /// [`alloc_ranked`](PinnedPool::alloc_ranked) under [`BudgetPolicy::Wait`]: served at
+    /// once when no better-ranked request waits and a block or room is there; otherwise
+    /// queued (`wait.rs`) until a grant hands it a block or room, or the timeout passes.
+    fn alloc_waiting(
+        &self,
+        len: usize,
+        class: usize,
+        rank: u64,
+        timeout: Duration,
+    ) -> Result<PoolBuffer> {
+        let inner = &self.inner;
+        let budget = inner.config.budget;
+        let start = Instant::now();
+        let mut st = inner.lock();
+        // Pending blocks whose fences completed are reused before anything is allocated.
+        let mut reclaimed = false;
+        if st.first_in_line(rank) && !st.free.contains_key(&class) && !st.pending.is_empty() {
+            drop(st);
+            inner.reclaim();
+            reclaimed = true;
+            st = inner.lock();
+        }
+        // Uncontended hot path: nobody ranked before us waits and a block of the class is free.
+        if st.first_in_line(rank)
+            && let Some(block) = st.take_free(class)
+        {
+            st.log_grant(rank, false, 0);
+            return Ok(self.lease(st, block, len, true, None));
+        }
+        let key = st.enqueue(rank, class);
+        let mut counted = false;
+        loop {
+            let mut evicted = Vec::new();
+            let woken = st.dispatch(budget, &mut evicted);
+            let i = st
+                .waiter_index(key)
+                .expect("a waiter leaves the queue only here");
+            if st.waiters[i].grant.is_some() {
+                let w = st.waiters.remove(i);
+                if counted {
                     st.stats.waiting -= 1;
-                    drop(st);
+                }
+                let waited = counted.then(|| start.elapsed());
+                drop(st);
+                wake(woken);
+                free_blocks(evicted);
+                return match w.grant.expect("checked above") {
+                    Grant::Block(block) => {
+                        let mut st = inner.lock();
+                        st.reserved -= class;
+                        Ok(self.lease(st, block, len, true, waited))
+                    }
+                    Grant::Room => {
+                        let (st, block) =
+                            self.allocate_reserved(class, "pool allocated a block")?;
+                        Ok(self.lease(st, block, len, false, waited))
+                    }
+                };
+            }
+            let cv = st.waiters[i].cv.clone();
+            let pending = !st.pending.is_empty();
+            drop(st);
+            wake(woken);
+            free_blocks(evicted);
+            // Blocks whose fences completed since they were released: query them once before
+            // sleeping (the reaper watches them from then on).
+            if pending && !reclaimed {
+                reclaimed = true;
+                if inner.reclaim() > 0 {
+                    st = inner.lock();
+                    continue;
                 }
             }
+            if pending {
+                inner.reaper.want(inner);
+            }
+            st = inner.lock();
+            let i = st
+                .waiter_index(key)
+                .expect("a waiter leaves the queue only here");
+            if st.waiters[i].grant.is_some() {
+                continue;
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= timeout {
+                st.waiters.remove(i);
+                if counted {
+                    st.stats.waiting -= 1;
+                }
+                // Requests behind this one may be served now.
+                let mut evicted = Vec::new();
+                let woken = st.dispatch(budget, &mut evicted);
+                let err = HostError::WaitTimedOut {
+                    waited: elapsed,
+                    block: class,
+                    in_use: st.stats.bytes_in_use,
+                    budget,
+                };
+                drop(st);
+                wake(woken);
+                free_blocks(evicted);
+                return Err(err);
+            }
+            if !counted {
+                counted = true;
+                st.stats.waits += 1;
+                st.stats.waiting += 1;
+            }
+            // Woken by a grant (or the reaper's reclaim). Without a reaper thread, pending
+            // blocks are queried again at short intervals instead.
+            let slice = if pending && !inner.reaper.running() {
+                reclaimed = false;
+                Duration::from_millis(1)
+            } else {
+                timeout - elapsed
+            };
+            st = cv
+                .wait_timeout(st, slice.min(timeout - elapsed))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -554,10 +695,21 @@ impl PinnedPool {
         class: usize,
         what: &'static str,
     ) -> Result<(MutexGuard<'a, State>, Block)> {
-        let inner = &self.inner;
         st.reserved += class;
         st.note_peaks();
         drop(st);
+        self.allocate_reserved(class, what)
+    }
+
+    /// Allocates one block of `class` bytes already counted in `State::reserved`, without the
+    /// lock; re-takes it and records the allocation. On failure the reserved bytes are free
+    /// again: waiters are served and woken.
+    fn allocate_reserved(
+        &self,
+        class: usize,
+        what: &'static str,
+    ) -> Result<(MutexGuard<'_, State>, Block)> {
+        let inner = &self.inner;
         let alloc = inner.allocator_for(class);
         let t0 = Instant::now();
         let result = inner.placement.allocate(|| alloc.allocate(class));
@@ -580,7 +732,11 @@ impl PinnedPool {
                 Ok((st, block))
             }
             Err(e) => {
+                let mut evicted = Vec::new();
+                let woken = st.dispatch(inner.config.budget, &mut evicted);
                 drop(st);
+                wake(woken);
+                free_blocks(evicted);
                 inner.returned.notify_all();
                 Err(e)
             }
@@ -612,6 +768,7 @@ impl PinnedPool {
             len,
             fences: Vec::new(),
             pool: Some(self.inner.clone()),
+            waited: waited.unwrap_or_default(),
         }
     }
 
@@ -628,6 +785,7 @@ impl PinnedPool {
             len,
             fences: Vec::new(),
             pool: None,
+            waited: Duration::ZERO,
         })
     }
 
@@ -646,14 +804,46 @@ impl PinnedPool {
     pub fn trim_to(&self, bytes: usize) {
         self.inner.reclaim();
         let mut evicted = Vec::new();
-        {
+        let woken = {
             let mut st = self.inner.lock();
             if st.stats.bytes_cached > bytes {
                 let over = st.stats.bytes_cached - bytes;
                 st.evict_lru(over, &mut evicted);
             }
-        }
+            st.dispatch(self.inner.config.budget, &mut evicted)
+        };
+        wake(woken);
         self.inner.returned.notify_all();
         free_blocks(evicted);
+    }
+
+    /// The best rank among the requests waiting for the budget now (granted ones excluded),
+    /// if any: a loader tells from it whether the batch it needs next is the one starved.
+    pub fn best_waiting(&self) -> Option<u64> {
+        self.inner
+            .lock()
+            .waiters
+            .iter()
+            .find(|w| w.grant.is_none())
+            .map(|w| w.key.0)
+    }
+
+    /// Starts (or, with `false`, stops) recording every grant made to a request under
+    /// [`BudgetPolicy::Wait`], in grant order: which rank got a block and the best rank still
+    /// waiting then. A diagnostic for the ordering promise of
+    /// [`alloc_ranked`](PinnedPool::alloc_ranked); [`grants`](PinnedPool::grants) reads it.
+    pub fn record_grants(&self, on: bool) {
+        self.inner.lock().grant_log = on.then(Vec::new);
+    }
+
+    /// The grants recorded since [`record_grants`](PinnedPool::record_grants), taken (the
+    /// record starts again empty).
+    pub fn grants(&self) -> Vec<GrantRecord> {
+        self.inner
+            .lock()
+            .grant_log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 }

@@ -18,6 +18,7 @@ impl<F: Fetch> LoaderIter<F> {
         self.pending.adopted += a.slots.len() as u64;
         let counts = a.counts;
         self.pending.replies.worker_busy += counts.worker_busy;
+        self.pending.replies.pinned_wait += counts.pinned_wait;
         self.pending.replies.skipped += counts.skipped;
         self.pending.replies.restarts += counts.restarts;
         self.pending.peak_reorder = self.pending.peak_reorder.max(self.ready);
@@ -93,6 +94,7 @@ impl<F: Fetch> LoaderIter<F> {
                     lineage: a.lineage,
                     seq,
                     indices,
+                    rank: crate::engine::rank(a.key.epoch, seq),
                 },
             )?;
             a.sent(seq, w);
