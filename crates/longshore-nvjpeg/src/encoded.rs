@@ -146,7 +146,7 @@ pub fn entries<S: Storage>(batch: &Batch<S>) -> Result<(Vec<EncodedEntry>, &[u8]
 ///
 /// ```
 /// use longshore_data::{AlignedBuf, DatasetCollate};
-/// use longshore_vision::nvjpeg::{EncodedCollate, EncodedImages, entries};
+/// use longshore_nvjpeg::{EncodedCollate, EncodedImages, entries};
 /// use longshore_vision::{Compose, ImageFolder};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {

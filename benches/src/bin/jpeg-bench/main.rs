@@ -16,7 +16,7 @@
 //!    steady-state protocol), when `python -c "import torchvision"` works.
 //!
 //! 5. With `--decode nvjpeg` (or `both`) and a GPU: the same pipelines with nvJPEG decoding
-//!    on the device (`longshore::vision::nvjpeg`: workers only read files into pinned memory,
+//!    on the device (`longshore::nvjpeg`: workers only read files into pinned memory,
 //!    nvJPEG's hardware engines or default backend decode, one kernel crops, resizes and
 //!    normalises), pinned, swept over `num_workers`; the torchvision script then also
 //!    measures `torchvision.io.decode_jpeg(device="cuda")` + resize on batches of 256.

@@ -8,7 +8,7 @@ use std::path::Path;
 use longshore_transfer::Device;
 use longshore_vision::synth::{FolderSpec, image_jpeg};
 
-#[path = "../png_support/mod.rs"]
+#[path = "../../../longshore-vision/tests/png_support/mod.rs"]
 mod png_support;
 pub use png_support::png_rgb;
 
