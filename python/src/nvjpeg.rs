@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use longshore::data::Batch;
 use longshore::host::PoolBuffer;
-use longshore::loader::{
-    DataLoader, DeviceLoader, Fetch, LoaderError, LoaderState, LoaderStats,
-};
+use longshore::loader::{DataLoader, DeviceLoader, Fetch, LoaderError, LoaderState, LoaderStats};
 use longshore::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder};
 use longshore::transfer::Device;
 
