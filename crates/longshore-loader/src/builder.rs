@@ -81,7 +81,11 @@ impl<D, C> fmt::Debug for DataLoaderBuilder<D, C> {
 
 impl DataLoader<ItemFetch<longshore_data::VecDataset<()>>> {
     /// A builder for a map-style dataset, with PyTorch's defaults: `batch_size` 1, no shuffle,
-    /// no workers, stacking collate ([`StackCollate`], like `default_collate`).
+    /// no workers, stacking collate ([`StackCollate`], like `default_collate`). The stacking
+    /// is written straight from the dataset's fields when it has a
+    /// [`DirectPlan`](longshore_data::DirectPlan) (`NpyDataset::open(..)?.transform(Normalize::
+    /// imagenet(..))`, an `ImageFolder` with a pipeline): the same batches as
+    /// `.collate(DirectCollate::new()..)`, at its speed.
     #[allow(clippy::new_ret_no_self)]
     pub fn builder<D: Dataset + 'static>(
         dataset: D,
