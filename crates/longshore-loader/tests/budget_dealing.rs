@@ -66,7 +66,7 @@ fn device() -> (mpsc::Sender<Arc<CpuFence>>, std::thread::JoinHandle<()>) {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
-            if !queue.is_empty() && state % 3 == 0 {
+            if !queue.is_empty() && state.is_multiple_of(3) {
                 let i = (state >> 8) as usize % queue.len();
                 queue.swap_remove(i).signal();
             }

@@ -214,6 +214,10 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceLoader<F, S> {
     }
 }
 
+/// A batch from the loader (or its error) with its position in the epoch and whether it
+/// counts as delivered.
+type Pulled = (Option<(u64, bool)>, Result<Batch<PoolBuffer>, LoaderError>);
+
 /// An item in the order it will be handed out: its position in the epoch (and whether it
 /// counts as delivered), and what the stage made of it.
 struct Item {
@@ -360,7 +364,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceIter<F, S> {
     }
 
     /// The loader's next batch with its position, the wait timed.
-    fn pull(&mut self) -> Option<(Option<(u64, bool)>, Result<Batch<PoolBuffer>, LoaderError>)> {
+    fn pull(&mut self) -> Option<Pulled> {
         if self.source_done {
             return None;
         }
