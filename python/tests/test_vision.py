@@ -287,3 +287,37 @@ def test_nvjpeg_batches_match_the_cpu_pipeline(tmp_path):
             np.testing.assert_array_equal(y.cpu().numpy(), cy)
             diff = np.abs(x.cpu().numpy() - cx) * np.asarray(STD, np.float32)[:, None, None] * 255
             assert diff.mean() < 2.0 and diff.max() < 40, (diff.mean(), diff.max())
+
+
+def test_nvjpeg_resume_after_k_batches_yields_the_rest(tmp_path):
+    """On a GPU: the nvJPEG path's state_dict counts the batches Python received (the device
+    stage runs ahead of them), so a resumed loader yields exactly the rest, with the same crops;
+    the decoder is kept across epochs."""
+    torch = need_cuda()
+    longshore.datasets.write_synthetic_folder(tmp_path / "r", classes=3, per_class=10)
+    pipeline = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
+                          T.Normalize(MEAN, STD)])
+    ds = longshore.datasets.ImageFolder(str(tmp_path / "r"), pipeline)
+
+    def loader():
+        return longshore.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=2,
+                                    device="cuda", decode="nvjpeg")
+
+    full = [(x.cpu().numpy(), y.cpu().numpy()) for x, y in loader()]
+    assert len(full) == 8
+    first = loader()
+    it = iter(first)
+    got = [tuple(t.cpu().numpy() for t in next(it)) for _ in range(3)]
+    state = first.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    got += [(x.cpu().numpy(), y.cpu().numpy()) for x, y in resumed]
+    assert len(got) == len(full)
+    for (x, y), (fx, fy) in zip(got, full):
+        np.testing.assert_array_equal(y, fy)
+        np.testing.assert_allclose(x, fx, atol=1e-4)
+    # A second epoch of one loader reuses its decoder and yields a whole epoch again.
+    again = loader()
+    assert sum(len(y) for _, y in again) == 30
+    assert sum(len(y) for _, y in again) == 30

@@ -6,6 +6,7 @@
 //! use longshore_data::{Dataset, DirectCollate, DatasetCollate, AlignedBuf};
 //! use longshore_vision::{Compose, ImageFolder};
 //!
+//! # #[cfg(feature = "synth")]
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
 //! # longshore_vision::synth::write_folder(dir.path(), &longshore_vision::synth::FolderSpec::tiny())?;
@@ -23,6 +24,8 @@
 //! assert_eq!(batch.tensor_by_name::<i64>("label")?.len(), 3);
 //! # Ok(())
 //! # }
+//! # #[cfg(not(feature = "synth"))]
+//! # fn main() {}
 //! ```
 //!
 //! With the loader: `DataLoader::builder(train)`, then `num_workers`, `pin_memory` and the
@@ -47,7 +50,8 @@
 //! - [`ImageDataset`]: folder + pipeline, a [`longshore_data::DirectDataset`];
 //!   [`RandomSource`] picks the worker's generator or per-sample streams.
 //! - GPU decoding with nvJPEG is the `longshore-nvjpeg` crate, a device stage of the loader.
-//! - [`synth`]: an ImageNet-like synthetic folder generator (for benchmarks and examples).
+//! - `synth` (feature `synth`): an ImageNet-like synthetic folder generator (for benchmarks,
+//!   examples and tests).
 #![forbid(unsafe_code)]
 
 pub mod compose;
@@ -56,6 +60,7 @@ pub mod decode;
 pub mod folder;
 pub mod image;
 mod resize;
+#[cfg(feature = "synth")]
 pub mod synth;
 pub mod transforms;
 

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""ResNet-18 (torchvision, bf16 autocast, channels_last, SGD) trained from Python on an
+ImageNet-like JPEG folder, fed by torch's DataLoader or by longshore, to see whether the GPU
+waits for data in a real training step.
+
+    python3 examples/python/train_resnet.py --loader longshore --decode nvjpeg
+    python3 examples/python/train_resnet.py --loader torch
+    python3 examples/python/train_resnet.py --loader synthetic   # the model alone, data on the GPU
+    python3 examples/python/train_resnet.py --loader longshore --decode nvjpeg --no-model
+
+The folder (default: 10,000 JPEGs in 100 classes, about 400x350 and 110 KB each) is generated
+once by longshore's synthetic writer. Steady state: one warm-up epoch, then `--epochs` whole
+epochs timed. `--no-model` times the loader alone (what the GPU would get if the model took no
+time). Prints one JSON line: images/s, the share of the step's time spent waiting for data.
+Needs torch, torchvision (for the model and the torch baseline) and the longshore package.
+"""
+
+import argparse
+import json
+import os
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--loader", choices=["torch", "longshore", "synthetic"], default="longshore")
+    p.add_argument("--decode", choices=["cpu", "nvjpeg"], default="nvjpeg")
+    p.add_argument("--data", default="target/train-resnet/data", help="the JPEG folder")
+    p.add_argument("--images", type=int, default=10_000, help="images in a generated folder")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 8)
+    p.add_argument("--epochs", type=int, default=2, help="timed epochs after the warm-up one")
+    p.add_argument("--no-model", action="store_true", help="time the loader alone")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def folder(args):
+    import longshore
+
+    classes = 100
+    per_class = max(1, args.images // classes)
+    t = time.perf_counter()
+    # jpeg-bench's folder (FolderSpec::imagenet_like): the same files for both; reused when present.
+    images, nbytes, reused = longshore.datasets.write_synthetic_folder(
+        args.data, classes=classes, per_class=per_class, mean_area=140_000, quality=90, seed=0x13A6E)
+    if not reused:
+        print(f"generated {images} JPEGs ({nbytes / 1e6:.0f} MB) in {time.perf_counter() - t:.1f} s",
+              flush=True)
+    return args.data
+
+
+def torch_loader(args, root):
+    import torch
+    import torchvision.datasets as D
+    import torchvision.transforms as T
+
+    ds = D.ImageFolder(root, T.Compose([
+        T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    # An expert's configuration: all workers, pinned memory, persistent workers, deeper prefetch.
+    dl = torch.utils.data.DataLoader(
+        ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=True,
+        persistent_workers=True, prefetch_factor=4, drop_last=True)
+
+    def epoch():
+        for x, y in dl:
+            yield x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+    return epoch
+
+
+def longshore_loader(args, root):
+    import longshore
+    import longshore.transforms as T
+
+    ds = longshore.datasets.ImageFolder(root, T.Compose([
+        T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    dl = longshore.DataLoader(
+        ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
+        persistent_workers=True, drop_last=True, seed=args.seed, device="cuda", decode=args.decode)
+    return lambda: iter(dl)
+
+
+def synthetic_loader(args, _root):
+    import torch
+
+    steps = args.images // args.batch_size
+    x = torch.randn(args.batch_size, 3, 224, 224, device="cuda")
+    y = torch.randint(0, 100, (args.batch_size,), device="cuda")
+
+    def epoch():
+        for _ in range(steps):
+            yield x, y
+    return epoch
+
+
+def main():
+    args = parse()
+    import torch
+
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.benchmark = True
+    root = folder(args) if args.loader != "synthetic" else None
+    make = {"torch": torch_loader, "longshore": longshore_loader, "synthetic": synthetic_loader}
+    epoch = make[args.loader](args, root)
+    step = None
+    if not args.no_model:
+        import torchvision
+
+        model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+        loss_fn = torch.nn.CrossEntropyLoss()
+
+        def step(x, y):
+            x = x.contiguous(memory_format=torch.channels_last)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = loss_fn(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss
+
+    rates, waits = [], []
+    for e in range(args.epochs + 1):
+        seen, waited = 0, 0.0
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        it = epoch()
+        while True:
+            t = time.perf_counter()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            waited += time.perf_counter() - t
+            if step is not None:
+                step(x, y)
+            seen += x.shape[0]
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        if e > 0:  # the first epoch warms up (workers, cuDNN, nvJPEG states)
+            rates.append(seen / wall)
+            waits.append(waited / wall)
+        print(f"epoch {e}{' (warm-up)' if e == 0 else ''}: {seen / wall:,.0f} images/s, "
+              f"waited for data {100 * waited / wall:.1f}% of the time", flush=True)
+    print(json.dumps({
+        "loader": args.loader, "decode": args.decode if args.loader == "longshore" else None,
+        "model": not args.no_model, "workers": args.workers, "batch_size": args.batch_size,
+        "images_per_s": sum(rates) / len(rates), "wait_fraction": sum(waits) / len(waits),
+        "gpu": torch.cuda.get_device_name(0)}))
+
+
+if __name__ == "__main__":
+    main()
