@@ -35,8 +35,8 @@ mod wait;
 pub use config::{BudgetPolicy, PoolConfig, PoolStats, size_class};
 pub use lease::PoolBuffer;
 use lease::Slot;
-use wait::{Reaper, Waiter, wake};
 pub use wait::{GrantRecord, UNRANKED};
+use wait::{Reaper, Waiter, wake};
 
 struct Block {
     buf: HostBuffer,

@@ -50,7 +50,8 @@ pub(super) struct Waiter {
 pub struct GrantRecord {
     /// The rank of the request served.
     pub rank: u64,
-    /// Whether the request had to queue (it found no block, or better-ranked requests waiting).
+    /// Whether the request was served through the queue (no cached block was free for it on
+    /// arrival, or better-ranked requests waited), rather than straight from the cache.
     pub queued: bool,
     /// The best rank among the requests still waiting when it was served (`None`: none).
     pub best_waiting: Option<u64>,
