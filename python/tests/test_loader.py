@@ -140,6 +140,22 @@ def test_stats(files):
     assert dl.stats["batches"] == 0
 
 
+def test_stats_report_the_pinned_budget(files):
+    # A batch of 25 x 5 f32 takes one page-sized block: a budget of three blocks keeps two
+    # batches in flight (one block left for the batch the consumer holds), not 2 x 4.
+    pool = longshore.PinnedPool(budget=3 * 4096, pinned=False)
+    dl = loader(longshore.NpyDataset(files["x"]), batch_size=25, num_workers=2,
+                prefetch_factor=4, persistent_workers=True, pool=pool)
+    for _ in range(2):
+        assert sum(len(b) for b in dl) == 100
+    s = dl.stats
+    assert s["in_flight_limit"] == 2
+    assert s["pinned_wait_s"] >= 0.0 and s["consumer_pinned_wait_s"] >= 0.0
+    assert 0.0 <= s["pinned_wait_fraction"] <= 1.0
+    assert s["reloaded"] >= 0
+    assert s["pool"]["peak_bytes_held"] <= 3 * 4096
+
+
 def test_drain_in_rust_runs_whole_epochs_and_leaves_the_position(files):
     # The benchmark's Rust-side consumer: whole epochs, every sample, on the same loader.
     dl = loader(longshore.NpyDataset([files["x"], files["y"]]), batch_size=16, shuffle=True,

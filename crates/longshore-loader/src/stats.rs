@@ -56,7 +56,8 @@ pub struct LoaderStats {
     /// Most batches the loader keeps in flight: `num_workers * prefetch_factor`, or fewer
     /// where the pool's budget cannot back that many blocks (see
     /// [`LoaderWarning::PrefetchExceedsBudget`](crate::LoaderWarning::PrefetchExceedsBudget));
-    /// 0 before the first epoch.
+    /// until the first batch tells the size of a batch's block, `num_workers`. 0 before the
+    /// first batch is dealt, and without workers.
     pub in_flight_limit: usize,
     /// The host-memory pool's counters.
     pub pool: PoolStats,

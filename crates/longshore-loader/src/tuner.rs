@@ -23,6 +23,15 @@ pub struct Trial {
     pub samples_per_second: f64,
     /// Share of the time the consumer waited for data.
     pub wait_fraction: f64,
+    /// Share of that wait spent on pinned memory ([`LoaderStats::pinned_wait_fraction`]):
+    /// near one, the pool's budget, not the workers, limits this configuration.
+    ///
+    /// [`LoaderStats::pinned_wait_fraction`]: crate::LoaderStats::pinned_wait_fraction
+    pub pinned_wait_fraction: f64,
+    /// The batches the loader kept in flight: `num_workers * prefetch_factor`, or fewer where
+    /// the budget could not back them (then at most that many workers load at once, and more
+    /// workers buy nothing: the pick prefers fewer).
+    pub in_flight: usize,
     /// Batches measured.
     pub batches: usize,
 }
@@ -267,6 +276,9 @@ impl Tuner {
                 0.0
             },
             wait_fraction: runs.iter().map(|r| r.wait_fraction).sum::<f64>() / runs.len() as f64,
+            pinned_wait_fraction: runs.iter().map(|r| r.pinned_wait_fraction).sum::<f64>()
+                / runs.len() as f64,
+            in_flight: runs.iter().map(|r| r.in_flight).min().unwrap_or(0),
             batches: runs.iter().map(|r| r.batches).sum(),
         })
     }
@@ -302,6 +314,8 @@ impl Tuner {
             batches: window.batches,
             secs: window.secs,
             wait_fraction: loader.stats().wait_fraction(),
+            pinned_wait_fraction: loader.stats().pinned_wait_fraction(),
+            in_flight: loader.stats().in_flight_limit,
         })
     }
 
@@ -315,11 +329,14 @@ impl Tuner {
             loader.reset_stats();
             Ok(())
         })?;
+        let stats = loader.stats();
         Ok(Trial {
             num_workers: w,
             pin_memory: pin,
             samples_per_second: window.rate(),
-            wait_fraction: loader.stats().wait_fraction(),
+            wait_fraction: stats.wait_fraction(),
+            pinned_wait_fraction: stats.pinned_wait_fraction(),
+            in_flight: stats.in_flight_limit,
             batches: window.batches,
         })
     }
@@ -342,7 +359,11 @@ impl Tuner {
         mut at_window: impl FnMut() -> Result<(), LoaderError>,
     ) -> Result<Window, LoaderError> {
         let cfg = loader.config();
-        let in_flight = cfg.num_workers.max(1) * cfg.prefetch_factor.max(1);
+        // The budget may keep fewer batches in flight (known once a batch came back).
+        let in_flight = match loader.stats().in_flight_limit {
+            0 => cfg.num_workers.max(1) * cfg.prefetch_factor.max(1),
+            n => n,
+        };
         let warm = in_flight + 1;
         let total = warm + self.timed_batches(in_flight);
         let compute = device.map(Device::new_stream).transpose()?;
@@ -431,6 +452,12 @@ fn pick(trials: Vec<Trial>) -> Result<TuneReport, LoaderError> {
             option: "tuner",
             reason: "no configuration to try".into(),
         })?;
+    // Workers past the budget's in-flight bound do not load at once: say so rather than let
+    // the pick be read as "more workers do not help".
+    if best.pinned_wait_fraction > 0.5 || (best.in_flight > 0 && best.in_flight < best.num_workers)
+    {
+        tracing::warn!(target: "longshore::loader", num_workers = best.num_workers, in_flight = best.in_flight, pinned_wait_fraction = best.pinned_wait_fraction, "tuner: the pinned budget bounds the batches in flight below the worker count; a larger budget may be faster");
+    }
     Ok(TuneReport { trials, best })
 }
 
@@ -464,6 +491,8 @@ struct RankRun {
     batches: usize,
     secs: f64,
     wait_fraction: f64,
+    pinned_wait_fraction: f64,
+    in_flight: usize,
 }
 
 /// A barrier for the ranks of a trial that a failing rank can break open, so no rank waits

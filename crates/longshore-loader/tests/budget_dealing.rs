@@ -243,3 +243,39 @@ fn an_ample_budget_neither_warns_nor_limits() {
     );
     assert_eq!(l.stats().in_flight_limit, 4);
 }
+
+#[test]
+fn the_tuner_reports_the_in_flight_bound_of_the_budget() {
+    watchdog(120, "tuner under a budget", || {
+        let block = block_bytes();
+        let report = longshore_loader::Tuner::new()
+            .workers([4])
+            .pin_memory([false])
+            .batches(8)
+            .run(|w, _pin| {
+                let pool = PinnedPool::new(
+                    PoolConfig::for_kind(MemoryKind::Pageable)
+                        .budget(3 * block)
+                        .policy(BudgetPolicy::Wait {
+                            timeout: Duration::from_secs(30),
+                        }),
+                )
+                .unwrap();
+                DataLoader::builder(Samples)
+                    .batch_size(BATCH)
+                    .num_workers(w)
+                    .prefetch_factor(2)
+                    .persistent_workers(true)
+                    .pool(pool)
+                    .build()
+            })
+            .unwrap();
+        let t = &report.trials[0];
+        assert_eq!(
+            t.in_flight, 2,
+            "3 blocks: 2 in flight, one for the consumer"
+        );
+        assert!((0.0..=1.0).contains(&t.pinned_wait_fraction));
+        assert!(t.samples_per_second > 0.0);
+    });
+}

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::alloc::{RawAllocator, RegisteredAllocator, allocator_for};
@@ -35,8 +35,8 @@ mod wait;
 pub use config::{BudgetPolicy, PoolConfig, PoolStats, size_class};
 pub use lease::PoolBuffer;
 use lease::Slot;
-use wait::{Grant, Reaper, Waiter, wake};
 pub use wait::{GrantRecord, UNRANKED};
+use wait::{Reaper, Waiter, wake};
 
 struct Block {
     buf: HostBuffer,
@@ -128,7 +128,6 @@ struct Inner {
     allocator: Arc<dyn RawAllocator>,
     large: Option<Arc<dyn RawAllocator>>,
     state: Mutex<State>,
-    returned: Condvar,
     /// Watches pending blocks' fences while requests wait (`wait.rs`).
     reaper: Arc<Reaper>,
     /// Where new blocks are placed (see `numa.rs`).
@@ -233,9 +232,6 @@ impl Inner {
         };
         drop(st);
         wake(woken);
-        if n > 0 {
-            self.returned.notify_all();
-        }
         free_blocks(evicted);
         n
     }
@@ -278,7 +274,6 @@ impl Inner {
         if watch {
             self.reaper.want(self);
         }
-        self.returned.notify_all();
         free_blocks(evicted);
     }
 }
@@ -373,7 +368,6 @@ impl PinnedPool {
                 allocator,
                 large,
                 state: Mutex::new(state),
-                returned: Condvar::new(),
                 reaper: Arc::default(),
                 placement: Placement {
                     node: AtomicUsize::new(node),
@@ -511,129 +505,6 @@ impl PinnedPool {
         }
     }
 
-    /// [`alloc_ranked`](PinnedPool::alloc_ranked) under [`BudgetPolicy::Wait`]: served at
-    /// once when no better-ranked request waits and a block or room is there; otherwise
-    /// queued (`wait.rs`) until a grant hands it a block or room, or the timeout passes.
-    fn alloc_waiting(
-        &self,
-        len: usize,
-        class: usize,
-        rank: u64,
-        timeout: Duration,
-    ) -> Result<PoolBuffer> {
-        let inner = &self.inner;
-        let budget = inner.config.budget;
-        let start = Instant::now();
-        let mut st = inner.lock();
-        // Pending blocks whose fences completed are reused before anything is allocated.
-        let mut reclaimed = false;
-        if st.first_in_line(rank) && !st.free.contains_key(&class) && !st.pending.is_empty() {
-            drop(st);
-            inner.reclaim();
-            reclaimed = true;
-            st = inner.lock();
-        }
-        // Uncontended hot path: nobody ranked before us waits and a block of the class is free.
-        if st.first_in_line(rank)
-            && let Some(block) = st.take_free(class)
-        {
-            st.log_grant(rank, false, 0);
-            return Ok(self.lease(st, block, len, true, None));
-        }
-        let key = st.enqueue(rank, class);
-        let mut counted = false;
-        loop {
-            let mut evicted = Vec::new();
-            let woken = st.dispatch(budget, &mut evicted);
-            let i = st
-                .waiter_index(key)
-                .expect("a waiter leaves the queue only here");
-            if st.waiters[i].grant.is_some() {
-                let w = st.waiters.remove(i);
-                if counted {
-                    st.stats.waiting -= 1;
-                }
-                let waited = counted.then(|| start.elapsed());
-                drop(st);
-                wake(woken);
-                free_blocks(evicted);
-                return match w.grant.expect("checked above") {
-                    Grant::Block(block) => {
-                        let mut st = inner.lock();
-                        st.reserved -= class;
-                        Ok(self.lease(st, block, len, true, waited))
-                    }
-                    Grant::Room => {
-                        let (st, block) =
-                            self.allocate_reserved(class, "pool allocated a block")?;
-                        Ok(self.lease(st, block, len, false, waited))
-                    }
-                };
-            }
-            let cv = st.waiters[i].cv.clone();
-            let pending = !st.pending.is_empty();
-            drop(st);
-            wake(woken);
-            free_blocks(evicted);
-            // Blocks whose fences completed since they were released: query them once before
-            // sleeping (the reaper watches them from then on).
-            if pending && !reclaimed {
-                reclaimed = true;
-                if inner.reclaim() > 0 {
-                    st = inner.lock();
-                    continue;
-                }
-            }
-            if pending {
-                inner.reaper.want(inner);
-            }
-            st = inner.lock();
-            let i = st
-                .waiter_index(key)
-                .expect("a waiter leaves the queue only here");
-            if st.waiters[i].grant.is_some() {
-                continue;
-            }
-            let elapsed = start.elapsed();
-            if elapsed >= timeout {
-                st.waiters.remove(i);
-                if counted {
-                    st.stats.waiting -= 1;
-                }
-                // Requests behind this one may be served now.
-                let mut evicted = Vec::new();
-                let woken = st.dispatch(budget, &mut evicted);
-                let err = HostError::WaitTimedOut {
-                    waited: elapsed,
-                    block: class,
-                    in_use: st.stats.bytes_in_use,
-                    budget,
-                };
-                drop(st);
-                wake(woken);
-                free_blocks(evicted);
-                return Err(err);
-            }
-            if !counted {
-                counted = true;
-                st.stats.waits += 1;
-                st.stats.waiting += 1;
-            }
-            // Woken by a grant (or the reaper's reclaim). Without a reaper thread, pending
-            // blocks are queried again at short intervals instead.
-            let slice = if pending && !inner.reaper.running() {
-                reclaimed = false;
-                Duration::from_millis(1)
-            } else {
-                timeout - elapsed
-            };
-            st = cv
-                .wait_timeout(st, slice.min(timeout - elapsed))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
-
     /// The size class serving `len` bytes, or the error naming why there is none.
     fn class_of(&self, len: usize) -> Result<usize> {
         size_class(len).ok_or(if len == 0 {
@@ -681,7 +552,6 @@ impl PinnedPool {
             let (mut st, block) = self.allocate_block(st, class, "pool reserved a block")?;
             st.put_free(block);
             drop(st);
-            inner.returned.notify_all();
         }
     }
 
@@ -737,7 +607,6 @@ impl PinnedPool {
                 drop(st);
                 wake(woken);
                 free_blocks(evicted);
-                inner.returned.notify_all();
                 Err(e)
             }
         }
@@ -813,7 +682,6 @@ impl PinnedPool {
             st.dispatch(self.inner.config.budget, &mut evicted)
         };
         wake(woken);
-        self.inner.returned.notify_all();
         free_blocks(evicted);
     }
 

@@ -11,9 +11,10 @@
 //! [`alloc`](super::PinnedPool::alloc) requests rank last, in arrival order.
 
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{Block, Inner, State};
+use super::{Block, Inner, PinnedPool, PoolBuffer, State, free_blocks};
+use crate::error::{HostError, Result};
 
 /// The rank of a plain [`alloc`](super::PinnedPool::alloc): served after every ranked request.
 pub const UNRANKED: u64 = u64::MAX;
@@ -49,7 +50,8 @@ pub(super) struct Waiter {
 pub struct GrantRecord {
     /// The rank of the request served.
     pub rank: u64,
-    /// Whether the request had to queue (it found no block, or better-ranked requests waiting).
+    /// Whether the request was served through the queue (no cached block was free for it on
+    /// arrival, or better-ranked requests waited), rather than straight from the cache.
     pub queued: bool,
     /// The best rank among the requests still waiting when it was served (`None`: none).
     pub best_waiting: Option<u64>,
@@ -147,6 +149,131 @@ impl State {
             .iter()
             .take_while(|w| w.key.0 <= rank)
             .all(|w| w.grant.is_some())
+    }
+}
+
+impl PinnedPool {
+    /// [`alloc_ranked`](PinnedPool::alloc_ranked) under [`BudgetPolicy::Wait`]: served at
+    /// once when no better-ranked request waits and a block or room is there; otherwise
+    /// queued (`wait.rs`) until a grant hands it a block or room, or the timeout passes.
+    pub(super) fn alloc_waiting(
+        &self,
+        len: usize,
+        class: usize,
+        rank: u64,
+        timeout: Duration,
+    ) -> Result<PoolBuffer> {
+        let inner = &self.inner;
+        let budget = inner.config.budget;
+        let start = Instant::now();
+        let mut st = inner.lock();
+        // Pending blocks whose fences completed are reused before anything is allocated.
+        let mut reclaimed = false;
+        if st.first_in_line(rank) && !st.free.contains_key(&class) && !st.pending.is_empty() {
+            drop(st);
+            inner.reclaim();
+            reclaimed = true;
+            st = inner.lock();
+        }
+        // Uncontended hot path: nobody ranked before us waits and a block of the class is free.
+        if st.first_in_line(rank)
+            && let Some(block) = st.take_free(class)
+        {
+            st.log_grant(rank, false, 0);
+            return Ok(self.lease(st, block, len, true, None));
+        }
+        let key = st.enqueue(rank, class);
+        let mut counted = false;
+        loop {
+            let mut evicted = Vec::new();
+            let woken = st.dispatch(budget, &mut evicted);
+            let i = st
+                .waiter_index(key)
+                .expect("a waiter leaves the queue only here");
+            if st.waiters[i].grant.is_some() {
+                let w = st.waiters.remove(i);
+                if counted {
+                    st.stats.waiting -= 1;
+                }
+                let waited = counted.then(|| start.elapsed());
+                drop(st);
+                wake(woken);
+                free_blocks(evicted);
+                return match w.grant.expect("checked above") {
+                    Grant::Block(block) => {
+                        let mut st = inner.lock();
+                        st.reserved -= class;
+                        Ok(self.lease(st, block, len, true, waited))
+                    }
+                    Grant::Room => {
+                        let (st, block) =
+                            self.allocate_reserved(class, "pool allocated a block")?;
+                        Ok(self.lease(st, block, len, false, waited))
+                    }
+                };
+            }
+            let cv = st.waiters[i].cv.clone();
+            let pending = !st.pending.is_empty();
+            drop(st);
+            wake(woken);
+            free_blocks(evicted);
+            // Blocks whose fences completed since they were released: query them once before
+            // sleeping (the reaper watches them from then on).
+            if pending && !reclaimed {
+                reclaimed = true;
+                if inner.reclaim() > 0 {
+                    st = inner.lock();
+                    continue;
+                }
+            }
+            if pending {
+                inner.reaper.want(inner);
+            }
+            st = inner.lock();
+            let i = st
+                .waiter_index(key)
+                .expect("a waiter leaves the queue only here");
+            if st.waiters[i].grant.is_some() {
+                continue;
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= timeout {
+                st.waiters.remove(i);
+                if counted {
+                    st.stats.waiting -= 1;
+                }
+                // Requests behind this one may be served now.
+                let mut evicted = Vec::new();
+                let woken = st.dispatch(budget, &mut evicted);
+                let err = HostError::WaitTimedOut {
+                    waited: elapsed,
+                    block: class,
+                    in_use: st.stats.bytes_in_use,
+                    budget,
+                };
+                drop(st);
+                wake(woken);
+                free_blocks(evicted);
+                return Err(err);
+            }
+            if !counted {
+                counted = true;
+                st.stats.waits += 1;
+                st.stats.waiting += 1;
+            }
+            // Woken by a grant (or the reaper's reclaim). Without a reaper thread, pending
+            // blocks are queried again at short intervals instead.
+            let slice = if pending && !inner.reaper.running() {
+                reclaimed = false;
+                Duration::from_millis(1)
+            } else {
+                timeout - elapsed
+            };
+            st = cv
+                .wait_timeout(st, slice.min(timeout - elapsed))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 }
 

@@ -85,6 +85,73 @@ impl<F: Fetch> LoaderIter<F> {
         tracing::warn!(target: "longshore::loader", warning = %warning, "loader option");
         warnings.push(warning);
     }
+
+    /// In-order mode, while the awaited batch does not come: if a batch to be delivered
+    /// before the latest finished one held in the reorder buffer waits for a pool block (its
+    /// request is the best-ranked waiting), the finished batches may be what starves it, and
+    /// through it the awaited one (a deadlock until the pool's wait timeout: the consumer holds
+    /// more blocks than the in-flight bound leaves it, or a worker must load an earlier batch
+    /// first). Gives that latest batch back to the pool, where the earlier request is served
+    /// first, and loads it again later.
+    pub(super) fn relieve_budget(&mut self) -> Result<(), LoaderError> {
+        if !self.config.in_order {
+            return Ok(());
+        }
+        let Some(best) = self.inner.pool.best_waiting() else {
+            return Ok(());
+        };
+        let fetch = &self.inner.fetch;
+        let Some(i) = self.slots.iter().rposition(|s| match &s.state {
+            SlotState::Done(Outcome::Batch(b)) => {
+                fetch.output_bytes(b) > 0 && !s.indices.is_empty()
+            }
+            _ => false,
+        }) else {
+            return Ok(());
+        };
+        let victim = self.slots[i].seq;
+        if best >= rank(self.epoch, victim) {
+            return Ok(());
+        }
+        let Some(engine) = &self.engine else {
+            return Ok(());
+        };
+        // Preferably a worker with nothing queued that is delivered after the batch (it then
+        // waits behind nothing later), the least loaded among them. While the in-flight bound
+        // is below the worker count (`iter/budget.rs`), one always has no task at all.
+        let n = self.outstanding.len();
+        let behind_later = |w: usize| {
+            self.slots
+                .iter()
+                .any(|s| s.worker == w && s.seq > victim && matches!(s.state, SlotState::Sent))
+        };
+        let w = (0..n)
+            .min_by_key(|&w| (behind_later(w), self.outstanding[w]))
+            .unwrap_or(0);
+        let slot = &mut self.slots[i];
+        // The batch's lease goes back to the pool here.
+        drop(std::mem::replace(&mut slot.state, SlotState::Sent));
+        let seq = slot.seq;
+        tracing::debug!(target: "longshore::loader", reloaded = true, batch.seq = seq, worker.id = w, "pool budget starved: reloading a held-back batch later");
+        let indices = std::mem::take(&mut slot.indices);
+        slot.worker = w;
+        self.ready -= 1;
+        engine.send(
+            w,
+            Task {
+                generation: self.generation,
+                epoch: self.epoch,
+                lineage: self.lineage,
+                seq,
+                indices,
+                rank: rank(self.epoch, seq),
+            },
+        )?;
+        // The batch was already counted in `in_flight` (it is sent and not yielded).
+        self.outstanding[w] += 1;
+        self.pending.reloaded += 1;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
