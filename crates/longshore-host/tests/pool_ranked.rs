@@ -150,3 +150,26 @@ fn a_timed_out_waiter_lets_the_ones_behind_it_through() {
     assert_eq!(small.join().unwrap().unwrap(), BLOCK);
     drop(a);
 }
+
+/// A block that went through the free list once and later came back pending is reused once
+/// its fence completes, instead of a new allocation (the free list of its class is there but
+/// empty: found on the GPU, where every lease of a prefetcher's steady state allocated anew).
+#[test]
+fn a_completed_pending_block_is_reused_after_its_class_was_free_before() {
+    let pool = pool(64);
+    // Through the free list once: the class now has an (empty) free list.
+    drop(pool.alloc(BLOCK).unwrap());
+    for round in 0..4 {
+        let mut b = pool.alloc(BLOCK).unwrap();
+        let fence = CpuFence::new();
+        b.record_fence(fence.clone());
+        drop(b); // pending behind its fence
+        fence.signal();
+        let s = pool.stats();
+        assert_eq!(s.allocations, 1, "round {round}: {s:?}");
+    }
+    let again = pool.alloc(BLOCK).unwrap();
+    let s = pool.stats();
+    assert_eq!((s.allocations, s.blocks_pending), (1, 0), "{s:?}");
+    drop(again);
+}

@@ -169,7 +169,10 @@ impl PinnedPool {
         let mut st = inner.lock();
         // Pending blocks whose fences completed are reused before anything is allocated.
         let mut reclaimed = false;
-        if st.first_in_line(rank) && !st.free.contains_key(&class) && !st.pending.is_empty() {
+        if st.first_in_line(rank)
+            && st.free.get(&class).is_none_or(Vec::is_empty)
+            && !st.pending.is_empty()
+        {
             drop(st);
             inner.reclaim();
             reclaimed = true;
