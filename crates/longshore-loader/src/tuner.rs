@@ -8,6 +8,7 @@ use longshore_data::Batch;
 use longshore_host::PoolBuffer;
 use longshore_transfer::Device;
 
+use crate::device::{DeviceLoader, DeviceStage, Upload};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::loader::DataLoader;
@@ -137,6 +138,49 @@ impl Tuner {
                 let loader = build(w, pin)?;
                 let trial = self.measure(&loader, w, pin)?;
                 tracing::info!(target: "longshore::loader", num_workers = w, pin_memory = pin, samples_per_second = trial.samples_per_second, wait_fraction = trial.wait_fraction, "tuner trial");
+                trials.push(trial);
+            }
+        }
+        pick(trials)
+    }
+
+    /// [`run`](Tuner::run) through a device stage: each trial's loader delivers through
+    /// `stage()` (a new stage per trial: nvJPEG decoding, your own kernel), `depth` batches in
+    /// flight as set by [`device`](Tuner::device) (2 by default; its device is not used, the
+    /// stage's is), and the consumer waits on the stage's device as a training step would.
+    ///
+    /// ```
+    /// use longshore_data::VecDataset;
+    /// use longshore_loader::{DataLoader, Tuner, Upload};
+    /// use longshore_transfer::Device;
+    ///
+    /// let rows: Vec<([f32; 4], i64)> = (0..512).map(|i| ([i as f32; 4], i)).collect();
+    /// let report = Tuner::new().workers([0, 2]).pin_memory([false]).batches(8).run_stage(
+    ///     |w, pin| DataLoader::builder(VecDataset::new(rows.clone())).batch_size(32)
+    ///         .num_workers(w).pin_memory(pin).build(),
+    ///     || Upload::new(&Device::cpu()),
+    /// )?;
+    /// assert_eq!(report.trials.len(), 2);
+    /// # Ok::<(), longshore_loader::LoaderError>(())
+    /// ```
+    pub fn run_stage<F, S, B, M>(
+        &self,
+        mut build: B,
+        mut stage: M,
+    ) -> Result<TuneReport, LoaderError>
+    where
+        F: Fetch<Output = Batch<PoolBuffer>>,
+        S: DeviceStage,
+        B: FnMut(usize, bool) -> Result<DataLoader<F>, LoaderError>,
+        M: FnMut() -> Result<S, LoaderError>,
+    {
+        let mut trials = Vec::new();
+        for &w in &self.workers {
+            for &pin in &self.pin {
+                let loader = build(w, pin)?;
+                let on_device = loader.with_stage(stage()?).depth(self.depth);
+                let trial = self.trial(&loader, Via::Stage(&on_device), w, pin)?;
+                tracing::info!(target: "longshore::loader", num_workers = w, pin_memory = pin, samples_per_second = trial.samples_per_second, wait_fraction = trial.wait_fraction, "tuner trial (device stage)");
                 trials.push(trial);
             }
         }
@@ -298,7 +342,8 @@ impl Tuner {
         B: Fn(usize, usize, bool) -> Result<DataLoader<F>, LoaderError> + Sync,
     {
         let loader = build(rank, w, pin)?;
-        let window = self.consume(&loader, Some(dev), || {
+        let on_device = loader.with_stage(Upload::new(dev)?).depth(self.depth);
+        let window = self.consume(&loader, Via::Stage(&on_device), || {
             loader.reset_stats();
             if gate.wait() {
                 Ok(())
@@ -325,7 +370,23 @@ impl Tuner {
         w: usize,
         pin: bool,
     ) -> Result<Trial, LoaderError> {
-        let window = self.consume(loader, self.device.as_ref(), || {
+        match &self.device {
+            Some(dev) => {
+                let on_device = loader.with_stage(Upload::new(dev)?).depth(self.depth);
+                self.trial(loader, Via::Stage(&on_device), w, pin)
+            }
+            None => self.trial(loader, Via::<F, Upload>::Host, w, pin),
+        }
+    }
+
+    fn trial<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage>(
+        &self,
+        loader: &DataLoader<F>,
+        via: Via<'_, F, S>,
+        w: usize,
+        pin: bool,
+    ) -> Result<Trial, LoaderError> {
+        let window = self.consume(loader, via, || {
             loader.reset_stats();
             Ok(())
         })?;
@@ -348,14 +409,14 @@ impl Tuner {
         self.batches.max(2 * in_flight)
     }
 
-    /// Consumes `loader` (delivered to `device` when given, through `to_device`) over as many
+    /// Consumes `loader` (on the host, or through a device stage) over as many
     /// epochs as it takes: first a warm-up of the batches that can be in flight
     /// (`num_workers x prefetch_factor`) plus one, so the timed window does not drain a queue
     /// filled before it, then `at_window()`, then [`batches`](Tuner::batches) timed batches.
-    fn consume<F: Fetch<Output = Batch<PoolBuffer>>>(
+    fn consume<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage>(
         &self,
         loader: &DataLoader<F>,
-        device: Option<&Device>,
+        via: Via<'_, F, S>,
         mut at_window: impl FnMut() -> Result<(), LoaderError>,
     ) -> Result<Window, LoaderError> {
         let cfg = loader.config();
@@ -366,7 +427,13 @@ impl Tuner {
         };
         let warm = in_flight + 1;
         let total = warm + self.timed_batches(in_flight);
-        let compute = device.map(Device::new_stream).transpose()?;
+        let compute = match &via {
+            Via::Stage(on) => Some(
+                on.stage(|s| s.device().new_stream())
+                    .ok_or_else(|| LoaderError::State("the device stage is in use".into()))??,
+            ),
+            Via::Host => None,
+        };
         let mut seen = 0usize;
         let mut window = Window {
             samples: 0,
@@ -390,10 +457,10 @@ impl Tuner {
         let mut empty_epochs = 0;
         loop {
             let mut delivered = 0usize;
-            let more = match (device, &compute) {
-                (Some(dev), Some(cs)) => {
+            let more = match (&via, &compute) {
+                (Via::Stage(on), Some(cs)) => {
                     let mut more = true;
-                    for item in loader.to_device(dev, self.depth)? {
+                    for item in on.iter()? {
                         let n = item?.wait_on(cs)?.batch_size();
                         delivered += 1;
                         more = step(n, &|| cs.synchronize().map_err(Into::into))?;
@@ -435,6 +502,14 @@ impl Tuner {
         window.secs = t0.map_or(0.0, |t| t.elapsed().as_secs_f64());
         Ok(window)
     }
+}
+
+/// How a trial takes its batches.
+enum Via<'a, F: Fetch, S: DeviceStage> {
+    /// On the host, from the loader's iterator.
+    Host,
+    /// Through a device stage, the consumer's stream waiting on each batch.
+    Stage(&'a DeviceLoader<F, S>),
 }
 
 /// The fastest trial, preferring fewer workers and no pinning within 3% of it.

@@ -316,3 +316,41 @@ fn a_lane_panic_is_an_error_in_its_batch_place_and_the_lane_is_made_again() {
     drop(stage_ok);
     assert_eq!(made.load(Ordering::SeqCst), 2);
 }
+
+#[test]
+fn the_tuner_drives_any_stage() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let report = longshore_loader::Tuner::new()
+        .workers([0, 2])
+        .pin_memory([false])
+        .batches(6)
+        .run_stage(
+            |w, pin| {
+                DataLoader::builder(Probe::new(256))
+                    .batch_size(8)
+                    .num_workers(w)
+                    .pin_memory(pin)
+                    .build()
+            },
+            || {
+                let mut stage = Delaying::new(Duration::from_micros(50), 0);
+                stage.seen = seen.clone();
+                Ok(stage)
+            },
+        )
+        .unwrap();
+    assert_eq!(report.trials.len(), 2);
+    assert!(
+        report
+            .trials
+            .iter()
+            .all(|t| t.samples_per_second > 0.0 && t.batches >= 6)
+    );
+    // Every batch the trials counted went through the stage.
+    let through: usize = seen.lock().unwrap().len();
+    let counted: usize = report.trials.iter().map(|t| t.batches).sum();
+    assert!(
+        through >= counted,
+        "{through} batches through the stage, {counted} counted"
+    );
+}

@@ -92,6 +92,9 @@ pub struct NvjpegDecoder {
     options: DecodeOptions,
     backend: Backend,
     on_error: SampleErrorPolicy,
+    /// `on_error` was chosen with [`on_sample_error`](NvjpegDecoder::on_sample_error): the
+    /// loader's policy does not replace it.
+    own_policy: bool,
     kernel: Arc<Kernel>,
     handles: Arc<Handles>,
     slots: Vec<Slot>,
@@ -217,6 +220,7 @@ impl NvjpegDecoder {
             options: *images.folder().decode(),
             backend,
             on_error: SampleErrorPolicy::FailBatch,
+            own_policy: false,
             kernel,
             handles,
             slots: Vec::new(),
@@ -249,6 +253,7 @@ impl NvjpegDecoder {
             options: self.options,
             backend: self.backend,
             on_error: self.on_error,
+            own_policy: self.own_policy,
             kernel: self.kernel.clone(),
             handles: self.handles.clone(),
             slots: Vec::new(),
@@ -273,15 +278,20 @@ impl NvjpegDecoder {
         })
     }
 
-    /// Sets the policy for samples that fail in the device stage (the loader's, at each epoch).
+    /// Takes the loader's policy for samples that fail in the device stage (at each epoch),
+    /// unless one was chosen with [`on_sample_error`](NvjpegDecoder::on_sample_error).
     pub(crate) fn set_policy(&mut self, policy: SampleErrorPolicy) {
-        self.on_error = policy;
+        if !self.own_policy {
+            self.on_error = policy;
+        }
     }
 
-    /// What a sample that fails to decode in the device stage does (as the loader's
-    /// `on_sample_error`): fail the batch (default) or drop the sample.
+    /// What a sample that fails to decode in the device stage does: fail the batch or drop
+    /// the sample. By default the decoder follows the loader's `on_sample_error`; this sets
+    /// its own (the workers keep the loader's).
     pub fn on_sample_error(mut self, policy: SampleErrorPolicy) -> NvjpegDecoder {
         self.on_error = policy;
+        self.own_policy = true;
         self
     }
 

@@ -524,7 +524,7 @@ fn resume_after_k_batches_yields_the_rest_with_the_same_crops() {
     let data = encoded(dir.path(), Compose::imagenet_train());
     let build = || {
         DataLoader::builder(data.clone())
-            .batch_size(3)
+            .batch_size(2)
             .num_workers(2)
             .shuffle(true)
             .seed(11)
@@ -537,7 +537,7 @@ fn resume_after_k_batches_yields_the_rest_with_the_same_crops() {
         let b = b.wait().unwrap();
         (b.indices().to_vec(), b.read_images::<f32>(stream).unwrap())
     };
-    for lanes in [1, 2] {
+    for (lanes, depth) in [(1, 2), (2, 1)] {
         let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
         let stream: Stream = decoder.stream().clone();
         let full_loader = build();
@@ -558,7 +558,7 @@ fn resume_after_k_batches_yields_the_rest_with_the_same_crops() {
         let on_gpu = first
             .with_stage(NvjpegDecoder::new(&dev, &data).unwrap())
             .lanes(lanes)
-            .depth(2);
+            .depth(depth);
         let mut it = on_gpu.iter().unwrap();
         let mut got: Vec<_> = (0..k)
             .map(|_| read(it.next().unwrap().unwrap(), &stream))
