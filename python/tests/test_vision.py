@@ -291,8 +291,10 @@ def test_nvjpeg_batches_match_the_cpu_pipeline(tmp_path):
 
 def test_nvjpeg_resume_after_k_batches_yields_the_rest(tmp_path):
     """On a GPU: the nvJPEG path's state_dict counts the batches Python received (the device
-    stage runs ahead of them), so a resumed loader yields exactly the rest, with the same crops;
-    the decoder is kept across epochs."""
+    stage runs ahead of them), so a resumed loader yields exactly the rest, the same samples in
+    the same order; the decoder is kept across epochs. (The crops follow the worker's
+    generator, as in torch, so they differ after a resume when another worker draws them; the
+    Rust API's per-sample randomness makes them equal too: nvjpeg_decode.rs.)"""
     torch = need_cuda()
     longshore.datasets.write_synthetic_folder(tmp_path / "r", classes=3, per_class=10)
     pipeline = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
@@ -303,20 +305,23 @@ def test_nvjpeg_resume_after_k_batches_yields_the_rest(tmp_path):
         return longshore.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=2,
                                     device="cuda", decode="nvjpeg")
 
-    full = [(x.cpu().numpy(), y.cpu().numpy()) for x, y in loader()]
+    full = [y.cpu().numpy() for _, y in loader()]
     assert len(full) == 8
     first = loader()
     it = iter(first)
-    got = [tuple(t.cpu().numpy() for t in next(it)) for _ in range(3)]
+    got = []
+    for _ in range(3):
+        x, y = next(it)
+        assert x.is_cuda and tuple(x.shape) == (len(y), 3, 32, 32)
+        got.append(y.cpu().numpy())
     state = first.state_dict()
     del it
     resumed = loader()
     resumed.load_state_dict(state)
-    got += [(x.cpu().numpy(), y.cpu().numpy()) for x, y in resumed]
+    got += [y.cpu().numpy() for _, y in resumed]
     assert len(got) == len(full)
-    for (x, y), (fx, fy) in zip(got, full):
+    for y, fy in zip(got, full):
         np.testing.assert_array_equal(y, fy)
-        np.testing.assert_allclose(x, fx, atol=1e-4)
     # A second epoch of one loader reuses its decoder and yields a whole epoch again.
     again = loader()
     assert sum(len(y) for _, y in again) == 30
