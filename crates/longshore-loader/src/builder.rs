@@ -11,11 +11,12 @@ use longshore_data::{
 use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
 use longshore_transfer::GpuTopology;
 
-use crate::collate::IntoCollate;
+use crate::collate::{IntoCollate, IterableSource};
 use crate::config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
 use crate::error::LoaderError;
 use crate::fetch::{ItemFetch, IterableFetch, MapFetch};
-use crate::loader::{DataLoader, Parts, SamplerSource};
+use crate::loader::DataLoader;
+use crate::shared::{Parts, SamplerSource};
 use crate::placement::{Placement, WorkerPriority};
 use crate::worker::WorkerInit;
 
@@ -101,10 +102,6 @@ impl DataLoader<ItemFetch<longshore_data::VecDataset<()>>> {
         DataLoaderBuilder::new(IterableSource(dataset), StackCollate::new())
     }
 }
-
-/// Marks a builder's dataset as iterable.
-#[derive(Debug)]
-pub struct IterableSource<D>(pub(crate) D);
 
 impl<D, C> DataLoaderBuilder<D, C> {
     fn new(dataset: D, collate: C) -> Self {

@@ -4,7 +4,10 @@
 
 use longshore_data::{Collate, Dataset, DatasetCollate, FetchCollate, IterableDataset};
 
-use crate::builder::IterableSource;
+
+/// Marks a builder's dataset as iterable (what `DataLoader::iterable` gives the builder).
+#[derive(Debug)]
+pub struct IterableSource<D>(pub(crate) D);
 
 /// A collate function for the dataset of a builder, `S` (the dataset for a map-style
 /// builder, [`IterableSource`] for an iterable one).

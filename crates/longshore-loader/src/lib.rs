@@ -66,6 +66,16 @@
 //! panics and the error that ended an epoch.
 #![forbid(unsafe_code)]
 
+// Module layers: imports point down this list, never up (no cycles).
+//   error, sync, state, prepare
+//   engine, placement
+//   config, stats, next_epoch
+//   fetch, worker
+//   shared (what a loader's clones and iterators share)
+//   iter (an epoch), collate
+//   loader (DataLoader), builder
+//   device (DeviceStage, DeviceLoader), stream, tuner, dist
+
 mod builder;
 mod collate;
 mod config;
@@ -82,15 +92,17 @@ mod loader;
 mod next_epoch;
 mod placement;
 mod prepare;
+mod shared;
 mod state;
 mod stats;
+mod sync;
 #[cfg(feature = "stream")]
 mod stream;
 mod tuner;
 mod worker;
 
-pub use builder::{DataLoaderBuilder, IterableSource};
-pub use collate::{ByDataset, ByItems, ByStream, IntoCollate};
+pub use builder::DataLoaderBuilder;
+pub use collate::{ByDataset, ByItems, ByStream, IntoCollate, IterableSource};
 pub use config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
 pub use device::{
     DeviceBatch, DeviceIter, DeviceLoader, DevicePart, DeviceStage, DeviceStats, StageContext,

@@ -14,7 +14,7 @@ use longshore_host::CpuSet;
 use longshore_host::thread::{self, SchedPolicy, Tid};
 use longshore_transfer::GpuTopology;
 
-use crate::loader::lock;
+use crate::sync::lock;
 
 /// Where a loader's worker threads may run ([`DataLoaderBuilder::cpu_placement`](crate::DataLoaderBuilder::cpu_placement)).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use longshore_host::PoolBuffer;
 use crate::device::DeviceBatch;
 use crate::device::stage::{DeviceStage, StageContext};
 use crate::error::LoaderError;
-use crate::loader::lock;
+use crate::sync::lock;
 
 /// A host batch (or the loader's error, passed through in place) with its position.
 pub(crate) struct Job {

@@ -18,7 +18,8 @@ use crate::device::stats::DeviceStats;
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::iter::{LoaderIter, Marker};
-use crate::loader::{DataLoader, lock};
+use crate::loader::DataLoader;
+use crate::sync::lock;
 
 /// What the lanes of a stage share with the [`DeviceLoader`] between epochs.
 pub(crate) struct Shared<S> {
