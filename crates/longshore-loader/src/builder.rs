@@ -16,8 +16,8 @@ use crate::config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicP
 use crate::error::LoaderError;
 use crate::fetch::{ItemFetch, IterableFetch, MapFetch};
 use crate::loader::DataLoader;
-use crate::shared::{Parts, SamplerSource};
 use crate::placement::{Placement, WorkerPriority};
+use crate::shared::{Parts, SamplerSource};
 use crate::worker::WorkerInit;
 
 fn random_seed() -> u64 {

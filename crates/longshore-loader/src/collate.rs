@@ -4,7 +4,6 @@
 
 use longshore_data::{Collate, Dataset, DatasetCollate, FetchCollate, IterableDataset};
 
-
 /// Marks a builder's dataset as iterable (what `DataLoader::iterable` gives the builder).
 #[derive(Debug)]
 pub struct IterableSource<D>(pub(crate) D);

@@ -14,12 +14,12 @@ use crate::config::{LoaderConfig, WorkerPanicPolicy};
 use crate::engine::{Engine, Outcome, Reply, Task, guarded, rank};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
-use crate::shared::{Inner, Parked};
-use crate::sync::lock;
 use crate::next_epoch::{Ahead, AheadKey, Batches, ReplyCounts, Slot, SlotState, settle};
 use crate::prepare::Prepared;
+use crate::shared::{Inner, Parked};
 use crate::state::Progress;
 use crate::stats::LoaderStats;
+use crate::sync::lock;
 use crate::worker::{worker_body, worker_seed};
 
 mod ahead;

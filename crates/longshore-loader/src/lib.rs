@@ -95,9 +95,9 @@ mod prepare;
 mod shared;
 mod state;
 mod stats;
-mod sync;
 #[cfg(feature = "stream")]
 mod stream;
+mod sync;
 mod tuner;
 mod worker;
 

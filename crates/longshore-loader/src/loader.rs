@@ -4,28 +4,21 @@
 
 use std::fmt;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
-use longshore_data::{
-    BatchSampler, BatchSampling, DirectCollate, FetchCollate, RandomSampler, SequentialSampler,
-    StackCollate,
-};
+use longshore_data::{DirectCollate, FetchCollate, StackCollate};
 use longshore_host::PinnedPool;
 use longshore_transfer::GpuTopology;
 
 use crate::config::{LoaderConfig, LoaderWarning};
-use crate::engine::Engine;
 use crate::error::LoaderError;
 use crate::fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
 use crate::iter::LoaderIter;
-use crate::shared::{Inner, Parts, PlacementState, Plan};
-use crate::sync::lock;
-use crate::next_epoch::Ahead;
 use crate::placement::{Placement, ThreadSetup, WorkerPlacement, resolve};
-use crate::prepare::Prepared;
+use crate::shared::{Inner, Parts, PlacementState, Plan, SamplerSource};
 use crate::state::{LoaderState, Progress};
 use crate::stats::LoaderStats;
-use crate::worker::WorkerInit;
+use crate::sync::lock;
 
 /// A multi-worker data loader with PyTorch's options: `for batch in &loader`.
 ///

@@ -20,7 +20,6 @@
 //! The placement lock ([`Inner::placement`]) is taken alone, after reading the options under
 //! `plan` and releasing it.
 
-
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
@@ -35,10 +34,9 @@ use crate::fetch::Fetch;
 use crate::next_epoch::Ahead;
 use crate::placement::{ThreadSetup, WorkerPlacement};
 use crate::prepare::Prepared;
-use crate::state::{LoaderState, Progress};
+use crate::state::Progress;
 use crate::stats::LoaderStats;
 use crate::worker::WorkerInit;
-
 
 /// Where a loader's batches of indices come from.
 pub(crate) enum SamplerSource {
@@ -93,7 +91,7 @@ impl SamplerSource {
         }
     }
 
-    fn len(&mut self) -> Option<usize> {
+    pub(crate) fn len(&mut self) -> Option<usize> {
         self.get().map(|s| s.len())
     }
 
@@ -159,12 +157,12 @@ pub(crate) struct Inner<F: Fetch> {
 /// The GPU the loader places its workers for, and the settled placement.
 #[derive(Debug)]
 pub(crate) struct PlacementState {
-    topology: Option<GpuTopology>,
+    pub(crate) topology: Option<GpuTopology>,
     /// Given by the user (builder or [`DataLoader::set_gpu_topology`]): `to_device` keeps it.
-    explicit: bool,
+    pub(crate) explicit: bool,
     /// The pool was made by the loader, so the loader may choose its NUMA node.
-    own_pool: bool,
-    resolved: WorkerPlacement,
+    pub(crate) own_pool: bool,
+    pub(crate) resolved: WorkerPlacement,
 }
 
 /// What a builder hands to [`DataLoader::from_parts`].
@@ -177,4 +175,3 @@ pub(crate) struct Parts<F> {
     pub(crate) topology: Option<GpuTopology>,
     pub(crate) own_pool: bool,
 }
-
