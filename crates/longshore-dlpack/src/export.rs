@@ -167,7 +167,7 @@ pub fn export_device(
     export_layout(layout, &src)
 }
 
-/// Exports every tensor of a loader's [`DeviceBatch`] (whatever stage made it: an upload,
+/// Exports every tensor of a loader's [`DeviceBatch`](longshore_loader::DeviceBatch) (whatever stage made it: an upload,
 /// nvJPEG, your own), in the batch's tensor order, each ready after the batch's event; each
 /// device buffer is freed when the last tensor in it is released.
 ///
