@@ -127,6 +127,12 @@ impl Fence for Event {
         Event::is_complete(self)
     }
 
+    /// Woken on completion (the Cpu backend's stream thread, CUDA's event watcher), not by
+    /// polling: what the pinned pool's reaper waits on before it hands a block to a waiter.
+    fn wait_timeout(&self, timeout: Duration) -> bool {
+        Event::wait_timeout(self, timeout)
+    }
+
     fn wait(&self) {
         if let Err(e) = self.synchronize() {
             tracing::error!(target: "longshore::transfer", error = %e, "waiting on an event failed; the device is broken");

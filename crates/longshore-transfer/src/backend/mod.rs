@@ -331,8 +331,31 @@ impl EventImpl {
     pub(crate) fn wait_timeout(&self, timeout: Duration) -> bool {
         match self {
             Self::Cpu(e) => e.wait_timeout(timeout),
+            // Woken by the event watcher (which queries every 5-100 us while events are
+            // awaited) instead of polling here: a waiter on a CUDA fence (the pool's reaper)
+            // learns of the completion as soon as the watcher does.
             #[cfg(feature = "cuda")]
-            Self::Cuda(e) => Fence::wait_timeout(&**e, timeout),
+            Self::Cuda(e) => {
+                if e.is_complete() {
+                    return true;
+                }
+                let signal = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+                let theirs = signal.clone();
+                cuda::on_complete(
+                    e,
+                    Box::new(move || {
+                        let (done, cv) = &*theirs;
+                        *done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                        cv.notify_all();
+                    }),
+                );
+                let (done, cv) = &*signal;
+                let guard = done.lock().unwrap_or_else(|p| p.into_inner());
+                let (guard, _) = cv
+                    .wait_timeout_while(guard, timeout, |done| !*done)
+                    .unwrap_or_else(|p| p.into_inner());
+                *guard
+            }
         }
     }
 
