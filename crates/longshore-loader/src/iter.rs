@@ -334,17 +334,7 @@ impl<F: Fetch> LoaderIter<F> {
                     .min_by_key(|&w| (self.outstanding[w], (w + n - self.rr % n) % n))
                     .unwrap_or(0)
             };
-            engine.send(
-                w,
-                Task {
-                    generation: self.generation,
-                    epoch: self.epoch,
-                    lineage: self.lineage,
-                    seq,
-                    indices,
-                    rank: rank(self.epoch, seq),
-                },
-            )?;
+            engine.send(w, self.task(seq, indices))?;
             self.outstanding[w] += 1;
             self.in_flight += 1;
             self.slots.push_back(Slot {
@@ -647,6 +637,19 @@ impl<F: Fetch> LoaderIter<F> {
     /// The epoch this iterator runs.
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The task that loads batch `seq` (its sample `indices`) in this epoch's generation,
+    /// ranked by its place in the delivery order.
+    pub(crate) fn task(&self, seq: u64, indices: Vec<usize>) -> Task {
+        Task {
+            generation: self.generation,
+            epoch: self.epoch,
+            lineage: self.lineage,
+            seq,
+            indices,
+            rank: rank(self.epoch, seq),
+        }
     }
 
     /// The position of the item `next` yielded last, and whether it counts as delivered.

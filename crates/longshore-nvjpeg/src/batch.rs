@@ -114,6 +114,16 @@ impl NvjpegStats {
     }
 }
 
+/// The lanes of a device stage, added up: `on_gpu.lanes_kept(|l| l.iter().map(|d| d.stats()).sum())`.
+impl std::iter::Sum for NvjpegStats {
+    fn sum<I: Iterator<Item = NvjpegStats>>(iter: I) -> NvjpegStats {
+        iter.fold(NvjpegStats::default(), |mut total, s| {
+            total += &s;
+            total
+        })
+    }
+}
+
 /// Counts and times add up (the lanes of a parallel device stage, several epochs).
 impl std::ops::AddAssign<&NvjpegStats> for NvjpegStats {
     fn add_assign(&mut self, other: &NvjpegStats) {

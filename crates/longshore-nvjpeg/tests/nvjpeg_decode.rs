@@ -438,11 +438,7 @@ fn lanes_yield_what_one_thread_yields() {
             out.push((b.indices().to_vec(), b.host_labels().to_vec(), px));
         }
         let stats = on_gpu
-            .lanes_kept(|l| {
-                let mut sum = NvjpegStats::default();
-                l.iter().for_each(|d| sum += &d.stats());
-                sum
-            })
+            .lanes_kept(|l| l.iter().map(|d| d.stats()).sum::<NvjpegStats>())
             .unwrap();
         let counted = stats.hardware + stats.default_backend + stats.cpu_fallback + stats.worker;
         assert_eq!(counted as usize, data.folder().samples().len(), "{stats:?}");
@@ -490,11 +486,7 @@ fn lanes_are_kept_across_epochs() {
         }
         assert_eq!(on_gpu.lanes_kept(|l| l.len()), Some(2), "epoch {epoch}");
         let s = on_gpu
-            .lanes_kept(|l| {
-                let mut sum = NvjpegStats::default();
-                l.iter().for_each(|d| sum += &d.stats());
-                sum
-            })
+            .lanes_kept(|l| l.iter().map(|d| d.stats()).sum::<NvjpegStats>())
             .unwrap();
         let counted = s.hardware + s.default_backend + s.cpu_fallback + s.worker;
         assert_eq!(counted as usize, epoch as usize * n, "{s:?}");

@@ -306,11 +306,7 @@ fn steady_nvjpeg(
         })
     };
     let stats = on_gpu
-        .lanes_kept(|l| {
-            let mut sum = NvjpegStats::default();
-            l.iter().for_each(|d| sum += &d.stats());
-            sum
-        })
+        .lanes_kept(|l| l.iter().map(|d| d.stats()).sum::<NvjpegStats>())
         .unwrap_or_default();
     let delivery = on_gpu.stats();
     let mut run = run_json(

@@ -136,17 +136,8 @@ impl<F: Fetch> LoaderIter<F> {
         let indices = std::mem::take(&mut slot.indices);
         slot.worker = w;
         self.ready -= 1;
-        engine.send(
-            w,
-            Task {
-                generation: self.generation,
-                epoch: self.epoch,
-                lineage: self.lineage,
-                seq,
-                indices,
-                rank: rank(self.epoch, seq),
-            },
-        )?;
+        let task = self.task(seq, indices);
+        engine.send(w, task)?;
         // The batch was already counted in `in_flight` (it is sent and not yielded).
         self.outstanding[w] += 1;
         self.pending.reloaded += 1;
