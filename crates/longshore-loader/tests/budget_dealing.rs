@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::watchdog;
+use std::sync::Mutex;
+
+use common::{watchdog, watchdog_with};
 use longshore_data::{DataError, Dataset};
 use longshore_host::{BudgetPolicy, CpuFence, MemoryKind, PinnedPool, PoolConfig};
 use longshore_loader::{DataLoader, LoaderWarning};
@@ -75,6 +77,35 @@ fn device() -> (mpsc::Sender<Arc<CpuFence>>, std::thread::JoinHandle<()>) {
     (tx, handle)
 }
 
+/// What the running case is doing, for the failure message of a hang: its pool, its loader's
+/// stats and where the consumer is.
+struct Watched {
+    pool: PinnedPool,
+    loader: Box<dyn Fn() -> longshore_loader::LoaderStats + Send>,
+    at: String,
+}
+
+static WATCHED: Mutex<Option<Watched>> = Mutex::new(None);
+
+fn at(place: String) {
+    if let Some(w) = WATCHED.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        w.at = place;
+    }
+}
+
+/// The state of the case that hung.
+fn diagnose() -> String {
+    match WATCHED.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        Some(w) => format!(
+            "\nconsumer: {}\npool: {:?}\nloader: {:?}",
+            w.at,
+            w.pool.stats(),
+            (w.loader)()
+        ),
+        None => String::new(),
+    }
+}
+
 fn run(blocks: usize, workers: usize, prefetch: usize, in_order: bool) {
     let block = block_bytes();
     let budget = blocks * block;
@@ -97,6 +128,12 @@ fn run(blocks: usize, workers: usize, prefetch: usize, in_order: bool) {
         .pool(pool.clone())
         .build()
         .unwrap();
+    let stats = l.clone();
+    *WATCHED.lock().unwrap_or_else(|p| p.into_inner()) = Some(Watched {
+        pool: pool.clone(),
+        loader: Box::new(move || stats.stats()),
+        at: "started".into(),
+    });
     let (fences, dev) = device();
     // The consumer keeps the batch it has while it asks for the next one (as a training loop
     // does), except with a single block, where that would hoard the whole budget.
@@ -106,6 +143,10 @@ fn run(blocks: usize, workers: usize, prefetch: usize, in_order: bool) {
         let mut held = None;
         let mut it = l.iter();
         loop {
+            at(format!(
+                "epoch {epoch}: waiting for batch {} ({blocks} blocks, {workers} workers, prefetch {prefetch}, in order {in_order})",
+                seen.len() / BATCH
+            ));
             let next = it.next();
             drop(held.take());
             let Some(r) = next else { break };
@@ -140,9 +181,12 @@ fn run(blocks: usize, workers: usize, prefetch: usize, in_order: bool) {
             "epoch {epoch}: every sample once"
         );
     }
+    at("dropping the loader".into());
     drop(l);
     drop(fences);
+    at("joining the device thread".into());
     dev.join().unwrap();
+    at("checking".into());
     let s = pool.stats();
     assert!(
         s.peak_bytes_held <= budget,
@@ -175,7 +219,7 @@ proptest! {
         prefetch in 1usize..=4,
         in_order in any::<bool>(),
     ) {
-        watchdog(60, "budget dealing", move || run(blocks, workers, prefetch, in_order));
+        watchdog_with(60, "budget dealing", move || run(blocks, workers, prefetch, in_order), diagnose);
     }
 }
 

@@ -89,6 +89,17 @@ pub fn watchdog<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> T {
+    watchdog_with(secs, what, f, String::new)
+}
+
+/// [`watchdog`], adding `diag()` (the state of what hung: a pool's counters, a loader's stats)
+/// to the failure.
+pub fn watchdog_with<T: Send + 'static>(
+    secs: u64,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+    diag: impl FnOnce() -> String,
+) -> T {
     // Under Miri everything runs some hundred times slower: the bound is for hangs, not speed.
     let secs = if cfg!(miri) { secs * 30 } else { secs };
     let (tx, rx) = std::sync::mpsc::channel();
@@ -106,7 +117,7 @@ pub fn watchdog<T: Send + 'static>(
             Err(p) => std::panic::resume_unwind(p),
         },
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what}: still running after {secs} s (hang)")
+            panic!("{what}: still running after {secs} s (hang){}", diag())
         }
     }
 }
