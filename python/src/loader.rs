@@ -8,8 +8,8 @@ use longshore::data::Batch;
 use longshore::dlpack::{ExportOptions, PinnedLabel};
 use longshore::host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
 use longshore::loader::{
-    DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderState, LoaderStats,
-    WorkerPriority,
+    DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderOptions, LoaderState,
+    LoaderStats, WorkerPriority,
 };
 use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -108,46 +108,18 @@ fn choice<T>(name: &str, value: &str, options: [(&str, T); 2]) -> PyResult<T> {
         .ok_or_else(|| PyValueError::new_err(message))
 }
 
-/// The loader's options, as PyTorch names them.
+/// The loader's options (PyTorch's, as the loader takes them) and the pool to lease from.
 pub(crate) struct Options {
-    batch_size: usize,
-    shuffle: bool,
-    num_workers: usize,
-    pin_memory: bool,
-    drop_last: bool,
-    prefetch_factor: Option<usize>,
-    persistent_workers: bool,
-    timeout: Option<Duration>,
-    seed: Option<u64>,
+    loader: LoaderOptions,
     pool: Option<PinnedPool>,
-    worker_priority: WorkerPriority,
 }
 
-pub(crate) fn configure<D, C>(
-    mut b: DataLoaderBuilder<D, C>,
-    o: Options,
-) -> DataLoaderBuilder<D, C> {
-    b = b
-        .batch_size(o.batch_size)
-        .shuffle(o.shuffle)
-        .num_workers(o.num_workers)
-        .pin_memory(o.pin_memory)
-        .drop_last(o.drop_last)
-        .persistent_workers(o.persistent_workers)
-        .worker_priority(o.worker_priority);
-    if let Some(p) = o.prefetch_factor {
-        b = b.prefetch_factor(p);
+pub(crate) fn configure<D, C>(b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuilder<D, C> {
+    let b = b.options(&o.loader);
+    match o.pool {
+        Some(p) => b.pool(p),
+        None => b,
     }
-    if let Some(t) = o.timeout {
-        b = b.timeout(t);
-    }
-    if let Some(s) = o.seed {
-        b = b.seed(s);
-    }
-    if let Some(p) = o.pool {
-        b = b.pool(p);
-    }
-    b
 }
 
 fn build(source: Source, o: Options) -> Result<Arc<dyn AnyLoader>, LoaderError> {
@@ -368,17 +340,19 @@ impl PyLoader {
                 .map_err(transfer_err)?,
         };
         let options = Options {
-            batch_size,
-            shuffle,
-            num_workers,
-            pin_memory: pin_memory || cuda,
-            drop_last,
-            prefetch_factor,
-            persistent_workers,
-            timeout,
-            seed,
+            loader: LoaderOptions {
+                batch_size,
+                shuffle,
+                num_workers,
+                pin_memory: pin_memory || cuda,
+                drop_last,
+                prefetch_factor,
+                persistent_workers,
+                timeout,
+                seed,
+                worker_priority,
+            },
             pool: pool.map(|p| p.pool.clone()),
-            worker_priority,
         };
         let inner = py
             .detach(|| match (nvjpeg_files, device.as_ref()) {

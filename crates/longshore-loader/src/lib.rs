@@ -73,7 +73,7 @@
 //   fetch, worker
 //   shared (what a loader's clones and iterators share)
 //   iter (an epoch), collate
-//   loader (DataLoader), builder
+//   loader (DataLoader), builder, options
 //   device (DeviceStage, DeviceLoader), stream, tuner, dist
 
 mod builder;
@@ -90,6 +90,7 @@ mod fetch;
 mod iter;
 mod loader;
 mod next_epoch;
+mod options;
 mod placement;
 mod prepare;
 mod shared;
@@ -114,6 +115,7 @@ pub use iter::LoaderIter;
 pub use loader::{
     DataLoader, DirectLoader, IterableLoader, MapLoader, StackLoader, UnbatchedLoader,
 };
+pub use options::LoaderOptions;
 pub use placement::{BACKGROUND_NICE, Placement, WorkerPlacement, WorkerPriority};
 pub use state::LoaderState;
 pub use stats::LoaderStats;
