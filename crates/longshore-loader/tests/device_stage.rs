@@ -229,7 +229,12 @@ fn the_stage_and_its_lanes_are_kept_across_epochs() {
 
 #[test]
 fn a_second_epoch_while_one_runs_is_an_error_and_the_first_goes_on() {
-    let l = loader(16, 4, 1, false);
+    let l = DataLoader::builder(Probe::new(16))
+        .batch_size(4)
+        .num_workers(1)
+        .shutdown_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
     let on_device = l.with_stage(Upload::new(&Device::cpu()).unwrap());
     let mut first = on_device.iter().unwrap();
     assert!(first.next().unwrap().is_ok());
@@ -238,6 +243,30 @@ fn a_second_epoch_while_one_runs_is_an_error_and_the_first_goes_on() {
     assert_eq!(first.count(), 3);
     // Dropped: the stage is back.
     assert_eq!(on_device.iter().unwrap().count(), 4);
+}
+
+/// An epoch dropped on another thread (a binding's epoch thread after a `break`) gives the
+/// stage back; the next epoch, started meanwhile, waits for it instead of failing.
+#[test]
+fn the_next_epoch_waits_for_an_epoch_ending_on_another_thread() {
+    let l = loader(64, 4, 2, false);
+    let on_device = Arc::new(
+        l.with_stage(Delaying::new(Duration::from_micros(200), 100))
+            .lanes(2),
+    );
+    let mut first = on_device.iter().unwrap();
+    assert!(first.next().unwrap().is_ok());
+    let ender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        drop(first);
+    });
+    let second: usize = on_device
+        .iter()
+        .unwrap()
+        .map(|b| b.unwrap().batch_size())
+        .sum();
+    ender.join().unwrap();
+    assert_eq!(second, 64);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use longshore_data::Batch;
@@ -27,6 +27,8 @@ pub(crate) struct Shared<S> {
     /// user gave, the others were made by its [`DeviceStage::lane`] and are kept with their
     /// state for the next epoch.
     lanes: Mutex<Option<Vec<S>>>,
+    /// Signalled when an epoch gives the lanes back.
+    returned: Condvar,
     stats: Mutex<DeviceStats>,
 }
 
@@ -65,6 +67,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>> DataLoader<F> {
             loader: self.clone(),
             shared: Arc::new(Shared {
                 lanes: Mutex::new(Some(vec![stage])),
+                returned: Condvar::new(),
                 stats: Mutex::new(DeviceStats::default()),
             }),
             depth: 2,
@@ -151,16 +154,28 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceLoader<F, S> {
 
     /// Iterates one epoch.
     ///
+    /// An epoch still ending (its iterator dropped on another thread, as a binding's epoch
+    /// thread does after a `break`) gives the stage back first: this waits for it, up to the
+    /// loader's `shutdown_timeout`.
+    ///
     /// # Errors
-    /// [`LoaderError::State`] while another epoch of this device loader still runs (drop its
-    /// iterator first) or when every lane was lost to a panic in an earlier epoch;
-    /// the stage's errors making a lane.
+    /// [`LoaderError::State`] while another epoch of this device loader still runs past that
+    /// wait (drop its iterator first) or when every lane was lost to a panic in an earlier
+    /// epoch; the stage's errors making a lane.
     pub fn iter(&self) -> Result<DeviceIter<F, S>, LoaderError> {
-        let mut lanes = lock(&self.shared.lanes).take().ok_or_else(|| {
-            LoaderError::State(
-                "an epoch of this device loader is still running: drop its iterator first".into(),
-            )
+        let wait = self.loader.config().shutdown_timeout;
+        let home = lock(&self.shared.lanes);
+        let (mut home, _) = self
+            .shared
+            .returned
+            .wait_timeout_while(home, wait, |l| l.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        let mut lanes = home.take().ok_or_else(|| {
+            LoaderError::State(format!(
+                "an epoch of this device loader is still running after {wait:?}: drop its iterator first"
+            ))
         })?;
+        drop(home);
         let Some(first) = lanes.first() else {
             return Err(LoaderError::State(
                 "the device stage was lost to a panic in an earlier epoch".into(),
@@ -507,6 +522,8 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceIter<F, S> {
             Some(l) => l.append(&mut lanes),
             None => *home = Some(lanes),
         }
+        drop(home);
+        self.shared.returned.notify_all();
     }
 }
 
