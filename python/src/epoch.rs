@@ -322,7 +322,7 @@ fn pump(
                 {
                     match up.upload(b, |e| e.synchronize()) {
                         Ok(p) => Reply::Batch(Box::new(Handoff::Device(p))),
-                        Err(e) => Reply::Failed(e.into()),
+                        Err(e) => Reply::Failed(e),
                     }
                 }
                 (Some(Ok(h)), _) => Reply::Batch(Box::new(h)),

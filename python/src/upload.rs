@@ -10,23 +10,24 @@
 //! pump as soon as it is collated: its copy takes long enough that enqueuing it early, ahead
 //! of Python's request, is what overlaps it with the training step.
 //!
-//! Both sides enqueue on one copy stream and bound the copies in flight as
-//! longshore-transfer's `Prefetcher` does.
+//! Both sides enqueue through the loader's `Upload` stage on one copy stream, and bound the
+//! copies in flight as the loader's device pipeline does.
 
 use std::collections::VecDeque;
 
 use longshore::data::Batch;
 use longshore::host::PoolBuffer;
-use longshore::loader::DeviceBatch;
-use longshore::transfer::{Event, Stream, TransferError, upload_new};
+use longshore::loader::{DeviceBatch, DeviceStage, LoaderError, Upload};
+use longshore::transfer::{Event, Stream, TransferError};
 
 /// Copies one side may have enqueued and not seen complete before it waits for the oldest
-/// (the `Prefetcher`'s bound for a depth of 2).
+/// (the device pipeline's bound for a depth of 2).
 pub(crate) const MAX_COPIES: usize = 8;
 
-/// Enqueues host batches' copies on a copy stream, at most [`MAX_COPIES`] in flight.
+/// Enqueues host batches' copies through the loader's [`Upload`] stage on a shared copy
+/// stream, at most [`MAX_COPIES`] in flight.
 pub(crate) struct Uploader {
-    stream: Stream,
+    upload: Upload,
     /// Completion events of this side's copies that may still run, oldest first.
     copies: VecDeque<Event>,
 }
@@ -34,7 +35,7 @@ pub(crate) struct Uploader {
 impl Uploader {
     pub(crate) fn new(stream: Stream) -> Self {
         Self {
-            stream,
+            upload: Upload::on_stream(stream),
             copies: VecDeque::with_capacity(MAX_COPIES),
         }
     }
@@ -46,7 +47,7 @@ impl Uploader {
         &mut self,
         batch: Batch<PoolBuffer>,
         wait: impl FnOnce(Event) -> Result<(), TransferError>,
-    ) -> Result<DeviceBatch, TransferError> {
+    ) -> Result<DeviceBatch, LoaderError> {
         while self.copies.len() >= MAX_COPIES {
             let Some(oldest) = self.copies.pop_front() else {
                 break;
@@ -56,11 +57,11 @@ impl Uploader {
                 break;
             }
         }
-        let (layout, host) = batch.into_parts();
-        // The lease returns to its pool once the copy has completed.
-        let storage = upload_new(&self.stream, host)?;
-        let ready = self.stream.record()?;
-        self.copies.push_back(ready.clone());
-        Ok(DeviceBatch::new(layout, storage, ready))
+        let batch = self
+            .upload
+            .run(0, batch)?
+            .ok_or_else(|| LoaderError::State("the upload stage dropped a batch".into()))?;
+        self.copies.push_back(batch.ready().clone());
+        Ok(batch)
     }
 }

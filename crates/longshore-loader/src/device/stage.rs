@@ -136,6 +136,15 @@ impl Upload {
         })
     }
 
+    /// An upload stage on an existing copy stream (its device's), for several callers that
+    /// enqueue their copies on one stream in order.
+    pub fn on_stream(stream: Stream) -> Upload {
+        Upload {
+            device: stream.device().clone(),
+            stream,
+        }
+    }
+
     /// The copy stream.
     pub fn stream(&self) -> &Stream {
         &self.stream
