@@ -39,7 +39,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::errors::{LoaderFailure, dlpack_err, loader_err};
-use crate::loader::{AnyLoader, Epoch, Handoff};
+use crate::loader::{Epoch, Handoff, Loader};
 use crate::tensor::PyTensor;
 use crate::torch::PyTorchConverter;
 use crate::upload::Uploader;
@@ -297,7 +297,7 @@ fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackE
 /// after it; the queue's bound makes the pump wait for Python.
 fn pump(
     mut epoch: Epoch,
-    loader: Arc<dyn AnyLoader>,
+    loader: Arc<Loader>,
     out: Sender<Ready>,
     room: Arc<Room>,
     timings: Option<Arc<Timings>>,
@@ -346,7 +346,7 @@ fn pump(
         // Only this thread advances the epoch, so the position read now is the one right
         // after this reply.
         let start = now();
-        let state = loader.state_dict().ok();
+        let state = loader.loader().state_dict().ok();
         lap(t, |t| &t.state, start);
         let end = matches!(reply, Reply::End);
         let (start, cpu) = (now(), t.map(|_| thread_cpu_ns()));
@@ -462,7 +462,7 @@ impl PyEpoch {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         epoch: Epoch,
-        loader: Arc<dyn AnyLoader>,
+        loader: Arc<Loader>,
         opts: ExportOptions,
         position: Arc<Position>,
         id: u64,

@@ -8,9 +8,10 @@ use longshore::data::Batch;
 use longshore::dlpack::{ExportOptions, PinnedLabel};
 use longshore::host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
 use longshore::loader::{
-    DataLoader, DataLoaderBuilder, DeviceBatch, Fetch, LoaderError, LoaderOptions, LoaderState,
-    LoaderStats, WorkerPriority,
+    BoxedFetch, BoxedLoader, DataLoader, DataLoaderBuilder, DeviceBatch, DeviceLoader, LoaderError,
+    LoaderOptions, LoaderState, WorkerPriority,
 };
+use longshore::nvjpeg::NvjpegDecoder;
 use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -34,59 +35,54 @@ pub(crate) enum Handoff {
 
 pub(crate) type Epoch = Box<dyn Iterator<Item = Result<Handoff, LoaderError>> + Send>;
 
-/// A loader of any dataset type, as the binding drives it.
-pub(crate) trait AnyLoader: Send + Sync {
-    /// An epoch's batches; with a device, `staged` asks for host batches ([`Handoff::Staged`])
-    /// where the loader can leave the copies to its caller, else prefetched device batches.
-    fn epoch(
-        &self,
-        device: Option<&Device>,
-        depth: usize,
-        staged: bool,
-    ) -> Result<Epoch, LoaderError>;
-    fn len(&self) -> Option<usize>;
-    fn set_epoch(&self, epoch: u64);
-    fn state_dict(&self) -> Result<LoaderState, LoaderError>;
-    fn load_state_dict(&self, state: &LoaderState) -> Result<(), LoaderError>;
-    fn stats(&self) -> LoaderStats;
-    fn reset_stats(&self);
+/// The loader behind `longshore.DataLoader`: a [`BoxedLoader`] (the loader's own type
+/// erasure) of any built-in dataset, or with nvJPEG as its device stage.
+pub(crate) enum Loader {
+    /// Host batches, or batches copied to a device by the loader's `Upload` stage.
+    Host(BoxedLoader),
+    /// Encoded images decoded on the GPU: the decoder is made when the loader is built (a
+    /// missing libnvjpeg is an error then, not at the first batch) and kept, with its nvJPEG
+    /// states, across epochs.
+    Nvjpeg(DeviceLoader<BoxedFetch<Batch<PoolBuffer>>, NvjpegDecoder>),
 }
 
-impl<F: Fetch<Output = Batch<PoolBuffer>>> AnyLoader for DataLoader<F> {
-    fn epoch(
+impl Loader {
+    /// The host loader (its options, position, stats).
+    pub(crate) fn loader(&self) -> &BoxedLoader {
+        match self {
+            Loader::Host(l) => l,
+            Loader::Nvjpeg(d) => d.loader(),
+        }
+    }
+
+    /// An epoch's batches; with a device, `staged` asks for host batches ([`Handoff::Staged`])
+    /// where the loader can leave the copies to its caller, else device batches made by the
+    /// loader's device pipeline, `depth` in flight (nvJPEG's depth is set when it is built).
+    pub(crate) fn epoch(
         &self,
         device: Option<&Device>,
         depth: usize,
         staged: bool,
     ) -> Result<Epoch, LoaderError> {
-        Ok(match device {
-            None => Box::new(self.iter().map(|r| r.map(Handoff::Host))),
-            Some(d) if staged => {
+        Ok(match (self, device) {
+            (Loader::Nvjpeg(d), Some(_)) => Box::new(d.iter()?.map(|r| r.map(Handoff::Device))),
+            (Loader::Nvjpeg(_), None) => {
+                return Err(LoaderError::Config {
+                    option: "decode",
+                    reason: "decode=\"nvjpeg\" decodes on a GPU: it needs device=\"cuda\"".into(),
+                });
+            }
+            (Loader::Host(l), None) => Box::new(l.iter().map(|r| r.map(Handoff::Host))),
+            (Loader::Host(l), Some(d)) if staged => {
                 // What `to_device` does before its first batch: the workers move to the
                 // device's CPUs and the pool to its NUMA node.
-                self.place_for(d);
-                Box::new(self.iter().map(|r| r.map(Handoff::Staged)))
+                l.place_for(d);
+                Box::new(l.iter().map(|r| r.map(Handoff::Staged)))
             }
-            Some(d) => Box::new(self.to_device(d, depth)?.map(|r| r.map(Handoff::Device))),
+            (Loader::Host(l), Some(d)) => {
+                Box::new(l.to_device(d, depth)?.map(|r| r.map(Handoff::Device)))
+            }
         })
-    }
-    fn len(&self) -> Option<usize> {
-        DataLoader::len(self)
-    }
-    fn set_epoch(&self, epoch: u64) {
-        DataLoader::set_epoch(self, epoch)
-    }
-    fn state_dict(&self) -> Result<LoaderState, LoaderError> {
-        DataLoader::state_dict(self)
-    }
-    fn load_state_dict(&self, state: &LoaderState) -> Result<(), LoaderError> {
-        DataLoader::load_state_dict(self, state)
-    }
-    fn stats(&self) -> LoaderStats {
-        DataLoader::stats(self)
-    }
-    fn reset_stats(&self) {
-        DataLoader::reset_stats(self)
     }
 }
 
@@ -122,10 +118,10 @@ pub(crate) fn configure<D, C>(b: DataLoaderBuilder<D, C>, o: Options) -> DataLoa
     }
 }
 
-fn build(source: Source, o: Options) -> Result<Arc<dyn AnyLoader>, LoaderError> {
+fn build(source: Source, o: Options) -> Result<Loader, LoaderError> {
     let Source { dataset, collate } = source;
-    Ok(Arc::new(
-        configure(DataLoader::builder(dataset).collate(collate), o).build()?,
+    Ok(Loader::Host(
+        configure(DataLoader::builder(dataset).collate(collate), o).build_boxed()?,
     ))
 }
 
@@ -204,7 +200,7 @@ fn pool_dict<'py>(py: Python<'py>, s: &PoolStats) -> PyResult<Bound<'py, PyDict>
 /// The Rust side of `longshore.DataLoader` (the Python class converts tensors).
 #[pyclass(name = "_Loader", module = "longshore", frozen)]
 pub(crate) struct PyLoader {
-    inner: Arc<dyn AnyLoader>,
+    inner: Arc<Loader>,
     device: Option<Device>,
     depth: usize,
     single: bool,
@@ -361,7 +357,7 @@ impl PyLoader {
             })
             .map_err(loader_err)?;
         Ok(Self {
-            inner,
+            inner: Arc::new(inner),
             device,
             // Batches in flight to the device: enough to overlap one copy with one step.
             depth: 2,
@@ -396,7 +392,7 @@ impl PyLoader {
                     (Some(d), true) => Some(d.new_stream()?),
                     _ => None,
                 };
-                let id = self.position.begin(self.inner.state_dict().ok());
+                let id = self.position.begin(self.inner.loader().state_dict().ok());
                 Ok::<_, LoaderError>((epoch, copies, id))
             })
             .map_err(loader_err)?;
@@ -422,6 +418,7 @@ impl PyLoader {
 
     fn __len__(&self) -> PyResult<usize> {
         self.inner
+            .loader()
             .len()
             .ok_or_else(|| PyRuntimeError::new_err("this loader has no length"))
     }
@@ -433,7 +430,7 @@ impl PyLoader {
         if self.position.get().is_some_and(|s| s.epoch + 1 != epoch) {
             self.position.clear();
         }
-        self.inner.set_epoch(epoch)
+        self.inner.loader().set_epoch(epoch)
     }
 
     /// The resumable position, as JSON: while an epoch is under way, the batches Python has
@@ -441,7 +438,7 @@ impl PyLoader {
     fn state_dict_json(&self) -> PyResult<String> {
         let s = match self.position.get() {
             Some(s) => s,
-            None => self.inner.state_dict().map_err(loader_err)?,
+            None => self.inner.loader().state_dict().map_err(loader_err)?,
         };
         serde_json::to_string(&s).map_err(|e| PyValueError::new_err(e.to_string()))
     }
@@ -451,14 +448,17 @@ impl PyLoader {
         let s: LoaderState = serde_json::from_str(json)
             .map_err(|e| PyValueError::new_err(format!("not a longshore loader state: {e}")))?;
         // A refused state changes nothing, Python's position included.
-        self.inner.load_state_dict(&s).map_err(loader_err)?;
+        self.inner
+            .loader()
+            .load_state_dict(&s)
+            .map_err(loader_err)?;
         self.position.clear();
         Ok(())
     }
 
     /// The loader's counters, with the pool's under `"pool"`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.stats();
+        let s = self.inner.loader().stats();
         let d = PyDict::new(py);
         d.set_item("batches", s.batches)?;
         d.set_item("samples", s.samples)?;
@@ -484,7 +484,7 @@ impl PyLoader {
     }
 
     fn reset_stats(&self) {
-        self.inner.reset_stats()
+        self.inner.loader().reset_stats()
     }
 
     /// For benchmarks: runs `epochs` whole epochs of this loader in Rust on the calling

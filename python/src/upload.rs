@@ -11,57 +11,47 @@
 //! of Python's request, is what overlaps it with the training step.
 //!
 //! Both sides enqueue through the loader's `Upload` stage on one copy stream, and bound the
-//! copies in flight as the loader's device pipeline does.
-
-use std::collections::VecDeque;
+//! copies in flight with the loader's own [`DeviceWindow`], as its device pipeline does.
 
 use longshore::data::Batch;
 use longshore::host::PoolBuffer;
-use longshore::loader::{DeviceBatch, DeviceStage, LoaderError, Upload};
+use longshore::loader::{DeviceBatch, DeviceStage, DeviceWindow, LoaderError, Upload};
 use longshore::transfer::{Event, Stream, TransferError};
 
-/// Copies one side may have enqueued and not seen complete before it waits for the oldest
-/// (the device pipeline's bound for a depth of 2).
-pub(crate) const MAX_COPIES: usize = 8;
+/// Batches in flight to the device per side: the window of the loader's device pipeline at
+/// the binding's depth.
+const DEPTH: usize = 2;
 
 /// Enqueues host batches' copies through the loader's [`Upload`] stage on a shared copy
-/// stream, at most [`MAX_COPIES`] in flight.
+/// stream, at most the window of a device pipeline of depth [`DEPTH`] in flight.
 pub(crate) struct Uploader {
     upload: Upload,
-    /// Completion events of this side's copies that may still run, oldest first.
-    copies: VecDeque<Event>,
+    /// This side's copies that may still run.
+    window: DeviceWindow,
 }
 
 impl Uploader {
     pub(crate) fn new(stream: Stream) -> Self {
         Self {
             upload: Upload::on_stream(stream),
-            copies: VecDeque::with_capacity(MAX_COPIES),
+            window: DeviceWindow::for_depth(DEPTH, 1),
         }
     }
 
     /// Enqueues `batch`'s copy; its page-locked lease returns to the pool once the copy has
-    /// completed. At the bound, the oldest copy is queried (copies complete in stream order)
-    /// and, if it still runs, `wait` is called with it first.
+    /// completed. With the window full, `wait` is called first with the oldest copy still
+    /// running (copies complete in stream order).
     pub(crate) fn upload(
         &mut self,
         batch: Batch<PoolBuffer>,
-        wait: impl FnOnce(Event) -> Result<(), TransferError>,
+        mut wait: impl FnMut(Event) -> Result<(), TransferError>,
     ) -> Result<DeviceBatch, LoaderError> {
-        while self.copies.len() >= MAX_COPIES {
-            let Some(oldest) = self.copies.pop_front() else {
-                break;
-            };
-            if !oldest.is_complete() {
-                wait(oldest)?;
-                break;
-            }
-        }
+        self.window.make_room(0, |e| wait(e.clone()))?;
         let batch = self
             .upload
             .run(0, batch)?
             .ok_or_else(|| LoaderError::State("the upload stage dropped a batch".into()))?;
-        self.copies.push_back(batch.ready().clone());
+        self.window.record(batch.ready().clone());
         Ok(batch)
     }
 }

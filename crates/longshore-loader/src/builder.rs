@@ -15,7 +15,7 @@ use crate::collate::{IntoCollate, IterableSource};
 use crate::config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
 use crate::error::LoaderError;
 use crate::fetch::{ItemFetch, IterableFetch, MapFetch};
-use crate::loader::DataLoader;
+use crate::loader::{BoxedLoader, DataLoader};
 use crate::placement::{Placement, WorkerPriority};
 use crate::shared::{Parts, SamplerSource};
 use crate::worker::WorkerInit;
@@ -460,7 +460,34 @@ where
     /// `shuffle(true)`, `drop_last(true)` and a `batch_size` other than 1; `sampler` excludes
     /// `shuffle`; `prefetch_factor` and `persistent_workers` need workers) and builds the
     /// loader.
-    pub fn build(mut self) -> Result<DataLoader<MapFetch<D, C>>, LoaderError> {
+    pub fn build(self) -> Result<DataLoader<MapFetch<D, C>>, LoaderError> {
+        Ok(DataLoader::from_parts(self.parts()?))
+    }
+
+    /// [`build`](Self::build), with the dataset's type erased: loaders of different datasets
+    /// (a training set and a validation set of other types, a dataset chosen at run time)
+    /// then share one type, [`BoxedLoader`]. Everything else is the same: options, workers,
+    /// [`to_device`](DataLoader::to_device), [`with_stage`](DataLoader::with_stage), resume.
+    ///
+    /// ```
+    /// use longshore_data::VecDataset;
+    /// use longshore_loader::{BoxedLoader, DataLoader};
+    ///
+    /// let train = DataLoader::builder(VecDataset::new(vec![([1.0f32; 4], 0i64); 64]))
+    ///     .batch_size(8)
+    ///     .build_boxed()?;
+    /// let val = DataLoader::builder(VecDataset::new(vec![([2u8; 4],); 16]))
+    ///     .batch_size(8)
+    ///     .build_boxed()?;
+    /// let loaders: Vec<BoxedLoader> = vec![train, val];
+    /// assert_eq!(loaders.iter().map(|l| l.iter().count()).sum::<usize>(), 10);
+    /// # Ok::<(), longshore_loader::LoaderError>(())
+    /// ```
+    pub fn build_boxed(self) -> Result<BoxedLoader, LoaderError> {
+        Ok(DataLoader::from_parts(self.parts()?.boxed()))
+    }
+
+    fn parts(mut self) -> Result<Parts<MapFetch<D, C>>, LoaderError> {
         let mut config = self.settle()?;
         let sampler = self.sampler_source(self.dataset.len(), config.seed)?;
         let pool = self.make_pool(&mut config)?;
@@ -470,7 +497,7 @@ where
             pool: pool.clone(),
             on_error: config.on_sample_error,
         };
-        Ok(DataLoader::from_parts(Parts {
+        Ok(Parts {
             fetch,
             config,
             sampler,
@@ -478,7 +505,7 @@ where
             worker_init: self.opts.worker_init,
             topology: self.opts.topology,
             own_pool: self.opts.own_pool,
-        }))
+        })
     }
 
     /// Builds a loader without automatic batching (PyTorch's `batch_size=None`): it yields the
@@ -570,7 +597,17 @@ where
 {
     /// Builds a loader over the iterable dataset. Samplers and `shuffle` are refused, as
     /// PyTorch refuses them for an `IterableDataset`.
-    pub fn build(mut self) -> Result<DataLoader<IterableFetch<D, C>>, LoaderError> {
+    pub fn build(self) -> Result<DataLoader<IterableFetch<D, C>>, LoaderError> {
+        Ok(DataLoader::from_parts(self.parts()?))
+    }
+
+    /// [`build`](Self::build), with the dataset's type erased: the loader has the same type,
+    /// [`BoxedLoader`], as a boxed loader of a map-style dataset.
+    pub fn build_boxed(self) -> Result<BoxedLoader, LoaderError> {
+        Ok(DataLoader::from_parts(self.parts()?.boxed()))
+    }
+
+    fn parts(mut self) -> Result<Parts<IterableFetch<D, C>>, LoaderError> {
         let refused = if self.opts.config.shuffle {
             Some("shuffle")
         } else if self.opts.sampler.is_some() {
@@ -598,7 +635,7 @@ where
             drop_last: config.drop_last,
             on_error: config.on_sample_error,
         };
-        Ok(DataLoader::from_parts(Parts {
+        Ok(Parts {
             fetch,
             config,
             sampler: SamplerSource::None,
@@ -606,6 +643,6 @@ where
             worker_init: self.opts.worker_init,
             topology: self.opts.topology,
             own_pool: self.opts.own_pool,
-        }))
+        })
     }
 }

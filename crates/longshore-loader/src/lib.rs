@@ -32,7 +32,8 @@
 //!   [`LoaderIter`]; [`LoaderConfig`] holds the options and what they became on this machine
 //!   ([`LoaderWarning`]s included).
 //! * [`StackLoader`], [`MapLoader`], [`DirectLoader`], [`IterableLoader`],
-//!   [`UnbatchedLoader`]: a loader's type in one name, to return it from a function.
+//!   [`UnbatchedLoader`]: a loader's type in one name, to return it from a function;
+//!   [`BoxedLoader`] (`build_boxed`): one type for loaders of any dataset.
 //! * [`IntoCollate`]: what `.collate(..)` accepts (a `Collate` of the items, or a
 //!   `DatasetCollate` of the dataset).
 //! * [`SampleErrorPolicy`], [`WorkerPanicPolicy`]: what faults do.
@@ -70,12 +71,14 @@
 //   error, sync, state, prepare
 //   engine, placement
 //   config, stats, next_epoch
-//   fetch, worker
+//   fetch, boxed, worker
 //   shared (what a loader's clones and iterators share)
 //   iter (an epoch), collate
 //   loader (DataLoader), builder, options
 //   device (DeviceStage, DeviceLoader), stream, tuner, dist
 
+#[allow(private_interfaces)]
+mod boxed;
 mod builder;
 mod collate;
 mod config;
@@ -102,18 +105,19 @@ mod sync;
 mod tuner;
 mod worker;
 
+pub use boxed::BoxedFetch;
 pub use builder::DataLoaderBuilder;
 pub use collate::{ByDataset, ByItems, ByStream, IntoCollate, IterableSource};
 pub use config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
 pub use device::{
-    DeviceBatch, DeviceIter, DeviceLoader, DevicePart, DeviceStage, DeviceStats, StageContext,
-    Upload,
+    DeviceBatch, DeviceIter, DeviceLoader, DevicePart, DeviceStage, DeviceStats, DeviceWindow,
+    StageContext, Upload,
 };
 pub use error::LoaderError;
 pub use fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
 pub use iter::LoaderIter;
 pub use loader::{
-    DataLoader, DirectLoader, IterableLoader, MapLoader, StackLoader, UnbatchedLoader,
+    BoxedLoader, DataLoader, DirectLoader, IterableLoader, MapLoader, StackLoader, UnbatchedLoader,
 };
 pub use options::LoaderOptions;
 pub use placement::{BACKGROUND_NICE, Placement, WorkerPlacement, WorkerPriority};

@@ -6,10 +6,11 @@ use std::fmt;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
-use longshore_data::{DirectCollate, FetchCollate, StackCollate};
-use longshore_host::PinnedPool;
+use longshore_data::{Batch, DirectCollate, FetchCollate, StackCollate};
+use longshore_host::{PinnedPool, PoolBuffer};
 use longshore_transfer::GpuTopology;
 
+use crate::boxed::BoxedFetch;
 use crate::config::{LoaderConfig, LoaderWarning};
 use crate::error::LoaderError;
 use crate::fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
@@ -82,6 +83,13 @@ pub type DirectLoader<D> = DataLoader<MapFetch<D, DirectCollate>>;
 /// A loader over an iterable dataset `D`, collated by `C` (default [`StackCollate`]): what
 /// `DataLoader::iterable(d).build()` returns.
 pub type IterableLoader<D, C = StackCollate> = DataLoader<IterableFetch<D, C>>;
+
+/// A loader of any dataset whose batches are `T` (default: collated batches in pooled
+/// memory), the dataset's type erased: what the builders' `build_boxed` return
+/// ([`DataLoaderBuilder::build_boxed`](crate::DataLoaderBuilder::build_boxed)). Loaders of
+/// different datasets then share one type (a `Vec` of them, a field chosen at run time, a
+/// binding to another language); each batch costs one more virtual call.
+pub type BoxedLoader<T = Batch<PoolBuffer>> = DataLoader<BoxedFetch<T>>;
 
 /// A loader without automatic batching (PyTorch's `batch_size=None`) over a map-style
 /// dataset `D`: what `DataLoader::builder(d).build_unbatched()` returns.

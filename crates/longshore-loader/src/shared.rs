@@ -175,3 +175,18 @@ pub(crate) struct Parts<F> {
     pub(crate) topology: Option<GpuTopology>,
     pub(crate) own_pool: bool,
 }
+
+impl<F: crate::fetch::sealed::Sealed> Parts<F> {
+    /// The same parts with the fetch's type erased.
+    pub(crate) fn boxed(self) -> Parts<crate::boxed::BoxedFetch<F::Out>> {
+        Parts {
+            fetch: crate::boxed::BoxedFetch::new(self.fetch),
+            config: self.config,
+            sampler: self.sampler,
+            pool: self.pool,
+            worker_init: self.worker_init,
+            topology: self.topology,
+            own_pool: self.own_pool,
+        }
+    }
+}

@@ -15,6 +15,7 @@ use crate::device::DeviceBatch;
 use crate::device::lanes::{Answer, Job, LaneThread};
 use crate::device::stage::{DeviceStage, StageContext};
 use crate::device::stats::DeviceStats;
+use crate::device::window::DeviceWindow;
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::iter::{LoaderIter, Marker};
@@ -203,7 +204,10 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceLoader<F, S> {
             epoch: source.epoch(),
         };
         let in_flight = self.depth * n;
-        let max_copies = self.max_copies.unwrap_or(4 * in_flight).max(in_flight + 1);
+        let mut window = DeviceWindow::for_depth(self.depth, n);
+        if let Some(m) = self.max_copies {
+            window.set_max(m.max(in_flight + 1));
+        }
         let mut it = DeviceIter {
             source,
             source_done: false,
@@ -216,8 +220,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceLoader<F, S> {
             context,
             depth: self.depth,
             queue: VecDeque::with_capacity(in_flight + 1),
-            handed: VecDeque::with_capacity(max_copies),
-            max_copies,
+            window,
             in_flight_max: in_flight,
             stats: DeviceStats::default(),
             last_return: None,
@@ -272,9 +275,8 @@ pub struct DeviceIter<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> {
     depth: usize,
     /// Inline: items made and not yet handed out.
     queue: VecDeque<Item>,
-    /// Events of batches handed out whose work may still run, oldest first.
-    handed: VecDeque<Event>,
-    max_copies: usize,
+    /// Batches handed out whose work may still run.
+    window: DeviceWindow,
     /// Batches taken from the loader and not yet handed out, at most (`depth x lanes`).
     in_flight_max: usize,
     stats: DeviceStats,
@@ -288,7 +290,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> fmt::Debug for Device
         f.debug_struct("DeviceIter")
             .field("depth", &self.depth)
             .field("in_flight", &self.in_flight())
-            .field("max_copies", &self.max_copies)
+            .field("max_copies", &self.window.max())
             .field("stats", &self.stats)
             .finish_non_exhaustive()
     }
@@ -298,7 +300,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceIter<F, S> {
     /// Bounds the batches whose device work may still run (see [`DeviceLoader::max_copies`]);
     /// takes effect from the next batch taken from the loader.
     pub fn max_copies(mut self, n: usize) -> Self {
-        self.max_copies = n.max(self.in_flight_max + 1);
+        self.window.set_max(n.max(self.in_flight_max + 1));
         self
     }
 
@@ -362,21 +364,14 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceIter<F, S> {
 
     /// Waits for handed-out batches' work until one more batch may be taken within the bound.
     fn make_room(&mut self, in_flight: usize) {
-        while in_flight + self.handed.len() >= self.max_copies {
-            let Some(oldest) = self.handed.pop_front() else {
-                break;
-            };
-            if oldest.is_complete() {
-                continue;
-            }
-            self.stats.throttled += 1;
-            let t = Instant::now();
-            if let Err(e) = oldest.synchronize() {
-                // The device is broken: the stage's next call fails and reports it.
-                tracing::error!(target: "longshore::loader", error = %e, "waiting for a delivered batch's device work failed");
-            }
-            self.stats.throttle_time += t.elapsed();
+        let before = self.window.throttled();
+        if let Err(e) = self.window.make_room(in_flight, Event::synchronize) {
+            // The device is broken: the stage's next call fails and reports it.
+            tracing::error!(target: "longshore::loader", error = %e, "waiting for a delivered batch's device work failed");
         }
+        let after = self.window.throttled();
+        self.stats.throttled += after.0 - before.0;
+        self.stats.throttle_time += after.1 - before.1;
     }
 
     /// The loader's next batch with its position, the wait timed.
@@ -546,9 +541,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> Iterator for DeviceIt
                     }
                     self.stats.batches += 1;
                     self.stats.samples += batch.batch_size() as u64;
-                    if self.max_copies != usize::MAX {
-                        self.handed.push_back(batch.ready().clone());
-                    }
+                    self.window.record(batch.ready().clone());
                     break Some(Ok(batch));
                 }
                 // Every sample dropped: nothing to hand out, the batch counts at once.
