@@ -32,6 +32,13 @@ def parse():
     p.add_argument("--epochs", type=int, default=2, help="timed epochs after the warm-up one")
     p.add_argument("--no-model", action="store_true", help="time the loader alone")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--worker-priority", choices=["normal", "background"], default="normal",
+                   help="longshore's worker threads' scheduling class")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="after the timed epochs, profile STEPS steps (torch.profiler, CUPTI) and "
+                        "report what the GPU's compute stream waits for")
+    p.add_argument("--trace", default="target/train-resnet/trace.json",
+                   help="where --profile writes its Chrome trace")
     return p.parse_args()
 
 
@@ -79,7 +86,8 @@ def longshore_loader(args, root):
         T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]))
     dl = longshore.DataLoader(
         ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-        persistent_workers=True, drop_last=True, seed=args.seed, device="cuda", decode=args.decode)
+        persistent_workers=True, drop_last=True, seed=args.seed, device="cuda", decode=args.decode,
+        worker_priority=args.worker_priority)
     return lambda: iter(dl)
 
 
@@ -94,6 +102,128 @@ def synthetic_loader(args, _root):
         for _ in range(steps):
             yield x, y
     return epoch
+
+
+def union(intervals):
+    """Total length of the union of (start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def overlap(a, b):
+    """Length of the intersection of two interval unions."""
+    return union(a) + union(b) - union(a + b)
+
+
+def gpu_profile(args, epoch, step):
+    """Runs `args.profile` steps under torch.profiler (CUDA activity from CUPTI: every kernel and
+    copy of the process, nvJPEG's and longshore's included) and says where the GPU's time went:
+    the share of the window the training stream (the one with the most kernel time) computes,
+    what runs on other streams (decode, crop/resize, copies) and how much of that overlaps
+    the training kernels (SMs shared), and the host's wait for data."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    it = epoch()
+    for _ in range(3):  # the profiled window starts in steady state
+        x, y = next(it)
+        if step is not None:
+            step(x, y)
+    torch.cuda.synchronize()
+    waited, launch = 0.0, 0.0
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.profile):
+            t = time.perf_counter()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                it = epoch()
+                x, y = next(it)
+            waited += time.perf_counter() - t
+            t = time.perf_counter()
+            if step is not None:
+                step(x, y)
+            launch += time.perf_counter() - t
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    for _ in it:  # finish the epoch so that the loader's threads end cleanly
+        pass
+    os.makedirs(os.path.dirname(args.trace) or ".", exist_ok=True)
+    prof.export_chrome_trace(args.trace)
+    with open(args.trace) as f:
+        trace = json.load(f)
+    streams = {}
+    for ev in trace.get("traceEvents", []):
+        cat = ev.get("cat", "")
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset") or "dur" not in ev:
+            continue
+        stream = ev.get("args", {}).get("stream", ev.get("tid"))
+        streams.setdefault(stream, []).append((ev["ts"], ev["ts"] + ev["dur"], cat, ev.get("name", "")))
+    if not streams:
+        return {"error": "no CUDA activity recorded (CUPTI unavailable?)"}
+    busy = {k: union([(s, e) for s, e, _, _ in v]) for k, v in streams.items()}
+    train = max(busy, key=busy.get)
+    start = min(s for v in streams.values() for s, _, _, _ in v)
+    end = max(e for v in streams.values() for _, e, _, _ in v)
+    window = end - start
+    train_iv = [(s, e) for s, e, _, _ in streams[train]]
+    other = {}
+    for k, v in streams.items():
+        if k == train:
+            continue
+        for s, e, cat, name in v:
+            kind = ("copy" if cat == "gpu_memcpy" else "memset" if cat == "gpu_memset"
+                    else "nvjpeg" if "nvjpeg" in name.lower() or "jpeg" in name.lower()
+                    else "longshore" if "longshore" in name.lower() or "crop" in name.lower()
+                    or "resize" in name.lower() else "other")
+            other.setdefault(kind, []).append((s, e))
+    # The training stream's idle time, split by what else the GPU did meanwhile: idle while
+    # another stream decoded or copied (the step waited on the GPU for its batch's event), or
+    # idle with no kernel or copy anywhere (waiting for the host, or for nvJPEG's hardware
+    # engines, whose work is not a kernel).
+    gaps, last = [], None
+    for s_, e_ in sorted(train_iv):
+        if last is not None and s_ > last:
+            gaps.append((last, s_))
+        last = e_ if last is None else max(last, e_)
+    others = [iv for v in other.values() for iv in v]
+    gap_total = union(gaps)
+    gap_other = overlap(gaps, others) if others and gaps else 0.0
+    # Host-side CUDA calls (runtime and driver API), by total time: where the host blocked.
+    api = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in ev:
+            api[ev.get("name", "")] = api.get(ev.get("name", ""), 0.0) + ev["dur"]
+    top = {}
+    for k, v in streams.items():
+        for s, e, cat, name in v:
+            if k != train and cat == "kernel":
+                top[name[:60]] = top.get(name[:60], 0.0) + (e - s)
+    return {
+        "steps": args.profile,
+        "wall_ms": 1e3 * wall,
+        "gpu_window_ms": window / 1e3,
+        "train_stream_busy": busy[train] / window,
+        "host_waited_for_data": waited / wall,
+        "other_streams_ms": {k: union(v) / 1e3 for k, v in other.items()},
+        "other_overlapping_training_ms": {k: overlap(v, train_iv) / 1e3 for k, v in other.items()},
+        "train_idle_ms": gap_total / 1e3,
+        "train_idle_while_other_streams_busy_ms": gap_other / 1e3,
+        "host_step_launch_ms": 1e3 * launch / args.profile,
+        "top_host_cuda_calls_ms": dict(sorted(((k, v / 1e3) for k, v in api.items()),
+                                              key=lambda kv: -kv[1])[:8]),
+        "top_other_kernels_ms": dict(sorted(((k, v / 1e3) for k, v in top.items()),
+                                            key=lambda kv: -kv[1])[:8]),
+        "trace": args.trace,
+    }
 
 
 def main():
@@ -145,7 +275,9 @@ def main():
             waits.append(waited / wall)
         print(f"epoch {e}{' (warm-up)' if e == 0 else ''}: {seen / wall:,.0f} images/s, "
               f"waited for data {100 * waited / wall:.1f}% of the time", flush=True)
+    profile = gpu_profile(args, epoch, step) if args.profile else None
     print(json.dumps({
+        "profile": profile,
         "loader": args.loader, "decode": args.decode if args.loader == "longshore" else None,
         "model": not args.no_model, "workers": args.workers, "batch_size": args.batch_size,
         "images_per_s": sum(rates) / len(rates), "wait_fraction": sum(waits) / len(waits),
