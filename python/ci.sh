@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI for the `longshore` Python package, on a machine without a GPU:
+# CI for the `longshore-loader` Python package (import name `longshore`), on a machine without a GPU:
 #   bash python/ci.sh
 # makes a virtual environment under target/python-ci, installs maturin, pytest and numpy from
 # PyPI, checks formatting and lints of the extension crate (its own Cargo workspace), builds the
@@ -25,7 +25,7 @@ cargo clippy --manifest-path python/Cargo.toml --all-targets -- -D warnings
 
 rm -rf "$ci/wheels"
 (cd python && "$venv/bin/maturin" build --release --interpreter "$venv/bin/python" --out "$ci/wheels")
-"$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps "$ci"/wheels/longshore-*.whl
+"$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps "$ci"/wheels/longshore_loader-*.whl
 # From the repository root, so that `import longshore` finds the installed wheel, not the
 # source folder python/longshore.
 "$venv/bin/pytest" -q -p no:cacheprovider python/tests
