@@ -8,8 +8,8 @@
 //! * `gpu-python/run.sh`: what to run there (`bash gpu-python/run.sh [--no-bench]`).
 //!
 //! The GPU machine has Python 3.12, torch and numpy but no registry: everything else travels.
-//! Needs PyPI here (maturin, ziglang for the manylinux2014 link, pytest to download), in the
-//! virtual environment `python/ci.sh` uses (`target/python-ci/venv`).
+//! The wheel is CI's: `python/ci/wheel.sh` builds it (maturin, ziglang for the manylinux2014
+//! link, from PyPI into `target/python-ci/venv`), and pytest is downloaded with that venv's pip.
 
 use std::path::Path;
 use std::process::Command;
@@ -56,50 +56,16 @@ exit $rc
 
 /// Builds `gpu-python/` under `root`.
 pub(crate) fn build(root: &Path) -> Result<()> {
-    let venv = root.join("target/python-ci/venv");
-    let py = venv.join("bin/python");
-    if !py.exists() {
-        let base = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        run(Command::new(base).arg("-m").arg("venv").arg(&venv))?;
-    }
-    run(Command::new(&py).args([
-        "-m",
-        "pip",
-        "install",
-        "--quiet",
-        "maturin>=1.5,<2",
-        "ziglang",
-    ]))?;
-
     let out = root.join("gpu-python");
     if out.exists() {
         std::fs::remove_dir_all(&out)?;
     }
     let wheels = out.join("wheels");
-    std::fs::create_dir_all(&wheels)?;
-    // Zig links against glibc 2.17 symbols: a manylinux2014 wheel, checked by maturin. Its own
-    // target folder, so that the workspace's artifacts (another linker) are not rebuilt.
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), std::path::PathBuf::from)
-        .join("zig");
-    let path = std::env::join_paths(std::iter::once(venv.join("bin")).chain(
-        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
-    ))?;
-    run(Command::new(venv.join("bin/maturin"))
-        .current_dir(root.join("python"))
-        .env("PATH", path)
-        .env("CARGO_TARGET_DIR", target)
-        .args([
-            "build",
-            "--release",
-            "--zig",
-            "--compatibility",
-            "manylinux2014",
-        ])
-        .arg("--interpreter")
-        .arg(&py)
-        .arg("--out")
+    // The wheel exactly as CI builds it; the script makes the venv on first use.
+    run(Command::new("bash")
+        .arg(root.join("python/ci/wheel.sh"))
         .arg(&wheels))?;
+    let py = root.join("target/python-ci/venv/bin/python");
     // pytest for CPython 3.12 on any platform (pure Python wheels only).
     run(Command::new(&py)
         .args(["-m", "pip", "download", "--quiet", "--dest"])

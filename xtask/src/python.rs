@@ -2,8 +2,8 @@
 //! longshore Python package against PyTorch's DataLoader on the same files, steady state) with
 //! the interpreter in `LONGSHORE_PYTHON` (default `python3`), after the Rust sections so that
 //! it can compare with their `results.json`. Writes `python.json` and `python.md` beside it.
-//! Skipped with a note when the interpreter cannot import `longshore` (install the wheel:
-//! `python/ci.sh` or `cargo xtask gpu-python`).
+//! Skipped with a note when the interpreter cannot import `longshore` (install the wheel that
+//! `bash python/ci/wheel.sh` builds, or run `cargo xtask gpu-python`).
 
 use std::path::Path;
 use std::process::Command;
