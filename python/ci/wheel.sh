@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the `longshore-loader` wheel (import name `longshore`): abi3 (one wheel for CPython
-# 3.9 and later) and manylinux2014 (glibc 2.17 or later), so that one `pip install` of the file
+# 3.10 and later) and manylinux2014 (glibc 2.17 or later), so that one `pip install` of the file
 # works on any such Linux x86_64 machine.
 #   bash python/ci/wheel.sh [OUT_DIR]     # default target/python-ci/wheels
 # Earlier longshore wheels in OUT_DIR are removed first, so it holds one.
