@@ -321,3 +321,142 @@ fn no_cuda_feature() -> HostError {
         reason: "longshore-host was built without the `cuda` feature".to_owned(),
     }
 }
+
+/// Memory another process can map: each buffer is its own anonymous memory file
+/// (`memfd_create`), mapped shared, and with `pinned` page-locked and registered with the CUDA
+/// driver (`cuMemHostRegister`). A process given the file descriptor
+/// ([`HostBuffer::shared_fd`], e.g. as `/proc/<pid>/fd/<fd>`) maps the same pages, so a worker
+/// process writes a batch straight into page-locked memory the copy to the GPU reads: what a
+/// loader of Python datasets, whose code runs in worker processes, collates into.
+///
+/// ```
+/// use longshore_host::{RawAllocator, SharedAllocator};
+///
+/// let buf = SharedAllocator::new(false).allocate(10_000)?;
+/// assert!(buf.shared_fd().is_some());
+/// assert_eq!(buf.as_bytes().len(), 10_000);
+/// # Ok::<(), longshore_host::HostError>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct SharedAllocator {
+    pinned: bool,
+    /// The device whose primary context registers the memory (with `pinned`).
+    pub device: usize,
+}
+
+impl SharedAllocator {
+    /// Shared memory, page-locked and registered with the CUDA driver when `pinned` (an error
+    /// at allocation where no driver is present), else pageable.
+    pub fn new(pinned: bool) -> Self {
+        Self { pinned, device: 0 }
+    }
+}
+
+/// Identifies each shared buffer for the life of the process (a worker process caches its
+/// mapping of a buffer by this id: file descriptor numbers are reused).
+static SHARED_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl RawAllocator for SharedAllocator {
+    fn kind(&self) -> MemoryKind {
+        if self.pinned {
+            MemoryKind::Registered
+        } else {
+            MemoryKind::Pageable
+        }
+    }
+
+    fn allocate(&self, len: usize) -> Result<HostBuffer> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        let kind = self.kind();
+        let layout = layout_for(kind, len, page_size())?;
+        let io = |call: &'static str| HostError::SharedMemory {
+            call,
+            source: std::io::Error::last_os_error(),
+        };
+        // SAFETY: the name is a NUL-terminated string; the flags are valid.
+        let raw = unsafe { libc::memfd_create(c"longshore-block".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io("memfd_create"));
+        }
+        // SAFETY: `raw` is a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = libc::off_t::try_from(layout.size()).map_err(|_| HostError::InvalidLayout {
+            bytes: len,
+            align: page_size(),
+            reason: "larger than a file may be",
+        })?;
+        // SAFETY: `fd` is a valid memory file.
+        if unsafe { libc::ftruncate(raw, size) } != 0 {
+            return Err(io("ftruncate"));
+        }
+        // SAFETY: a fresh shared mapping of the whole file; nothing else maps it yet.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.size(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                raw,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(HostError::OutOfMemory { bytes: len, kind });
+        }
+        let ptr = NonNull::new(p.cast::<u8>()).ok_or(HostError::OutOfMemory { bytes: len, kind })?;
+        let unmap = |ptr: NonNull<u8>| {
+            // SAFETY: `ptr` is the mapping made above, of `layout.size()` bytes, unused after.
+            unsafe { libc::munmap(ptr.as_ptr().cast(), layout.size()) };
+        };
+        #[cfg(feature = "cuda")]
+        let ctx = if self.pinned {
+            let ctx = match crate::cuda::context(self.device) {
+                Ok(c) => c,
+                Err(e) => {
+                    unmap(ptr);
+                    return Err(e);
+                }
+            };
+            // SAFETY: nobody else uses the fresh mapping yet.
+            unsafe { prefault(ptr.as_ptr(), layout.size(), default_threads()) };
+            let bits = PageLockedFlags::default().register_bits();
+            // SAFETY: the range is our mapping and stays mapped until `Release::Shared`
+            // unregisters it; `context` bound a context to this thread.
+            let registered =
+                unsafe { crate::cuda::mem_host_register(ptr.as_ptr(), layout.size(), bits) };
+            if let Err(e) = registered {
+                unmap(ptr);
+                return Err(crate::cuda::driver_err(
+                    "cuMemHostRegister",
+                    e,
+                    format!("registering {} bytes of shared memory", layout.size()),
+                ));
+            }
+            Some(ctx)
+        } else {
+            None
+        };
+        #[cfg(not(feature = "cuda"))]
+        if self.pinned {
+            unmap(ptr);
+            return Err(no_cuda_feature());
+        }
+        let id = SHARED_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: `ptr` maps `layout.size()` zero-filled bytes of `fd` (a new memory file reads
+        // as zeros), released by `Release::Shared`.
+        Ok(unsafe {
+            HostBuffer::from_raw(
+                ptr,
+                len,
+                layout.size(),
+                kind,
+                Release::Shared {
+                    fd,
+                    id,
+                    #[cfg(feature = "cuda")]
+                    ctx,
+                },
+            )
+        })
+    }
+}

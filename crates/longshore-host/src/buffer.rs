@@ -20,6 +20,14 @@ pub(crate) enum Release {
     CudaHost {
         ctx: std::sync::Arc<cudarc::driver::CudaContext>,
     },
+    /// A shared mapping of a memory file (`SharedAllocator`): `cuMemHostUnregister` when it
+    /// was registered, `munmap`, then the file is closed.
+    Shared {
+        fd: std::os::fd::OwnedFd,
+        id: u64,
+        #[cfg(feature = "cuda")]
+        ctx: Option<std::sync::Arc<cudarc::driver::CudaContext>>,
+    },
     /// `cuMemHostUnregister`, then `dealloc`.
     #[cfg(feature = "cuda")]
     Registered {
@@ -82,6 +90,19 @@ impl HostBuffer {
             kind,
             release,
             fences: Vec::new(),
+        }
+    }
+
+    /// The memory file of a buffer from a [`SharedAllocator`](crate::SharedAllocator), with an
+    /// id unique in this process (file descriptor numbers are reused after a buffer is
+    /// freed; the id is not): another process maps the same pages from the file
+    /// (`/proc/<pid>/fd/<fd>`, or the descriptor passed over a Unix socket). `None` for other
+    /// memory.
+    pub fn shared_fd(&self) -> Option<(std::os::fd::BorrowedFd<'_>, u64)> {
+        use std::os::fd::AsFd;
+        match &self.release {
+            Release::Shared { fd, id, .. } => Some((fd.as_fd(), *id)),
+            _ => None,
         }
     }
 
@@ -300,6 +321,29 @@ impl Drop for HostBuffer {
                 }
                 // SAFETY: `ptr` was returned by `alloc_zeroed(layout)` and is freed once, here.
                 unsafe { std::alloc::dealloc(ptr, *layout) }
+            }
+            Release::Shared {
+                #[cfg(feature = "cuda")]
+                ctx,
+                ..
+            } => {
+                #[cfg(feature = "cuda")]
+                if let Some(ctx) = ctx {
+                    if let Err(e) = ctx.bind_to_thread() {
+                        tracing::error!(target: "longshore::host", error = %crate::cuda::error_name(&e), "cannot bind CUDA context to unregister shared memory; leaking it");
+                        return;
+                    }
+                    // SAFETY: `ptr` was registered at allocation and no copy uses it any more.
+                    if let Err(e) = unsafe { crate::cuda::mem_host_unregister(ptr) } {
+                        tracing::error!(target: "longshore::host", bytes = self.capacity, error = %crate::cuda::error_name(&e), "cuMemHostUnregister failed; leaking the buffer");
+                        return;
+                    }
+                }
+                // SAFETY: `ptr` is the shared mapping of `capacity` bytes made at allocation,
+                // unmapped once, here; the memory file closes when `fd` drops.
+                if unsafe { libc::munmap(ptr.cast(), self.capacity) } != 0 {
+                    tracing::error!(target: "longshore::host", bytes = self.capacity, error = %std::io::Error::last_os_error(), "munmap failed");
+                }
             }
             #[cfg(feature = "cuda")]
             Release::CudaHost { ctx } => {

@@ -43,6 +43,14 @@ pub enum HostError {
         /// The soft `RLIMIT_MEMLOCK`, as text (`unlimited` or a byte count).
         limit: String,
     },
+    /// A system call making shared memory (a memory file) failed.
+    #[error("{call} failed making shared memory: {source}")]
+    SharedMemory {
+        /// The call, e.g. `memfd_create`.
+        call: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// The CUDA driver could not be loaded, or the crate was built without CUDA.
     #[error("CUDA is not available: {reason}")]
     CudaUnavailable {

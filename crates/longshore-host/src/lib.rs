@@ -21,6 +21,8 @@
 //! # Map
 //!
 //! * [`HostBuffer`]: owned, page-aligned, zeroed memory with a [`MemoryKind`] and typed views.
+//! * [`SharedAllocator`]: memory files another process maps (worker processes of Python
+//!   datasets), pinned or not.
 //! * [`RawAllocator`] and one allocator per kind: [`PageableAllocator`],
 //!   [`PageLockedAllocator`] (`cuMemHostAlloc`), [`RegisteredAllocator`] (`cuMemHostRegister`),
 //!   [`LockedAllocator`] (`mlock`).
@@ -51,7 +53,7 @@ pub mod thread;
 
 pub use alloc::{
     LockedAllocator, PageLockedAllocator, PageableAllocator, RawAllocator, RegisteredAllocator,
-    allocator_for,
+    SharedAllocator, allocator_for,
 };
 pub use buffer::HostBuffer;
 pub use cpuset::{CpuListError, CpuSet};

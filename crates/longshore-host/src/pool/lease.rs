@@ -49,6 +49,13 @@ impl PoolBuffer {
         }
     }
 
+    /// The memory file of the block and its id, when the pool allocates shared memory
+    /// ([`SharedAllocator`](crate::SharedAllocator)); `None` for other pools and for a budget
+    /// fallback. See [`HostBuffer::shared_fd`].
+    pub fn shared_fd(&self) -> Option<(std::os::fd::BorrowedFd<'_>, u64)> {
+        self.buf().shared_fd()
+    }
+
     /// The kind of memory: the pool's, or [`MemoryKind::Pageable`] for a budget fallback.
     pub fn kind(&self) -> MemoryKind {
         self.buf().kind()
