@@ -243,8 +243,10 @@ fn batch_bytes(h: &Handoff) -> usize {
 
 /// A batch for Python (exported by `__next__`), or why there is none.
 enum Reply {
-    /// Boxed: a handoff is several hundred bytes, moved through the queue.
-    Batch(Box<Handoff>),
+    /// Boxed: a handoff is several hundred bytes, moved through the queue. With a Python
+    /// dataset, the batch's meta (its last tensor: nesting and non-tensor values, pickled),
+    /// read from host memory before any copy to the device.
+    Batch(Box<Handoff>, Option<Vec<u8>>),
     Failed(LoaderError),
     End,
 }
@@ -302,6 +304,7 @@ fn pump(
     room: Arc<Room>,
     timings: Option<Arc<Timings>>,
     mut uploader: Option<Uploader>,
+    meta: bool,
 ) {
     let t = timings.as_deref();
     let now = || t.map(|_| Instant::now());
@@ -313,6 +316,25 @@ fn pump(
             let next = epoch.next();
             lap(t, |t| &t.next, start);
             cpu_lap(t, |t| &t.next_cpu, cpu);
+            let meta = match (&next, meta) {
+                (Some(Ok(Handoff::Host(b) | Handoff::Staged(b))), true) => {
+                    match b.layout().tensors().last() {
+                        Some(m) => Some(b.bytes()[m.range()].to_vec()),
+                        None => {
+                            return Reply::Failed(LoaderError::State(
+                                "a Python dataset's batch without its meta".into(),
+                            ));
+                        }
+                    }
+                }
+                (Some(Ok(Handoff::Device(_))), true) => {
+                    return Reply::Failed(LoaderError::State(
+                        "a Python dataset's batch reached the device before its meta was read"
+                            .into(),
+                    ));
+                }
+                _ => None,
+            };
             match (next, uploader.as_mut()) {
                 (None, _) => Reply::End,
                 (Some(Err(e)), _) => Reply::Failed(e),
@@ -321,11 +343,11 @@ fn pump(
                     if b.layout().total_bytes() > SMALL_BATCH =>
                 {
                     match up.upload(b, |e| e.synchronize()) {
-                        Ok(p) => Reply::Batch(Box::new(Handoff::Device(p))),
+                        Ok(p) => Reply::Batch(Box::new(Handoff::Device(p)), meta),
                         Err(e) => Reply::Failed(e),
                     }
                 }
-                (Some(Ok(h)), _) => Reply::Batch(Box::new(h)),
+                (Some(Ok(h)), _) => Reply::Batch(Box::new(h), meta),
             }
         })) {
             Ok(r) => r,
@@ -350,7 +372,7 @@ fn pump(
         lap(t, |t| &t.state, start);
         let end = matches!(reply, Reply::End);
         let (start, cpu) = (now(), t.map(|_| thread_cpu_ns()));
-        if let Reply::Batch(b) = &reply
+        if let Reply::Batch(b, _) = &reply
             && batch_bytes(b) > SMALL_BATCH
         {
             room.wait_for_room(&out);
@@ -458,7 +480,8 @@ impl Drop for PyEpoch {
 
 impl PyEpoch {
     /// Starts the pump of `epoch`; `position` has already begun epoch `id`. `copies`: the
-    /// copy stream of an epoch that yields [`Handoff::Staged`] batches.
+    /// copy stream of an epoch that yields [`Handoff::Staged`] batches. `meta`: batches of a
+    /// Python dataset, which `__next__` returns as `(tensors, meta)`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         epoch: Epoch,
@@ -468,6 +491,7 @@ impl PyEpoch {
         id: u64,
         convert: Convert,
         single: bool,
+        meta: bool,
         copies: Option<Stream>,
         poll: Duration,
     ) -> PyResult<Self> {
@@ -482,7 +506,7 @@ impl PyEpoch {
             .name("longshore-epoch".into())
             .spawn({
                 let uploader = copies.clone().map(Uploader::new);
-                move || pump(epoch, loader, tx, pump_room, pump_timings, uploader)
+                move || pump(epoch, loader, tx, pump_room, pump_timings, uploader, meta)
             })
             .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
@@ -600,7 +624,7 @@ impl PyEpoch {
         self.room.taken();
         let Ready { reply, state } = ready;
         match reply {
-            Reply::Batch(handoff) => {
+            Reply::Batch(handoff, meta) => {
                 let start = self.timings.as_ref().map(|_| Instant::now());
                 self.position.received(self.id, state);
                 let handoff = match self.stage(py, *handoff) {
@@ -612,7 +636,16 @@ impl PyEpoch {
                 lap(self.timings.as_deref(), |t| &t.export, exported);
                 let out = tensors
                     .map_err(dlpack_err)
-                    .and_then(|t| self.deliver(py, t))
+                    .and_then(|mut t| match &meta {
+                        // The meta's tensor is not handed out: its bytes are.
+                        Some(m) => {
+                            t.pop();
+                            let list = self.deliver(py, t)?;
+                            let tuple = (list, pyo3::types::PyBytes::new(py, m));
+                            Ok(tuple.into_pyobject(py)?.into_any().unbind())
+                        }
+                        None => self.deliver(py, t),
+                    })
                     .map(Some);
                 if let Some(t) = self.timings.as_deref() {
                     lap(Some(t), |t| &t.deliver, start);

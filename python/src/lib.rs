@@ -9,6 +9,7 @@ mod epoch;
 mod errors;
 mod loader;
 mod nvjpeg;
+mod pydata;
 mod tensor;
 mod torch;
 mod upload;
@@ -36,6 +37,7 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<torch::PyTorchConverter>()?;
     m.add_class::<vision::PyImageFolder>()?;
+    m.add_class::<pydata::PyProcessSource>()?;
     m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
     m.add("SampleError", py.get_type::<errors::SampleError>())?;

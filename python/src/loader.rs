@@ -20,6 +20,7 @@ use pyo3::types::PyDict;
 use crate::dataset::{PyNpyDataset, PyRecordDataset, Source};
 use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
+use crate::pydata::PyProcessSource;
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
 
@@ -204,6 +205,8 @@ pub(crate) struct PyLoader {
     device: Option<Device>,
     depth: usize,
     single: bool,
+    /// A Python dataset's loader: batches end with their meta (see `crate::pydata`).
+    meta: bool,
     export: ExportOptions,
     position: Arc<Position>,
     num_workers: usize,
@@ -274,11 +277,18 @@ impl PyLoader {
                 )));
             }
         };
-        let (source, single) = if let Ok(d) = dataset.cast::<PyNpyDataset>() {
+        // A Python dataset, run in worker processes (see `crate::pydata`).
+        let process = dataset
+            .cast::<PyProcessSource>()
+            .ok()
+            .map(|d| d.get().parts());
+        let (source, single) = if process.is_some() {
+            (None, false)
+        } else if let Ok(d) = dataset.cast::<PyNpyDataset>() {
             let d = d.get();
-            (d.source.clone(), d.is_single())
+            (Some(d.source.clone()), d.is_single())
         } else if let Ok(d) = dataset.cast::<PyRecordDataset>() {
-            (d.get().source.clone(), false)
+            (Some(d.get().source.clone()), false)
         } else if let Ok(d) = dataset.cast::<PyImageFolder>() {
             let source = d.get().source.clone().ok_or_else(|| {
                 PyValueError::new_err(
@@ -286,7 +296,7 @@ impl PyLoader {
                      cannot be batched: give it transform=Compose([..., ToTensor()])",
                 )
             })?;
-            (source, false)
+            (Some(source), false)
         } else {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset or datasets.ImageFolder, not {}",
@@ -350,10 +360,19 @@ impl PyLoader {
             },
             pool: pool.map(|p| p.pool.clone()),
         };
+        let meta = process.is_some();
         let inner = py
-            .detach(|| match (nvjpeg_files, device.as_ref()) {
-                (Some(files), Some(d)) => crate::nvjpeg::build(files, options, d, 2),
-                _ => build(source, options),
+            .detach(|| match (nvjpeg_files, device.as_ref(), process, source) {
+                (Some(files), Some(d), _, _) => crate::nvjpeg::build(files, options, d, 2),
+                (_, _, Some((dataset, collate)), _) => Ok(Loader::Host(
+                    configure(
+                        DataLoader::builder(dataset).dataset_collate(collate),
+                        options,
+                    )
+                    .build_boxed()?,
+                )),
+                (_, _, None, Some(source)) => build(source, options),
+                (_, _, None, None) => Err(LoaderError::State("no dataset".into())),
             })
             .map_err(loader_err)?;
         Ok(Self {
@@ -362,6 +381,7 @@ impl PyLoader {
             // Batches in flight to the device: enough to overlap one copy with one step.
             depth: 2,
             single,
+            meta,
             export: ExportOptions::default().pinned(pinned),
             position: Arc::new(Position::default()),
             num_workers,
@@ -385,7 +405,8 @@ impl PyLoader {
                 // The epoch's iterator first (it sets the loader's progress for this epoch and
                 // pulls no batch yet), then where Python stands until it receives this
                 // epoch's first batch: the new epoch's start, not the abandoned one's.
-                let staged = self.device.is_some() && !upload_in_pump();
+                // A Python dataset's meta is read from host memory: its batches are staged.
+                let staged = self.device.is_some() && (!upload_in_pump() || self.meta);
                 let epoch = self.inner.epoch(self.device.as_ref(), self.depth, staged)?;
                 // The copy stream both sides enqueue staged batches' copies on.
                 let copies = match (&self.device, staged) {
@@ -405,6 +426,7 @@ impl PyLoader {
             id,
             convert,
             self.single,
+            self.meta,
             copies,
             crate::epoch::poll_for(self.num_workers),
         )

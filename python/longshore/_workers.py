@@ -1,0 +1,510 @@
+"""Python datasets in worker processes: the process side of ``python/src/pydata.rs``.
+
+Each loader worker thread (Rust) drives one worker process over a pipe; per batch the process
+fetches the samples, works out the batch's tensors (torch's ``default_collate`` structure, or
+the user's ``collate_fn``), and writes each sample's array straight into the batch's block of
+the loader's shared, page-locked pool, mapped from its memory file. The nesting of the batch
+and its non-tensor values (strings, ...) travel pickled in the batch's last field, the *meta*.
+
+Protocol (payloads; framing is multiprocessing's ``Connection``):
+
+* ``S`` epoch:u64 n:u32 indices:n*u64 -> ``K`` batch:u64 n:u32 (code:u8 ndim:u8 dims:ndim*u64)*n
+  meta_len:u64, or ``E`` index:u64 message:utf8 (index 2**64-1: not one sample's fault);
+* ``W`` id:u64 fd:i32 len:u64 n:u32 offsets:n*u64 -> ``w`` (written into the shared block), or
+  ``B`` bytes (the batch's bytes, when the block is not shared memory: fd -1), or ``E``.
+"""
+
+import collections.abc
+import mmap
+import os
+import pickle
+import random
+import signal
+import struct
+import sys
+import threading
+import traceback
+
+import numpy as np
+
+_U64_MAX = 2**64 - 1
+
+# Protocol dtype codes (pydata.rs `dtype_of`) by NumPy dtype.
+_CODES = {
+    np.dtype(np.bool_): 0, np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4, np.dtype(np.int64): 5, np.dtype(np.float16): 6,
+    np.dtype(np.float32): 7, np.dtype(np.float64): 8, np.dtype(np.uint16): 9,
+    np.dtype(np.uint32): 10, np.dtype(np.uint64): 11,
+}
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+class WorkerInfo:
+    """What ``get_worker_info()`` returns in a worker, as in torch: ``id``, ``num_workers``,
+    ``seed``, ``dataset`` (this process's copy)."""
+
+    def __init__(self, id, num_workers, seed, dataset):
+        self.id = id
+        self.num_workers = num_workers
+        self.seed = seed
+        self.dataset = dataset
+
+    def __repr__(self):
+        return (f"WorkerInfo(id={self.id}, num_workers={self.num_workers}, seed={self.seed}, "
+                f"dataset={self.dataset!r})")
+
+
+_worker_info = None
+
+
+def get_worker_info():
+    """In a worker process: its :class:`WorkerInfo`; in the main process: ``None``. Torch's
+    own ``torch.utils.data.get_worker_info()`` answers the same in longshore's workers."""
+    return _worker_info
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches as leaves: torch's default_collate, structure first, values written into the block.
+
+class _Leaf:
+    """One output tensor: the per-sample arrays stacked along a new first dimension
+    (``parts`` of equal shape and dtype), or one whole array (``whole``, from a collate_fn)."""
+
+    __slots__ = ("array", "parts", "torch_dtype")
+
+    def __init__(self, array=None, parts=None, torch_dtype=None):
+        self.array = array
+        self.parts = parts
+        self.torch_dtype = torch_dtype
+
+    def shape(self):
+        if self.parts is not None:
+            return (len(self.parts),) + self.parts[0].shape
+        return self.array.shape
+
+    def dtype(self):
+        return (self.parts[0] if self.parts is not None else self.array).dtype
+
+
+_BAD = ("default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
+        "found {}")
+
+
+def _as_numpy(t):
+    """A CPU tensor's values as a NumPy array (bfloat16 as its bits, uint16), and the torch
+    dtype to view it as again in the main process (None when NumPy's is torch's)."""
+    torch = _torch()
+    t = t.detach()
+    if t.device.type != "cpu":
+        raise TypeError(f"a DataLoader worker returned a tensor on {t.device}: worker outputs "
+                        "must be on the CPU (longshore copies batches to the device itself)")
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.uint16).numpy(), "bfloat16"
+    if t.is_complex():
+        raise TypeError(f"complex tensors ({t.dtype}) are not supported by longshore")
+    return t.contiguous().numpy(), None
+
+
+def _check_array(a):
+    if a.dtype not in _CODES:
+        raise TypeError(f"arrays of dtype {a.dtype} are not supported by longshore")
+    return a
+
+
+def _collate(batch, leaves, objects):
+    """torch's ``default_collate`` of ``batch`` (a list of samples), with every tensor replaced
+    by a leaf index: returns the structure (a tree of tuples tagged by kind) and appends
+    leaves and non-tensor values."""
+    elem = batch[0]
+    torch = _torch()
+    if torch is not None and isinstance(elem, torch.Tensor):
+        parts, dtype = [], None
+        for t in batch:
+            a, dtype = _as_numpy(t)
+            parts.append(a)
+        _stack_check(parts)
+        leaves.append(_Leaf(parts=parts, torch_dtype=dtype))
+        return ("t", len(leaves) - 1)
+    if isinstance(elem, np.ndarray) and elem.dtype.kind not in "SaUO":
+        parts = [_check_array(np.asarray(a)) for a in batch]
+        _stack_check(parts)
+        leaves.append(_Leaf(parts=parts))
+        return ("t", len(leaves) - 1)
+    if isinstance(elem, np.ndarray) or isinstance(elem, np.str_):
+        raise TypeError(_BAD.format(elem.dtype if isinstance(elem, np.ndarray) else type(elem)))
+    if isinstance(elem, np.generic) and not isinstance(elem, (np.str_, np.bytes_)):
+        leaves.append(_Leaf(array=_check_array(np.asarray(batch))))
+        return ("t", len(leaves) - 1)
+    if isinstance(elem, bool):
+        leaves.append(_Leaf(array=np.asarray(batch, dtype=np.bool_)))
+        return ("t", len(leaves) - 1)
+    if isinstance(elem, float):
+        leaves.append(_Leaf(array=np.asarray(batch, dtype=np.float64)))
+        return ("t", len(leaves) - 1)
+    if isinstance(elem, int):
+        leaves.append(_Leaf(array=np.asarray(batch, dtype=np.int64)))
+        return ("t", len(leaves) - 1)
+    if isinstance(elem, (str, bytes)):
+        objects.append(list(batch))
+        return ("o", len(objects) - 1)
+    if isinstance(elem, collections.abc.Mapping):
+        keys = list(elem)
+        items = [(k, _collate([d[k] for d in batch], leaves, objects)) for k in keys]
+        return ("m", type(elem), items)
+    if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
+        return ("n", type(elem), [_collate(list(s), leaves, objects) for s in zip(*batch)])
+    if isinstance(elem, collections.abc.Sequence):
+        it = iter(batch)
+        size = len(next(it))
+        if not all(len(e) == size for e in it):
+            raise RuntimeError("each element in list of batch should be of equal size")
+        parts = [_collate(list(s), leaves, objects) for s in zip(*batch)]
+        if isinstance(elem, tuple):
+            return ("l", list, parts)  # torch: tuples collate to lists
+        return ("l", type(elem), parts)
+    raise TypeError(_BAD.format(type(elem)))
+
+
+def _stack_check(parts):
+    first = parts[0]
+    for p in parts[1:]:
+        if p.shape != first.shape:
+            raise RuntimeError("stack expects each tensor to be equal size, but got "
+                               f"{list(first.shape)} at entry 0 and {list(p.shape)} at entry "
+                               f"{next(i for i, q in enumerate(parts) if q.shape != first.shape)}")
+        if p.dtype != first.dtype:
+            raise RuntimeError(f"expected each tensor to have the same dtype, got {first.dtype} "
+                               f"and {p.dtype}")
+
+
+def _flatten(out, leaves, objects):
+    """A user ``collate_fn``'s output as leaves (its tensors and arrays as they are)."""
+    torch = _torch()
+    if torch is not None and isinstance(out, torch.Tensor):
+        a, dtype = _as_numpy(out)
+        leaves.append(_Leaf(array=a, torch_dtype=dtype))
+        return ("t", len(leaves) - 1)
+    if isinstance(out, np.ndarray) and out.dtype.kind not in "SaUO":
+        leaves.append(_Leaf(array=_check_array(out), torch_dtype="numpy"))
+        return ("t", len(leaves) - 1)
+    if isinstance(out, collections.abc.Mapping):
+        return ("m", type(out), [(k, _flatten(v, leaves, objects)) for k, v in out.items()])
+    if isinstance(out, tuple) and hasattr(out, "_fields"):
+        return ("n", type(out), [_flatten(v, leaves, objects) for v in out])
+    if isinstance(out, (list, tuple)):
+        return ("l", type(out), [_flatten(v, leaves, objects) for v in out])
+    objects.append(out)
+    return ("o", len(objects) - 1)
+
+
+def rebuild(tree, tensors, objects, torch_dtypes):
+    """The batch in the main process: ``tree`` with leaf ``i`` as ``tensors[i]`` (viewed as
+    ``torch_dtypes[i]`` when set) and object ``j`` as ``objects[j]``."""
+    kind = tree[0]
+    if kind == "t":
+        t = tensors[tree[1]]
+        view = torch_dtypes[tree[1]]
+        if view == "bfloat16":
+            t = t.view(_torch().bfloat16)
+        elif view == "numpy" and hasattr(t, "numpy") and t.device.type == "cpu":
+            t = t.numpy()
+        return t
+    if kind == "o":
+        return objects[tree[1]]
+    if kind == "m":
+        typ, items = tree[1], tree[2]
+        d = {k: rebuild(v, tensors, objects, torch_dtypes) for k, v in items}
+        if typ is dict:
+            return d
+        try:
+            return typ(d)
+        except TypeError:
+            return d
+    if kind == "n":
+        return tree[1](*(rebuild(v, tensors, objects, torch_dtypes) for v in tree[2]))
+    if kind == "l":
+        typ, parts = tree[1], tree[2]
+        vals = [rebuild(v, tensors, objects, torch_dtypes) for v in parts]
+        if typ is list:
+            return vals
+        try:
+            return typ(vals)
+        except TypeError:
+            return vals
+    raise ValueError(f"bad batch structure {kind!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The handler: one batch at a time, in a worker process or in the main process.
+
+class Handler:
+    """Answers the loader's requests for one worker (see the module's protocol)."""
+
+    def __init__(self, dataset, collate_fn, worker_id, main_pid, auto_collation=True):
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.worker_id = worker_id
+        self.main_pid = main_pid
+        self.staged = None
+        self.maps = {}  # block id -> (mmap, length)
+
+    def _fetch(self, indices):
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is not None:
+            try:
+                return list(getitems(indices)), None
+            except Exception:
+                # Name the sample at fault as torch users expect: try them one by one.
+                for i in indices:
+                    try:
+                        self.dataset[i]
+                    except Exception:
+                        return None, i
+                raise
+        samples = []
+        for i in indices:
+            try:
+                samples.append(self.dataset[i])
+            except Exception:
+                return None, i
+        return samples, None
+
+    def _error(self, index):
+        etype, value, tb = sys.exc_info()
+        where = "in DataLoader worker process {}".format(self.worker_id) if self.worker_id >= 0 \
+            else "in the main process"
+        msg = (f"Caught {etype.__name__} {where}.\nOriginal "
+               + "".join(traceback.format_exception(etype, value, tb)))
+        msg += f"\n[exception type: {etype.__module__}.{etype.__qualname__}]"
+        return b"E" + struct.pack("<Q", _U64_MAX if index is None else index) + msg.encode()
+
+    def handle(self, req):
+        kind = req[:1]
+        try:
+            if kind == b"S":
+                return self._stage(req)
+            if kind == b"W":
+                return self._write(req)
+            return b"E" + struct.pack("<Q", _U64_MAX) + f"unknown request {kind!r}".encode()
+        except Exception:
+            self.staged = None
+            return self._error(None)
+
+    def _stage(self, req):
+        (epoch, n) = struct.unpack_from("<QI", req, 1)
+        indices = list(struct.unpack_from(f"<{n}Q", req, 13))
+        self.staged = None
+        try:
+            samples, bad = self._fetch(indices)
+        except Exception:
+            return self._error(None)
+        if samples is None:
+            try:
+                self.dataset[bad]
+            except Exception:
+                return self._error(bad)
+            return self._error(None)
+        leaves, objects = [], []
+        if self.collate_fn is None:
+            tree = _collate(samples, leaves, objects)
+        else:
+            tree = _flatten(self.collate_fn(samples), leaves, objects)
+        meta = pickle.dumps((tree, objects, [leaf.torch_dtype for leaf in leaves]),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        out = [b"K", struct.pack("<QI", len(indices), len(leaves))]
+        for leaf in leaves:
+            shape = leaf.shape()
+            out.append(struct.pack("<BB", _CODES[leaf.dtype()], len(shape)))
+            out.append(struct.pack(f"<{len(shape)}Q", *shape))
+        out.append(struct.pack("<Q", len(meta)))
+        self.staged = (leaves, meta)
+        return b"".join(out)
+
+    def _block(self, block_id, fd, length):
+        m = self.maps.get(block_id)
+        if m is not None and m[1] >= length:
+            return m[0]
+        if len(self.maps) >= 64:  # blocks the pool freed: drop the oldest mappings
+            for k in list(self.maps)[:32]:
+                self.maps.pop(k)[0].close()
+        path = f"/proc/{self.main_pid}/fd/{fd}" if self.main_pid != os.getpid() \
+            else f"/proc/self/fd/{fd}"
+        f = os.open(path, os.O_RDWR)
+        try:
+            m = mmap.mmap(f, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(f)
+        self.maps[block_id] = (m, length)
+        return m
+
+    def _write(self, req):
+        (block_id, fd, length, n) = struct.unpack_from("<QiQI", req, 1)
+        offsets = struct.unpack_from(f"<{n}Q", req, 25)
+        if self.staged is None:
+            return b"E" + struct.pack("<Q", _U64_MAX) + b"write request without a staged batch"
+        leaves, meta = self.staged
+        self.staged = None
+        if fd >= 0:
+            buf = self._block(block_id, fd, length)
+        else:
+            end = offsets[-1] + len(meta)
+            buf = bytearray(end)
+        for leaf, off in zip(leaves, offsets):
+            dtype = leaf.dtype()
+            shape = leaf.shape()
+            count = int(np.prod(shape, dtype=np.int64))
+            dst = np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape)
+            if leaf.parts is not None:
+                for k, p in enumerate(leaf.parts):
+                    dst[k] = p
+            else:
+                dst[...] = leaf.array
+        off = offsets[-1]
+        buf[off:off + len(meta)] = meta
+        if fd >= 0:
+            return b"w"
+        return b"B" + bytes(buf)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes.
+
+def _worker_loop(conn, dataset, collate_fn, worker_id, num_workers, seed, main_pid,
+                 worker_init_fn):
+    """A worker process's main loop: answers requests until the pipe closes."""
+    global _worker_info
+    # Ctrl-C goes to the main process, which ends the workers (as torch's workers do).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    random.seed(seed)
+    # torch is seeded (and given its worker info) when the dataset's code imported it, as
+    # unpickling the dataset does under spawn; a worker does not import torch itself.
+    torch = _torch()
+    if torch is not None:
+        torch.manual_seed(seed)
+        try:
+            from torch.utils.data import _utils
+
+            _utils.worker._worker_info = _TorchWorkerInfo(worker_id, num_workers, seed, dataset)
+        except Exception:
+            pass
+    np.random.seed(_numpy_seed(seed, worker_id))
+    _worker_info = WorkerInfo(worker_id, num_workers, seed, dataset)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+    handler = Handler(dataset, collate_fn, worker_id, main_pid)
+    while True:
+        try:
+            req = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send_bytes(handler.handle(req))
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _TorchWorkerInfo(id, num_workers, seed, dataset):
+    from torch.utils.data._utils.worker import WorkerInfo as TorchInfo
+
+    return TorchInfo(id=id, num_workers=num_workers, seed=seed, dataset=dataset)
+
+
+def _numpy_seed(seed, worker_id):
+    """NumPy's seed of a worker, as torch derives it (``_generate_state``)."""
+    try:
+        from torch.utils.data._utils.worker import _generate_state
+
+        return _generate_state(seed - worker_id, worker_id)
+    except Exception:
+        return (seed ^ (worker_id << 32)) % 2**32
+
+
+class Workers:
+    """The worker processes of one loader, started with ``context`` (a multiprocessing
+    context: fork, spawn or forkserver)."""
+
+    def __init__(self, dataset, collate_fn, num_workers, context, worker_init_fn, source):
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.num_workers = num_workers
+        self.context = context
+        self.worker_init_fn = worker_init_fn
+        self.source = source
+        self.procs = []
+        self.conns = []
+        self.lock = threading.Lock()
+
+    def start(self, base_seed):
+        """(Re)starts every worker process, seeded from ``base_seed`` as torch seeds them."""
+        self.stop()
+        main_pid = os.getpid()
+        procs, conns, child_ends = [], [], []
+        for i in range(self.num_workers):
+            parent, child = self.context.Pipe(duplex=True)
+            p = self.context.Process(
+                target=_worker_loop,
+                args=(child, self.dataset, self.collate_fn, i, self.num_workers,
+                      base_seed + i, main_pid, self.worker_init_fn),
+                daemon=True,
+                name=f"longshore-worker-{i}",
+            )
+            p.start()
+            procs.append(p)
+            conns.append(parent)
+            child_ends.append(child)
+        for c in child_ends:
+            c.close()
+        self.procs, self.conns = procs, conns
+        self.source.set_workers([c.fileno() for c in conns])
+
+    def alive(self):
+        return bool(self.procs) and all(p.is_alive() for p in self.procs)
+
+    def describe(self, worker_id):
+        """How worker ``worker_id``'s process ended: its pid and exit code or signal."""
+        try:
+            p = self.procs[worker_id]
+        except IndexError:
+            return "no such worker"
+        p.join(timeout=1.0)
+        code = p.exitcode
+        if code is None:
+            return f"pid {p.pid}, still running, its pipe closed"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = str(-code)
+            return f"pid {p.pid}, killed by signal {-code} ({name})"
+        return f"pid {p.pid}, exited with code {code}"
+
+    def stop(self):
+        procs, conns = self.procs, self.conns
+        self.procs, self.conns = [], []
+        if procs:
+            # The loader's copies of the pipes first: a worker ends when its pipe closes.
+            self.source.set_workers([])
+        for c in conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        for p in procs:
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5.0)
+            if hasattr(p, "close"):
+                try:
+                    p.close()
+                except ValueError:
+                    pass
+
+    def __del__(self):
+        try:
+            self.stop()
+        except Exception:
+            pass

@@ -1,0 +1,424 @@
+//! Python datasets (any object with `__getitem__` and `__len__`): their code runs in worker
+//! processes (`longshore/_workers.py`), one per loader worker thread, and each batch is
+//! collated by its process straight into the loader's shared, page-locked block.
+//!
+//! Per batch, the loader's worker thread `i` and process `i` exchange two messages on a pipe
+//! (multiprocessing's `Connection` framing: a big-endian `i32` length, then the payload):
+//!
+//! 1. `S` (stage): the batch's position, epoch and indices. The process fetches the samples
+//!    (`__getitems__` or `__getitem__`), works out torch's `default_collate` structure (or runs
+//!    the user's `collate_fn`) and answers `K` with each output tensor's dtype and shape and
+//!    the size of the batch's *meta* (its nesting and non-tensor values, pickled), or `E` with
+//!    the failing sample's index and the worker's traceback.
+//! 2. The loader leases a block for that layout (ranked by the batch's place in the order,
+//!    under the pool's budget), then `W` (write): the block's memory file, its id and each
+//!    tensor's offset. The process maps the file (once per block) and copies each sample's
+//!    array into its slot: one copy from the user's array. Where the block is not shared
+//!    memory (a pool of the user's, a budget fallback), it answers `B` with the bytes instead.
+//!
+//! The loader keeps what it does for every dataset: the order, prefetch, the budget, timeouts,
+//! `state_dict`, stats. A process that dies ends its batch with an error naming the worker,
+//! its pid, how it ended and the samples it held. With `num_workers=0` the same Python code
+//! runs in this process, under the GIL, on the loader's thread.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+use longshore::data::{Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, Storage};
+use longshore::host::PoolBuffer;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+/// The torch/NumPy dtype codes of the protocol (`_workers.py` `_CODES`).
+fn dtype_of(code: u8) -> Option<DType> {
+    Some(match code {
+        0 => DType::Bool,
+        1 => DType::U8,
+        2 => DType::I8,
+        3 => DType::I16,
+        4 => DType::I32,
+        5 => DType::I64,
+        6 => DType::F16,
+        7 => DType::F32,
+        8 => DType::F64,
+        9 => DType::U16,
+        10 => DType::U32,
+        11 => DType::U64,
+        _ => return None,
+    })
+}
+
+/// One worker process's end of its pipe.
+struct Channel {
+    pipe: File,
+}
+
+impl Channel {
+    fn send(&mut self, msg: &[u8]) -> std::io::Result<()> {
+        let mut out = Vec::with_capacity(msg.len() + 12);
+        match i32::try_from(msg.len()) {
+            Ok(n) => out.extend_from_slice(&n.to_be_bytes()),
+            Err(_) => {
+                out.extend_from_slice(&(-1i32).to_be_bytes());
+                out.extend_from_slice(&(msg.len() as u64).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(msg);
+        self.pipe.write_all(&out)
+    }
+
+    fn recv(&mut self) -> std::io::Result<Vec<u8>> {
+        let mut head = [0u8; 4];
+        self.pipe.read_exact(&mut head)?;
+        let n = match i32::from_be_bytes(head) {
+            -1 => {
+                let mut long = [0u8; 8];
+                self.pipe.read_exact(&mut long)?;
+                usize::try_from(u64::from_be_bytes(long)).map_err(std::io::Error::other)?
+            }
+            n => usize::try_from(n).map_err(std::io::Error::other)?,
+        };
+        let mut buf = vec![0u8; n];
+        self.pipe.read_exact(&mut buf)?;
+        Ok(buf)
+    }
+}
+
+/// Where a worker's batches are made.
+enum Endpoint {
+    /// A worker process, by its pipe.
+    Process(Mutex<Channel>),
+    /// This process: `handle(request: bytes) -> bytes` of `_workers.Handler`, under the GIL.
+    InProcess(Py<PyAny>),
+}
+
+/// The worker processes (or the in-process handler) of a Python dataset, shared by the
+/// loader's worker threads: thread `i` talks to endpoint `i`.
+pub(crate) struct Workers {
+    endpoints: Mutex<Vec<Option<Arc<Endpoint>>>>,
+    /// `describe(worker_id) -> str`: how worker `id`'s process ended (pid, exit code or
+    /// signal), for the error when its pipe closes.
+    describe: Py<PyAny>,
+}
+
+thread_local! {
+    /// The sample at fault in this thread's last failed batch and its error: the loader asks
+    /// the dataset for each sample of a failed batch (`Dataset::get`) to name it.
+    static FAILED: RefCell<Option<(usize, String)>> = const { RefCell::new(None) };
+}
+
+/// Process-wide handle of a Python dataset for the loader: its length; samples are loaded by
+/// [`ProcessCollate`].
+pub(crate) struct ProcessDataset {
+    len: usize,
+}
+
+impl Dataset for ProcessDataset {
+    type Item = ();
+    fn len(&self) -> usize {
+        self.len
+    }
+    /// The sample's error if it is the one this thread's last batch failed on.
+    fn get(&self, index: usize) -> Result<(), DataError> {
+        FAILED.with(|f| match &*f.borrow() {
+            Some((i, msg)) if *i == index => Err(DataError::Other(msg.clone())),
+            _ => Ok(()),
+        })
+    }
+}
+
+/// A staged batch: its layout, and the endpoint holding its samples.
+pub(crate) struct Staged {
+    layout: BatchLayout,
+    endpoint: Arc<Endpoint>,
+    worker: usize,
+    indices: Vec<usize>,
+}
+
+/// Collates a batch in a worker process (see the module's documentation).
+pub(crate) struct ProcessCollate {
+    workers: Arc<Workers>,
+}
+
+impl Workers {
+    fn endpoint(&self, id: usize) -> Result<Arc<Endpoint>, DataError> {
+        let e = self.endpoints.lock().unwrap_or_else(|p| p.into_inner());
+        e.get(id).cloned().flatten().ok_or_else(|| {
+            DataError::Other(format!(
+                "DataLoader worker {id} has no process (the epoch started without workers)"
+            ))
+        })
+    }
+
+    /// The error for worker `id`'s pipe failing (`err`) while it held `indices`.
+    fn died(&self, id: usize, indices: &[usize], err: &std::io::Error) -> DataError {
+        let how = Python::attach(|py| {
+            self.describe
+                .call1(py, (id,))
+                .and_then(|r| r.extract::<String>(py))
+                .unwrap_or_else(|e| format!("its pipe failed ({err}); describing it failed: {e}"))
+        });
+        DataError::Other(format!(
+            "DataLoader worker {id} ({how}) ended while loading samples {indices:?}"
+        ))
+    }
+
+    fn exchange(
+        &self,
+        endpoint: &Endpoint,
+        id: usize,
+        indices: &[usize],
+        request: &[u8],
+    ) -> Result<Vec<u8>, DataError> {
+        match endpoint {
+            Endpoint::Process(ch) => {
+                let mut ch = ch.lock().unwrap_or_else(|p| p.into_inner());
+                ch.send(request)
+                    .and_then(|()| ch.recv())
+                    .map_err(|e| self.died(id, indices, &e))
+            }
+            Endpoint::InProcess(handler) => Python::attach(|py| {
+                let reply = handler
+                    .call_method1(py, "handle", (PyBytes::new(py, request),))
+                    .map_err(|e| DataError::Other(format!("the dataset's handler failed: {e}")))?;
+                reply
+                    .extract::<Vec<u8>>(py)
+                    .map_err(|e| DataError::Other(format!("the dataset's handler answered: {e}")))
+            }),
+        }
+    }
+}
+
+/// Reads little-endian integers from a reply.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], DataError> {
+        if self.0.len() < n {
+            return Err(DataError::Other(
+                "a truncated reply from a DataLoader worker".into(),
+            ));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, DataError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, DataError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, DataError> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+}
+
+fn usize_of(v: u64) -> Result<usize, DataError> {
+    usize::try_from(v).map_err(|_| DataError::Overflow("a worker's reply"))
+}
+
+/// A failure reply (`E`): records the sample at fault for [`ProcessDataset::get`].
+fn failure(body: &[u8]) -> DataError {
+    let mut r = Reader(body);
+    let index = r.u64().unwrap_or(u64::MAX);
+    let message = String::from_utf8_lossy(r.0).into_owned();
+    FAILED.with(|f| {
+        *f.borrow_mut() = usize::try_from(index)
+            .ok()
+            .filter(|_| index != u64::MAX)
+            .map(|i| (i, message.clone()))
+    });
+    DataError::Other(message)
+}
+
+impl DatasetCollate<ProcessDataset> for ProcessCollate {
+    type Staged = Staged;
+
+    fn stage(&self, _dataset: &ProcessDataset, indices: &[usize]) -> Result<Staged, DataError> {
+        FAILED.with(|f| f.borrow_mut().take());
+        let info = longshore::data::worker::current();
+        let worker = info.map_or(0, |i| i.id);
+        let epoch = longshore::data::worker::epoch().unwrap_or(0);
+        let endpoint = self.workers.endpoint(worker)?;
+        let mut req = Vec::with_capacity(21 + 8 * indices.len());
+        req.push(b'S');
+        req.extend_from_slice(&epoch.to_le_bytes());
+        req.extend_from_slice(&(indices.len() as u32).to_le_bytes());
+        for &i in indices {
+            req.extend_from_slice(&(i as u64).to_le_bytes());
+        }
+        let reply = self.workers.exchange(&endpoint, worker, indices, &req)?;
+        let (kind, body) = reply
+            .split_first()
+            .ok_or_else(|| DataError::Other("an empty reply from a DataLoader worker".into()))?;
+        match kind {
+            b'K' => {}
+            b'E' => return Err(failure(body)),
+            other => {
+                return Err(DataError::Other(format!(
+                    "DataLoader worker {worker} answered {other:#x} to a stage request"
+                )));
+            }
+        }
+        let mut r = Reader(body);
+        let batch = usize_of(r.u64()?)?;
+        let n = r.u32()? as usize;
+        let mut layout = BatchLayout::new(batch);
+        for _ in 0..n {
+            let code = r.u8()?;
+            let dtype = dtype_of(code).ok_or_else(|| {
+                DataError::Other(format!(
+                    "DataLoader worker {worker}: unknown dtype code {code}"
+                ))
+            })?;
+            let ndim = r.u8()? as usize;
+            let mut shape = Vec::with_capacity(ndim);
+            for _ in 0..ndim {
+                shape.push(usize_of(r.u64()?)?);
+            }
+            layout.push(None, dtype, shape)?;
+        }
+        let meta = usize_of(r.u64()?)?;
+        layout.push(None, DType::U8, vec![meta])?;
+        Ok(Staged {
+            layout,
+            endpoint,
+            worker,
+            indices: indices.to_vec(),
+        })
+    }
+
+    fn staged_layout<'a>(&self, staged: &'a Staged) -> &'a BatchLayout {
+        &staged.layout
+    }
+
+    fn write<S: Storage>(
+        &self,
+        _dataset: &ProcessDataset,
+        staged: Staged,
+        mut storage: S,
+    ) -> Result<Batch<S>, DataError> {
+        let Staged {
+            layout,
+            endpoint,
+            worker,
+            indices,
+        } = staged;
+        let total = layout.total_bytes();
+        if storage.len() < total {
+            return Err(DataError::BufferTooSmall {
+                what: "a Python dataset's batch",
+                needed: total,
+                got: storage.len(),
+            });
+        }
+        let shared = (&storage as &dyn Any)
+            .downcast_ref::<PoolBuffer>()
+            .and_then(PoolBuffer::shared_fd)
+            .map(|(fd, id)| (fd.as_raw_fd(), id));
+        let mut req = Vec::with_capacity(32 + 8 * layout.tensors().len());
+        req.push(b'W');
+        let (fd, id) = shared.unwrap_or((-1, 0));
+        req.extend_from_slice(&id.to_le_bytes());
+        req.extend_from_slice(&fd.to_le_bytes());
+        req.extend_from_slice(&(storage.len() as u64).to_le_bytes());
+        req.extend_from_slice(&(layout.tensors().len() as u32).to_le_bytes());
+        for t in layout.tensors() {
+            req.extend_from_slice(&(t.offset as u64).to_le_bytes());
+        }
+        let reply = self.workers.exchange(&endpoint, worker, &indices, &req)?;
+        match reply.split_first() {
+            Some((b'w', _)) if shared.is_some() => {}
+            Some((b'B', bytes)) if bytes.len() == total => storage[..total].copy_from_slice(bytes),
+            Some((b'E', body)) => return Err(failure(body)),
+            _ => {
+                return Err(DataError::Other(format!(
+                    "DataLoader worker {worker} answered a write request with {} bytes",
+                    reply.len()
+                )));
+            }
+        }
+        Batch::from_parts(layout, storage)
+    }
+}
+
+/// `longshore._ProcessSource`: a Python dataset as the loader sees it: its length, the worker
+/// endpoints (set by the Python side before each epoch), and how to describe a dead worker.
+#[pyclass(name = "_ProcessSource", module = "longshore", frozen)]
+pub(crate) struct PyProcessSource {
+    pub(crate) len: usize,
+    pub(crate) workers: Arc<Workers>,
+}
+
+#[pymethods]
+impl PyProcessSource {
+    /// `describe(worker_id) -> str` says how a worker's process ended.
+    #[new]
+    fn new(len: usize, describe: Py<PyAny>) -> Self {
+        Self {
+            len,
+            workers: Arc::new(Workers {
+                endpoints: Mutex::new(Vec::new()),
+                describe,
+            }),
+        }
+    }
+
+    /// Sets the endpoints: for each loader worker, the file descriptor of its process's end
+    /// of the pipe (duplicated here, so the caller may close its own), or a handler object
+    /// (`handle(bytes) -> bytes`) run in this process.
+    fn set_workers(&self, endpoints: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let mut out = Vec::with_capacity(endpoints.len());
+        for e in endpoints {
+            if let Ok(fd) = e.extract::<i32>() {
+                // SAFETY: `dup` of a descriptor the caller owns; the copy is ours alone.
+                let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+                if dup < 0 {
+                    return Err(PyValueError::new_err(format!(
+                        "cannot duplicate worker pipe {fd}: {}",
+                        std::io::Error::last_os_error()
+                    )));
+                }
+                // SAFETY: `dup` is a new descriptor owned by nothing else.
+                let pipe = File::from(unsafe { OwnedFd::from_raw_fd(dup) });
+                out.push(Some(Arc::new(Endpoint::Process(Mutex::new(Channel {
+                    pipe,
+                })))));
+            } else {
+                out.push(Some(Arc::new(Endpoint::InProcess(e.unbind()))));
+            }
+        }
+        *self
+            .workers
+            .endpoints
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = out;
+        Ok(())
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+}
+
+impl PyProcessSource {
+    /// The loader's dataset and collate for this source.
+    pub(crate) fn parts(&self) -> (ProcessDataset, ProcessCollate) {
+        (
+            ProcessDataset { len: self.len },
+            ProcessCollate {
+                workers: self.workers.clone(),
+            },
+        )
+    }
+}
