@@ -144,8 +144,10 @@ def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context):
     """The arguments whose work only Python can do: a Python dataset, ``collate_fn``,
     ``worker_init_fn``, ``multiprocessing_context``. Refused (a ``TypeError`` for the dataset,
     a ``ValueError`` naming what longshore runs instead for the others): longshore's workers
-    are Rust threads. The one place that decides it."""
-    if _data._native_or_none(dataset) is None:
+    are Rust threads. The one place that decides it; returns what the Rust loader reads for
+    ``dataset``."""
+    native = _data._native_or_none(dataset)
+    if native is None:
         raise TypeError(
             "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset, "
             "datasets.ImageFolder, data.ArrayDataset or data.TensorDataset (or a data.Subset "
@@ -168,6 +170,7 @@ def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context):
             "multiprocessing_context: longshore's workers are threads of this process, "
             "not processes; leave it None"
         )
+    return native
 
 
 def _is_default_collate(fn):
@@ -304,7 +307,7 @@ class DataLoader:
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         _check_multiprocessing_context(multiprocessing_context, num_workers)
-        _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context)
+        native = _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context)
         shuffle = bool(shuffle)
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
@@ -386,7 +389,7 @@ class DataLoader:
         self._iterated = False
         self._loader = _longshore._Loader(
             # datasets.ImageFolder & co wrap their native dataset.
-            _data._native_or_none(dataset),
+            native,
             1 if self._order is not None else batch_size,
             bool(shuffle) and builtin,
             num_workers,

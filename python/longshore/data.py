@@ -528,6 +528,12 @@ def _native_or_none(dataset):
         return dataset
     if isinstance(dataset, (str, bytes)):
         return None
+    # PyTorch's own Subset and ConcatDataset (random_split's parts) over longshore datasets.
+    kind = _TORCH_WRAPPERS.get((type(dataset).__module__, type(dataset).__name__))
+    if kind is Subset:
+        return Subset(dataset.dataset, dataset.indices)._native
+    if kind is ConcatDataset:
+        return ConcatDataset(dataset.datasets)._native
     inner = getattr(dataset, "_native", None)
     if inner is None or inner is dataset:
         return None
@@ -615,6 +621,12 @@ class ConcatDataset:
 
     def __repr__(self):
         return f"ConcatDataset({len(self.datasets)} datasets, len={len(self)})"
+
+
+_TORCH_WRAPPERS = {
+    ("torch.utils.data.dataset", "Subset"): Subset,
+    ("torch.utils.data.dataset", "ConcatDataset"): ConcatDataset,
+}
 
 
 def random_split(dataset, lengths, generator=None, *, seed=None):

@@ -65,6 +65,12 @@ def _pair(torch, kind):
         o = L.random_split(a_o, [0.7, 0.3], generator=torch.Generator().manual_seed(3))[0]
         t = T.random_split(a_t, [0.7, 0.3], generator=torch.Generator().manual_seed(3))[0]
         return o, t
+    if kind == "torch-split":
+        # PyTorch's own random_split (Subset) and ConcatDataset over longshore datasets.
+        a_o, a_t = _pair(torch, "arrays")
+        o = T.random_split(a_o, [0.6, 0.4], generator=torch.Generator().manual_seed(3))
+        t = T.random_split(a_t, [0.6, 0.4], generator=torch.Generator().manual_seed(3))
+        return T.ConcatDataset([o[1], a_o]), T.ConcatDataset([t[1], a_t])
     raise AssertionError(kind)
 
 
@@ -149,7 +155,7 @@ def test_batches_equal_torch_over_the_option_grid(workers, persistent):
         _assert_same(torch, ours, theirs, (name, workers, persistent))
 
 
-@pytest.mark.parametrize("kind", ["tensors", "arrays", "subset", "concat", "split"])
+@pytest.mark.parametrize("kind", ["tensors", "arrays", "subset", "concat", "split", "torch-split"])
 def test_native_datasets_batch_as_torch(kind):
     torch = need_torch()
     from torch.utils import data as T

@@ -316,3 +316,24 @@ def test_non_native_byte_order_and_views_are_batched_by_value():
     got = [b for b in dl]
     assert torch.equal(got[0][0], torch.tensor(big[:4].astype(np.int32)))
     assert torch.equal(got[1][1], torch.tensor(np.ascontiguousarray(view[4:])))
+
+
+def test_without_torch_the_loader_runs_every_sampler(no_torch, monkeypatch):
+    monkeypatch.setattr(longshore, "_import_torch", lambda: None)
+    ds = L.ArrayDataset(np.arange(30, dtype=np.int64), np.arange(30, dtype=np.float32) / 2)
+
+    def ids(**kw):
+        dl = longshore.DataLoader(ds, framework="numpy", **kw)
+        return [b[0].tolist() for b in dl]
+
+    flat = lambda batches: [i for b in batches for i in b]  # noqa: E731
+    for kw in (dict(batch_size=4, shuffle=True), dict(batch_size=4, shuffle=True, num_workers=2),
+               dict(batch_size=5, sampler=L.RandomSampler(ds)),
+               dict(batch_sampler=L.BatchSampler(L.RandomSampler(ds), 7, False))):
+        got = ids(**kw)
+        assert sorted(flat(got)) == list(range(30)), kw
+    assert ids(batch_size=8, sampler=[5, 6, 7]) == [[5, 6, 7]]
+    ranks = [flat(ids(batch_size=3, sampler=L.DistributedSampler(ds, 4, r, seed=2))) for r in range(4)]
+    every = [i for r in ranks for i in r]
+    assert set(every) == set(range(30)) and len(every) == 32 and {len(r) for r in ranks} == {8}
+    assert ids(batch_size=4, shuffle=True, seed=3) == ids(batch_size=4, shuffle=True, seed=3)
