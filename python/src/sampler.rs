@@ -60,6 +60,9 @@ struct Slot {
     dataset_len: usize,
     /// What went wrong pulling a Python iterator, raised by Python when the epoch ends.
     error: Option<PyErr>,
+    /// Bumped by every order handed over: an abandoned epoch's iterator that fails later does
+    /// not report into the next epoch.
+    generation: u64,
 }
 
 /// The loader's batch sampler over the orders Python hands over ([`PyEpochOrder`]).
@@ -122,7 +125,7 @@ impl BatchSampling for EpochOrder {
     /// loader's `next`).
     fn iter_owned_from(&self, batches_done: usize) -> BatchIter<'static> {
         let mut slot = self.lock();
-        let dataset_len = slot.dataset_len;
+        let (dataset_len, generation) = (slot.dataset_len, slot.generation);
         let batches: BatchIter<'static> = match slot.order.take() {
             None => Box::new(std::iter::empty()),
             Some(Order::Indices {
@@ -154,6 +157,7 @@ impl BatchSampling for EpochOrder {
                 ready: VecDeque::new(),
                 partial: Vec::new(),
                 slot: self.0.clone(),
+                generation,
             }),
         };
         if batches_done == 0 {
@@ -196,6 +200,8 @@ struct Pull {
     /// Indices of the batch being grouped (an iterator of indices).
     partial: Vec<usize>,
     slot: Arc<Mutex<Slot>>,
+    /// The order's [`Slot::generation`].
+    generation: u64,
 }
 
 impl Iterator for Pull {
@@ -251,7 +257,9 @@ impl Pull {
             Some(Ok(false)) | None => {}
             Some(Err(e)) => {
                 let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-                slot.error.get_or_insert(e);
+                if slot.generation == self.generation {
+                    slot.error.get_or_insert(e);
+                }
             }
         }
     }
@@ -348,6 +356,7 @@ impl PyEpochOrder {
         slot.order = Some(order);
         slot.len = len;
         slot.error = None;
+        slot.generation += 1;
     }
 }
 
@@ -364,6 +373,7 @@ impl PyEpochOrder {
                 epoch: 0,
                 dataset_len,
                 error: None,
+                generation: 0,
             }))),
         }
     }
