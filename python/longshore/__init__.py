@@ -21,6 +21,7 @@ The options have PyTorch's names, defaults and checks. Batches are:
 A batch's memory goes back to longshore's pool when every tensor of the batch has been freed.
 """
 
+import itertools as _itertools
 import json as _json
 
 import numpy as _np
@@ -214,6 +215,9 @@ def _check_pin_memory_device(value, index):
         )
 
 
+# Loaders made in this process: what tells two loaders' worker seeds apart.
+_LOADERS = _itertools.count()
+
 # Attributes PyTorch's DataLoader refuses to change after construction.
 _FIXED = frozenset(
     ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
@@ -361,10 +365,11 @@ class DataLoader:
         if framework == "numpy" and index is not None:
             raise ValueError("NumPy arrays live on the CPU: device='cuda' needs framework='torch'")
         if seed is None and torch is not None:
-            # The workers' random transforms: reproducible under torch.manual_seed (drawing
-            # from the generator here would shift PyTorch's draws).
+            # The workers' random transforms: reproducible under torch.manual_seed, and not
+            # the same in two loaders of one process (drawing from the generator here would
+            # shift PyTorch's draws).
             gen = generator if generator is not None else torch.default_generator
-            rust_seed = int(gen.initial_seed()) & (2**64 - 1)
+            rust_seed = (int(gen.initial_seed()) * 0x9E3779B97F4A7C15 + next(_LOADERS)) % 2**64
         else:
             rust_seed = seed
         self.dataset = dataset
