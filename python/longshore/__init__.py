@@ -21,9 +21,13 @@ The options have PyTorch's names, defaults and checks. Batches are:
 A batch's memory goes back to longshore's pool when every tensor of the batch has been freed.
 """
 
+import itertools as _itertools
 import json as _json
 
-from . import _longshore, datasets, transforms  # noqa: F401  (submodules)
+import numpy as _np
+
+from . import _longshore, data, datasets, transforms  # noqa: F401  (submodules)
+from . import data as _data
 from ._longshore import (  # noqa: F401  (re-exported)
     LoaderError,
     LoaderTimeout,
@@ -34,11 +38,38 @@ from ._longshore import (  # noqa: F401  (re-exported)
     Tensor,
     cuda_status,
 )
+from .data import (  # noqa: F401  (re-exported, as torch.utils.data has them)
+    ArrayDataset,
+    BatchSampler,
+    ConcatDataset,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    Subset,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+    random_split,
+)
 
 __all__ = [
     "DataLoader",
+    "data",
     "datasets",
     "transforms",
+    "Sampler",
+    "SequentialSampler",
+    "RandomSampler",
+    "SubsetRandomSampler",
+    "WeightedRandomSampler",
+    "BatchSampler",
+    "DistributedSampler",
+    "ArrayDataset",
+    "TensorDataset",
+    "Subset",
+    "ConcatDataset",
+    "random_split",
     "NpyDataset",
     "RecordDataset",
     "PinnedPool",
@@ -110,70 +141,269 @@ def _torch_converter(torch, cuda, pinned):
     )
 
 
-class DataLoader:
-    """``torch.utils.data.DataLoader``'s options over longshore's Rust loader.
+def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context):
+    """The arguments whose work only Python can do: a Python dataset, ``collate_fn``,
+    ``worker_init_fn``, ``multiprocessing_context``. Refused (a ``TypeError`` for the dataset,
+    a ``ValueError`` naming what longshore runs instead for the others): longshore's workers
+    are Rust threads. The one place that decides it; returns what the Rust loader reads for
+    ``dataset``."""
+    native = _data._native_or_none(dataset)
+    if native is None:
+        raise TypeError(
+            "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset, "
+            "datasets.ImageFolder, data.ArrayDataset or data.TensorDataset (or a data.Subset "
+            "or data.ConcatDataset of them), not " + type(dataset).__name__
+        )
+    if collate_fn is not None and not _is_default_collate(collate_fn):
+        raise ValueError(
+            "collate_fn: longshore's workers collate in Rust, as torch.utils.data."
+            "default_collate does (a list of one batched tensor per field); leave collate_fn "
+            "None and transform the batch after the loader"
+        )
+    if worker_init_fn is not None:
+        raise ValueError(
+            "worker_init_fn: longshore's workers are Rust threads, which run no Python; "
+            "their random transforms are seeded from seed= (or torch's generator) and the "
+            "worker id"
+        )
+    if multiprocessing_context is not None:
+        raise ValueError(
+            "multiprocessing_context: longshore's workers are threads of this process, "
+            "not processes; leave it None"
+        )
+    return native
 
-    ``dataset`` is a :class:`NpyDataset`, a :class:`RecordDataset` or a
-    :class:`datasets.ImageFolder` with a transform (batches ``[images, labels]``). ``seed`` fixes shuffling
-    and per-worker randomness (PyTorch takes a ``generator``); ``device`` delivers batches on
-    a GPU. ``pool`` (a :class:`PinnedPool`) bounds the host memory batches may hold;
+
+def _is_default_collate(fn):
+    return (getattr(fn, "__name__", None) == "default_collate"
+            and getattr(fn, "__module__", "").startswith("torch.utils.data"))
+
+
+def _check_multiprocessing_context(context, num_workers):
+    """PyTorch's checks of ``multiprocessing_context`` (before longshore's refusal)."""
+    if context is None:
+        return
+    if num_workers <= 0:
+        raise ValueError(
+            "multiprocessing_context can only be used with multi-process loading "
+            f"(num_workers > 0), but got num_workers={num_workers}"
+        )
+    if isinstance(context, str):
+        import multiprocessing
+
+        valid = multiprocessing.get_all_start_methods()
+        if context not in valid:
+            raise ValueError(
+                "multiprocessing_context option should specify a valid start method in "
+                f"{valid!r}, but got multiprocessing_context={context!r}"
+            )
+
+
+def _check_pin_memory_device(value, index):
+    """``pin_memory_device``: ``""``, or ``"cuda"`` / ``"cuda:N"`` agreeing with ``device``."""
+    if value == "" or value is None:
+        return
+    text = str(value)
+    if text != "cuda" and not (text.startswith("cuda:") and text[5:].isdigit()):
+        raise ValueError(
+            f"pin_memory_device must be '', 'cuda' or 'cuda:N', not {value!r}: longshore pins "
+            "memory for CUDA; device= names the GPU that receives the batches"
+        )
+    if text != "cuda" and index is not None and int(text[5:]) != index:
+        raise ValueError(
+            f"pin_memory_device={value!r} disagrees with device (cuda:{index})"
+        )
+
+
+# Loaders made in this process: what tells two loaders' worker seeds apart.
+_LOADERS = _itertools.count()
+
+# Attributes PyTorch's DataLoader refuses to change after construction.
+_FIXED = frozenset(
+    ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+)
+
+
+class DataLoader:
+    """``torch.utils.data.DataLoader`` over longshore's Rust loader: the same arguments, in
+    the same order, with PyTorch's defaults, checks and messages, then longshore's own.
+
+    ``dataset`` is a longshore dataset: :class:`NpyDataset`, :class:`RecordDataset`,
+    :class:`datasets.ImageFolder` with a transform (batches ``[images, labels]``),
+    :class:`data.ArrayDataset` / :class:`data.TensorDataset` (in-memory arrays), or a
+    :class:`data.Subset` / :class:`data.ConcatDataset` of them.
+
+    ``shuffle``, ``sampler``, ``batch_sampler``, ``drop_last`` and ``generator`` decide the
+    order as in PyTorch: with PyTorch installed, for the same generator state
+    (``torch.manual_seed``, or ``generator``) the same batches in the same order, and
+    PyTorch's global generator is drawn from as PyTorch's DataLoader draws from it (the
+    workers' base seed, at each iteration). ``sampler`` / ``batch_sampler`` take
+    :mod:`longshore.data`'s samplers (drawn in one call per epoch), PyTorch's, or any iterable
+    of indices / of lists of indices (iterated in the main process as the loader needs
+    batches, as PyTorch does). ``in_order=False`` hands batches over as they are ready.
+
+    Refused, with a ``ValueError`` naming what longshore does instead: ``collate_fn`` other
+    than PyTorch's ``default_collate``, ``worker_init_fn``, ``multiprocessing_context`` (the
+    workers are Rust threads), ``batch_size=None``, a ``pin_memory_device`` other than CUDA's.
+    ``pin_memory_device`` is otherwise accepted (PyTorch ignores it too).
+
+    longshore's own keywords: ``seed`` (instead of ``generator``): the order is then
+    longshore's own, reproducible without PyTorch and resumable exactly
+    (:meth:`state_dict`), and PyTorch's generator is not touched; ``device`` delivers batches
+    on a GPU. ``pool`` (a :class:`PinnedPool`) bounds the host memory batches may hold;
     ``framework`` picks ``"torch"`` or ``"numpy"`` outputs (default: torch when installed).
-    ``prefetch_factor=None`` means 2 with workers, as in PyTorch. ``decode="nvjpeg"`` (with an
-    ImageFolder and ``device="cuda"``) decodes the JPEGs on the GPU with nvJPEG: the workers
-    only read the files and draw the crops (the same crops as ``decode="cpu"`` for a seed).
-    ``worker_priority="background"`` runs the worker threads at a lower priority (Linux:
-    ``SCHED_BATCH``, nice 10), so that with about as many busy workers as cores the threads that
-    hand batches to Python (the epoch thread and the one calling ``next``) still get a core
-    when they wake; ``"normal"`` (the default) leaves them as PyTorch's workers are.
+    ``decode="nvjpeg"`` (with an ImageFolder and ``device="cuda"``) decodes the JPEGs on the
+    GPU with nvJPEG: the workers only read the files and draw the crops (the same crops as
+    ``decode="cpu"`` for a seed). ``worker_priority="background"`` runs the worker threads at a
+    lower priority (Linux: ``SCHED_BATCH``, nice 10), so that with about as many busy workers
+    as cores the threads that hand batches to Python (the epoch thread and the one calling
+    ``next``) still get a core when they wake; ``"normal"`` (the default) leaves them as
+    PyTorch's workers are. ``on_sample_error="skip"`` drops a sample that fails to load from
+    its batch (``"raise"``, the default, raises :class:`SampleError`).
     """
 
     def __init__(
         self,
         dataset,
         batch_size=1,
-        shuffle=False,
+        shuffle=None,
+        sampler=None,
+        batch_sampler=None,
         num_workers=0,
+        collate_fn=None,
         pin_memory=False,
         drop_last=False,
+        timeout=0,
+        worker_init_fn=None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
         prefetch_factor=None,
         persistent_workers=False,
-        timeout=0,
-        seed=None,
+        pin_memory_device="",
+        in_order=True,
         device=None,
-        *,
         pool=None,
+        seed=None,
         framework=None,
         decode="cpu",
         worker_priority="normal",
+        on_sample_error="raise",
     ):
-        if shuffle is None:
-            shuffle = False
+        # PyTorch's checks, in its order, with its messages.
+        if num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; "
+                "use num_workers=0 to disable multiprocessing."
+            )
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing."
+                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
+                "to None."
+            )
+        elif num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        _check_multiprocessing_context(multiprocessing_context, num_workers)
+        native = _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context)
+        shuffle = bool(shuffle)
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive "
+                    "with batch_size, shuffle, sampler, and "
+                    "drop_last"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None:
+            if drop_last:
+                raise ValueError(
+                    "batch_size=None option disables auto-batching "
+                    "and is mutually exclusive with drop_last"
+                )
+            raise ValueError(
+                "batch_size=None (no automatic batching) is not supported by "
+                "longshore.DataLoader: use batch_size=1 and take each batch's first row"
+            )
+        if seed is not None and generator is not None:
+            raise ValueError(
+                "give generator (PyTorch's) or seed (longshore's order), not both"
+            )
+        if generator is not None:
+            _data._no_generator_without_torch(generator)
+        # PyTorch's default samplers (their checks included: batch_size, drop_last, an empty
+        # dataset with shuffle).
+        own_sampler = sampler is None and batch_sampler is None
+        if sampler is None:
+            if shuffle:
+                sampler = _data.RandomSampler(dataset, generator=generator)
+            else:
+                sampler = _data.SequentialSampler(dataset)
+        if batch_sampler is None:
+            batch_sampler = _data.BatchSampler(sampler, batch_size, drop_last)
+        torch = _import_torch() if seed is None else None
+        # PyTorch's generator decides the order (and draws the workers' base seed).
+        self._torch_rng = torch
+        # The Rust loader's own order: sequential, or shuffled by longshore's generator (seed=,
+        # or PyTorch absent); else Python hands the loader each epoch's order.
+        builtin = own_sampler and (not shuffle or torch is None)
         index = _cuda_index(device)
+        _check_pin_memory_device(pin_memory_device, index)
         if framework is None:
             framework = "torch" if (_import_torch() is not None or index is not None) else "numpy"
         if framework not in ("torch", "numpy"):
             raise ValueError(f"framework must be 'torch' or 'numpy', not {framework!r}")
         if framework == "numpy" and index is not None:
             raise ValueError("NumPy arrays live on the CPU: device='cuda' needs framework='torch'")
+        if seed is None and torch is not None:
+            # The workers' random transforms: reproducible under torch.manual_seed, and not
+            # the same in two loaders of one process (drawing from the generator here would
+            # shift PyTorch's draws).
+            gen = generator if generator is not None else torch.default_generator
+            rust_seed = (int(gen.initial_seed()) * 0x9E3779B97F4A7C15 + next(_LOADERS)) % 2**64
+        else:
+            rust_seed = seed
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.drop_last = drop_last
         self.timeout = timeout
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+        self.collate_fn = collate_fn
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.prefetch_factor = prefetch_factor
+        self.persistent_workers = persistent_workers
+        self.pin_memory_device = pin_memory_device
+        self.in_order = in_order
         self.device = device
+        self.seed = seed
+        self._order = None if builtin else _longshore._EpochOrder(len(dataset))
+        self._iterated = False
         self._loader = _longshore._Loader(
-            # datasets.ImageFolder wraps its native dataset.
-            getattr(dataset, "_native", dataset),
-            batch_size,
-            bool(shuffle),
+            # datasets.ImageFolder & co wrap their native dataset.
+            native,
+            1 if self._order is not None else batch_size,
+            bool(shuffle) and builtin,
             num_workers,
             bool(pin_memory),
-            bool(drop_last),
-            prefetch_factor,
+            bool(drop_last) and builtin,
+            prefetch_factor if num_workers > 0 else None,
             bool(persistent_workers),
             float(timeout),
-            seed,
+            rust_seed,
             index,
             pool,
             # Every torch version imports host memory labelled kDLCPU (and still sees the pages
@@ -182,9 +412,20 @@ class DataLoader:
             "cpu" if framework == "torch" else "cuda_host",
             decode,
             worker_priority=worker_priority,
+            order=self._order,
+            in_order=bool(in_order),
+            on_sample_error=on_sample_error,
         )
         self._index = index
         self._convert = self._converter(framework)
+        self._initialized = True
+
+    def __setattr__(self, attr, val):
+        if attr in _FIXED and self.__dict__.get("_initialized", False):
+            raise ValueError(
+                f"{attr} attribute should not be set after {type(self).__name__} is initialized"
+            )
+        super().__setattr__(attr, val)
 
     def _converter(self, framework, fast=True):
         """What turns a batch's tensors into the framework's: a ``_TorchConverter`` (a whole
@@ -227,15 +468,48 @@ class DataLoader:
             # first iteration rather than at construction (see _torch_converter).
             init()
             self._cuda_init = None
-        # The epoch converts each tensor itself (no Python frame per batch); it has close().
-        return self._loader.epoch(self._convert)
+        torch = self._torch_rng
+        if torch is not None and not (self._iterated and self.persistent_workers):
+            # PyTorch's iterator draws its workers' base seed from the generator when it is
+            # made (once, with persistent workers): the draws that follow are then PyTorch's.
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        self._iterated = True
+        order = self._order
+        if order is None:
+            # The epoch converts each tensor itself (no Python frame per batch); it has close().
+            return self._loader.epoch(self._convert)
+        lazy = self._hand_over(order)
+        epoch = self._loader.epoch(self._convert)
+        return _CheckedEpoch(epoch, order) if lazy else epoch
+
+    def _hand_over(self, order):
+        """Gives the loader this epoch's order; True when it iterates a Python iterator."""
+        bs = self.batch_sampler
+        length = _len_or_zero(bs)
+        if isinstance(bs, _data.BatchSampler) and type(bs).__iter__ is _data.BatchSampler.__iter__:
+            whole = _data._whole_epoch(bs.sampler)
+            if whole is not None:
+                order.indices(whole.astype(_np.int64, copy=False).tobytes(), bs.batch_size,
+                              bs.drop_last, length)
+                return False
+            order.lazy(iter(bs.sampler), bs.batch_size, bs.drop_last, length)
+            return True
+        order.lazy(iter(bs), None, False, length)
+        return True
 
     def __len__(self):
+        if self._order is not None:
+            return len(self.batch_sampler)
         return len(self._loader)
 
     def set_epoch(self, epoch):
-        """Sets the epoch the next iteration runs (reaches the sampler's ``set_epoch``)."""
+        """Sets the epoch the next iteration runs: the loader's (longshore's order, the
+        workers' seeds) and the sampler's ``set_epoch`` (a :class:`data.DistributedSampler`'s,
+        PyTorch's), where it has one."""
         self._loader.set_epoch(int(epoch))
+        for s in (self.sampler, self.batch_sampler):
+            if callable(getattr(s, "set_epoch", None)):
+                s.set_epoch(epoch)
 
     def state_dict(self):
         """Where the loader stands (epoch, delivered batches), as a JSON-serialisable dict."""
@@ -259,3 +533,39 @@ class DataLoader:
 
     def reset_stats(self):
         self._loader.reset_stats()
+
+
+def _len_or_zero(sampler):
+    """Batches per epoch for the loader's resumable position (0 when the sampler has no
+    length)."""
+    try:
+        return int(len(sampler))
+    except TypeError:
+        return 0
+
+
+class _CheckedEpoch:
+    """An epoch whose order comes from a Python iterator: raises, at the epoch's end, what
+    the iterator raised (the loader delivers the batches dealt before it)."""
+
+    __slots__ = ("_epoch", "_order")
+
+    def __init__(self, epoch, order):
+        self._epoch = epoch
+        self._order = order
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return self._epoch.__next__()
+        except StopIteration:
+            self._order.raise_error()
+            raise
+
+    def close(self):
+        self._epoch.close()
+
+    def __getattr__(self, name):
+        return getattr(self._epoch, name)

@@ -1,16 +1,22 @@
 //! The built-in datasets, as Python classes: `.npy` files (one, or several zipped into
-//! fields, optionally normalised) and fixed-size record files.
+//! fields, optionally normalised), fixed-size record files, and `longshore.data`'s native
+//! datasets ([`PyNative`]): in-memory arrays (`ArrayDataset`, `TensorDataset`) and `Subset` /
+//! `ConcatDataset` over any built-in dataset, read by the loader's worker threads like the
+//! files are.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use longshore::data::{
-    DType, DataError, Dataset, DirectCollate, DirectDataset, FieldSpec, ImageLayout, Normalize,
-    NpyDataset, RecordDataset, RecordLayout, Tensor, Zip,
+    AlignedBuf, ConcatDataset, DType, DataError, Dataset, DirectCollate, DirectDataset, FieldSpec,
+    ImageLayout, Normalize, NpyDataset, RecordDataset, RecordLayout, Shape, Subset, Tensor, Zip,
 };
+use pyo3::exceptions::{PyIndexError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::errors::data_err;
+use crate::vision::PyImageFolder;
 
 /// What one sample of any built-in dataset turns into when read by index: its fields.
 pub(crate) trait IntoFields {
@@ -116,6 +122,9 @@ fn paths_of(paths: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
 pub(crate) struct PyNpyDataset {
     pub(crate) source: Source,
     files: Vec<PathBuf>,
+    /// Whether the collate normalises (`normalize=`): such a dataset's fields are not what
+    /// its batches hold, so it is not concatenated with others.
+    normalized: bool,
 }
 
 impl PyNpyDataset {
@@ -131,6 +140,7 @@ impl PyNpyDataset {
     #[pyo3(signature = (paths, *, normalize = None))]
     fn new(paths: &Bound<'_, PyAny>, normalize: Option<(Vec<f32>, Vec<f32>)>) -> PyResult<Self> {
         let files = paths_of(paths)?;
+        let normalized = normalize.is_some();
         let py = paths.py();
         let source = py
             .detach(|| -> Result<Source, DataError> {
@@ -162,7 +172,11 @@ impl PyNpyDataset {
                 Ok(Source::direct(acc))
             })
             .map_err(data_err)?;
-        Ok(Self { source, files })
+        Ok(Self {
+            source,
+            files,
+            normalized,
+        })
     }
 
     fn __len__(&self) -> usize {
@@ -265,4 +279,299 @@ fn check_images(dataset: &NpyDataset, channels: usize) -> Result<(), DataError> 
         )));
     }
     Ok(())
+}
+
+/// What the loader reads for a Python dataset object: its [`Source`], and how its batches look.
+#[derive(Clone)]
+pub(crate) struct Native {
+    pub(crate) source: Source,
+    /// A batch is one tensor (a one-file `NpyDataset`), not a list of fields.
+    pub(crate) single: bool,
+    /// The collate transforms a field (`NpyDataset(normalize=)`): see [`PyNpyDataset`].
+    pub(crate) transformed: bool,
+}
+
+/// The native form of `dataset`: a built-in dataset, a [`PyNative`], or a Python object whose
+/// `_native` attribute is one (`datasets.ImageFolder`, `longshore.data`'s classes); `None`
+/// for anything else (a Python dataset, which longshore's Rust workers cannot read).
+pub(crate) fn native_of(dataset: &Bound<'_, PyAny>) -> PyResult<Option<Native>> {
+    if let Ok(d) = dataset.cast::<PyNpyDataset>() {
+        let d = d.get();
+        return Ok(Some(Native {
+            source: d.source.clone(),
+            single: d.is_single(),
+            transformed: d.normalized,
+        }));
+    }
+    if let Ok(d) = dataset.cast::<PyRecordDataset>() {
+        return Ok(Some(Native {
+            source: d.get().source.clone(),
+            single: false,
+            transformed: false,
+        }));
+    }
+    if let Ok(d) = dataset.cast::<PyImageFolder>() {
+        let source = d.get().source.clone().ok_or_else(|| {
+            PyValueError::new_err(
+                "an ImageFolder without a transform yields PIL images in torchvision, which \
+                 cannot be batched: give it transform=Compose([..., ToTensor()])",
+            )
+        })?;
+        return Ok(Some(Native {
+            source,
+            single: false,
+            transformed: false,
+        }));
+    }
+    if let Ok(d) = dataset.cast::<PyNative>() {
+        return Ok(Some(d.get().native.clone()));
+    }
+    // A Python wrapper (not a string, whose attributes are no dataset).
+    if !dataset.is_instance_of::<pyo3::types::PyString>()
+        && let Ok(inner) = dataset.getattr("_native")
+        && !inner.is(dataset)
+        && !inner.is_none()
+    {
+        return native_of(&inner);
+    }
+    Ok(None)
+}
+
+/// `native_of`, or a `TypeError` naming what `what` (a class of `longshore.data`) takes.
+fn native_part(dataset: &Bound<'_, PyAny>, what: &str) -> PyResult<Native> {
+    native_of(dataset)?.ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "{what} over a {} runs in Python, not in longshore's Rust workers",
+            dataset
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })
+}
+
+/// In-memory arrays, one field per array: sample `i` is row `i` of each (the first dimension
+/// counts the samples), as `torch.utils.data.TensorDataset` indexes its tensors. The rows are
+/// copied once, into memory the workers read without Python.
+#[derive(Debug)]
+pub(crate) struct Arrays {
+    fields: Vec<FieldSpec>,
+    /// Bytes of one row of each field.
+    row_bytes: Vec<usize>,
+    data: Vec<AlignedBuf>,
+    len: usize,
+}
+
+impl Arrays {
+    fn row(&self, index: usize, field: usize) -> Result<&[u8], DataError> {
+        if index >= self.len {
+            return Err(DataError::IndexOutOfRange {
+                index,
+                len: self.len,
+                what: "array dataset",
+            });
+        }
+        let rb = *self
+            .row_bytes
+            .get(field)
+            .ok_or(DataError::IndexOutOfRange {
+                index: field,
+                len: self.fields.len(),
+                what: "fields of the array dataset",
+            })?;
+        Ok(&self.data[field][index * rb..(index + 1) * rb])
+    }
+}
+
+impl Dataset for Arrays {
+    type Item = Vec<Tensor>;
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn get(&self, index: usize) -> Result<Vec<Tensor>, DataError> {
+        (0..self.fields.len())
+            .map(|f| {
+                let spec = &self.fields[f];
+                Tensor::from_bytes(spec.dtype, spec.shape.dims(), self.row(index, f)?)
+            })
+            .collect()
+    }
+}
+
+impl DirectDataset for Arrays {
+    fn fields(&self) -> &[FieldSpec] {
+        &self.fields
+    }
+    fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        let row = self.row(index, field)?;
+        if out.len() != row.len() {
+            return Err(DataError::BufferTooSmall {
+                what: "a field of the array dataset",
+                needed: row.len(),
+                got: out.len(),
+            });
+        }
+        out.copy_from_slice(row);
+        Ok(())
+    }
+    fn field_bytes(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
+        self.row(index, field).map(Some)
+    }
+}
+
+/// A native dataset of `longshore.data`: in-memory arrays, or a subset or concatenation of
+/// native datasets. The Python classes (`ArrayDataset`, `Subset`, ...) hold one as `_native`.
+#[pyclass(name = "_Native", module = "longshore", frozen)]
+pub(crate) struct PyNative {
+    native: Native,
+    what: &'static str,
+}
+
+#[pymethods]
+impl PyNative {
+    /// In-memory arrays of `len` rows: `fields` lists each array's NumPy dtype (native byte
+    /// order), row shape, and its C-ordered bytes as an iterable of `bytes` chunks (so that a
+    /// large array is never copied whole into one Python object).
+    #[staticmethod]
+    fn arrays(len: usize, fields: Vec<(String, Vec<usize>, Bound<'_, PyAny>)>) -> PyResult<Self> {
+        let mut specs = Vec::with_capacity(fields.len());
+        let mut row_bytes = Vec::with_capacity(fields.len());
+        let mut data = Vec::with_capacity(fields.len());
+        for (i, (dtype, shape, chunks)) in fields.iter().enumerate() {
+            let spec = FieldSpec {
+                dtype: dtype_of(dtype).map_err(data_err)?,
+                shape: Shape::new(shape).map_err(data_err)?,
+            };
+            let rb = spec.nbytes().map_err(data_err)?;
+            let total = rb.checked_mul(len).ok_or_else(|| {
+                PyValueError::new_err(format!("array {i} is too large ({len} rows of {rb} bytes)"))
+            })?;
+            let mut buf = AlignedBuf::zeroed(total);
+            let mut at = 0;
+            for chunk in chunks.try_iter()? {
+                let chunk = chunk?;
+                let bytes = chunk.cast::<PyBytes>()?.as_bytes();
+                let end = at + bytes.len();
+                if end > total {
+                    return Err(PyValueError::new_err(format!(
+                        "array {i} has more than the {total} bytes its dtype and shape imply"
+                    )));
+                }
+                buf[at..end].copy_from_slice(bytes);
+                at = end;
+            }
+            if at != total {
+                return Err(PyValueError::new_err(format!(
+                    "array {i} has {at} bytes, its dtype and shape imply {total}"
+                )));
+            }
+            specs.push(spec);
+            row_bytes.push(rb);
+            data.push(buf);
+        }
+        let arrays = Arrays {
+            fields: specs,
+            row_bytes,
+            data,
+            len,
+        };
+        Ok(Self {
+            native: Native {
+                source: Source::direct(Arc::new(arrays)),
+                single: false,
+                transformed: false,
+            },
+            what: "ArrayDataset",
+        })
+    }
+
+    /// The samples of `dataset` (a native dataset) at `indices` (packed native-endian int64,
+    /// negative ones counting from the end).
+    #[staticmethod]
+    fn subset(dataset: &Bound<'_, PyAny>, indices: &Bound<'_, PyBytes>) -> PyResult<Self> {
+        let inner = native_part(dataset, "Subset")?;
+        let len = inner.source.len();
+        let idx = crate::sampler::unpack(indices.as_bytes(), len)?;
+        if let Some(&bad) = idx.iter().find(|&&i| i >= len) {
+            return Err(PyIndexError::new_err(format!(
+                "Subset index {bad} is out of range for a dataset of {len} samples"
+            )));
+        }
+        let Source { dataset, collate } = inner.source;
+        let subset = Subset::new(dataset, idx).map_err(data_err)?;
+        Ok(Self {
+            native: Native {
+                source: Source {
+                    dataset: Arc::new(subset),
+                    collate,
+                },
+                single: inner.single,
+                transformed: inner.transformed,
+            },
+            what: "Subset",
+        })
+    }
+
+    /// `datasets` (native datasets whose samples have the same fields) one after another.
+    #[staticmethod]
+    fn concat(datasets: Vec<Bound<'_, PyAny>>) -> PyResult<Self> {
+        let parts = datasets
+            .iter()
+            .map(|d| native_part(d, "ConcatDataset"))
+            .collect::<PyResult<Vec<_>>>()?;
+        let Some(first) = parts.first() else {
+            return Err(PyValueError::new_err(
+                "datasets should not be an empty iterable",
+            ));
+        };
+        for (i, p) in parts.iter().enumerate() {
+            if p.transformed {
+                return Err(PyValueError::new_err(
+                    "ConcatDataset over NpyDataset(normalize=...) is not supported: \
+                     concatenate the raw datasets",
+                ));
+            }
+            let (a, b) = (p.source.dataset.fields(), first.source.dataset.fields());
+            if a != b || p.single != first.single {
+                return Err(PyValueError::new_err(format!(
+                    "ConcatDataset: dataset {i} has fields {a:?}, dataset 0 has {b:?}; \
+                     longshore batches need the same fields in every sample"
+                )));
+            }
+        }
+        let collate = first.source.collate.clone();
+        let single = first.single;
+        let concat = ConcatDataset::new(parts.into_iter().map(|p| p.source.dataset).collect())
+            .map_err(data_err)?;
+        Ok(Self {
+            native: Native {
+                source: Source {
+                    dataset: Arc::new(concat),
+                    collate,
+                },
+                single,
+                transformed: false,
+            },
+            what: "ConcatDataset",
+        })
+    }
+
+    /// The dtype (NumPy's code) and per-sample shape of each field.
+    fn fields(&self) -> Vec<(String, Vec<usize>)> {
+        self.native
+            .source
+            .dataset
+            .fields()
+            .iter()
+            .map(|f| (f.dtype.npy_code().to_owned(), f.shape.dims().to_vec()))
+            .collect()
+    }
+
+    fn __len__(&self) -> usize {
+        self.native.source.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("_Native({}, len={})", self.what, self.native.source.len())
+    }
 }

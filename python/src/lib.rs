@@ -2,7 +2,8 @@
 //! over the Rust crates (`longshore-loader` for the loader, `longshore-dlpack` for handing
 //! batches to PyTorch and NumPy). The Python package (`longshore/__init__.py`) adds the
 //! `DataLoader` class, which picks how batches are converted: `_TorchConverter` (a batch per
-//! Rust call into torch) or `np.from_dlpack` per tensor.
+//! Rust call into torch) or `np.from_dlpack` per tensor, and `longshore.data` (samplers and
+//! dataset helpers), over `_EpochOrder` and `_Native`.
 
 mod dataset;
 mod epoch;
@@ -10,6 +11,7 @@ mod errors;
 mod loader;
 mod nvjpeg;
 mod pydata;
+mod sampler;
 mod tensor;
 mod torch;
 mod upload;
@@ -31,6 +33,13 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<dataset::PyNpyDataset>()?;
     m.add_class::<dataset::PyRecordDataset>()?;
+    m.add_class::<dataset::PyNative>()?;
+    m.add_class::<sampler::PyEpochOrder>()?;
+    m.add_function(wrap_pyfunction!(sampler::_random_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler::_permutation, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler::_weighted_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler::_distributed_indices, m)?)?;
+    m.add_function(wrap_pyfunction!(sampler::_dist_env, m)?)?;
     m.add_class::<loader::PyLoader>()?;
     m.add_class::<epoch::PyEpoch>()?;
     m.add_class::<loader::PyPinnedPool>()?;

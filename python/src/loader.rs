@@ -9,7 +9,7 @@ use longshore::dlpack::{ExportOptions, PinnedLabel};
 use longshore::host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
 use longshore::loader::{
     BoxedFetch, BoxedLoader, DataLoader, DataLoaderBuilder, DeviceBatch, DeviceLoader, LoaderError,
-    LoaderOptions, LoaderState, WorkerPriority,
+    LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
 };
 use longshore::nvjpeg::NvjpegDecoder;
 use longshore::transfer::Device;
@@ -17,10 +17,11 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::dataset::{PyNpyDataset, PyRecordDataset, Source};
+use crate::dataset::{Native, Source, native_of};
 use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::pydata::PyProcessSource;
+use crate::sampler::{EpochOrder, PyEpochOrder};
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
 
@@ -105,14 +106,21 @@ fn choice<T>(name: &str, value: &str, options: [(&str, T); 2]) -> PyResult<T> {
         .ok_or_else(|| PyValueError::new_err(message))
 }
 
-/// The loader's options (PyTorch's, as the loader takes them) and the pool to lease from.
+/// The loader's options (PyTorch's, as the loader takes them), the pool to lease from, and
+/// the order Python hands over each epoch (a sampler or batch sampler given in Python).
 pub(crate) struct Options {
     loader: LoaderOptions,
     pool: Option<PinnedPool>,
+    order: Option<EpochOrder>,
 }
 
 pub(crate) fn configure<D, C>(b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuilder<D, C> {
-    let b = b.options(&o.loader);
+    let mut b = b.options(&o.loader);
+    if let Some(order) = o.order {
+        // The next epoch's order exists only once Python starts that epoch: nothing of it can
+        // be loaded ahead.
+        b = b.batch_sampler(order).prefetch_next_epoch(false);
+    }
     match o.pool {
         Some(p) => b.pool(p),
         None => b,
@@ -217,7 +225,8 @@ impl PyLoader {
     #[new]
     #[pyo3(signature = (dataset, batch_size, shuffle, num_workers, pin_memory, drop_last,
         prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host", decode = "cpu",
-        cpu_backend = false, worker_priority = "normal"))]
+        cpu_backend = false, worker_priority = "normal", *, order = None, in_order = true,
+        on_sample_error = "raise"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -237,7 +246,18 @@ impl PyLoader {
         decode: &str,
         cpu_backend: bool,
         worker_priority: &str,
+        order: Option<PyRef<'_, PyEpochOrder>>,
+        in_order: bool,
+        on_sample_error: &str,
     ) -> PyResult<Self> {
+        let on_sample_error = choice(
+            "on_sample_error",
+            on_sample_error,
+            [
+                ("raise", SampleErrorPolicy::FailBatch),
+                ("skip", SampleErrorPolicy::Skip),
+            ],
+        )?;
         let worker_priority = choice(
             "worker_priority",
             worker_priority,
@@ -282,26 +302,22 @@ impl PyLoader {
             .cast::<PyProcessSource>()
             .ok()
             .map(|d| d.get().parts());
-        let (source, single) = if process.is_some() {
-            (None, false)
-        } else if let Ok(d) = dataset.cast::<PyNpyDataset>() {
-            let d = d.get();
-            (Some(d.source.clone()), d.is_single())
-        } else if let Ok(d) = dataset.cast::<PyRecordDataset>() {
-            (Some(d.get().source.clone()), false)
-        } else if let Ok(d) = dataset.cast::<PyImageFolder>() {
-            let source = d.get().source.clone().ok_or_else(|| {
-                PyValueError::new_err(
-                    "an ImageFolder without a transform yields PIL images in torchvision, which \
-                     cannot be batched: give it transform=Compose([..., ToTensor()])",
-                )
-            })?;
-            (Some(source), false)
+        let native = if process.is_some() {
+            None
         } else {
-            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset or datasets.ImageFolder, not {}",
-                dataset.get_type().name()?
-            )));
+            native_of(dataset)?
+        };
+        let (source, single) = match native {
+            Some(Native { source, single, .. }) => (Some(source), single),
+            None if process.is_some() => (None, false),
+            None => {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset, \
+                 datasets.ImageFolder, ArrayDataset or TensorDataset (or a Subset or \
+                 ConcatDataset of them), not {}",
+                    dataset.get_type().name()?
+                )));
+            }
         };
         // PyTorch's checks that the Rust builder cannot see (its types are unsigned).
         let Some(batch_size) = batch_size else {
@@ -356,9 +372,12 @@ impl PyLoader {
                 persistent_workers,
                 timeout,
                 seed,
+                in_order,
+                on_sample_error,
                 worker_priority,
             },
             pool: pool.map(|p| p.pool.clone()),
+            order: order.map(|o| o.sampler()),
         };
         let meta = process.is_some();
         let inner = py
@@ -369,6 +388,9 @@ impl PyLoader {
                         DataLoader::builder(dataset).dataset_collate(collate),
                         options,
                     )
+                    // A Python dataset may change between epochs (`set_epoch` on it, a
+                    // curriculum): no batch of the next epoch is made before it starts.
+                    .prefetch_next_epoch(false)
                     .build_boxed()?,
                 )),
                 (_, _, None, Some(source)) => build(source, options),

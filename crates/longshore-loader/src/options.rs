@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::builder::DataLoaderBuilder;
+use crate::config::SampleErrorPolicy;
 use crate::placement::WorkerPriority;
 
 /// PyTorch's `DataLoader` arguments as one value: `builder.options(&opts)` applies them as the
@@ -40,6 +41,12 @@ pub struct LoaderOptions {
     pub timeout: Option<Duration>,
     /// The base seed of shuffling and of the workers' generators (`None`: drawn at random).
     pub seed: Option<u64>,
+    /// Deliver batches in sampler order (PyTorch's `in_order`, default `true`); `false` hands
+    /// each batch over as soon as it is ready.
+    pub in_order: bool,
+    /// What a sample that fails to load does to its batch (longshore's; default: the batch
+    /// fails, as PyTorch re-raises the worker's exception).
+    pub on_sample_error: SampleErrorPolicy,
     /// How the workers are scheduled.
     pub worker_priority: WorkerPriority,
 }
@@ -57,6 +64,8 @@ impl Default for LoaderOptions {
             persistent_workers: false,
             timeout: None,
             seed: None,
+            in_order: true,
+            on_sample_error: SampleErrorPolicy::default(),
             worker_priority: WorkerPriority::default(),
         }
     }
@@ -73,6 +82,8 @@ impl<D, C> DataLoaderBuilder<D, C> {
             .pin_memory(o.pin_memory)
             .drop_last(o.drop_last)
             .persistent_workers(o.persistent_workers)
+            .in_order(o.in_order)
+            .on_sample_error(o.on_sample_error)
             .worker_priority(o.worker_priority);
         if let Some(p) = o.prefetch_factor {
             b = b.prefetch_factor(p);
@@ -84,5 +95,45 @@ impl<D, C> DataLoaderBuilder<D, C> {
             b = b.seed(s);
         }
         b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use longshore_data::VecDataset;
+
+    use super::*;
+    use crate::DataLoader;
+
+    #[test]
+    fn every_option_reaches_the_config() {
+        let opts = LoaderOptions {
+            batch_size: 4,
+            drop_last: true,
+            num_workers: 2,
+            prefetch_factor: Some(3),
+            persistent_workers: true,
+            in_order: false,
+            on_sample_error: SampleErrorPolicy::Skip,
+            seed: Some(11),
+            timeout: Some(Duration::from_secs(9)),
+            ..Default::default()
+        };
+        let rows: Vec<([f32; 2], i64)> = (0..10).map(|i| ([i as f32; 2], i)).collect();
+        let loader = DataLoader::builder(VecDataset::new(rows))
+            .options(&opts)
+            .build()
+            .expect("valid options");
+        let c = loader.config();
+        assert_eq!(
+            (c.batch_size, c.drop_last, c.num_workers, c.prefetch_factor),
+            (Some(4), true, 2, 3)
+        );
+        assert!(c.persistent_workers && !c.in_order);
+        assert_eq!(c.on_sample_error, SampleErrorPolicy::Skip);
+        assert_eq!((c.seed, c.timeout), (11, Some(Duration::from_secs(9))));
+        // The defaults are PyTorch's (and the builder's).
+        let d = LoaderOptions::default();
+        assert!(d.in_order && d.on_sample_error == SampleErrorPolicy::FailBatch);
     }
 }

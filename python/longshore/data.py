@@ -1,0 +1,672 @@
+"""``torch.utils.data``'s samplers and dataset helpers, for :class:`longshore.DataLoader`.
+
+>>> import numpy as np, longshore
+>>> from longshore.data import ArrayDataset, DistributedSampler, random_split
+>>> ds = ArrayDataset(np.zeros((1000, 8), np.float32), np.arange(1000))
+>>> train, val = random_split(ds, [0.9, 0.1])
+>>> loader = longshore.DataLoader(train, batch_size=64, sampler=DistributedSampler(train))  # doctest: +SKIP
+
+The names, arguments, checks and messages are PyTorch's, and with PyTorch installed every
+sampler draws from the same generator with the same calls as PyTorch's: for the same
+``torch.Generator`` state (or ``torch.manual_seed``), the same indices, in the same order.
+Without PyTorch, the samplers draw from longshore's own generator (``longshore-data``'s
+samplers: the same rules, another order).
+
+The datasets are native: ``ArrayDataset`` / ``TensorDataset`` copy their arrays once into
+memory that the loader's Rust worker threads read, and ``Subset``, ``ConcatDataset`` and
+``random_split`` over any longshore dataset (``NpyDataset``, ``RecordDataset``,
+``datasets.ImageFolder``, these) map indices in Rust. Over other (Python) datasets they behave
+as PyTorch's, for indexing in Python.
+
+PyTorch's own sampler objects (and any iterable of indices, or of lists of indices for
+``batch_sampler``) work too: the loader iterates them in the main process, as PyTorch does.
+"""
+import bisect
+import itertools
+import math
+import random as _random
+import sys
+import warnings
+
+import numpy as _np
+
+from . import _longshore
+
+__all__ = [
+    "Sampler",
+    "SequentialSampler",
+    "RandomSampler",
+    "SubsetRandomSampler",
+    "WeightedRandomSampler",
+    "BatchSampler",
+    "DistributedSampler",
+    "ArrayDataset",
+    "TensorDataset",
+    "Subset",
+    "ConcatDataset",
+    "random_split",
+]
+
+
+def _torch():
+    try:
+        import torch
+
+        return torch
+    except ImportError:
+        return None
+
+
+def _fresh_seed():
+    """A seed for longshore's generator when PyTorch (whose global generator would decide)
+    is not installed."""
+    return _random.SystemRandom().getrandbits(63)
+
+
+def _no_generator_without_torch(generator):
+    if generator is not None and _torch() is None:
+        raise TypeError(
+            "generator is a torch.Generator, and PyTorch is not installed: leave it None "
+            "(longshore's own generator draws then)"
+        )
+
+
+def _indices_from(data):
+    """Packed int64 indices from Rust, as a NumPy array."""
+    return _np.frombuffer(data, dtype=_np.int64)
+
+
+def _concat(parts):
+    parts = [_np.asarray(p, dtype=_np.int64) for p in parts]
+    if not parts:
+        return _np.zeros(0, dtype=_np.int64)
+    return _np.concatenate(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Samplers
+# ---------------------------------------------------------------------------------------------
+
+
+class Sampler:
+    """Base class of samplers, as ``torch.utils.data.Sampler``: ``__iter__`` yields indices
+    (or lists of indices, for a batch sampler); ``__len__`` is optional."""
+
+    def __init__(self, data_source=None):
+        pass
+
+    def __iter__(self):
+        raise NotImplementedError
+
+
+class SequentialSampler(Sampler):
+    """``0, 1, ..., len(data_source) - 1``."""
+
+    def __init__(self, data_source):
+        self.data_source = data_source
+
+    def __iter__(self):
+        return iter(range(len(self.data_source)))
+
+    def __len__(self):
+        return len(self.data_source)
+
+    def _epoch(self):
+        """The whole epoch's indices, drawn as ``__iter__`` draws them."""
+        return _np.arange(len(self.data_source), dtype=_np.int64)
+
+
+class RandomSampler(Sampler):
+    """``torch.utils.data.RandomSampler``: a permutation (repeated, then cut, when
+    ``num_samples > len(data_source)``) or, with ``replacement``, ``num_samples`` uniform draws.
+
+    Without a ``generator``, each iteration seeds a fresh generator with a draw from PyTorch's
+    global one (``torch.manual_seed`` decides), as PyTorch does; with one, it draws from it."""
+
+    def __init__(self, data_source, replacement=False, num_samples=None, generator=None):
+        self.data_source = data_source
+        self.replacement = replacement
+        self._num_samples = num_samples
+        self.generator = generator
+        if not isinstance(self.replacement, bool):
+            raise TypeError(
+                f"replacement should be a boolean value, but got replacement={self.replacement}"
+            )
+        if not isinstance(self.num_samples, int) or self.num_samples <= 0:
+            raise ValueError(
+                "num_samples should be a positive integer value, but got "
+                f"num_samples={self.num_samples}"
+            )
+        _no_generator_without_torch(generator)
+
+    @property
+    def num_samples(self):
+        if self._num_samples is None:
+            return len(self.data_source)
+        return self._num_samples
+
+    def _parts(self):
+        """The epoch's indices as PyTorch draws them: one array per ``randperm`` (or per 32
+        ``randint`` draws), each drawn when the previous one has been consumed."""
+        n = len(self.data_source)
+        torch = _torch()
+        if torch is None:
+            yield _indices_from(
+                _longshore._random_indices(n, self.replacement, self.num_samples, _fresh_seed())
+            )
+            return
+        if self.generator is None:
+            seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            generator = torch.Generator()
+            generator.manual_seed(seed)
+        else:
+            generator = self.generator
+        if self.replacement:
+            for _ in range(self.num_samples // 32):
+                yield torch.randint(high=n, size=(32,), dtype=torch.int64, generator=generator).numpy()
+            yield torch.randint(
+                high=n, size=(self.num_samples % 32,), dtype=torch.int64, generator=generator
+            ).numpy()
+        else:
+            for _ in range(self.num_samples // n):
+                yield torch.randperm(n, generator=generator).numpy()
+            yield torch.randperm(n, generator=generator).numpy()[: self.num_samples % n]
+
+    def __iter__(self):
+        for part in self._parts():
+            yield from part.tolist()
+
+    def _epoch(self):
+        return _concat(self._parts())
+
+    def __len__(self):
+        return self.num_samples
+
+
+class SubsetRandomSampler(Sampler):
+    """``torch.utils.data.SubsetRandomSampler``: ``indices`` in a random order each epoch."""
+
+    def __init__(self, indices, generator=None):
+        self.indices = indices
+        self.generator = generator
+        _no_generator_without_torch(generator)
+
+    def _order(self):
+        torch = _torch()
+        if torch is None:
+            return _indices_from(_longshore._permutation(len(self.indices), _fresh_seed()))
+        return torch.randperm(len(self.indices), generator=self.generator).numpy()
+
+    def __iter__(self):
+        for i in self._order().tolist():
+            yield self.indices[i]
+
+    def _epoch(self):
+        order = self._order()
+        return _np.asarray(self.indices, dtype=_np.int64).reshape(-1)[order]
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class WeightedRandomSampler(Sampler):
+    """``torch.utils.data.WeightedRandomSampler``: ``num_samples`` indices of
+    ``range(len(weights))`` drawn with probabilities proportional to ``weights``
+    (``torch.multinomial``)."""
+
+    def __init__(self, weights, num_samples, replacement=True, generator=None):
+        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples <= 0:
+            raise ValueError(
+                f"num_samples should be a positive integer value, but got num_samples={num_samples}"
+            )
+        if not isinstance(replacement, bool):
+            raise ValueError(
+                f"replacement should be a boolean value, but got replacement={replacement}"
+            )
+        _no_generator_without_torch(generator)
+        torch = _torch()
+        if torch is not None:
+            weights_tensor = torch.as_tensor(weights, dtype=torch.double)
+        else:
+            weights_tensor = _np.asarray(weights, dtype=_np.float64)
+        if len(weights_tensor.shape) != 1:
+            raise ValueError(
+                "weights should be a 1d sequence but given "
+                f"weights have shape {tuple(weights_tensor.shape)}"
+            )
+        self.weights = weights_tensor
+        self.num_samples = num_samples
+        self.replacement = replacement
+        self.generator = generator
+
+    def _epoch(self):
+        torch = _torch()
+        if torch is None:
+            return _indices_from(
+                _longshore._weighted_indices(
+                    self.weights.tolist(), self.num_samples, self.replacement, _fresh_seed()
+                )
+            )
+        return torch.multinomial(
+            self.weights, self.num_samples, self.replacement, generator=self.generator
+        ).numpy()
+
+    def __iter__(self):
+        yield from iter(self._epoch().tolist())
+
+    def __len__(self):
+        return self.num_samples
+
+
+class BatchSampler(Sampler):
+    """``torch.utils.data.BatchSampler``: ``sampler``'s indices in lists of ``batch_size``
+    (the last one shorter, or dropped with ``drop_last``)."""
+
+    def __init__(self, sampler, batch_size, drop_last):
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(
+                f"batch_size should be a positive integer value, but got batch_size={batch_size}"
+            )
+        if not isinstance(drop_last, bool):
+            raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __iter__(self):
+        sampler_iter = iter(self.sampler)
+        if self.drop_last:
+            args = [sampler_iter] * self.batch_size
+            for batch_droplast in zip(*args):
+                yield [*batch_droplast]
+        else:
+            batch = [*itertools.islice(sampler_iter, self.batch_size)]
+            while batch:
+                yield batch
+                batch = [*itertools.islice(sampler_iter, self.batch_size)]
+
+    def __len__(self):
+        if self.drop_last:
+            return len(self.sampler) // self.batch_size
+        return (len(self.sampler) + self.batch_size - 1) // self.batch_size
+
+
+def _world(num_replicas, rank):
+    """``DistributedSampler``'s defaults: the initialised process group's (as PyTorch), else the
+    launcher's environment (torchrun's ``WORLD_SIZE``/``RANK``, SLURM's, Open MPI's)."""
+    if num_replicas is not None and rank is not None:
+        return num_replicas, rank
+    torch = _torch()
+    dist = getattr(torch, "distributed", None) if torch is not None else None
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        world = (dist.get_world_size(), dist.get_rank())
+    else:
+        env = _longshore._dist_env()
+        if env is not None:
+            world = (env[1], env[0])
+        elif dist is not None and dist.is_available():
+            # PyTorch's own error (no process group).
+            world = (dist.get_world_size(), dist.get_rank())
+        else:
+            raise RuntimeError(
+                "DistributedSampler needs num_replicas and rank, an initialised "
+                "torch.distributed process group, or a launcher's environment (torchrun's "
+                "WORLD_SIZE and RANK)"
+            )
+    return (
+        world[0] if num_replicas is None else num_replicas,
+        world[1] if rank is None else rank,
+    )
+
+
+class DistributedSampler(Sampler):
+    """``torch.utils.data.distributed.DistributedSampler``: this rank's share of the dataset.
+
+    ``num_replicas`` and ``rank`` default to the process group's, or (without one) to the
+    launcher's environment: torchrun's ``WORLD_SIZE`` and ``RANK``. Each epoch (see
+    :meth:`set_epoch`) is shuffled by a generator seeded ``seed + epoch``, padded by wrapping
+    around to a multiple of ``num_replicas`` (or cut, with ``drop_last``), and rank ``r`` takes
+    every ``num_replicas``-th index from ``r``: PyTorch's indices."""
+
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0,
+                 drop_last=False):
+        num_replicas, rank = _world(num_replicas, rank)
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]"
+            )
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.drop_last = drop_last
+        if self.drop_last and len(self.dataset) % self.num_replicas != 0:
+            self.num_samples = math.ceil((len(self.dataset) - self.num_replicas) / self.num_replicas)
+        else:
+            self.num_samples = math.ceil(len(self.dataset) / self.num_replicas)
+        self.total_size = self.num_samples * self.num_replicas
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def _epoch(self):
+        n = len(self.dataset)
+        torch = _torch()
+        if torch is None:
+            return _indices_from(
+                _longshore._distributed_indices(
+                    n, self.num_replicas, self.rank, bool(self.shuffle),
+                    (self.seed + self.epoch) & (2**64 - 1), bool(self.drop_last), 0,
+                )
+            )
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            indices = torch.randperm(n, generator=g).numpy()
+        else:
+            indices = _np.arange(n, dtype=_np.int64)
+        if not self.drop_last:
+            padding_size = self.total_size - len(indices)
+            if padding_size <= len(indices):
+                indices = _np.concatenate([indices, indices[:padding_size]])
+            else:
+                reps = math.ceil(padding_size / len(indices))
+                indices = _np.concatenate([indices, _np.tile(indices, reps)[:padding_size]])
+        else:
+            indices = indices[: self.total_size]
+        if len(indices) != self.total_size:
+            raise AssertionError(
+                f"Number of indices ({len(indices)}) does not match total_size ({self.total_size})"
+            )
+        indices = indices[self.rank : self.total_size : self.num_replicas]
+        if len(indices) != self.num_samples:
+            raise AssertionError(
+                f"Number of subsampled indices ({len(indices)}) does not match num_samples "
+                f"({self.num_samples})"
+            )
+        return indices
+
+    def __iter__(self):
+        return iter(self._epoch().tolist())
+
+    def __len__(self):
+        return self.num_samples
+
+    def set_epoch(self, epoch):
+        """Sets the epoch: with ``shuffle``, each epoch has its own order (the same on every
+        rank)."""
+        self.epoch = epoch
+
+
+# The samplers whose whole epoch the loader takes in one call (``_epoch``) instead of
+# iterating them: a subclass that overrides ``__iter__`` is iterated.
+_WHOLE_EPOCH = {
+    cls.__iter__: cls
+    for cls in (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler,
+                DistributedSampler)
+}
+
+
+def _whole_epoch(sampler):
+    """The epoch's indices of one of longshore's samplers (a NumPy int64 array), or None for
+    any other sampler, which the loader iterates."""
+    if _WHOLE_EPOCH.get(getattr(type(sampler), "__iter__", None)) is None:
+        return None
+    return sampler._epoch()
+
+
+# ---------------------------------------------------------------------------------------------
+# Datasets
+# ---------------------------------------------------------------------------------------------
+
+# Bytes handed to Rust per call when copying an array (bounds the extra memory of the copy).
+_CHUNK = 64 << 20
+
+_DTYPES = {"b1", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8"}
+
+
+def _rows(a):
+    shape = getattr(a, "shape", None)
+    if shape is None or len(shape) == 0:
+        raise ValueError(
+            f"each array needs a first dimension (the samples), got {type(a).__name__} "
+            f"of shape {tuple(shape) if shape is not None else None}"
+        )
+    return int(shape[0])
+
+
+def _as_numpy(a, what):
+    """``a`` (a NumPy array, a CPU torch tensor, or anything ``numpy.asarray`` takes) as a
+    C-ordered NumPy array in native byte order, of a dtype the loader batches."""
+    module = type(a).__module__ or ""
+    if module.startswith("torch") and hasattr(a, "detach"):
+        if a.device.type != "cpu":
+            raise ValueError(
+                f"{what}: longshore reads its samples from host memory; give CPU tensors "
+                f"(not {a.device}) and device='cuda' to receive batches on the GPU"
+            )
+        try:
+            a = a.detach().resolve_conj().resolve_neg().numpy()
+        except TypeError as e:  # bfloat16, complex32, ... have no NumPy dtype
+            raise ValueError(
+                f"{what}: dtype {a.dtype} is not supported; longshore batches bool, "
+                "(u)int8-64 and float16/32/64"
+            ) from e
+    a = _np.asarray(a)
+    if a.ndim == 0:
+        _rows(a)
+    if a.dtype.str[1:] not in _DTYPES:
+        raise ValueError(
+            f"{what}: dtype {a.dtype} is not supported; longshore batches bool, (u)int8-64 "
+            "and float16/32/64"
+        )
+    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "<" and sys.byteorder == "big"):
+        a = a.astype(a.dtype.newbyteorder("="))
+    return _np.ascontiguousarray(a)
+
+
+def _chunks(a):
+    flat = a.reshape(-1).view(_np.uint8)
+    for start in range(0, flat.nbytes, _CHUNK):
+        yield flat[start : start + _CHUNK].tobytes()
+
+
+def _native_arrays(arrays, what):
+    """The Rust dataset over copies of ``arrays`` (each row of each array one field of a
+    sample)."""
+    arrays = [_as_numpy(a, what) for a in arrays]
+    n = _rows(arrays[0]) if arrays else 0
+    fields = [(a.dtype.str, list(a.shape[1:]), _chunks(a)) for a in arrays]
+    return _longshore._Native.arrays(n, fields)
+
+
+class ArrayDataset:
+    """In-memory arrays as a dataset: sample ``i`` is ``(arrays[0][i], arrays[1][i], ...)``,
+    and batches are what ``torch.utils.data.default_collate`` makes of those tuples: a list of
+    one ``[batch, *row_shape]`` tensor per array, of the array's dtype.
+
+    ``arrays`` are NumPy arrays, CPU torch tensors, or anything ``numpy.asarray`` takes, with
+    the same first dimension. Their rows are copied once, into memory the loader's worker
+    threads read without Python (later changes to the arrays are not seen by the loader)."""
+
+    def __init__(self, *arrays):
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array")
+        lengths = [_rows(a) for a in arrays]
+        if any(n != lengths[0] for n in lengths):
+            raise ValueError(f"Size mismatch between arrays: first dimensions {lengths}")
+        self.arrays = arrays
+        self._native = _native_arrays(arrays, type(self).__name__)
+
+    def __getitem__(self, index):
+        return tuple(a[index] for a in self.arrays)
+
+    def __len__(self):
+        return _rows(self.arrays[0])
+
+    def __repr__(self):
+        return f"{type(self).__name__}(len={len(self)}, fields={self._native.fields()})"
+
+
+class TensorDataset(ArrayDataset):
+    """``torch.utils.data.TensorDataset(*tensors)``: sample ``i`` is
+    ``tuple(t[i] for t in tensors)``. CPU tensors (or NumPy arrays), copied once as
+    :class:`ArrayDataset` does."""
+
+    def __init__(self, *tensors):
+        if any(_rows(tensors[0]) != _rows(t) for t in tensors):
+            raise AssertionError("Size mismatch between tensors")
+        self.tensors = tensors
+        self.arrays = tensors
+        self._native = _native_arrays(tensors, "TensorDataset")
+
+
+def _native_or_none(dataset):
+    """The object the Rust loader reads for ``dataset``, or None for a Python dataset."""
+    native = (_longshore.NpyDataset, _longshore.RecordDataset, _longshore._Native,
+              _longshore._ImageFolder)
+    if isinstance(dataset, native):
+        return dataset
+    if isinstance(dataset, (str, bytes)):
+        return None
+    # PyTorch's own Subset and ConcatDataset (random_split's parts) over longshore datasets.
+    kind = _TORCH_WRAPPERS.get((type(dataset).__module__, type(dataset).__name__))
+    if kind is Subset:
+        return Subset(dataset.dataset, dataset.indices)._native
+    if kind is ConcatDataset:
+        return ConcatDataset(dataset.datasets)._native
+    inner = getattr(dataset, "_native", None)
+    if inner is None or inner is dataset:
+        return None
+    return _native_or_none(inner)
+
+
+class Subset:
+    """``torch.utils.data.Subset``: the samples of ``dataset`` at ``indices``. Over a longshore
+    dataset the loader maps the indices in Rust (negative indices count from the end, and an
+    index out of range is an ``IndexError`` when the loader is built)."""
+
+    def __init__(self, dataset, indices):
+        self.dataset = dataset
+        self.indices = indices
+
+    @property
+    def _native(self):
+        inner = _native_or_none(self.dataset)
+        if inner is None:
+            return None
+        indices = _np.asarray(self.indices, dtype=_np.int64).reshape(-1)
+        return _longshore._Native.subset(inner, indices.tobytes())
+
+    def __getitem__(self, idx):
+        if isinstance(idx, list):
+            return self.dataset[[self.indices[i] for i in idx]]
+        return self.dataset[self.indices[idx]]
+
+    def __getitems__(self, indices):
+        if callable(getattr(self.dataset, "__getitems__", None)):
+            return self.dataset.__getitems__([self.indices[idx] for idx in indices])
+        return [self.dataset[self.indices[idx]] for idx in indices]
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __repr__(self):
+        return f"Subset({self.dataset!r}, len={len(self)})"
+
+
+class ConcatDataset:
+    """``torch.utils.data.ConcatDataset``: ``datasets`` one after another. Over longshore
+    datasets whose samples have the same fields, the loader concatenates them in Rust."""
+
+    @staticmethod
+    def cumsum(sequence):
+        r, s = [], 0
+        for e in sequence:
+            n = len(e)
+            r.append(n + s)
+            s += n
+        return r
+
+    def __init__(self, datasets):
+        self.datasets = list(datasets)
+        if len(self.datasets) == 0:
+            raise AssertionError("datasets should not be an empty iterable")
+        iterable = getattr(sys.modules.get("torch.utils.data"), "IterableDataset", None)
+        for d in self.datasets:
+            if iterable is not None and isinstance(d, iterable):
+                raise AssertionError("ConcatDataset does not support IterableDataset")
+        self.cumulative_sizes = self.cumsum(self.datasets)
+
+    @property
+    def _native(self):
+        parts = [_native_or_none(d) for d in self.datasets]
+        if any(p is None for p in parts):
+            return None
+        return _longshore._Native.concat(parts)
+
+    def __len__(self):
+        return self.cumulative_sizes[-1]
+
+    def __getitem__(self, idx):
+        if idx < 0:
+            if -idx > len(self):
+                raise ValueError("absolute value of index should not exceed dataset length")
+            idx = len(self) + idx
+        dataset_idx = bisect.bisect_right(self.cumulative_sizes, idx)
+        if dataset_idx == 0:
+            sample_idx = idx
+        else:
+            sample_idx = idx - self.cumulative_sizes[dataset_idx - 1]
+        return self.datasets[dataset_idx][sample_idx]
+
+    def __repr__(self):
+        return f"ConcatDataset({len(self.datasets)} datasets, len={len(self)})"
+
+
+_TORCH_WRAPPERS = {
+    ("torch.utils.data.dataset", "Subset"): Subset,
+    ("torch.utils.data.dataset", "ConcatDataset"): ConcatDataset,
+}
+
+
+def random_split(dataset, lengths, generator=None, *, seed=None):
+    """``torch.utils.data.random_split``: ``dataset`` split at random into non-overlapping
+    :class:`Subset` of the given ``lengths`` (or fractions summing to 1, rounded as PyTorch
+    rounds them). The permutation is PyTorch's for the same ``generator`` (default: PyTorch's
+    global one); ``seed`` (longshore's) draws it from longshore's generator instead, with or
+    without PyTorch."""
+    if math.isclose(sum(lengths), 1) and sum(lengths) <= 1:
+        subset_lengths = []
+        for i, frac in enumerate(lengths):
+            if frac < 0 or frac > 1:
+                raise ValueError(f"Fraction at index {i} is not between 0 and 1")
+            subset_lengths.append(math.floor(len(dataset) * frac))
+        remainder = len(dataset) - sum(subset_lengths)
+        for i in range(remainder):
+            subset_lengths[i % len(subset_lengths)] += 1
+        lengths = subset_lengths
+        for i, length in enumerate(lengths):
+            if length == 0:
+                warnings.warn(
+                    f"Length of split at index {i} is 0. This might result in an empty dataset.",
+                    stacklevel=2,
+                )
+    if sum(lengths) != len(dataset):
+        raise ValueError("Sum of input lengths does not equal the length of the input dataset!")
+    if seed is not None and generator is not None:
+        raise ValueError("random_split takes a generator (PyTorch's) or a seed (longshore's), not both")
+    torch = _torch() if seed is None else None
+    if torch is not None:
+        indices = torch.randperm(
+            sum(lengths), generator=generator if generator is not None else torch.default_generator
+        ).tolist()
+    else:
+        _no_generator_without_torch(generator)
+        n = sum(lengths)
+        indices = _indices_from(
+            _longshore._permutation(n, _fresh_seed() if seed is None else seed & (2**64 - 1))
+        ).tolist()
+    return [
+        Subset(dataset, indices[offset - length : offset])
+        for offset, length in zip(itertools.accumulate(lengths), lengths)
+    ]
