@@ -23,11 +23,14 @@ A batch's memory goes back to longshore's pool when every tensor of the batch ha
 
 import itertools as _itertools
 import json as _json
+import os as _os
 
 import numpy as _np
 
 from . import _longshore, data, datasets, transforms  # noqa: F401  (submodules)
+from . import _workers
 from . import data as _data
+from ._workers import get_worker_info  # noqa: F401  (re-exported, as torch.utils.data has it)
 from ._longshore import (  # noqa: F401  (re-exported)
     LoaderError,
     LoaderTimeout,
@@ -141,18 +144,66 @@ def _torch_converter(torch, cuda, pinned):
     )
 
 
-def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context):
+class _PythonDataset:
+    """A Python dataset's loader parts: the Rust loader's source and the worker processes."""
+
+    def __init__(self, dataset, collate_fn, worker_init_fn, context, num_workers):
+        import multiprocessing
+
+        if isinstance(context, str):
+            context = multiprocessing.get_context(context)
+        elif context is None:
+            context = multiprocessing.get_context()
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.source = _longshore._ProcessSource(len(dataset), self._describe)
+        self.workers = _workers.Workers(dataset, collate_fn, num_workers, context,
+                                        worker_init_fn, self.source)
+        if num_workers == 0:
+            # PyTorch's num_workers=0: the dataset's code runs in this process.
+            self.handler = _workers.Handler(dataset, collate_fn, -1, _os.getpid())
+            self.source.set_workers([self.handler])
+
+    def _describe(self, worker_id):
+        return self.workers.describe(worker_id)
+
+    def start_epoch(self, base_seed, persistent):
+        """Starts the worker processes for an epoch: every epoch, as PyTorch does, or once
+        with persistent workers (again if one died)."""
+        w = self.workers
+        if w.num_workers == 0:
+            return
+        if persistent and w.alive():
+            return
+        w.start(base_seed)
+
+
+def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context, num_workers=0):
     """The arguments whose work only Python can do: a Python dataset, ``collate_fn``,
-    ``worker_init_fn``, ``multiprocessing_context``. Refused (a ``TypeError`` for the dataset,
-    a ``ValueError`` naming what longshore runs instead for the others): longshore's workers
-    are Rust threads. The one place that decides it; returns what the Rust loader reads for
-    ``dataset``."""
+    ``worker_init_fn``, ``multiprocessing_context``. A map-style Python dataset (any object
+    with ``__getitem__`` and ``__len__``) runs in worker processes (:class:`_PythonDataset`),
+    with ``collate_fn``, ``worker_init_fn`` and ``multiprocessing_context`` as PyTorch runs
+    them; longshore's own datasets run in Rust threads, where those arguments are refused (a
+    ``ValueError`` naming what longshore runs instead). The one place that decides it; returns
+    what the Rust loader reads for ``dataset``."""
     native = _data._native_or_none(dataset)
     if native is None:
+        if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+            if collate_fn is not None and _is_default_collate(collate_fn):
+                collate_fn = None  # torch's default_collate: fused into the batch buffer
+            return _PythonDataset(dataset, collate_fn, worker_init_fn, multiprocessing_context,
+                                  num_workers)
+        if hasattr(dataset, "__iter__"):
+            raise TypeError(
+                "longshore.DataLoader does not yet run iterable Python datasets "
+                f"({type(dataset).__name__} has __iter__ but no __getitem__/__len__): use "
+                "torch.utils.data.DataLoader for it, or give it __getitem__ and __len__"
+            )
         raise TypeError(
-            "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset, "
-            "datasets.ImageFolder, data.ArrayDataset or data.TensorDataset (or a data.Subset "
-            "or data.ConcatDataset of them), not " + type(dataset).__name__
+            "longshore.DataLoader takes a map-style dataset (__getitem__ and __len__), a "
+            "longshore.NpyDataset, RecordDataset, datasets.ImageFolder, data.ArrayDataset or "
+            "data.TensorDataset (or a data.Subset or data.ConcatDataset of them), not "
+            + type(dataset).__name__
         )
     if collate_fn is not None and not _is_default_collate(collate_fn):
         raise ValueError(
@@ -311,7 +362,11 @@ class DataLoader:
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         _check_multiprocessing_context(multiprocessing_context, num_workers)
-        native = _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context)
+        native = _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context,
+                              num_workers if isinstance(num_workers, int) else 0)
+        self._python = native if isinstance(native, _PythonDataset) else None
+        if self._python is not None:
+            native = self._python.source
         shuffle = bool(shuffle)
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
@@ -469,11 +524,21 @@ class DataLoader:
             init()
             self._cuda_init = None
         torch = self._torch_rng
+        base_seed = None
         if torch is not None and not (self._iterated and self.persistent_workers):
             # PyTorch's iterator draws its workers' base seed from the generator when it is
             # made (once, with persistent workers): the draws that follow are then PyTorch's.
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            base_seed = int(
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         self._iterated = True
+        if self._python is not None:
+            if base_seed is None:
+                base_seed = (int(self.seed or 0) * 0x9E3779B97F4A7C15 + next(_LOADERS)) % 2**63
+            self._python.start_epoch(base_seed, bool(self.persistent_workers))
+            return _python_batches(self._epoch())
+        return self._epoch()
+
+    def _epoch(self):
         order = self._order
         if order is None:
             # The epoch converts each tensor itself (no Python frame per batch); it has close().
@@ -542,6 +607,49 @@ def _len_or_zero(sampler):
         return int(len(sampler))
     except TypeError:
         return 0
+
+
+def _python_batches(epoch):
+    """A Python dataset's batches, rebuilt from their tensors and meta (nesting, non-tensor
+    values); a worker's exception re-raised as its own type, with the worker's traceback in
+    the message, as PyTorch does."""
+    import pickle
+
+    try:
+        for tensors, meta in epoch:
+            tree, objects, dtypes = pickle.loads(meta)
+            yield _workers.rebuild(tree, tensors, objects, dtypes)
+    except SampleError as e:
+        raise _reraise(e) from None
+    finally:
+        close = getattr(epoch, "close", None)
+        if close is not None:
+            close()
+
+
+def _reraise(e):
+    """The worker's exception type for a ``SampleError`` that carries one (its message ends
+    with ``[exception type: module.qualname]``), else ``e``."""
+    import importlib
+
+    msg = str(e)
+    tail = msg.rstrip().rsplit("\n", 1)[-1]
+    prefix = "[exception type: "
+    if not (tail.startswith(prefix) and tail.endswith("]")):
+        return e
+    module, _, qualname = tail[len(prefix):-1].rpartition(".")
+    try:
+        typ = importlib.import_module(module)
+        for part in qualname.split("."):
+            typ = getattr(typ, part)
+    except Exception:
+        return e
+    if not (isinstance(typ, type) and issubclass(typ, BaseException)):
+        return e
+    try:
+        return typ(msg)
+    except Exception:
+        return RuntimeError(msg)
 
 
 class _CheckedEpoch:

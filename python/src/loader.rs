@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use longshore::data::Batch;
 use longshore::dlpack::{ExportOptions, PinnedLabel};
-use longshore::host::{BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats};
+use longshore::host::{
+    BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats, SharedAllocator,
+};
 use longshore::loader::{
     BoxedFetch, BoxedLoader, DataLoader, DataLoaderBuilder, DeviceBatch, DeviceLoader, LoaderError,
     LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
@@ -144,20 +146,26 @@ pub(crate) struct PyPinnedPool {
 impl PyPinnedPool {
     /// `budget`: most bytes held (default: a quarter of RAM); `policy`: what a request over
     /// budget does: `"wait"` (up to `wait_timeout` seconds), `"fallback"` (pageable memory) or
-    /// `"error"`; `pinned`: page-locked memory (default: when a CUDA driver is present).
+    /// `"error"`; `pinned`: page-locked memory (default: when a CUDA driver is present);
+    /// `shared`: each block a memory file that worker processes map, so that a Python
+    /// dataset's workers write batches straight into it (a loader of a Python dataset makes
+    /// such a pool itself when given none; with an unshared pool its batches travel through
+    /// the workers' pipes: one copy more).
     #[new]
-    #[pyo3(signature = (*, budget = None, policy = "wait", wait_timeout = 60.0, pinned = None))]
+    #[pyo3(signature = (*, budget = None, policy = "wait", wait_timeout = 60.0, pinned = None,
+        shared = false))]
     fn new(
         budget: Option<usize>,
         policy: &str,
         wait_timeout: f64,
         pinned: Option<bool>,
+        shared: bool,
     ) -> PyResult<Self> {
         let pinned = pinned.unwrap_or_else(longshore::host::driver_available);
-        let kind = if pinned {
-            MemoryKind::PageLocked
-        } else {
-            MemoryKind::Pageable
+        let kind = match (pinned, shared) {
+            (true, false) => MemoryKind::PageLocked,
+            (true, true) => MemoryKind::Registered,
+            (false, _) => MemoryKind::Pageable,
         };
         let policy = match policy {
             "wait" => BudgetPolicy::Wait {
@@ -177,7 +185,12 @@ impl PyPinnedPool {
         if let Some(b) = budget {
             config = config.budget(b);
         }
-        let pool = PinnedPool::new(config).map_err(|e| LoaderFailure::new_err(e.to_string()))?;
+        let pool = if shared {
+            shared_pool(pinned, config)
+        } else {
+            PinnedPool::new(config)
+        };
+        let pool = pool.map_err(|e| LoaderFailure::new_err(e.to_string()))?;
         Ok(Self { pool })
     }
 
@@ -185,6 +198,13 @@ impl PyPinnedPool {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         pool_dict(py, &self.pool.stats())
     }
+}
+
+/// A pool of shared memory ([`SharedAllocator`]), page-locked when `pinned`.
+fn shared_pool(pinned: bool, config: PoolConfig) -> Result<PinnedPool, longshore::host::HostError> {
+    let mut config = config;
+    config.register_above = None;
+    PinnedPool::with_allocator(Arc::new(SharedAllocator::new(pinned)), config)
 }
 
 fn pool_dict<'py>(py: Python<'py>, s: &PoolStats) -> PyResult<Bound<'py, PyDict>> {
@@ -376,7 +396,23 @@ impl PyLoader {
                 on_sample_error,
                 worker_priority,
             },
-            pool: pool.map(|p| p.pool.clone()),
+            pool: match (pool, process.is_some()) {
+                (Some(p), _) => Some(p.pool.clone()),
+                // A Python dataset's workers write into the blocks: shared memory.
+                (None, true) => {
+                    let pinned = (pin_memory || cuda) && longshore::host::driver_available();
+                    let kind = if pinned {
+                        MemoryKind::Registered
+                    } else {
+                        MemoryKind::Pageable
+                    };
+                    Some(
+                        shared_pool(pinned, PoolConfig::for_kind(kind))
+                            .map_err(|e| LoaderFailure::new_err(e.to_string()))?,
+                    )
+                }
+                (None, false) => None,
+            },
             order: order.map(|o| o.sampler()),
         };
         let meta = process.is_some();
