@@ -148,20 +148,20 @@ def _collate(batch, leaves, objects):
         leaves.append(_Leaf(array=np.asarray(batch, dtype=np.int64)))
         return ("t", len(leaves) - 1)
     if isinstance(elem, (str, bytes)):
-        objects.append(list(batch))
+        objects.append(batch)  # as torch: the batch as given (a list, or a tuple from zip)
         return ("o", len(objects) - 1)
     if isinstance(elem, collections.abc.Mapping):
         keys = list(elem)
         items = [(k, _collate([d[k] for d in batch], leaves, objects)) for k in keys]
         return ("m", type(elem), items)
     if isinstance(elem, tuple) and hasattr(elem, "_fields"):  # namedtuple
-        return ("n", type(elem), [_collate(list(s), leaves, objects) for s in zip(*batch)])
+        return ("n", type(elem), [_collate(s, leaves, objects) for s in zip(*batch)])
     if isinstance(elem, collections.abc.Sequence):
         it = iter(batch)
         size = len(next(it))
         if not all(len(e) == size for e in it):
             raise RuntimeError("each element in list of batch should be of equal size")
-        parts = [_collate(list(s), leaves, objects) for s in zip(*batch)]
+        parts = [_collate(s, leaves, objects) for s in zip(*batch)]
         if isinstance(elem, tuple):
             return ("l", list, parts)  # torch: tuples collate to lists
         return ("l", type(elem), parts)

@@ -103,9 +103,12 @@ def test_pytorch_option_checks(files, kw, match):
         loader(longshore.NpyDataset(files["y"]), **kw)
 
 
-def test_not_a_longshore_dataset():
-    with pytest.raises(TypeError, match="NpyDataset"):
-        longshore.DataLoader([1, 2, 3])
+def test_not_a_dataset():
+    with pytest.raises(TypeError, match="map-style dataset"):
+        longshore.DataLoader(42)
+    # A list is a map-style dataset, as in PyTorch.
+    got = [b.tolist() for b in longshore.DataLoader([1, 2, 3], batch_size=2, framework="numpy")]
+    assert got == [[1, 2], [3]]
 
 
 def test_resume_mid_epoch(files):

@@ -300,12 +300,11 @@ def test_native_datasets_refuse_what_they_cannot_batch(files):
     b = L.ArrayDataset(np.zeros((4, 3), np.float32))
     with pytest.raises(ValueError, match="fields"):
         longshore.DataLoader(L.ConcatDataset([a, b]))
-    # Over a Python dataset: PyTorch's indexing, and the loader refuses it (Python workers are
-    # not longshore's).
+    # Over a Python dataset: PyTorch's indexing, and the loader runs it in Python.
     py = L.Subset(list(range(10)), [3, 4])
     assert py[1] == 4
-    with pytest.raises(TypeError, match="NpyDataset"):
-        longshore.DataLoader(py)
+    got = [b.tolist() for b in longshore.DataLoader(py, batch_size=2, framework="numpy")]
+    assert got == [[3, 4]]
 
 
 def test_non_native_byte_order_and_views_are_batched_by_value():

@@ -191,9 +191,9 @@ def test_pin_memory_device_cuda_is_accepted():
         assert sum(len(b[0]) for b in dl) == 4
 
 
-def test_python_datasets_are_refused_naming_longshores():
+def test_unusable_datasets_are_refused_naming_longshores():
     with pytest.raises(TypeError, match="ArrayDataset"):
-        longshore.DataLoader([1, 2, 3])
+        longshore.DataLoader(object())
 
 
 def test_on_sample_error_is_checked():
