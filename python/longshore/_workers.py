@@ -70,48 +70,82 @@ def get_worker_info():
 # Batches as leaves: torch's default_collate, structure first, values written into the block.
 
 class _Leaf:
-    """One output tensor: the per-sample arrays stacked along a new first dimension
-    (``parts`` of equal shape and dtype), or one whole array (``whole``, from a collate_fn)."""
+    """One output tensor: per-sample tensors or arrays (``parts``, of equal shape and dtype)
+    stacked along a new first dimension, or one whole tensor or array (``whole``, from a
+    collate_fn); written into the block by one ``torch.stack``/``np.stack`` (or copy) call."""
 
-    __slots__ = ("array", "parts", "torch_dtype")
+    __slots__ = ("parts", "whole", "shape", "code", "torch_dtype", "is_torch")
 
-    def __init__(self, array=None, parts=None, torch_dtype=None):
-        self.array = array
+    def __init__(self, parts=None, whole=None):
         self.parts = parts
-        self.torch_dtype = torch_dtype
+        self.whole = whole
+        first = parts[0] if parts is not None else whole
+        torch = _torch()
+        self.is_torch = torch is not None and isinstance(first, torch.Tensor)
+        if self.is_torch:
+            if first.device.type != "cpu":
+                raise TypeError(f"a DataLoader worker returned a tensor on {first.device}: "
+                                "worker outputs must be on the CPU (longshore copies batches "
+                                "to the device itself)")
+            code = _torch_codes().get(first.dtype)
+            if code is None:
+                raise TypeError(f"tensors of dtype {first.dtype} are not supported by longshore")
+            self.code = code
+            self.torch_dtype = "bfloat16" if first.dtype == torch.bfloat16 else None
+            inner = tuple(first.shape)
+        else:
+            code = _CODES.get(first.dtype)
+            if code is None:
+                raise TypeError(f"arrays of dtype {first.dtype} are not supported by longshore")
+            self.code = code
+            self.torch_dtype = None
+            inner = first.shape
+        self.shape = ((len(parts),) + tuple(inner)) if parts is not None else tuple(inner)
 
-    def shape(self):
-        if self.parts is not None:
-            return (len(self.parts),) + self.parts[0].shape
-        return self.array.shape
+    def write(self, buf, offset):
+        count = 1
+        for d in self.shape:
+            count *= d
+        if count == 0:
+            return
+        if self.is_torch:
+            torch = _torch()
+            dtype = (self.parts[0] if self.parts is not None else self.whole).dtype
+            dst = torch.frombuffer(buf, dtype=dtype, count=count, offset=offset).view(self.shape)
+            if self.parts is not None:
+                torch.stack(self.parts, out=dst)
+            else:
+                dst.copy_(self.whole)
+        else:
+            dtype = (self.parts[0] if self.parts is not None else self.whole).dtype
+            dst = np.frombuffer(buf, dtype=dtype, count=count, offset=offset).reshape(self.shape)
+            if self.parts is not None:
+                np.stack(self.parts, out=dst)
+            else:
+                dst[...] = self.whole
 
-    def dtype(self):
-        return (self.parts[0] if self.parts is not None else self.array).dtype
+
+_TORCH_CODES = None
+
+
+def _torch_codes():
+    """Protocol dtype codes by torch dtype (bfloat16 travels as its 16 bits)."""
+    global _TORCH_CODES
+    if _TORCH_CODES is None:
+        torch = _torch()
+        _TORCH_CODES = {
+            torch.bool: 0, torch.uint8: 1, torch.int8: 2, torch.int16: 3, torch.int32: 4,
+            torch.int64: 5, torch.float16: 6, torch.float32: 7, torch.float64: 8,
+            torch.bfloat16: 9,
+        }
+        for name, code in (("uint16", 9), ("uint32", 10), ("uint64", 11)):
+            if hasattr(torch, name):
+                _TORCH_CODES[getattr(torch, name)] = code
+    return _TORCH_CODES
 
 
 _BAD = ("default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
         "found {}")
-
-
-def _as_numpy(t):
-    """A CPU tensor's values as a NumPy array (bfloat16 as its bits, uint16), and the torch
-    dtype to view it as again in the main process (None when NumPy's is torch's)."""
-    torch = _torch()
-    t = t.detach()
-    if t.device.type != "cpu":
-        raise TypeError(f"a DataLoader worker returned a tensor on {t.device}: worker outputs "
-                        "must be on the CPU (longshore copies batches to the device itself)")
-    if t.dtype == torch.bfloat16:
-        return t.contiguous().view(torch.uint16).numpy(), "bfloat16"
-    if t.is_complex():
-        raise TypeError(f"complex tensors ({t.dtype}) are not supported by longshore")
-    return t.contiguous().numpy(), None
-
-
-def _check_array(a):
-    if a.dtype not in _CODES:
-        raise TypeError(f"arrays of dtype {a.dtype} are not supported by longshore")
-    return a
 
 
 def _collate(batch, leaves, objects):
@@ -121,31 +155,27 @@ def _collate(batch, leaves, objects):
     elem = batch[0]
     torch = _torch()
     if torch is not None and isinstance(elem, torch.Tensor):
-        parts, dtype = [], None
-        for t in batch:
-            a, dtype = _as_numpy(t)
-            parts.append(a)
-        _stack_check(parts)
-        leaves.append(_Leaf(parts=parts, torch_dtype=dtype))
+        _stack_check(batch)
+        leaves.append(_Leaf(parts=list(batch)))
         return ("t", len(leaves) - 1)
     if isinstance(elem, np.ndarray) and elem.dtype.kind not in "SaUO":
-        parts = [_check_array(np.asarray(a)) for a in batch]
+        parts = [np.asarray(a) for a in batch]
         _stack_check(parts)
         leaves.append(_Leaf(parts=parts))
         return ("t", len(leaves) - 1)
     if isinstance(elem, np.ndarray) or isinstance(elem, np.str_):
         raise TypeError(_BAD.format(elem.dtype if isinstance(elem, np.ndarray) else type(elem)))
     if isinstance(elem, np.generic) and not isinstance(elem, (np.str_, np.bytes_)):
-        leaves.append(_Leaf(array=_check_array(np.asarray(batch))))
+        leaves.append(_Leaf(whole=np.asarray(batch)))
         return ("t", len(leaves) - 1)
     if isinstance(elem, bool):
-        leaves.append(_Leaf(array=np.asarray(batch, dtype=np.bool_)))
+        leaves.append(_Leaf(whole=np.asarray(batch, dtype=np.bool_)))
         return ("t", len(leaves) - 1)
     if isinstance(elem, float):
-        leaves.append(_Leaf(array=np.asarray(batch, dtype=np.float64)))
+        leaves.append(_Leaf(whole=np.asarray(batch, dtype=np.float64)))
         return ("t", len(leaves) - 1)
     if isinstance(elem, int):
-        leaves.append(_Leaf(array=np.asarray(batch, dtype=np.int64)))
+        leaves.append(_Leaf(whole=np.asarray(batch, dtype=np.int64)))
         return ("t", len(leaves) - 1)
     if isinstance(elem, (str, bytes)):
         objects.append(batch)  # as torch: the batch as given (a list, or a tuple from zip)
@@ -170,13 +200,13 @@ def _collate(batch, leaves, objects):
 
 def _stack_check(parts):
     first = parts[0]
-    for p in parts[1:]:
-        if p.shape != first.shape:
+    shape, dtype = first.shape, first.dtype
+    for k, p in enumerate(parts):
+        if p.shape != shape:
             raise RuntimeError("stack expects each tensor to be equal size, but got "
-                               f"{list(first.shape)} at entry 0 and {list(p.shape)} at entry "
-                               f"{next(i for i, q in enumerate(parts) if q.shape != first.shape)}")
-        if p.dtype != first.dtype:
-            raise RuntimeError(f"expected each tensor to have the same dtype, got {first.dtype} "
+                               f"{list(shape)} at entry 0 and {list(p.shape)} at entry {k}")
+        if p.dtype != dtype:
+            raise RuntimeError(f"expected each tensor to have the same dtype, got {dtype} "
                                f"and {p.dtype}")
 
 
@@ -184,11 +214,12 @@ def _flatten(out, leaves, objects):
     """A user ``collate_fn``'s output as leaves (its tensors and arrays as they are)."""
     torch = _torch()
     if torch is not None and isinstance(out, torch.Tensor):
-        a, dtype = _as_numpy(out)
-        leaves.append(_Leaf(array=a, torch_dtype=dtype))
+        leaves.append(_Leaf(whole=out))
         return ("t", len(leaves) - 1)
     if isinstance(out, np.ndarray) and out.dtype.kind not in "SaUO":
-        leaves.append(_Leaf(array=_check_array(out), torch_dtype="numpy"))
+        leaf = _Leaf(whole=out)
+        leaf.torch_dtype = "numpy"  # a collate_fn's array stays an array
+        leaves.append(leaf)
         return ("t", len(leaves) - 1)
     if isinstance(out, collections.abc.Mapping):
         return ("m", type(out), [(k, _flatten(v, leaves, objects)) for k, v in out.items()])
@@ -316,8 +347,8 @@ class Handler:
                             protocol=pickle.HIGHEST_PROTOCOL)
         out = [b"K", struct.pack("<QI", len(indices), len(leaves))]
         for leaf in leaves:
-            shape = leaf.shape()
-            out.append(struct.pack("<BB", _CODES[leaf.dtype()], len(shape)))
+            shape = leaf.shape
+            out.append(struct.pack("<BB", leaf.code, len(shape)))
             out.append(struct.pack(f"<{len(shape)}Q", *shape))
         out.append(struct.pack("<Q", len(meta)))
         self.staged = (leaves, meta)
@@ -329,7 +360,10 @@ class Handler:
             return m[0]
         if len(self.maps) >= 64:  # blocks the pool freed: drop the oldest mappings
             for k in list(self.maps)[:32]:
-                self.maps.pop(k)[0].close()
+                try:
+                    self.maps.pop(k)[0].close()
+                except BufferError:  # still viewed: closed when the view goes
+                    pass
         path = f"/proc/{self.main_pid}/fd/{fd}" if self.main_pid != os.getpid() \
             else f"/proc/self/fd/{fd}"
         f = os.open(path, os.O_RDWR)
@@ -353,15 +387,7 @@ class Handler:
             end = offsets[-1] + len(meta)
             buf = bytearray(end)
         for leaf, off in zip(leaves, offsets):
-            dtype = leaf.dtype()
-            shape = leaf.shape()
-            count = int(np.prod(shape, dtype=np.int64))
-            dst = np.frombuffer(buf, dtype=dtype, count=count, offset=off).reshape(shape)
-            if leaf.parts is not None:
-                for k, p in enumerate(leaf.parts):
-                    dst[k] = p
-            else:
-                dst[...] = leaf.array
+            leaf.write(buf, off)
         off = offsets[-1]
         buf[off:off + len(meta)] = meta
         if fd >= 0:
