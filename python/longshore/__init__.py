@@ -147,7 +147,8 @@ def _torch_converter(torch, cuda, pinned):
 class _PythonDataset:
     """A Python dataset's loader parts: the Rust loader's source and the worker processes."""
 
-    def __init__(self, dataset, collate_fn, worker_init_fn, context, num_workers):
+    def __init__(self, dataset, collate_fn, worker_init_fn, context, num_workers,
+                 iterable=None):
         import multiprocessing
 
         if isinstance(context, str):
@@ -156,10 +157,24 @@ class _PythonDataset:
             context = multiprocessing.get_context()
         self.dataset = dataset
         self.collate_fn = collate_fn
-        self.source = _longshore._ProcessSource(len(dataset), self._describe)
-        self.workers = _workers.Workers(dataset, collate_fn, num_workers, context,
-                                        worker_init_fn, self.source)
-        if num_workers == 0:
+        self.iterable = bool(iterable)
+        self.context = context
+        self.worker_init_fn = worker_init_fn
+        self.num_workers = num_workers
+        self.source = None
+        if not iterable:
+            self.bind(None, False)
+
+    def bind(self, batch_size, drop_last):
+        """Makes the loader's source: an iterable dataset's carries ``(batch_size,
+        drop_last)``, which its workers apply."""
+        dataset, collate_fn = self.dataset, self.collate_fn
+        self.source = _longshore._ProcessSource(
+            0 if self.iterable else len(dataset), self._describe,
+            (batch_size, drop_last) if self.iterable else None)
+        self.workers = _workers.Workers(dataset, collate_fn, self.num_workers, self.context,
+                                        self.worker_init_fn, self.source)
+        if self.num_workers == 0:
             # PyTorch's num_workers=0: the dataset's code runs in this process.
             self.handler = _workers.Handler(dataset, collate_fn, -1, _os.getpid())
             self.source.set_workers([self.handler])
@@ -188,17 +203,17 @@ def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context, n
     what the Rust loader reads for ``dataset``."""
     native = _data._native_or_none(dataset)
     if native is None:
-        if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+        if not _is_iterable(dataset) and hasattr(dataset, "__getitem__") \
+                and hasattr(dataset, "__len__"):
             if collate_fn is not None and _is_default_collate(collate_fn):
                 collate_fn = None  # torch's default_collate: fused into the batch buffer
             return _PythonDataset(dataset, collate_fn, worker_init_fn, multiprocessing_context,
                                   num_workers)
         if hasattr(dataset, "__iter__"):
-            raise TypeError(
-                "longshore.DataLoader does not yet run iterable Python datasets "
-                f"({type(dataset).__name__} has __iter__ but no __getitem__/__len__): use "
-                "torch.utils.data.DataLoader for it, or give it __getitem__ and __len__"
-            )
+            if collate_fn is not None and _is_default_collate(collate_fn):
+                collate_fn = None
+            return _PythonDataset(dataset, collate_fn, worker_init_fn, multiprocessing_context,
+                                  num_workers, iterable=True)
         raise TypeError(
             "longshore.DataLoader takes a map-style dataset (__getitem__ and __len__), a "
             "longshore.NpyDataset, RecordDataset, datasets.ImageFolder, data.ArrayDataset or "
@@ -223,6 +238,16 @@ def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context, n
             "not processes; leave it None"
         )
     return native
+
+
+def _is_iterable(dataset):
+    """An iterable dataset, as PyTorch decides (a torch ``IterableDataset``), or an object
+    with ``__iter__`` that cannot be indexed."""
+    torch = _import_torch()
+    if torch is not None and isinstance(dataset, torch.utils.data.IterableDataset):
+        return True
+    return hasattr(dataset, "__iter__") and not (
+        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"))
 
 
 def _is_default_collate(fn):
@@ -365,6 +390,22 @@ class DataLoader:
         native = _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context,
                               num_workers if isinstance(num_workers, int) else 0)
         self._python = native if isinstance(native, _PythonDataset) else None
+        iterable = self._python is not None and self._python.iterable
+        if iterable:
+            # PyTorch's checks for an IterableDataset, in its words.
+            for name, value in (("shuffle", shuffle), ("sampler", sampler),
+                                ("batch_sampler", batch_sampler)):
+                if value not in (None, False):
+                    raise ValueError(
+                        f"DataLoader with IterableDataset: expected unspecified {name} option, "
+                        f"but got {name}={value}"
+                    )
+            if batch_size is None:
+                raise ValueError(
+                    "batch_size=None (no automatic batching) is not supported by "
+                    "longshore.DataLoader: use batch_size=1 and take each batch's first row"
+                )
+            self._python.bind(batch_size, bool(drop_last))
         if self._python is not None:
             native = self._python.source
         shuffle = bool(shuffle)
@@ -398,12 +439,15 @@ class DataLoader:
         # PyTorch's default samplers (their checks included: batch_size, drop_last, an empty
         # dataset with shuffle).
         own_sampler = sampler is None and batch_sampler is None
-        if sampler is None:
+        if iterable:
+            # An iterable dataset has no sampler: its workers' streams are the order.
+            pass
+        elif sampler is None:
             if shuffle:
                 sampler = _data.RandomSampler(dataset, generator=generator)
             else:
                 sampler = _data.SequentialSampler(dataset)
-        if batch_sampler is None:
+        if batch_sampler is None and not iterable:
             batch_sampler = _data.BatchSampler(sampler, batch_size, drop_last)
         torch = _import_torch() if seed is None else None
         # PyTorch's generator decides the order (and draws the workers' base seed).

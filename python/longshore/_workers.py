@@ -281,6 +281,8 @@ class Handler:
         self.main_pid = main_pid
         self.staged = None
         self.maps = {}  # block id -> (mmap, length)
+        self.stream = None  # an iterable dataset's iterator, and the epoch it is of
+        self.stream_epoch = None
 
     def _fetch(self, indices):
         getitems = getattr(self.dataset, "__getitems__", None)
@@ -319,6 +321,8 @@ class Handler:
                 return self._stage(req)
             if kind == b"W":
                 return self._write(req)
+            if kind == b"N":
+                return self._next(req)
             return b"E" + struct.pack("<Q", _U64_MAX) + f"unknown request {kind!r}".encode()
         except Exception:
             self.staged = None
@@ -338,6 +342,10 @@ class Handler:
             except Exception:
                 return self._error(bad)
             return self._error(None)
+        return self._collated(samples)
+
+    def _collated(self, samples):
+        """Stages a batch of ``samples``: its tensors' layout, the meta kept for the write."""
         leaves, objects = [], []
         if self.collate_fn is None:
             tree = _collate(samples, leaves, objects)
@@ -345,7 +353,7 @@ class Handler:
             tree = _flatten(self.collate_fn(samples), leaves, objects)
         meta = pickle.dumps((tree, objects, [leaf.torch_dtype for leaf in leaves]),
                             protocol=pickle.HIGHEST_PROTOCOL)
-        out = [b"K", struct.pack("<QI", len(indices), len(leaves))]
+        out = [b"K", struct.pack("<QI", len(samples), len(leaves))]
         for leaf in leaves:
             shape = leaf.shape
             out.append(struct.pack("<BB", leaf.code, len(shape)))
@@ -353,6 +361,30 @@ class Handler:
         out.append(struct.pack("<Q", len(meta)))
         self.staged = (leaves, meta)
         return b"".join(out)
+
+    def _next(self, req):
+        """The next batch of an iterable dataset: up to ``batch_size`` items of this worker's
+        iterator (a new one each epoch, and after the last ended, as PyTorch's workers make)."""
+        (epoch, batch_size, drop_last) = struct.unpack_from("<QIB", req, 1)
+        self.staged = None
+        if self.stream_epoch != epoch:
+            self.stream = iter(self.dataset)
+            self.stream_epoch = epoch
+        if self.stream is None:  # this epoch's stream ended
+            return b"X"
+        items = []
+        try:
+            for _ in range(batch_size):
+                items.append(next(self.stream))
+        except StopIteration:
+            self.stream = None
+        except Exception:
+            self.stream = None
+            return self._error(None)
+        if not items or (drop_last and len(items) < batch_size):
+            self.stream = None
+            return b"X"
+        return self._collated(items)
 
     def _block(self, block_id, fd, length):
         m = self.maps.get(block_id)

@@ -22,7 +22,7 @@ use pyo3::types::PyDict;
 use crate::dataset::{Native, Source, native_of};
 use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
-use crate::pydata::PyProcessSource;
+use crate::pydata::{Parts, PyProcessSource};
 use crate::sampler::{EpochOrder, PyEpochOrder};
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
@@ -419,7 +419,7 @@ impl PyLoader {
         let inner = py
             .detach(|| match (nvjpeg_files, device.as_ref(), process, source) {
                 (Some(files), Some(d), _, _) => crate::nvjpeg::build(files, options, d, 2),
-                (_, _, Some((dataset, collate)), _) => Ok(Loader::Host(
+                (_, _, Some(Parts::Map(dataset, collate)), _) => Ok(Loader::Host(
                     configure(
                         DataLoader::builder(dataset).dataset_collate(collate),
                         options,
@@ -428,6 +428,14 @@ impl PyLoader {
                     // curriculum): no batch of the next epoch is made before it starts.
                     .prefetch_next_epoch(false)
                     .build_boxed()?,
+                )),
+                // The workers make whole batches: one per loader batch.
+                (_, _, Some(Parts::Iterable(stream, collate)), _) => Ok(Loader::Host(
+                    configure(DataLoader::iterable(stream).collate(collate), options)
+                        .batch_size(1)
+                        .drop_last(false)
+                        .prefetch_next_epoch(false)
+                        .build_boxed()?,
                 )),
                 (_, _, None, Some(source)) => build(source, options),
                 (_, _, None, None) => Err(LoaderError::State("no dataset".into())),

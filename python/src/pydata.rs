@@ -28,7 +28,10 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
-use longshore::data::{Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, Storage};
+use longshore::data::{
+    Batch, BatchLayout, Collate, DType, DataError, Dataset, DatasetCollate, ItemIter,
+    IterableDataset, Storage, WorkerInfo,
+};
 use longshore::host::PoolBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -241,6 +244,81 @@ fn failure(body: &[u8]) -> DataError {
     DataError::Other(message)
 }
 
+/// The layout of a staged batch from a `K` reply's body.
+fn staged_layout(worker: usize, body: &[u8]) -> Result<BatchLayout, DataError> {
+    let mut r = Reader(body);
+    let batch = usize_of(r.u64()?)?;
+    let n = r.u32()? as usize;
+    let mut layout = BatchLayout::new(batch);
+    for _ in 0..n {
+        let code = r.u8()?;
+        let dtype = dtype_of(code).ok_or_else(|| {
+            DataError::Other(format!(
+                "DataLoader worker {worker}: unknown dtype code {code}"
+            ))
+        })?;
+        let ndim = r.u8()? as usize;
+        let mut shape = Vec::with_capacity(ndim);
+        for _ in 0..ndim {
+            shape.push(usize_of(r.u64()?)?);
+        }
+        layout.push(None, dtype, shape)?;
+    }
+    let meta = usize_of(r.u64()?)?;
+    layout.push(None, DType::U8, vec![meta])?;
+    Ok(layout)
+}
+
+/// Asks worker `worker` to write its staged batch into `storage` (see the module's
+/// documentation).
+fn write_staged<S: Storage>(
+    workers: &Workers,
+    staged: Staged,
+    mut storage: S,
+) -> Result<Batch<S>, DataError> {
+    let Staged {
+        layout,
+        endpoint,
+        worker,
+        indices,
+    } = staged;
+    let total = layout.total_bytes();
+    if storage.len() < total {
+        return Err(DataError::BufferTooSmall {
+            what: "a Python dataset's batch",
+            needed: total,
+            got: storage.len(),
+        });
+    }
+    let shared = (&storage as &dyn Any)
+        .downcast_ref::<PoolBuffer>()
+        .and_then(PoolBuffer::shared_fd)
+        .map(|(fd, id)| (fd.as_raw_fd(), id));
+    let mut req = Vec::with_capacity(32 + 8 * layout.tensors().len());
+    req.push(b'W');
+    let (fd, id) = shared.unwrap_or((-1, 0));
+    req.extend_from_slice(&id.to_le_bytes());
+    req.extend_from_slice(&fd.to_le_bytes());
+    req.extend_from_slice(&(storage.len() as u64).to_le_bytes());
+    req.extend_from_slice(&(layout.tensors().len() as u32).to_le_bytes());
+    for t in layout.tensors() {
+        req.extend_from_slice(&(t.offset as u64).to_le_bytes());
+    }
+    let reply = workers.exchange(&endpoint, worker, &indices, &req)?;
+    match reply.split_first() {
+        Some((b'w', _)) if shared.is_some() => {}
+        Some((b'B', bytes)) if bytes.len() == total => storage[..total].copy_from_slice(bytes),
+        Some((b'E', body)) => return Err(failure(body)),
+        _ => {
+            return Err(DataError::Other(format!(
+                "DataLoader worker {worker} answered a write request with {} bytes",
+                reply.len()
+            )));
+        }
+    }
+    Batch::from_parts(layout, storage)
+}
+
 impl DatasetCollate<ProcessDataset> for ProcessCollate {
     type Staged = Staged;
 
@@ -262,40 +340,17 @@ impl DatasetCollate<ProcessDataset> for ProcessCollate {
             .split_first()
             .ok_or_else(|| DataError::Other("an empty reply from a DataLoader worker".into()))?;
         match kind {
-            b'K' => {}
-            b'E' => return Err(failure(body)),
-            other => {
-                return Err(DataError::Other(format!(
-                    "DataLoader worker {worker} answered {other:#x} to a stage request"
-                )));
-            }
+            b'K' => Ok(Staged {
+                layout: staged_layout(worker, body)?,
+                endpoint,
+                worker,
+                indices: indices.to_vec(),
+            }),
+            b'E' => Err(failure(body)),
+            other => Err(DataError::Other(format!(
+                "DataLoader worker {worker} answered {other:#x} to a stage request"
+            ))),
         }
-        let mut r = Reader(body);
-        let batch = usize_of(r.u64()?)?;
-        let n = r.u32()? as usize;
-        let mut layout = BatchLayout::new(batch);
-        for _ in 0..n {
-            let code = r.u8()?;
-            let dtype = dtype_of(code).ok_or_else(|| {
-                DataError::Other(format!(
-                    "DataLoader worker {worker}: unknown dtype code {code}"
-                ))
-            })?;
-            let ndim = r.u8()? as usize;
-            let mut shape = Vec::with_capacity(ndim);
-            for _ in 0..ndim {
-                shape.push(usize_of(r.u64()?)?);
-            }
-            layout.push(None, dtype, shape)?;
-        }
-        let meta = usize_of(r.u64()?)?;
-        layout.push(None, DType::U8, vec![meta])?;
-        Ok(Staged {
-            layout,
-            endpoint,
-            worker,
-            indices: indices.to_vec(),
-        })
     }
 
     fn staged_layout<'a>(&self, staged: &'a Staged) -> &'a BatchLayout {
@@ -306,49 +361,110 @@ impl DatasetCollate<ProcessDataset> for ProcessCollate {
         &self,
         _dataset: &ProcessDataset,
         staged: Staged,
-        mut storage: S,
+        storage: S,
     ) -> Result<Batch<S>, DataError> {
-        let Staged {
-            layout,
-            endpoint,
-            worker,
-            indices,
-        } = staged;
-        let total = layout.total_bytes();
-        if storage.len() < total {
-            return Err(DataError::BufferTooSmall {
-                what: "a Python dataset's batch",
-                needed: total,
-                got: storage.len(),
-            });
-        }
-        let shared = (&storage as &dyn Any)
-            .downcast_ref::<PoolBuffer>()
-            .and_then(PoolBuffer::shared_fd)
-            .map(|(fd, id)| (fd.as_raw_fd(), id));
-        let mut req = Vec::with_capacity(32 + 8 * layout.tensors().len());
-        req.push(b'W');
-        let (fd, id) = shared.unwrap_or((-1, 0));
-        req.extend_from_slice(&id.to_le_bytes());
-        req.extend_from_slice(&fd.to_le_bytes());
-        req.extend_from_slice(&(storage.len() as u64).to_le_bytes());
-        req.extend_from_slice(&(layout.tensors().len() as u32).to_le_bytes());
-        for t in layout.tensors() {
-            req.extend_from_slice(&(t.offset as u64).to_le_bytes());
-        }
-        let reply = self.workers.exchange(&endpoint, worker, &indices, &req)?;
-        match reply.split_first() {
-            Some((b'w', _)) if shared.is_some() => {}
-            Some((b'B', bytes)) if bytes.len() == total => storage[..total].copy_from_slice(bytes),
-            Some((b'E', body)) => return Err(failure(body)),
-            _ => {
-                return Err(DataError::Other(format!(
-                    "DataLoader worker {worker} answered a write request with {} bytes",
-                    reply.len()
-                )));
+        write_staged(&self.workers, staged, storage)
+    }
+}
+
+/// An iterable Python dataset (`__iter__`, PyTorch's `IterableDataset`): each worker
+/// process iterates its own copy (sharding by `get_worker_info()`, as in PyTorch) and stages
+/// whole batches of `batch_size` items; the loader takes them from the workers in turn.
+pub(crate) struct ProcessStream {
+    workers: Arc<Workers>,
+    batch_size: usize,
+    drop_last: bool,
+}
+
+impl IterableDataset for ProcessStream {
+    /// One staged batch (the loader's own batch size is 1 for this dataset).
+    type Item = Staged;
+
+    fn iter(&self, info: WorkerInfo) -> ItemIter<'_, Staged> {
+        let worker = info.id;
+        let mut done = false;
+        Box::new(std::iter::from_fn(move || {
+            if done {
+                return None;
             }
+            // Read per batch: the loader enters the epoch around each fetch, after it made
+            // the stream.
+            let epoch = longshore::data::worker::epoch().unwrap_or(0);
+            let endpoint = match self.workers.endpoint(worker) {
+                Ok(e) => e,
+                Err(e) => {
+                    done = true;
+                    return Some(Err(e));
+                }
+            };
+            let mut req = Vec::with_capacity(14);
+            req.push(b'N');
+            req.extend_from_slice(&epoch.to_le_bytes());
+            req.extend_from_slice(&(self.batch_size as u32).to_le_bytes());
+            req.push(u8::from(self.drop_last));
+            let reply = match self.workers.exchange(&endpoint, worker, &[], &req) {
+                Ok(r) => r,
+                Err(e) => {
+                    done = true;
+                    return Some(Err(e));
+                }
+            };
+            match reply.split_first() {
+                Some((b'K', body)) => Some(staged_layout(worker, body).map(|layout| Staged {
+                    layout,
+                    endpoint,
+                    worker,
+                    indices: Vec::new(),
+                })),
+                Some((b'X', _)) => {
+                    done = true;
+                    None
+                }
+                Some((b'E', body)) => Some(Err(failure(body))),
+                _ => {
+                    done = true;
+                    Some(Err(DataError::Other(format!(
+                        "DataLoader worker {worker} answered a next-batch request with {} bytes",
+                        reply.len()
+                    ))))
+                }
+            }
+        }))
+    }
+}
+
+/// Writes a staged batch of an iterable Python dataset (one item per loader batch).
+pub(crate) struct ProcessStreamCollate {
+    workers: Arc<Workers>,
+}
+
+impl Collate<Staged> for ProcessStreamCollate {
+    fn layout(&self, samples: &[Staged]) -> Result<BatchLayout, DataError> {
+        match samples {
+            [one] => Ok(one.layout.clone()),
+            _ => Err(DataError::Other(format!(
+                "an iterable Python dataset's batches come one per loader batch, not {}",
+                samples.len()
+            ))),
         }
-        Batch::from_parts(layout, storage)
+    }
+
+    fn collate_into<S: Storage>(
+        &self,
+        samples: &[Staged],
+        _layout: BatchLayout,
+        storage: S,
+    ) -> Result<Batch<S>, DataError> {
+        let [one] = samples else {
+            return Err(DataError::Other("one staged batch expected".into()));
+        };
+        let staged = Staged {
+            layout: one.layout.clone(),
+            endpoint: one.endpoint.clone(),
+            worker: one.worker,
+            indices: Vec::new(),
+        };
+        write_staged(&self.workers, staged, storage)
     }
 }
 
@@ -358,19 +474,24 @@ impl DatasetCollate<ProcessDataset> for ProcessCollate {
 pub(crate) struct PyProcessSource {
     pub(crate) len: usize,
     pub(crate) workers: Arc<Workers>,
+    /// An iterable dataset: its `(batch_size, drop_last)`, applied by the workers.
+    pub(crate) iterable: Option<(usize, bool)>,
 }
 
 #[pymethods]
 impl PyProcessSource {
-    /// `describe(worker_id) -> str` says how a worker's process ended.
+    /// `describe(worker_id) -> str` says how a worker's process ended; `iterable`: the
+    /// `(batch_size, drop_last)` of an iterable dataset (`len` is then unused).
     #[new]
-    fn new(len: usize, describe: Py<PyAny>) -> Self {
+    #[pyo3(signature = (len, describe, iterable = None))]
+    fn new(len: usize, describe: Py<PyAny>, iterable: Option<(usize, bool)>) -> Self {
         Self {
             len,
             workers: Arc::new(Workers {
                 endpoints: Mutex::new(Vec::new()),
                 describe,
             }),
+            iterable,
         }
     }
 
@@ -411,14 +532,26 @@ impl PyProcessSource {
     }
 }
 
+/// What the loader is built from for a Python dataset.
+pub(crate) enum Parts {
+    Map(ProcessDataset, ProcessCollate),
+    Iterable(ProcessStream, ProcessStreamCollate),
+}
+
 impl PyProcessSource {
     /// The loader's dataset and collate for this source.
-    pub(crate) fn parts(&self) -> (ProcessDataset, ProcessCollate) {
-        (
-            ProcessDataset { len: self.len },
-            ProcessCollate {
-                workers: self.workers.clone(),
-            },
-        )
+    pub(crate) fn parts(&self) -> Parts {
+        let workers = self.workers.clone();
+        match self.iterable {
+            None => Parts::Map(ProcessDataset { len: self.len }, ProcessCollate { workers }),
+            Some((batch_size, drop_last)) => Parts::Iterable(
+                ProcessStream {
+                    workers: workers.clone(),
+                    batch_size,
+                    drop_last,
+                },
+                ProcessStreamCollate { workers },
+            ),
+        }
     }
 }

@@ -276,14 +276,53 @@ def test_resume_after_k_batches_yields_exactly_the_rest():
     assert head + rest == whole
 
 
-class Iterable:
+class Stream:
+    """An iterable dataset sharded by worker, as PyTorch's documentation shows."""
+
+    def __init__(self, n):
+        self.n = n
+
     def __iter__(self):
-        return iter(range(3))
+        info = longshore.get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter({"id": i, "x": np.array([i, 2 * i], dtype=np.int32)}
+                    for i in range(w, self.n, k))
 
 
-def test_iterable_and_unindexable_datasets_are_refused_clearly():
-    with pytest.raises(TypeError, match="iterable Python datasets"):
-        longshore.DataLoader(Iterable(), batch_size=2)
+
+
+def torch_stream(n):
+    import torch
+
+    class S(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+            return iter({"id": i, "x": np.array([i, 2 * i], dtype=np.int32)}
+                        for i in range(w, n, k))
+    return S()
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_iterable_datasets_shard_and_batch_as_torch(num_workers, drop_last):
+    torch = need_torch()
+    want = [b["id"].tolist() for b in torch.utils.data.DataLoader(
+        torch_stream(23), batch_size=4, num_workers=num_workers, drop_last=drop_last)]
+    dl = longshore.DataLoader(Stream(23), batch_size=4, num_workers=num_workers,
+                              drop_last=drop_last, persistent_workers=num_workers > 0)
+    for epoch in range(2):
+        got = [b["id"].tolist() for b in dl]
+        assert got == want, f"epoch {epoch}"
+    # A torch IterableDataset (which has __getitem__) is iterable too.
+    got = [b["id"].tolist() for b in longshore.DataLoader(
+        torch_stream(23), batch_size=4, num_workers=num_workers, drop_last=drop_last)]
+    assert got == want
+
+
+def test_iterable_datasets_refuse_samplers_as_torch():
+    with pytest.raises(ValueError, match="expected unspecified shuffle option"):
+        longshore.DataLoader(Stream(4), batch_size=2, shuffle=True)
     with pytest.raises(TypeError, match="map-style dataset"):
         longshore.DataLoader(42, batch_size=2)
 
