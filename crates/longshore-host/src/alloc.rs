@@ -403,7 +403,8 @@ impl RawAllocator for SharedAllocator {
         if p == libc::MAP_FAILED {
             return Err(HostError::OutOfMemory { bytes: len, kind });
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or(HostError::OutOfMemory { bytes: len, kind })?;
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or(HostError::OutOfMemory { bytes: len, kind })?;
         let unmap = |ptr: NonNull<u8>| {
             // SAFETY: `ptr` is the mapping made above, of `layout.size()` bytes, unused after.
             unsafe { libc::munmap(ptr.as_ptr().cast(), layout.size()) };
