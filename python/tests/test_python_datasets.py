@@ -339,3 +339,22 @@ def test_samples_that_cannot_be_stacked_fail_as_in_torch():
     dl = longshore.DataLoader(Ragged(), batch_size=2, framework="numpy")
     with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
         list(dl)
+
+
+def test_batches_arrive_on_the_gpu_from_pinned_shared_blocks():
+    from conftest import need_cuda
+
+    torch = need_cuda()
+    want = list(longshore.DataLoader(Nested(), batch_size=5, num_workers=2))
+    pool = longshore.PinnedPool(shared=True)
+    dl = longshore.DataLoader(Nested(), batch_size=5, num_workers=2, device="cuda", pool=pool)
+    for epoch in range(2):
+        got = list(dl)
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert a["image"].is_cuda and a["label"].is_cuda
+            assert_same({k: v.cpu() if hasattr(v, "cpu") else v for k, v in a.items()
+                         if k not in ("pair", "point", "list")},
+                        {k: v for k, v in b.items() if k not in ("pair", "point", "list")})
+            assert a["pair"][1].is_cuda and torch.equal(a["pair"][1].cpu(), b["pair"][1])
+    assert pool.stats()["blocks_in_use"] + pool.stats()["blocks_cached"] > 0
