@@ -274,7 +274,7 @@ def rebuild(tree, tensors, objects, torch_dtypes):
 class Handler:
     """Answers the loader's requests for one worker (see the module's protocol)."""
 
-    def __init__(self, dataset, collate_fn, worker_id, main_pid, auto_collation=True):
+    def __init__(self, dataset, collate_fn, worker_id, main_pid):
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.worker_id = worker_id
@@ -285,25 +285,27 @@ class Handler:
         self.stream_epoch = None
 
     def _fetch(self, indices):
+        """The samples of ``indices`` (``__getitems__`` where the dataset has it), or the error
+        reply naming the sample at fault, made while its exception is being handled."""
         getitems = getattr(self.dataset, "__getitems__", None)
         if getitems is not None:
             try:
-                return list(getitems(indices)), None
+                return list(getitems(indices))
             except Exception:
-                # Name the sample at fault as torch users expect: try them one by one.
-                for i in indices:
-                    try:
-                        self.dataset[i]
-                    except Exception:
-                        return None, i
-                raise
+                pass  # name the sample at fault, as torch users expect: one by one below
         samples = []
         for i in indices:
             try:
                 samples.append(self.dataset[i])
             except Exception:
-                return None, i
-        return samples, None
+                return self._error(i)
+        if getitems is not None:
+            # Every sample loads on its own: the batched call's own failure.
+            try:
+                return list(getitems(indices))
+            except Exception:
+                return self._error(None)
+        return samples
 
     def _error(self, index):
         etype, value, tb = sys.exc_info()
@@ -332,16 +334,9 @@ class Handler:
         (epoch, n) = struct.unpack_from("<QI", req, 1)
         indices = list(struct.unpack_from(f"<{n}Q", req, 13))
         self.staged = None
-        try:
-            samples, bad = self._fetch(indices)
-        except Exception:
-            return self._error(None)
-        if samples is None:
-            try:
-                self.dataset[bad]
-            except Exception:
-                return self._error(bad)
-            return self._error(None)
+        samples = self._fetch(indices)
+        if isinstance(samples, bytes):
+            return samples
         return self._collated(samples)
 
     def _collated(self, samples):

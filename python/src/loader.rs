@@ -162,10 +162,10 @@ impl PyPinnedPool {
         shared: bool,
     ) -> PyResult<Self> {
         let pinned = pinned.unwrap_or_else(longshore::host::driver_available);
-        let kind = match (pinned, shared) {
-            (true, false) => MemoryKind::PageLocked,
-            (true, true) => MemoryKind::Registered,
-            (false, _) => MemoryKind::Pageable,
+        let kind = if pinned {
+            MemoryKind::PageLocked
+        } else {
+            MemoryKind::Pageable
         };
         let policy = match policy {
             "wait" => BudgetPolicy::Wait {
@@ -200,9 +200,15 @@ impl PyPinnedPool {
     }
 }
 
-/// A pool of shared memory ([`SharedAllocator`]), page-locked when `pinned`.
+/// A pool of shared memory ([`SharedAllocator`]), page-locked (registered) when `pinned`;
+/// `config`'s kind is set to match.
 fn shared_pool(pinned: bool, config: PoolConfig) -> Result<PinnedPool, longshore::host::HostError> {
     let mut config = config;
+    config.kind = if pinned {
+        MemoryKind::Registered
+    } else {
+        MemoryKind::Pageable
+    };
     config.register_above = None;
     PinnedPool::with_allocator(Arc::new(SharedAllocator::new(pinned)), config)
 }
@@ -401,13 +407,8 @@ impl PyLoader {
                 // A Python dataset's workers write into the blocks: shared memory.
                 (None, true) => {
                     let pinned = (pin_memory || cuda) && longshore::host::driver_available();
-                    let kind = if pinned {
-                        MemoryKind::Registered
-                    } else {
-                        MemoryKind::Pageable
-                    };
                     Some(
-                        shared_pool(pinned, PoolConfig::for_kind(kind))
+                        shared_pool(pinned, PoolConfig::default())
                             .map_err(|e| LoaderFailure::new_err(e.to_string()))?,
                     )
                 }
