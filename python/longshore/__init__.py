@@ -21,6 +21,7 @@ The options have PyTorch's names, defaults and checks. Batches are:
 A batch's memory goes back to longshore's pool when every tensor of the batch has been freed.
 """
 
+import atexit as _atexit
 import itertools as _itertools
 import json as _json
 import os as _os
@@ -55,6 +56,10 @@ from .data import (  # noqa: F401  (re-exported, as torch.utils.data has them)
     WeightedRandomSampler,
     random_split,
 )
+
+# Before the interpreter finalizes: loader threads finish their turn in Python and take no
+# other (a thread attaching to a finalizing interpreter aborts the process).
+_atexit.register(_longshore._at_exit)
 
 __all__ = [
     "DataLoader",
@@ -141,7 +146,9 @@ class _PythonDataset:
                  iterable=None):
         import multiprocessing
 
-        if isinstance(context, str):
+        if context == "thread":
+            pass  # worker threads (worker_mode="thread"): _workers.Workers runs them
+        elif isinstance(context, str):
             context = multiprocessing.get_context(context)
         elif context is None:
             context = multiprocessing.get_context()
@@ -171,6 +178,13 @@ class _PythonDataset:
 
     def _describe(self, worker_id):
         return self.workers.describe(worker_id)
+
+    def end_epoch(self):
+        """Ends an epoch's worker threads (without persistent workers), as PyTorch ends its
+        workers with the epoch: torch's ``get_worker_info()`` is then ``None`` again in this
+        process. Worker processes are ended when the next epoch starts them."""
+        if self.workers.context == "thread":
+            self.workers.stop()
 
     def start_epoch(self, base_seed, persistent):
         """Starts the worker processes for an epoch: every epoch, as PyTorch does, or once
@@ -326,6 +340,14 @@ class DataLoader:
     ``next``) still get a core when they wake; ``"normal"`` (the default) leaves them as
     PyTorch's workers are. ``on_sample_error="skip"`` drops a sample that fails to load from
     its batch (``"raise"``, the default, raises :class:`SampleError`).
+
+    A Python dataset's code runs in worker processes (``multiprocessing_context``), as in
+    PyTorch; ``worker_mode="thread"`` runs it in the loader's threads of this process instead:
+    no start-up, no pickling of the dataset, samples written straight into the pinned batch.
+    That is what to use on Python without a GIL (3.13t and later); under the GIL the threads
+    take turns, except in code that releases it (file reads, PIL's and NumPy's C loops).
+    With threads the process's random generators are one for all workers (they are not
+    seeded per worker); ``get_worker_info()`` (longshore's and torch's) answers per thread.
     """
 
     def __init__(
@@ -355,6 +377,7 @@ class DataLoader:
         decode="cpu",
         worker_priority="normal",
         on_sample_error="raise",
+        worker_mode=None,
     ):
         # PyTorch's checks, in its order, with its messages.
         if num_workers < 0:
@@ -377,8 +400,20 @@ class DataLoader:
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         _check_multiprocessing_context(multiprocessing_context, num_workers)
-        native = _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context,
+        if worker_mode not in (None, "process", "thread"):
+            raise ValueError(
+                f"worker_mode must be 'process' or 'thread' (or None), not {worker_mode!r}")
+        if worker_mode == "thread" and multiprocessing_context is not None:
+            raise ValueError(
+                "worker_mode='thread' runs the dataset in threads of this process: "
+                "multiprocessing_context (a start method for worker processes) must stay None")
+        native = _python_work(dataset, collate_fn, worker_init_fn,
+                              "thread" if worker_mode == "thread" else multiprocessing_context,
                               num_workers if isinstance(num_workers, int) else 0)
+        if worker_mode == "process" and not isinstance(native, _PythonDataset):
+            raise ValueError(
+                "worker_mode='process': longshore's own datasets load in Rust threads of this "
+                "process, which run no Python; leave worker_mode None")
         self._python = native if isinstance(native, _PythonDataset) else None
         iterable = self._python is not None and self._python.iterable
         if iterable:
@@ -569,7 +604,8 @@ class DataLoader:
             if base_seed is None:
                 base_seed = (int(self.seed or 0) * 0x9E3779B97F4A7C15 + next(_LOADERS)) % 2**63
             self._python.start_epoch(base_seed, bool(self.persistent_workers))
-            return _python_batches(self._epoch())
+            return _python_batches(self._epoch(), self._python.end_epoch
+                                   if not self.persistent_workers else None)
         return self._epoch()
 
     def _epoch(self):
@@ -643,7 +679,7 @@ def _len_or_zero(sampler):
         return 0
 
 
-def _python_batches(epoch):
+def _python_batches(epoch, on_end=None):
     """A Python dataset's batches, rebuilt from their tensors and meta (nesting, non-tensor
     values); a worker's exception re-raised as its own type, with the worker's traceback in
     the message, as PyTorch does."""
@@ -659,6 +695,8 @@ def _python_batches(epoch):
         close = getattr(epoch, "close", None)
         if close is not None:
             close()
+        if on_end is not None:
+            on_end()
 
 
 def _reraise(e):

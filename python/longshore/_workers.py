@@ -58,12 +58,35 @@ class WorkerInfo:
 
 
 _worker_info = None
+# A worker thread's info (worker_mode="thread"): set at each of its calls into the dataset,
+# since a Rust thread's Python thread state (and its thread-locals) lasts one call.
+_local = threading.local()
 
 
 def get_worker_info():
-    """In a worker process: its :class:`WorkerInfo`; in the main process: ``None``. Torch's
-    own ``torch.utils.data.get_worker_info()`` answers the same in longshore's workers."""
-    return _worker_info
+    """In a worker (process or thread): its :class:`WorkerInfo`; in the main process: ``None``.
+    Torch's own ``torch.utils.data.get_worker_info()`` answers the same in longshore's
+    workers."""
+    info = getattr(_local, "info", None)
+    return info if info is not None else _worker_info
+
+
+class _ThreadInfo:
+    """What torch's ``get_worker_info()`` returns while thread workers run (its answer is one
+    global of the process): each attribute read from the calling worker thread's info."""
+
+    def __getattr__(self, name):
+        info = getattr(_local, "info", None)
+        if info is None:
+            raise AttributeError(
+                f"torch.utils.data.get_worker_info().{name}: not in a longshore worker thread")
+        return getattr(info, name)
+
+    def __repr__(self):
+        return repr(getattr(_local, "info", None))
+
+
+_THREAD_INFO = _ThreadInfo()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,6 +306,7 @@ class Handler:
         self.maps = {}  # block id -> (mmap, length)
         self.stream = None  # an iterable dataset's iterator, and the epoch it is of
         self.stream_epoch = None
+        self.info = None  # a worker thread's WorkerInfo, made current at each request
 
     def _fetch(self, indices):
         """The samples of ``indices`` (``__getitems__`` where the dataset has it), or the error
@@ -309,14 +333,20 @@ class Handler:
 
     def _error(self, index):
         etype, value, tb = sys.exc_info()
-        where = "in DataLoader worker process {}".format(self.worker_id) if self.worker_id >= 0 \
-            else "in the main process"
+        if self.worker_id < 0:
+            where = "in the main process"
+        elif self.info is not None:
+            where = f"in DataLoader worker thread {self.worker_id}"
+        else:
+            where = f"in DataLoader worker process {self.worker_id}"
         msg = (f"Caught {etype.__name__} {where}.\nOriginal "
                + "".join(traceback.format_exception(etype, value, tb)))
         msg += f"\n[exception type: {etype.__module__}.{etype.__qualname__}]"
         return b"E" + struct.pack("<Q", _U64_MAX if index is None else index) + msg.encode()
 
     def handle(self, req):
+        if self.info is not None:
+            _local.info = self.info
         kind = req[:1]
         try:
             if kind == b"S":
@@ -477,7 +507,9 @@ def _numpy_seed(seed, worker_id):
 
 class Workers:
     """The worker processes of one loader, started with ``context`` (a multiprocessing
-    context: fork, spawn or forkserver)."""
+    context: fork, spawn or forkserver), or its worker threads when ``context`` is
+    ``"thread"``: the loader's own threads then run the dataset's code in this process, one
+    :class:`Handler` each (for Python without a GIL; under the GIL they take turns)."""
 
     def __init__(self, dataset, collate_fn, num_workers, context, worker_init_fn, source):
         self.dataset = dataset
@@ -493,6 +525,8 @@ class Workers:
     def start(self, base_seed):
         """(Re)starts every worker process, seeded from ``base_seed`` as torch seeds them."""
         self.stop()
+        if self.context == "thread":
+            return self._start_threads(base_seed)
         main_pid = os.getpid()
         procs, conns, child_ends = [], [], []
         for i in range(self.num_workers):
@@ -513,11 +547,43 @@ class Workers:
         self.procs, self.conns = procs, conns
         self.source.set_workers([c.fileno() for c in conns])
 
+    def _start_threads(self, base_seed):
+        """Worker threads: one handler per worker, each with its :class:`WorkerInfo` (seed
+        ``base_seed + id``, as a process's); ``worker_init_fn`` runs once per worker with
+        that worker's info current. The process's random generators (``random``, NumPy's,
+        torch's) are one for all threads, so they are not seeded per worker."""
+        handlers = []
+        for i in range(self.num_workers):
+            h = Handler(self.dataset, self.collate_fn, i, os.getpid())
+            h.info = WorkerInfo(i, self.num_workers, base_seed + i, self.dataset)
+            handlers.append(h)
+        torch = _torch()
+        if torch is not None:
+            try:
+                from torch.utils.data import _utils
+
+                _utils.worker._worker_info = _THREAD_INFO
+            except Exception:
+                pass
+        try:
+            if self.worker_init_fn is not None:
+                for h in handlers:
+                    _local.info = h.info
+                    self.worker_init_fn(h.info.id)
+        finally:
+            _local.info = None
+        self.procs = handlers
+        self.source.set_workers(handlers)
+
     def alive(self):
+        if self.context == "thread":
+            return bool(self.procs)
         return bool(self.procs) and all(p.is_alive() for p in self.procs)
 
     def describe(self, worker_id):
         """How worker ``worker_id``'s process ended: its pid and exit code or signal."""
+        if self.context == "thread":
+            return "a thread of this process"
         try:
             p = self.procs[worker_id]
         except IndexError:
@@ -540,6 +606,17 @@ class Workers:
         if procs:
             # The loader's copies of the pipes first: a worker ends when its pipe closes.
             self.source.set_workers([])
+        if self.context == "thread":
+            torch = _torch()
+            if procs and torch is not None:
+                try:
+                    from torch.utils.data import _utils
+
+                    if _utils.worker._worker_info is _THREAD_INFO:
+                        _utils.worker._worker_info = None
+                except Exception:
+                    pass
+            return
         for c in conns:
             try:
                 c.close()

@@ -47,6 +47,7 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<torch::PyTorchConverter>()?;
     m.add_class::<vision::PyImageFolder>()?;
     m.add_class::<pydata::PyProcessSource>()?;
+    m.add_function(wrap_pyfunction!(pydata::_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
     m.add("SampleError", py.get_type::<errors::SampleError>())?;

@@ -26,7 +26,7 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use longshore::data::{
     Batch, BatchLayout, Collate, DType, DataError, Dataset, DatasetCollate, ItemIter,
@@ -36,6 +36,38 @@ use longshore::host::PoolBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+
+/// Whether the interpreter is shutting down (set by `_at_exit`, which `longshore/__init__.py`
+/// registers with `atexit`). A loader thread holds the read side while it runs Python, so
+/// the interpreter never starts finalizing under it, and takes no new turn afterwards: a
+/// thread that attaches to a finalizing interpreter is ended by it mid-call (CPython aborts
+/// with `PyGILState_Release: thread state must be current`), which happened when the worker
+/// processes were ended at exit and their pipes closed under a live loader.
+static FINALIZING: RwLock<bool> = RwLock::new(false);
+
+/// Runs `f` with the GIL from a loader thread, unless the interpreter is shutting down.
+fn with_python<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    let gate = FINALIZING.read().unwrap_or_else(|p| p.into_inner());
+    if *gate {
+        return None;
+    }
+    let r = Python::attach(f);
+    drop(gate);
+    Some(r)
+}
+
+/// `longshore._longshore._at_exit()`: called once by `atexit` before the interpreter
+/// finalizes: waits for the loader threads running Python to finish their call, and lets
+/// none start another (their batches then fail with "the interpreter is shutting down").
+#[pyfunction]
+pub(crate) fn _at_exit(py: Python<'_>) {
+    // Without the GIL: a loader thread holding the read side may be waiting for it.
+    py.detach(|| *FINALIZING.write().unwrap_or_else(|p| p.into_inner()) = true);
+}
+
+fn shutting_down() -> DataError {
+    DataError::Other("the Python interpreter is shutting down".into())
+}
 
 /// The torch/NumPy dtype codes of the protocol (`_workers.py` `_CODES`).
 fn dtype_of(code: u8) -> Option<DType> {
@@ -160,12 +192,14 @@ impl Workers {
 
     /// The error for worker `id`'s pipe failing (`err`) while it held `indices`.
     fn died(&self, id: usize, indices: &[usize], err: &std::io::Error) -> DataError {
-        let how = Python::attach(|py| {
+        let Some(how) = with_python(|py| {
             self.describe
                 .call1(py, (id,))
                 .and_then(|r| r.extract::<String>(py))
                 .unwrap_or_else(|e| format!("its pipe failed ({err}); describing it failed: {e}"))
-        });
+        }) else {
+            return shutting_down();
+        };
         DataError::Other(format!(
             "DataLoader worker {id} ({how}) ended while loading samples {indices:?}"
         ))
@@ -185,14 +219,15 @@ impl Workers {
                     .and_then(|()| ch.recv())
                     .map_err(|e| self.died(id, indices, &e))
             }
-            Endpoint::InProcess(handler) => Python::attach(|py| {
+            Endpoint::InProcess(handler) => with_python(|py| {
                 let reply = handler
                     .call_method1(py, "handle", (PyBytes::new(py, request),))
                     .map_err(|e| DataError::Other(format!("the dataset's handler failed: {e}")))?;
                 reply
                     .extract::<Vec<u8>>(py)
                     .map_err(|e| DataError::Other(format!("the dataset's handler answered: {e}")))
-            }),
+            })
+            .unwrap_or_else(|| Err(shutting_down())),
         }
     }
 }
