@@ -514,8 +514,15 @@ class DataLoader:
         self.in_order = in_order
         self.device = device
         self.seed = seed
-        self._order = None if builtin else _longshore._EpochOrder(len(dataset))
+        self._order = None if builtin else _longshore._EpochOrder(
+            len(dataset), _len_or_zero(batch_sampler))
         self._iterated = False
+        # Exact resume when PyTorch's generator decides: the generator's state after the
+        # epoch's base-seed draw (before the sampler's draws) and the workers' base seed, of
+        # the epoch now running / of the epoch to resume (load_state_dict).
+        self._epoch_rng = None
+        self._resume_rng = None
+        self._base_seed = None
         self._loader = _longshore._Loader(
             # datasets.ImageFolder & co wrap their native dataset.
             native,
@@ -594,26 +601,51 @@ class DataLoader:
             self._cuda_init = None
         torch = self._torch_rng
         base_seed = None
-        if torch is not None and not (self._iterated and self.persistent_workers):
+        resume, restore = self._resume_rng, None
+        self._resume_rng = None
+        if resume is not None:
+            # The saved epoch's draws again: its base seed, and the generator as it was
+            # before the sampler drew (put back after a whole-epoch sampler's draws).
+            gen = self.generator if self.generator is not None else torch.default_generator
+            restore = gen.get_state()
+            gen.set_state(_rng_state_from(torch, resume[0]))
+            base_seed = self._base_seed = resume[1]
+        elif torch is not None and not (self._iterated and self.persistent_workers):
             # PyTorch's iterator draws its workers' base seed from the generator when it is
             # made (once, with persistent workers): the draws that follow are then PyTorch's.
-            base_seed = int(
+            base_seed = self._base_seed = int(
                 torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         self._iterated = True
+        if torch is not None and not (self._python is not None and self._python.iterable):
+            # (An iterable dataset's loader has no resumable position.)
+            gen = self.generator if self.generator is not None else torch.default_generator
+            epoch = _json.loads(self._loader.state_dict_json())["epoch"]
+            self._epoch_rng = (gen.get_state(), epoch)
         if self._python is not None:
             if base_seed is None:
+                base_seed = self._base_seed
+            if base_seed is None:
                 base_seed = (int(self.seed or 0) * 0x9E3779B97F4A7C15 + next(_LOADERS)) % 2**63
+                self._base_seed = base_seed
             self._python.start_epoch(base_seed, bool(self.persistent_workers))
-            return _python_batches(self._epoch(), self._python.end_epoch
+            epoch = self._epoch(restore)
+            return _python_batches(epoch, self._python.end_epoch
                                    if not self.persistent_workers else None)
-        return self._epoch()
+        return self._epoch(restore)
 
-    def _epoch(self):
+    def _epoch(self, restore=None):
+        """The epoch's batches. ``restore``: the generator's state to put back once the order
+        is drawn (after a resumed epoch's draws; a sampler the loader iterates draws as it
+        goes, so the generator then stays where the saved epoch's draws leave it)."""
         order = self._order
         if order is None:
             # The epoch converts each tensor itself (no Python frame per batch); it has close().
             return self._loader.epoch(self._convert)
         lazy = self._hand_over(order)
+        if restore is not None and not lazy:
+            gen = self.generator if self.generator is not None \
+                else self._torch_rng.default_generator
+            gen.set_state(restore)
         epoch = self._loader.epoch(self._convert)
         return _CheckedEpoch(epoch, order) if lazy else epoch
 
@@ -647,12 +679,40 @@ class DataLoader:
                 s.set_epoch(epoch)
 
     def state_dict(self):
-        """Where the loader stands (epoch, delivered batches), as a JSON-serialisable dict."""
-        return _json.loads(self._loader.state_dict_json())
+        """Where the loader stands (epoch, delivered batches), as a JSON-serialisable dict.
+
+        When PyTorch's generator decides the order (no ``seed=``), it also holds what the
+        epoch drew: the generator's state before the sampler's draws (``torch_rng_state``)
+        and the workers' base seed (``base_seed``), so that :meth:`load_state_dict` resumes
+        the same epoch exactly, in a new process too."""
+        state = _json.loads(self._loader.state_dict_json())
+        if self._epoch_rng is not None and self._epoch_rng[1] == state["epoch"]:
+            # An epoch under way (a finished one's successor draws afresh from the generator).
+            import base64
+
+            state["torch_rng_state"] = base64.b64encode(
+                self._epoch_rng[0].numpy().tobytes()).decode("ascii")
+            state["base_seed"] = self._base_seed
+        return state
 
     def load_state_dict(self, state):
-        """Restores a position saved by :meth:`state_dict`."""
+        """Restores a position saved by :meth:`state_dict`: the next iteration yields exactly
+        the batches the saved epoch had not delivered. Where the state holds PyTorch's
+        generator state, that iteration draws the saved epoch's order again from it (the
+        generator, ``generator`` or PyTorch's global one, is put back afterwards, except
+        under a sampler the loader iterates, which draws as it goes)."""
+        state = dict(state)
+        rng, base_seed = state.pop("torch_rng_state", None), state.pop("base_seed", None)
         self._loader.load_state_dict_json(_json.dumps(state))
+        if rng is not None:
+            if self._torch_rng is None:
+                raise ValueError(
+                    "this state was saved by a loader whose order PyTorch's generator drew; "
+                    "this loader's order is longshore's (seed=): build it without seed")
+            import base64
+
+            self._resume_rng = (base64.b64decode(rng), base_seed)
+            self._iterated = False
 
     @property
     def stats(self):
@@ -677,6 +737,13 @@ def _len_or_zero(sampler):
         return int(len(sampler))
     except TypeError:
         return 0
+
+
+def _rng_state_from(torch, raw):
+    """A generator state (a uint8 tensor) from its bytes."""
+    import numpy as np
+
+    return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
 
 
 def _python_batches(epoch, on_end=None):

@@ -15,6 +15,8 @@ Workloads:
   and 32 workers must never hold more than B.
 * ``small``: a dataset returning ``(torch.randn(64) row, label)`` by ``__getitem__`` and by
   ``__getitems__``, batch 256, on the CPU with pinned memory; workers 2/4/8 for both, best row.
+* both with ``worker_mode="thread"`` too (the dataset in the loader's threads, under the GIL
+  here: Python 3.12 is not free-threaded).
 * ``startup``: time from ``iter()`` to the first batch with 16 workers, spawn and forkserver,
   non-persistent, the mean of 3 runs, small dataset.
 
@@ -103,6 +105,16 @@ def imagefolder(args, out):
     rows.append({"loader": "longshore (16 workers, device=cuda)", "images_per_s": rate,
                  "epochs": e, "peak_pinned": pool.stats()["peak_bytes_held"]})
     del dl
+    # worker_mode="thread": the dataset in the loader's threads (the GIL is taken in turns;
+    # PIL releases it while decoding and resizing).
+    pool = longshore.PinnedPool(shared=True)
+    dl = longshore.DataLoader(ds, batch_size=256, shuffle=True, num_workers=16, pin_memory=True,
+                              persistent_workers=True, drop_last=True, pool=pool,
+                              device="cuda" if cuda else None, worker_mode="thread")
+    rate, e = timed(lambda: iter(dl), args.epochs, cuda)
+    rows.append({"loader": "longshore (16 worker threads, device=cuda)", "images_per_s": rate,
+                 "epochs": e, "peak_pinned": pool.stats()["peak_bytes_held"]})
+    del dl
     # The budget with a deep prefetch and many workers: 6 batches' worth of blocks.
     block = 256 * 3 * 224 * 224 * 4
     budget = 6 * block + (8 << 20)
@@ -160,10 +172,18 @@ def small(args, out):
             best.setdefault("longshore", []).append(
                 (timed(lambda: iter(dl), args.epochs, False)[0], w))
             del dl
+            dl = longshore.DataLoader(ds, batch_size=256, shuffle=True, num_workers=w,
+                                      pin_memory=cuda, persistent_workers=True,
+                                      worker_mode="thread")
+            best.setdefault("threads", []).append(
+                (timed(lambda: iter(dl), args.epochs, False)[0], w))
+            del dl
         t, tw = max(best["torch"])
         ls, lw = max(best["longshore"])
+        th, thw = max(best["threads"])
         rows.append({"dataset": cls.__name__, "torch_best": t, "torch_workers": tw,
                      "longshore_best": ls, "longshore_workers": lw, "ratio": ls / t,
+                     "threads_best": th, "threads_workers": thw, "threads_ratio": th / t,
                      "all": best})
     out["small"] = rows
     table("small tensors (64 floats + label, batch 256, pinned)", rows)
