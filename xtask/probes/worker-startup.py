@@ -8,6 +8,7 @@ timestamps to a file named by the run; the main process reads them after the fir
 Usage: python3 xtask/probes/worker-startup.py [--workers 16] [--reps 3] [--methods spawn,forkserver]
 """
 import argparse
+import functools
 import glob
 import os
 import statistics
@@ -18,16 +19,17 @@ import torch
 
 import longshore
 
-OUT = tempfile.mkdtemp(prefix="ls-startup-")
+# One folder for the main process and its workers (spawned workers import this file again).
+OUT = os.environ.setdefault("LS_STARTUP_DIR", tempfile.mkdtemp(prefix="ls-startup-"))
 
 
-def mark(tag):
-    with open(os.path.join(OUT, f"{os.environ.get('LS_RUN', 'x')}-{os.getpid()}"), "a") as f:
+def mark(tag, run):
+    with open(os.path.join(OUT, f"{run}-{os.getpid()}"), "a") as f:
         f.write(f"{tag} {time.time()}\n")
 
 
-def init(worker_id):
-    mark("init")
+def init(run, worker_id):
+    mark("init", run)
 
 
 class Small:
@@ -36,6 +38,7 @@ class Small:
         self.x = torch.randn(n, 64, generator=g)
         self.y = torch.randint(0, 10, (n,), generator=g)
         self.first = False
+        self.run = "x"
 
     def __len__(self):
         return len(self.x)
@@ -43,7 +46,7 @@ class Small:
     def __getitem__(self, i):
         if not self.first:
             self.first = True
-            mark("get")
+            mark("get", self.run)
         return self.x[i], self.y[i]
 
 
@@ -59,10 +62,11 @@ def main():
         for rep in range(args.reps):
             for name in ("torch", "longshore"):
                 run = f"{method}-{name}-{rep}"
-                os.environ["LS_RUN"] = run
+                ds.run = run
                 cls = torch.utils.data.DataLoader if name == "torch" else longshore.DataLoader
                 dl = cls(ds, batch_size=256, num_workers=args.workers,
-                         multiprocessing_context=method, worker_init_fn=init)
+                         multiprocessing_context=method,
+                         worker_init_fn=functools.partial(init, run))
                 t0 = time.time()
                 it = iter(dl)
                 t_iter = time.time()
