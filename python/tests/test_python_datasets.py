@@ -358,3 +358,44 @@ def test_batches_arrive_on_the_gpu_from_pinned_shared_blocks():
                         {k: v for k, v in b.items() if k not in ("pair", "point", "list")})
             assert a["pair"][1].is_cuda and torch.equal(a["pair"][1].cpu(), b["pair"][1])
     assert pool.stats()["blocks_in_use"] + pool.stats()["blocks_cached"] > 0
+
+
+def test_forkserver_preloads_what_the_workers_import(tmp_path):
+    """With forkserver, the fork server imports torch, NumPy and the worker module once, so
+    that workers fork with them loaded (Python 3.11-3.12 skip the default __main__ preload)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no forkserver start method here")
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        from multiprocessing import forkserver
+        import numpy as np
+        import longshore
+
+        class Rows:
+            def __len__(self):
+                return 8
+
+            def __getitem__(self, i):
+                return np.array([i, len(sys.modules)])
+
+        if __name__ == "__main__":
+            dl = longshore.DataLoader(Rows(), batch_size=4, num_workers=2, framework="numpy",
+                                      multiprocessing_context="forkserver")
+            assert [b[:, 0].tolist() for b in dl] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+            print(",".join(forkserver._forkserver._preload_modules))
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=180, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    preload = r.stdout.strip().split(",")
+    assert "numpy" in preload and "longshore._workers" in preload, preload
+    import importlib.util
+
+    # longshore imports torch where it is installed, so the workers would import it too.
+    assert ("torch" in preload) == (importlib.util.find_spec("torch") is not None), preload

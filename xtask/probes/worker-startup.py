@@ -5,6 +5,9 @@ target): for 16 workers and each start method, the time from ``iter()`` to each 
 ``__getitem__``, and to the first batch in the main process. Each worker appends its
 timestamps to a file named by the run; the main process reads them after the first batch.
 
+Each (start method, loader) runs in a fresh process of its own (a fork server, once started,
+serves every later loader of its process, so the first loader would pay for both).
+
 Usage: python3 xtask/probes/worker-startup.py [--workers 16] [--reps 3] [--methods spawn,forkserver]
 """
 import argparse
@@ -55,12 +58,22 @@ def main():
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--methods", default="spawn,forkserver")
+    ap.add_argument("--one", nargs=2, metavar=("METHOD", "LOADER"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one is None:
+        import subprocess
+        import sys
+
+        for method in args.methods.split(","):
+            for name in ("torch", "longshore"):
+                subprocess.run([sys.executable, __file__, "--workers", str(args.workers),
+                                "--reps", str(args.reps), "--one", method, name], check=True)
+        return
     ds = Small(256 * args.workers)
-    for method in args.methods.split(","):
+    for method in [args.one[0]]:
         rows = {}
         for rep in range(args.reps):
-            for name in ("torch", "longshore"):
+            for name in [args.one[1]]:
                 run = f"{method}-{name}-{rep}"
                 ds.run = run
                 cls = torch.utils.data.DataLoader if name == "torch" else longshore.DataLoader

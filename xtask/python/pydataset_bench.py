@@ -190,27 +190,20 @@ def small(args, out):
 
 
 def startup(args, out):
-    ds = Small(256 * 16)
-    rows = []
-    for method in ("spawn", "forkserver"):
-        for name in ("torch", "longshore"):
-            times = []
-            for _ in range(3):
-                if name == "torch":
-                    dl = torch.utils.data.DataLoader(ds, batch_size=256, num_workers=16,
-                                                     multiprocessing_context=method)
-                else:
-                    dl = longshore.DataLoader(ds, batch_size=256, num_workers=16,
-                                              multiprocessing_context=method)
-                t0 = time.perf_counter()
-                it = iter(dl)
-                next(it)
-                times.append(time.perf_counter() - t0)
-                del it, dl
-            rows.append({"start_method": method, "loader": name,
-                         "first_batch_s": sum(times) / len(times)})
+    """Each (start method, loader) in a fresh process: xtask/probes/worker-startup.py (a fork
+    server serves every later loader of its process, so sharing one would favour the second)."""
+    import subprocess
+    import sys
+
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "probes",
+                         "worker-startup.py")
+    r = subprocess.run([sys.executable, probe, "--workers", "16", "--reps", "3"],
+                       capture_output=True, text=True, check=True)
+    rows = [line for line in r.stdout.splitlines() if "first batch" in line]
     out["startup"] = rows
-    table("worker start-up (16 workers, iter() to first batch)", rows)
+    print("\n== worker start-up (16 workers; iter() to each worker's init, to the first batch)")
+    for line in rows:
+        print("  " + line)
 
 
 def table(title, rows):
