@@ -71,7 +71,9 @@ pub enum ShardError {
         reason: String,
     },
     /// An MDS shard compressed with a codec this reader does not decode.
-    #[error("mds shard {shard:?} is compressed with {codec:?}, which is not supported (only uncompressed shards are)")]
+    #[error(
+        "mds shard {shard:?} is compressed with {codec:?}, which is not supported (only uncompressed shards are)"
+    )]
     MdsCompression {
         /// The shard's compressed basename (or raw basename if none is given).
         shard: String,

@@ -527,8 +527,7 @@ impl RankPlan<'_> {
                 "num_workers",
                 format!(
                     "the loader runs {} workers, the plan was made for {}",
-                    info.num_workers,
-                    self.plan.layout.num_workers
+                    info.num_workers, self.plan.layout.num_workers
                 ),
             ));
         }
