@@ -10,7 +10,7 @@
 //! - [`cache`]: the node's shard cache (byte budget, eviction, crash-safe downloads).
 //! - [`order`]: the global sample order, its partition over ranks and workers, and resume.
 //! - [`webdataset`]: WebDataset tar shards (reader and writer).
-//! - [`mds`]: MosaicML MDS shards (reader).
+//! - [`mds`]: MosaicML MDS shards (reader, and a writer byte-identical to Streaming's).
 //! - [`error`]: the crate's errors.
 #![forbid(unsafe_code)]
 

@@ -7,7 +7,10 @@ use longshore_shards::webdataset::{
     SampleWriter, ShardIndex, ShardReader, ShardWriter, pack_image_folder, pack_npy,
 };
 
-fn shard(samples: &[(&str, Vec<(&str, Vec<u8>)>)]) -> Vec<u8> {
+/// A sample to write: key and (extension, bytes) fields.
+type Spec<'a> = (&'a str, Vec<(&'a str, Vec<u8>)>);
+
+fn shard(samples: &[Spec<'_>]) -> Vec<u8> {
     let mut w = SampleWriter::new("t.tar", Vec::new());
     for (key, fields) in samples {
         let fields: Vec<(&str, &[u8])> = fields.iter().map(|(e, d)| (*e, d.as_slice())).collect();

@@ -202,7 +202,7 @@ impl EpochPlan {
         let all = if order.is_empty() {
             Vec::new()
         } else {
-            vec![0..order.len()]
+            std::iter::once(0..order.len()).collect()
         };
         EpochPlan::segment(order, all, layout, 0)
     }
