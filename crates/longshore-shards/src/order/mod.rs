@@ -56,7 +56,7 @@
 //!
 //! [`EpochPlan`] splits the epoch over a [`Layout`] (world size, workers per rank, batch size):
 //! contiguous equal spans per rank, then contiguous runs of whole batches per worker; see
-//! [`plan`](EpochPlan) for the exact padding and dropping rule, the worker mapping, and
+//! [`EpochPlan`] for the exact padding and dropping rule, the worker mapping, and
 //! [`ResumeState`] for resuming.
 //!
 //! ```
