@@ -35,6 +35,10 @@ mod runtime;
 pub use fault::{Fault, FaultRates, FaultStats, FaultyStore, InjectedFault};
 pub use runtime::{block_on, runtime};
 
+/// The object_store crate this module is built on (its [`ObjectStore`] trait, paths and
+/// clients), re-exported so users name the same version.
+pub use object_store;
+
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io::Write;
@@ -337,7 +341,7 @@ pub struct DownloadReport {
     pub attempts: u32,
     /// How many of them resumed a cut body with a range request.
     pub resumes: u32,
-    /// The object's entity tag, as the first response gave it.
+    /// The object's entity tag, as the first response that had one gave it.
     pub etag: Option<String>,
 }
 
@@ -725,7 +729,7 @@ impl ShardStore {
                             ),
                         ));
                     }
-                    if report.attempts == 1 {
+                    if report.etag.is_none() {
                         report.etag = res.meta.e_tag.clone();
                     }
                     let mut body = res.into_stream();
