@@ -5,14 +5,11 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use longshore_shards::ShardError;
-use longshore_shards::store::{
-    Fault, FaultRates, FaultyStore, RetryPolicy, ShardList, ShardStore, ShardStoreBuilder,
-};
-use support::shard_bytes;
+use longshore_shards::store::{Fault, FaultRates, FaultyStore, RetryPolicy, ShardList, ShardStore};
+use support::{faulty, shard_bytes};
 
 fn quick_retries(max_attempts: u32) -> RetryPolicy {
     RetryPolicy {
@@ -21,27 +18,6 @@ fn quick_retries(max_attempts: u32) -> RetryPolicy {
         max_backoff: Duration::from_millis(5),
         stall_timeout: Duration::from_millis(300),
     }
-}
-
-/// The store, its S3 client wrapped in a `FaultyStore` built by `make` (kept for its stats).
-fn faulty(
-    builder: ShardStoreBuilder,
-    make: impl Fn(Arc<dyn object_store::ObjectStore>) -> FaultyStore + Send + Sync + 'static,
-) -> (ShardStore, Arc<Mutex<Option<Arc<FaultyStore>>>>) {
-    let slot = Arc::new(Mutex::new(None));
-    let keep = Arc::clone(&slot);
-    let store = builder
-        .wrap_stores(move |_, inner| {
-            let f = Arc::new(make(inner));
-            *keep.lock().unwrap() = Some(Arc::clone(&f));
-            f
-        })
-        .build();
-    (store, slot)
-}
-
-fn stats(slot: &Mutex<Option<Arc<FaultyStore>>>) -> longshore_shards::store::FaultStats {
-    slot.lock().unwrap().as_ref().expect("client built").stats()
 }
 
 #[test]
@@ -68,7 +44,7 @@ fn a_pattern_resolves_with_one_listing() {
         assert_eq!(s.size, want[i]);
         // (s3s-fs's listings carry no ETag, unlike S3's; HEADs do.)
     }
-    let st = stats(&slot);
+    let st = slot.stats();
     assert_eq!((st.lists, st.heads, st.gets), (1, 0, 0), "{st:?}");
 
     // The list travels to workers as a value; they make no request.
@@ -87,7 +63,7 @@ fn a_pattern_resolves_with_one_listing() {
         .unwrap();
     let sizes: Vec<u64> = list.shards.iter().map(|s| s.size).collect();
     assert_eq!(sizes, [want[10], want[11], 4, 11]);
-    let st = stats(&slot);
+    let st = slot.stats();
     assert_eq!((st.lists, st.heads), (2, 1), "{st:?}");
 
     // A prefix: everything directly under it, by name.
@@ -165,7 +141,7 @@ fn a_cut_body_is_resumed_without_losing_or_repeating_bytes() {
     });
     let info = store.head(&server.url("cut/shard.tar")).unwrap();
     assert!(info.etag.is_some());
-    slot.lock().unwrap().as_ref().unwrap().push(plan);
+    slot.get().push(plan);
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("shard.tar");
     let report = store.download(&info, &dest).unwrap();
@@ -180,7 +156,7 @@ fn a_cut_body_is_resumed_without_losing_or_repeating_bytes() {
         report.etag, info.etag,
         "resumes were conditional on this tag"
     );
-    assert_eq!(stats(&slot).gets, 8);
+    assert_eq!(slot.stats().gets, 8);
 }
 
 #[test]
@@ -231,7 +207,7 @@ fn seeded_faults_never_corrupt_a_download() {
                 "seed {seed} shard {i}"
             );
         }
-        assert!(stats(&slot).injected > 0, "seed {seed} injected nothing");
+        assert!(slot.stats().injected > 0, "seed {seed} injected nothing");
     }
 }
 
@@ -257,7 +233,7 @@ fn a_persistent_error_names_the_url_the_shard_and_the_attempts() {
         "{msg}"
     );
     assert!(msg.contains("503"), "the cause is kept: {msg}");
-    assert_eq!(stats(&slot).gets, 3);
+    assert_eq!(slot.stats().gets, 3);
 
     let err = store.get_range(&info.url, 0..10).unwrap_err();
     assert!(

@@ -91,6 +91,8 @@ pub struct FaultStats {
     pub lists: u64,
     /// Faults injected.
     pub injected: u64,
+    /// The most `GET` bodies in flight at once (from request to the body's end or drop).
+    pub max_in_flight_gets: u64,
 }
 
 #[derive(Debug)]
@@ -121,6 +123,25 @@ pub struct FaultyStore {
     heads: AtomicU64,
     lists: AtomicU64,
     injected: AtomicU64,
+    latency_us: AtomicU64,
+    in_flight: std::sync::Arc<(AtomicU64, AtomicU64)>,
+}
+
+/// Counts a `GET` in flight until dropped (with its body).
+struct InFlight(std::sync::Arc<(AtomicU64, AtomicU64)>);
+
+impl InFlight {
+    fn enter(counters: &std::sync::Arc<(AtomicU64, AtomicU64)>) -> Self {
+        let now = counters.0.fetch_add(1, Ordering::SeqCst) + 1;
+        counters.1.fetch_max(now, Ordering::SeqCst);
+        Self(std::sync::Arc::clone(counters))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl FaultyStore {
@@ -132,7 +153,16 @@ impl FaultyStore {
             heads: AtomicU64::new(0),
             lists: AtomicU64::new(0),
             injected: AtomicU64::new(0),
+            latency_us: AtomicU64::new(0),
+            in_flight: std::sync::Arc::default(),
         }
+    }
+
+    /// Delays every `GET` (not `HEAD`s or listings) by `latency` before passing it on, as a
+    /// far store would.
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.latency_us.store(us, Ordering::Relaxed);
     }
 
     /// Each read request takes the next entry of `plan` (`None`: no fault); once the plan
@@ -171,6 +201,7 @@ impl FaultyStore {
             heads: self.heads.load(Ordering::Relaxed),
             lists: self.lists.load(Ordering::Relaxed),
             injected: self.injected.load(Ordering::Relaxed),
+            max_in_flight_gets: self.in_flight.1.load(Ordering::SeqCst),
         }
     }
 
@@ -311,8 +342,19 @@ impl ObjectStore for FaultyStore {
         let counter = if head { &self.heads } else { &self.gets };
         counter.fetch_add(1, Ordering::Relaxed);
         let request = format!("{} {location}", if head { "head" } else { "get" });
-        let (after, millionths, stall) = match self.next_fault(!head) {
-            None => return self.inner.get_opts(location, options).await,
+        if head {
+            return match self.next_fault(false) {
+                None => self.inner.get_opts(location, options).await,
+                Some((f, _)) => Err(Self::error(f, request)),
+            };
+        }
+        let in_flight = InFlight::enter(&self.in_flight);
+        let latency = self.latency_us.load(Ordering::Relaxed);
+        if latency > 0 {
+            tokio::time::sleep(std::time::Duration::from_micros(latency)).await;
+        }
+        let (after, millionths, stall) = match self.next_fault(true) {
+            None => (u64::MAX, None, false),
             Some((Fault::CutBody { after }, m)) => (after, m, false),
             Some((Fault::StallBody { after }, m)) => (after, m, true),
             Some((f, _)) => return Err(Self::error(f, request)),
@@ -322,8 +364,14 @@ impl ObjectStore for FaultyStore {
         let after = millionths.map_or(after, |m| len * m / 1_000_000);
         let (meta, range) = (result.meta.clone(), result.range.clone());
         let (attributes, extensions) = (result.attributes.clone(), result.extensions.clone());
+        let body = cut(result.into_stream(), after, stall, request)
+            .map(move |chunk| {
+                let _counted = &in_flight;
+                chunk
+            })
+            .boxed();
         Ok(GetResult {
-            payload: GetResultPayload::Stream(cut(result.into_stream(), after, stall, request)),
+            payload: GetResultPayload::Stream(body),
             meta,
             range,
             attributes,
