@@ -289,14 +289,14 @@ impl ShardCache {
         store: ShardStore,
         shards: &ShardList,
     ) -> Result<Self, ShardError> {
-        if let Some(largest) = shards.largest() {
-            if largest.size > config.budget_bytes {
-                return Err(ShardError::BudgetTooSmall {
-                    budget: config.budget_bytes,
-                    url: largest.url.clone(),
-                    shard_size: largest.size,
-                });
-            }
+        if let Some(largest) = shards.largest()
+            && largest.size > config.budget_bytes
+        {
+            return Err(ShardError::BudgetTooSmall {
+                budget: config.budget_bytes,
+                url: largest.url.clone(),
+                shard_size: largest.size,
+            });
         }
         for sub in ["data", "tmp", "slots"] {
             let d = config.dir.join(sub);
@@ -564,18 +564,17 @@ impl Inner {
         for f in fs::read_dir(&data_dir).map_err(|e| io("list", &data_dir, e))? {
             let f = f.map_err(|e| io("list", &data_dir, e))?;
             let key = f.file_name().to_string_lossy().into_owned();
-            if !l.index.entries.contains_key(&key) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = l.index.entries.entry(key) {
                 let size = f.metadata().map_err(|e| io("stat", &f.path(), e))?.len();
-                tracing::debug!(target: TARGET, key = %key, size, "adopting a complete shard");
-                let e = Entry {
+                tracing::debug!(target: TARGET, key = %slot.key(), size, "adopting a complete shard");
+                slot.insert(Entry {
                     url: String::new(),
                     size,
                     etag: None,
                     last_used: 0,
                     done: false,
                     downloading: None,
-                };
-                l.index.entries.insert(key, e);
+                });
             }
         }
         self.save(&l)

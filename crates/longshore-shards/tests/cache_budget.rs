@@ -131,9 +131,9 @@ fn prefetch_fills_the_budget_in_order_and_evicts_only_consumed_shards() {
     settled(3);
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(cache.stats().downloads, 3, "the first three, then no room");
-    for i in 0..3 {
+    for (i, want) in bytes.iter().enumerate().take(3) {
         let s = cache.get(&list.shards[i]).unwrap();
-        assert_eq!(s.read_all().unwrap(), bytes[i]);
+        assert_eq!(&s.read_all().unwrap(), want);
         // Consumed: the next prefetch may take its room, and no other.
         s.release();
         cache.prefetch(&list.shards[i + 1..]);

@@ -31,10 +31,10 @@ pub fn runtime() -> Result<Arc<tokio::runtime::Runtime>, ShardError> {
 
 fn runtime_for(pid: u32) -> Result<Arc<tokio::runtime::Runtime>, ShardError> {
     let mut held = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(h) = held.as_ref() {
-        if h.pid == pid {
-            return Ok(Arc::clone(&h.runtime));
-        }
+    if let Some(h) = held.as_ref()
+        && h.pid == pid
+    {
+        return Ok(Arc::clone(&h.runtime));
     }
     if let Some(stale) = held.take() {
         tracing::warn!(
