@@ -31,17 +31,19 @@
 //! Readers get a path and an open [`File`]; this crate has no `unsafe`, so it hands out no
 //! memory map (map the file yourself if you want one).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
 use crate::ShardError;
 use crate::store::{ShardInfo, ShardList, ShardStore};
+
+mod index;
+
+use index::{Entry, Index, Locked, key_for, writer_gone};
 
 const TARGET: &str = "longshore::shards";
 
@@ -101,42 +103,6 @@ pub struct CacheUsage {
     pub leased_bytes: u64,
     /// Complete shards.
     pub shards: usize,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Index {
-    clock: u64,
-    entries: BTreeMap<String, Entry>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Entry {
-    /// Empty when rebuilt from a file alone.
-    url: String,
-    size: u64,
-    etag: Option<String>,
-    last_used: u64,
-    /// Released by a reader since it was downloaded.
-    done: bool,
-    /// The temporary file of the download in progress, if any.
-    downloading: Option<String>,
-}
-
-impl Index {
-    fn used(&self) -> u64 {
-        self.entries.values().map(|e| e.size).sum()
-    }
-
-    fn tick(&mut self) -> u64 {
-        self.clock += 1;
-        self.clock
-    }
-}
-
-/// The index, read under the directory's lock; the lock is held until this is dropped.
-struct Locked {
-    index: Index,
-    _lock: File,
 }
 
 #[derive(Debug, Default)]
@@ -240,36 +206,6 @@ fn io(op: &'static str, path: &Path, source: std::io::Error) -> ShardError {
         op,
         path: path.to_owned(),
         source,
-    }
-}
-
-/// The file name a URL is cached under: a hash of the URL and its (sanitised) file name.
-fn key_for(url: &str) -> String {
-    let hash = url.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    let name: String = url
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(80)
-        .collect();
-    format!("{hash:016x}-{name}")
-}
-
-/// Whether a file that a writer locks exclusively has lost its writer.
-fn writer_gone(path: &Path) -> bool {
-    match File::open(path) {
-        Ok(f) => f.try_lock_shared().is_ok(),
-        Err(_) => true,
     }
 }
 
@@ -447,35 +383,38 @@ impl ShardCache {
     }
 }
 
+/// A prefetch thread: takes the next shard and reserves its room while holding the queue,
+/// so that the threads reserve in the caller's order, then downloads it.
 fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
     let (state, cond) = shared;
     loop {
-        let next = {
-            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-            loop {
-                if s.shutdown {
-                    return;
-                }
-                if let Some(n) = s.queue.pop_front() {
-                    break n;
-                }
-                s = cond.wait(s).unwrap_or_else(|p| p.into_inner());
+        let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+        let next = loop {
+            if s.shutdown {
+                return;
             }
+            if let Some(n) = s.queue.pop_front() {
+                break n;
+            }
+            s = cond.wait(s).unwrap_or_else(|p| p.into_inner());
         };
         let Some(inner) = cache.upgrade() else { return };
-        match inner.prefetch_one(&next) {
-            Ok(true) => {}
-            Ok(false) => {
+        let reserved = match inner.prefetch_reserve(&next) {
+            Ok(Some(Some(r))) => r,
+            Ok(Some(None)) => continue, // present, or being downloaded
+            Ok(None) => {
                 tracing::debug!(target: TARGET, url = %next.url, "prefetch stops: no room");
-                state
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .queue
-                    .clear();
+                s.queue.clear();
+                continue;
             }
             Err(e) => {
-                tracing::warn!(target: TARGET, url = %next.url, error = %e, "prefetch failed")
+                tracing::warn!(target: TARGET, url = %next.url, error = %e, "prefetch failed");
+                continue;
             }
+        };
+        drop(s);
+        if let Err(e) = inner.download(reserved, &next, false) {
+            tracing::warn!(target: TARGET, url = %next.url, error = %e, "prefetch failed");
         }
     }
 }
@@ -488,96 +427,8 @@ struct Reserved {
 }
 
 impl Inner {
-    fn index_path(&self) -> PathBuf {
-        self.config.dir.join("index.json")
-    }
-
     fn data_path(&self, key: &str) -> PathBuf {
         self.config.dir.join("data").join(key)
-    }
-
-    fn lock_index(&self) -> Result<Locked, ShardError> {
-        let lock_path = self.config.dir.join("index.lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io("open", &lock_path, e))?;
-        lock.lock().map_err(|e| io("lock", &lock_path, e))?;
-        let path = self.index_path();
-        let index = match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
-                tracing::warn!(target: TARGET, path = %path.display(), error = %e, "cache index unreadable; rebuilding");
-                Index::default()
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Index::default(),
-            Err(e) => return Err(io("read", &path, e)),
-        };
-        Ok(Locked { index, _lock: lock })
-    }
-
-    fn save(&self, l: &Locked) -> Result<(), ShardError> {
-        let path = self.index_path();
-        let tmp = self.config.dir.join("index.json.tmp");
-        let json = serde_json::to_vec(&l.index).expect("the index always serialises");
-        fs::write(&tmp, json).map_err(|e| io("write", &tmp, e))?;
-        fs::rename(&tmp, &path).map_err(|e| io("rename", &path, e))
-    }
-
-    /// Brings the index in line with the files: complete shards kept (and adopted when the
-    /// index lacks them), dead writers' temporary files deleted.
-    fn reconcile(&self) -> Result<(), ShardError> {
-        let mut l = self.lock_index()?;
-        let tmp_dir = self.config.dir.join("tmp");
-        let data_dir = self.config.dir.join("data");
-        let mut live_temps = Vec::new();
-        let entries = std::mem::take(&mut l.index.entries);
-        for (key, e) in entries {
-            match &e.downloading {
-                Some(t) if writer_gone(&tmp_dir.join(t)) => {
-                    tracing::info!(target: TARGET, temp = %t, "deleting a dead download's temp file");
-                    let _ = fs::remove_file(tmp_dir.join(t));
-                }
-                Some(t) => {
-                    live_temps.push(t.clone());
-                    l.index.entries.insert(key, e);
-                }
-                None => match fs::metadata(data_dir.join(&key)) {
-                    Ok(m) if m.len() == e.size => {
-                        l.index.entries.insert(key, e);
-                    }
-                    _ => {
-                        let _ = fs::remove_file(data_dir.join(&key));
-                    }
-                },
-            }
-        }
-        for f in fs::read_dir(&tmp_dir).map_err(|e| io("list", &tmp_dir, e))? {
-            let f = f.map_err(|e| io("list", &tmp_dir, e))?;
-            let name = f.file_name().to_string_lossy().into_owned();
-            if !live_temps.contains(&name) && writer_gone(&f.path()) {
-                tracing::info!(target: TARGET, temp = %name, "deleting a stale temp file");
-                let _ = fs::remove_file(f.path());
-            }
-        }
-        for f in fs::read_dir(&data_dir).map_err(|e| io("list", &data_dir, e))? {
-            let f = f.map_err(|e| io("list", &data_dir, e))?;
-            let key = f.file_name().to_string_lossy().into_owned();
-            if let std::collections::btree_map::Entry::Vacant(slot) = l.index.entries.entry(key) {
-                let size = f.metadata().map_err(|e| io("stat", &f.path(), e))?.len();
-                tracing::debug!(target: TARGET, key = %slot.key(), size, "adopting a complete shard");
-                slot.insert(Entry {
-                    url: String::new(),
-                    size,
-                    etag: None,
-                    last_used: 0,
-                    done: false,
-                    downloading: None,
-                });
-            }
-        }
-        self.save(&l)
     }
 
     fn usage(&self, index: &Index) -> CacheUsage {
@@ -750,23 +601,18 @@ impl Inner {
         Ok(None)
     }
 
-    /// Downloads one shard ahead of its use if it fits without evicting unconsumed shards;
-    /// `false` if it does not fit.
-    fn prefetch_one(self: &Arc<Self>, shard: &ShardInfo) -> Result<bool, ShardError> {
+    /// Reserves room for a shard to prefetch, evicting only consumed shards: `None` if it
+    /// does not fit, `Some(None)` if it is present or being downloaded.
+    fn prefetch_reserve(&self, shard: &ShardInfo) -> Result<Option<Option<Reserved>>, ShardError> {
         if shard.size > self.config.budget_bytes {
-            return Ok(false);
+            return Ok(None);
         }
         let key = key_for(&shard.url);
         let mut l = self.lock_index()?;
         if l.index.entries.contains_key(&key) {
-            return Ok(true);
+            return Ok(Some(None));
         }
-        let Some(reserved) = self.reserve(&mut l, &key, shard, true)? else {
-            return Ok(false);
-        };
-        drop(l);
-        self.download(reserved, shard, false)?;
-        Ok(true)
+        Ok(self.reserve(&mut l, &key, shard, true)?.map(Some))
     }
 
     /// Deletes a download's reservation whose writer died.
@@ -836,20 +682,5 @@ impl Inner {
         let (f, p) = open(first)?;
         f.lock().map_err(|e| io("lock", &p, e))?;
         Ok(f)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_are_file_names_and_differ_per_url() {
-        let a = key_for("s3://b/x/shard-000001.tar");
-        let b = key_for("s3://b/y/shard-000001.tar");
-        assert_ne!(a, b);
-        assert!(a.ends_with("-shard-000001.tar"), "{a}");
-        let odd = key_for("http://h/a b/..?/c:d");
-        assert!(!odd.contains(['/', ' ', ':', '?']), "{odd}");
     }
 }
