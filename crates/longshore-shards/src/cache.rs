@@ -30,6 +30,25 @@
 //!
 //! Readers get a path and an open [`File`]; this crate has no `unsafe`, so it hands out no
 //! memory map (map the file yourself if you want one).
+//!
+//! ```
+//! use longshore_shards::cache::{CacheConfig, ShardCache};
+//! use longshore_shards::store::ShardStore;
+//! # let src = tempfile::tempdir().unwrap();
+//! # for i in 0..4 { std::fs::write(src.path().join(format!("s-{i}.tar")), vec![i as u8; 100]).unwrap(); }
+//! # let root = src.path().display();
+//! # let node_dir = tempfile::tempdir().unwrap();
+//! let store = ShardStore::from_env();
+//! let shards = store.resolve(&[format!("{root}/s-{{0..3}}.tar")])?;
+//! let cache = ShardCache::open(CacheConfig::new(node_dir.path(), 250), store, &shards)?;
+//! for (i, shard) in shards.shards.iter().enumerate() {
+//!     let local = cache.get(shard)?; // leased until dropped
+//!     cache.prefetch(&shards.shards[i + 1..]);
+//!     assert_eq!(local.read_all()?, vec![i as u8; 100]);
+//! } // each lease ends here: the shard may be evicted for the next ones
+//! assert!(cache.usage()?.complete_bytes <= 250);
+//! # Ok::<(), longshore_shards::ShardError>(())
+//! ```
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions, TryLockError};

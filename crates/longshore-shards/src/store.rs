@@ -28,6 +28,31 @@
 //! found, denied, invalid), and a download whose body is cut (or stalls) resumes with a range
 //! request from the byte already written, checking the object's `ETag` did not change. Errors
 //! that last become [`ShardError::Fetch`], naming the URL, the shard and the attempts.
+//!
+//! # Async, sync threads and fork
+//!
+//! object_store is async (tokio); the loader's workers are synchronous threads. Each operation
+//! has an `_async` form and a blocking form that runs it on the process's store runtime
+//! ([`runtime`]) through [`block_on`]. That runtime is created on first use, in the process
+//! that uses it, and records the creating process id: a worker process forked after its parent
+//! built the runtime (whose threads do not survive `fork`) builds its own instead of
+//! deadlocking on the parent's. Create stores and caches before forking if you like (clients
+//! hold no runtime); do the I/O after. The blocking forms refuse to run inside an async runtime
+//! ([`ShardError::Runtime`]): await the `_async` forms there.
+//!
+//! ```
+//! use longshore_shards::store::ShardStore;
+//! # let dir = tempfile::tempdir().unwrap();
+//! # for i in 0..3 { std::fs::write(dir.path().join(format!("shard-{i:02}.tar")), vec![7u8; 10 + i]).unwrap(); }
+//! # let root = dir.path().display();
+//! let store = ShardStore::from_env();
+//! // Once per job; the list is then handed to every worker.
+//! let shards = store.resolve(&[format!("{root}/shard-{{00..02}}.tar")])?;
+//! assert_eq!(shards.len(), 3);
+//! let head = store.get_range(&shards.shards[2].url, 0..4)?;
+//! assert_eq!(&head[..], &[7, 7, 7, 7]);
+//! # Ok::<(), longshore_shards::ShardError>(())
+//! ```
 
 mod download;
 mod fault;
@@ -48,6 +73,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
@@ -56,6 +82,9 @@ use crate::ShardError;
 use crate::url::{ShardUrl, StoreLocation, expand_patterns};
 
 const TARGET: &str = "longshore::shards";
+
+/// `HEAD` requests in flight at once while resolving shards that are not listed.
+const HEAD_CONCURRENCY: usize = 16;
 
 // ---------------------------------------------------------------------------------------------
 // Shard lists.
@@ -490,18 +519,17 @@ impl ShardStore {
             }
         }
         let mut found: Vec<Vec<ShardInfo>> = vec![Vec::new(); urls.len()];
+        let mut heads = Vec::new();
         for ((location, _), members) in groups {
             let http = matches!(location, StoreLocation::Http { .. });
             if members.len() == 1 || http {
-                for i in members {
-                    found[i] = vec![self.head_async(urls[i].as_str()).await?];
-                }
+                heads.extend(members);
                 continue;
             }
             let first = &urls[members[0]];
             let prefix = match first.as_str().rsplit_once('/') {
                 Some((dir, _)) => format!("{dir}/"),
-                None => String::new(),
+                None => "./".to_owned(), // a bare local file name
             };
             let listing = self.list_metas(first, &prefix).await?;
             let by_path: HashMap<&ObjectPath, &ObjectMeta> =
@@ -515,6 +543,15 @@ impl ShardStore {
                 found[i] = vec![info(urls[i].as_str().to_owned(), meta)];
             }
         }
+        // The HEADs, a few at a time.
+        let urls_ref = &urls;
+        let mut results = futures_util::stream::iter(heads)
+            .map(|i| async move { (i, self.head_async(urls_ref[i].as_str()).await) })
+            .buffer_unordered(HEAD_CONCURRENCY);
+        while let Some((i, head)) = results.next().await {
+            found[i] = vec![head?];
+        }
+        drop(results);
         for (i, u) in urls.iter().enumerate() {
             if u.is_prefix() {
                 found[i] = self.list_async(u.as_str()).await?;
@@ -625,6 +662,9 @@ impl ShardStore {
         let u = ShardUrl::parse(url)?;
         let (store, path) = self.client(&u)?;
         let want = range.end.saturating_sub(range.start);
+        if want == 0 {
+            return Ok(Bytes::new());
+        }
         self.retrying("get", &u, || {
             let (store, path, range) = (Arc::clone(&store), path.clone(), range.clone());
             async move {
@@ -675,6 +715,15 @@ fn object_path(url: &ShardUrl) -> Result<ObjectPath, ShardError> {
                 .map_err(|e| err(format!("cannot resolve a relative path: {e}")))?
                 .join(p)
         };
+        // Without `.` segments, and `..` resolved (object paths have neither).
+        let mut abs: std::path::PathBuf = abs.components().collect();
+        if abs
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        {
+            abs = std::fs::canonicalize(&abs)
+                .map_err(|e| err(format!("cannot resolve '..': {e}")))?;
+        }
         return ObjectPath::from_absolute_path(&abs).map_err(|e| err(e.to_string()));
     }
     Ok(ObjectPath::parse(url.path()).unwrap_or_else(|_| ObjectPath::from(url.path())))

@@ -42,16 +42,37 @@ fn local_paths_and_file_urls_resolve_and_read() {
 #[test]
 fn relative_paths_resolve_against_the_working_directory() {
     let src = tempfile::tempdir_in(".").unwrap();
-    write_local_shards(src.path(), &[7]);
-    let rel = src
-        .path()
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
+    write_local_shards(src.path(), &[7, 8]);
+    let rel = src.path().file_name().unwrap().to_string_lossy().into_owned();
     let store = ShardStore::from_env();
-    let list = store.resolve(&[format!("{rel}/shard-0000.bin")]).unwrap();
-    assert_eq!(list.shards[0].size, 7);
+    for pattern in [
+        format!("{rel}/shard-0000.bin"),
+        format!("./{rel}/shard-0000.bin"),
+        format!("{rel}/../{rel}/shard-0000.bin"),
+    ] {
+        let list = store.resolve(&[&pattern]).unwrap();
+        assert_eq!(list.shards[0].size, 7, "{pattern}");
+    }
+    let list = store.resolve(&[format!("./{rel}/shard-{{0000..0001}}.bin")]).unwrap();
+    assert_eq!(list.shards.iter().map(|s| s.size).collect::<Vec<_>>(), [7, 8]);
+
+    // Bare file names, in the working directory itself (one listing of it).
+    let files: Vec<_> = (0..2)
+        .map(|i| {
+            let f = tempfile::Builder::new()
+                .prefix("longshore-bare-")
+                .tempfile_in(".")
+                .unwrap();
+            std::fs::write(f.path(), vec![0u8; 3 + i]).unwrap();
+            f
+        })
+        .collect();
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.path().file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let list = store.resolve(&names).unwrap();
+    assert_eq!(list.shards.iter().map(|s| s.size).collect::<Vec<_>>(), [3, 4]);
 }
 
 #[test]
