@@ -27,14 +27,22 @@ pub const REGION: &str = "us-east-1";
 
 /// A running server; dropping it stops the server and deletes its directory.
 pub struct S3Server {
+    signed: bool,
     endpoint: String,
     bucket: String,
     root: tempfile::TempDir,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
-/// Starts a server on 127.0.0.1 (a free port) with one empty bucket, `shards`.
+/// Starts a server on 127.0.0.1 (a free port) with one empty bucket, `shards`, that checks
+/// signatures.
 pub fn start() -> S3Server {
+    start_with(true)
+}
+
+/// A server that also serves anonymous requests (so a plain HTTP client can `GET` and
+/// `HEAD` `http://127.0.0.1:PORT/shards/key`), or only signed ones.
+pub fn start_with(check_signatures: bool) -> S3Server {
     let root = tempfile::tempdir().expect("temp dir");
     let bucket = "shards".to_owned();
     std::fs::create_dir(root.path().join(&bucket)).expect("bucket dir");
@@ -47,7 +55,9 @@ pub fn start() -> S3Server {
     let fs = s3s_fs::FileSystem::new(root.path()).expect("s3s-fs over the temp dir");
     let service = {
         let mut b = s3s::service::S3ServiceBuilder::new(fs);
-        b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        if check_signatures {
+            b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        }
         b.build()
     };
     let listener = runtime
@@ -69,6 +79,7 @@ pub fn start() -> S3Server {
         }
     });
     S3Server {
+        signed: check_signatures,
         endpoint: format!("http://{addr}"),
         bucket,
         root,
@@ -92,6 +103,11 @@ impl S3Server {
         self.root.path().join(&self.bucket)
     }
 
+    /// `http://127.0.0.1:PORT/BUCKET/key`, for an anonymous server's plain HTTP reads.
+    pub fn http_url(&self, key: &str) -> String {
+        format!("{}/{}/{key}", self.endpoint, self.bucket)
+    }
+
     /// `s3://BUCKET/key`.
     pub fn url(&self, key: &str) -> String {
         format!("s3://{}/{key}", self.bucket)
@@ -112,8 +128,15 @@ impl S3Server {
         self.store_builder().build().client(&url).expect("client").0
     }
 
-    /// Uploads `bytes` as `key`, through the S3 API.
+    /// Uploads `bytes` as `key`, through the S3 API (on an anonymous server, which refuses
+    /// signed requests, it writes the file into the bucket's directory).
     pub fn put(&self, key: &str, bytes: &[u8]) {
+        if !self.signed {
+            let path = self.bucket_dir().join(key);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, bytes).unwrap();
+            return;
+        }
         let client = self.client();
         let path = object_store::path::Path::parse(key).expect("key");
         block_on(client.put(&path, PutPayload::from(bytes.to_vec())))
