@@ -28,7 +28,10 @@ fn http_shards_resolve_read_and_download() {
     assert_eq!((st.heads, st.lists), (3, 0), "{st:?}");
 
     let url = &list.shards[1].url;
-    assert_eq!(&store.get_range(url, 100..200).unwrap()[..], &shards[1][100..200]);
+    assert_eq!(
+        &store.get_range(url, 100..200).unwrap()[..],
+        &shards[1][100..200]
+    );
 
     slot.get().push([
         Some(Fault::CutBody { after: 4000 }),

@@ -43,7 +43,12 @@ fn local_paths_and_file_urls_resolve_and_read() {
 fn relative_paths_resolve_against_the_working_directory() {
     let src = tempfile::tempdir_in(".").unwrap();
     write_local_shards(src.path(), &[7, 8]);
-    let rel = src.path().file_name().unwrap().to_string_lossy().into_owned();
+    let rel = src
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     let store = ShardStore::from_env();
     for pattern in [
         format!("{rel}/shard-0000.bin"),
@@ -53,8 +58,13 @@ fn relative_paths_resolve_against_the_working_directory() {
         let list = store.resolve(&[&pattern]).unwrap();
         assert_eq!(list.shards[0].size, 7, "{pattern}");
     }
-    let list = store.resolve(&[format!("./{rel}/shard-{{0000..0001}}.bin")]).unwrap();
-    assert_eq!(list.shards.iter().map(|s| s.size).collect::<Vec<_>>(), [7, 8]);
+    let list = store
+        .resolve(&[format!("./{rel}/shard-{{0000..0001}}.bin")])
+        .unwrap();
+    assert_eq!(
+        list.shards.iter().map(|s| s.size).collect::<Vec<_>>(),
+        [7, 8]
+    );
 
     // Bare file names, in the working directory itself (one listing of it).
     let files: Vec<_> = (0..2)
@@ -72,7 +82,10 @@ fn relative_paths_resolve_against_the_working_directory() {
         .map(|f| f.path().file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     let list = store.resolve(&names).unwrap();
-    assert_eq!(list.shards.iter().map(|s| s.size).collect::<Vec<_>>(), [3, 4]);
+    assert_eq!(
+        list.shards.iter().map(|s| s.size).collect::<Vec<_>>(),
+        [3, 4]
+    );
 }
 
 #[test]

@@ -292,3 +292,47 @@ fn signatures_are_checked() {
             .is_ok()
     );
 }
+
+/// Run by the test below in a child process, whose environment names the server.
+#[test]
+fn child_reads_through_the_environment() {
+    let Ok(url) = std::env::var("LONGSHORE_TEST_URL") else {
+        return; // not a child
+    };
+    let info = ShardStore::from_env().head(&url).unwrap();
+    assert_eq!(info.size, 1234);
+}
+
+#[test]
+fn the_endpoint_and_credentials_come_from_the_environment() {
+    let server = support::s3::start();
+    server.put("env/shard.tar", &shard_bytes(1, 1234));
+    let run = |secret: &str| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_reads_through_the_environment",
+                "--test-threads=1",
+            ])
+            .env("LONGSHORE_TEST_URL", server.url("env/shard.tar"))
+            .env("AWS_ENDPOINT_URL", server.endpoint()) // loopback: plain http allowed
+            .env("AWS_ACCESS_KEY_ID", support::s3::ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", secret)
+            .env("AWS_REGION", support::s3::REGION)
+            .env_remove("AWS_SESSION_TOKEN")
+            .env_remove("AWS_PROFILE")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(
+        run(support::s3::SECRET_KEY),
+        "the child reads with the environment's settings"
+    );
+    assert!(
+        !run("wrong"),
+        "and they are really used: a wrong secret fails"
+    );
+}
