@@ -13,7 +13,7 @@ use longshore_shards::ShardError;
 use longshore_shards::cache::{CacheConfig, ShardCache};
 use longshore_shards::store::{ShardInfo, ShardList, ShardStore};
 use proptest::prelude::*;
-use support::{dir_bytes, local_list, write_local_shards};
+use support::{cache_disk_bytes, local_list, write_local_shards};
 
 fn config(dir: &std::path::Path, budget: u64, wait_ms: u64) -> CacheConfig {
     CacheConfig {
@@ -188,10 +188,10 @@ proptest! {
         let worst = Arc::new(AtomicU64::new(0));
         let watcher = {
             let (stop, worst) = (Arc::clone(&stop), Arc::clone(&worst));
-            let (data, tmp) = (dir.path().join("data"), dir.path().join("tmp"));
+            let root = dir.path().to_owned();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
-                    worst.fetch_max(dir_bytes(&data) + dir_bytes(&tmp), Ordering::SeqCst);
+                    worst.fetch_max(cache_disk_bytes(&root), Ordering::SeqCst);
                     std::thread::yield_now();
                 }
             })

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use longshore_shards::cache::{CacheConfig, ShardCache};
 use longshore_shards::store::{FaultyStore, ShardList, ShardStore};
-use support::{dir_bytes, faulty, local_list, shard_bytes, write_local_shards};
+use support::{cache_disk_bytes, faulty, local_list, shard_bytes, write_local_shards};
 
 /// A shuffled copy of `0..n`, different per `seed`.
 fn order(n: usize, seed: u64) -> Vec<usize> {
@@ -79,10 +79,10 @@ fn threads_under_a_small_budget_never_exceed_it() {
     let worst = Arc::new(AtomicU64::new(0));
     let watcher = {
         let (stop, worst) = (Arc::clone(&stop), Arc::clone(&worst));
-        let (data, tmp) = (dir.path().join("data"), dir.path().join("tmp"));
+        let root = dir.path().to_owned();
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
-                worst.fetch_max(dir_bytes(&data) + dir_bytes(&tmp), Ordering::SeqCst);
+                worst.fetch_max(cache_disk_bytes(&root), Ordering::SeqCst);
                 std::thread::yield_now();
             }
         })

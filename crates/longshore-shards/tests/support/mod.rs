@@ -98,3 +98,14 @@ pub fn dir_bytes(dir: &Path) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The bytes of a cache directory's shard files (`data/` and `tmp/`), read while holding the
+/// cache's index lock: files are created, renamed and removed only under that lock, so the
+/// view is of one instant (temporary files grow outside it, within their reservations).
+pub fn cache_disk_bytes(cache_dir: &Path) -> u64 {
+    let Ok(lock) = std::fs::File::open(cache_dir.join("index.lock")) else {
+        return 0;
+    };
+    lock.lock().unwrap();
+    dir_bytes(&cache_dir.join("data")) + dir_bytes(&cache_dir.join("tmp"))
+}
