@@ -275,6 +275,14 @@ def bench_streaming(args, data, cuda, rows):
     ds = streaming_train(StreamingDataset)(
         RGB(train_transform()), remote=f"s3://{BUCKET}/mds", local=str(cache), shuffle=True,
         batch_size=args.batch_size)
+    # The dataset fetched index.json here with a boto3 client that each stream keeps (and its
+    # pool's keep-alive socket). Forked workers would inherit that one socket and read each
+    # other's responses: shards corrupted or mixed up, and 60 s stalls (seen with 2 workers).
+    # Drop it, as Streaming's own retry does, so that each worker makes its own.
+    for stream in getattr(ds, "streams", []):
+        downloader = getattr(stream, "_downloader", None)
+        if downloader is not None:
+            downloader.clean_up()
 
     def make(w, pf):
         return torch.utils.data.DataLoader(ds, batch_size=args.batch_size,
