@@ -21,8 +21,9 @@ RandomHorizontalFlip, ToTensor, Normalize; batch --batch-size; on CUDA, pin_memo
   webdataset  ``webdataset.WebDataset(http URLs of the shards, shardshuffle, split_by_worker)``
               ``.shuffle(1000).decode("pil").to_tuple("jpg", "cls")``, the transform, batched in
               the workers, ``DataLoader(batch_size=None)`` (webdataset's recommended form).
-              Shards are read over HTTP from the server (webdataset's ``curl`` handler) every
-              epoch; workers get whole shards, so with few shards some workers get more.
+              Shards are read over HTTP from the server (webdataset's ``curl`` handler, or
+              urllib where curl is missing) every epoch; workers get whole shards, so with few
+              shards some workers get more.
   streaming   ``streaming.StreamingDataset(remote="s3://bench/mds", local=<cache>,
               shuffle=True, batch_size)`` with the transform in ``__getitem__``, torch's
               DataLoader; shards are downloaded by boto3 (S3_ENDPOINT_URL) into the local
@@ -226,6 +227,16 @@ def bench_webdataset(args, shard_urls, endpoint, cuda, rows):
 
     urls = [f"{endpoint}/{BUCKET}/wds/{u}" for u in shard_urls]
     tf = RGB(train_transform())
+    if shutil.which("curl") is None:
+        # webdataset reads http URLs through a `curl` subprocess; without curl, urllib
+        # (set before the workers fork, so they inherit it).
+        import importlib
+        import urllib.request
+
+        print("  (no curl here: webdataset reads the shards with urllib)")
+        # The module (the package's `webdataset.gopen` is its function of that name).
+        schemes = importlib.import_module("webdataset.gopen").gopen_schemes
+        schemes["http"] = lambda url, mode="rb", bufsize=8192, **kw: urllib.request.urlopen(url)
 
     def make(w, pf):
         ds = (wds.WebDataset(urls, shardshuffle=len(urls), workersplitter=wds.split_by_worker,

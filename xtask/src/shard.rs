@@ -11,7 +11,8 @@
 //!   `--synthetic N` first generates an ImageNet-like folder of about N JPEGs there
 //!   (longshore-vision's `synth`; reused when the same folder is already there).
 //! * `.npy` arrays (`--npy x=images.npy --npy y=labels.npy`): row `i` of each is sample `i`,
-//!   field `x.npy` holding that row as a `.npy` file (MDS: column `x`, encoding `ndarray`).
+//!   field `x.npy` holding that row as a `.npy` file (MDS: column `x`, encoding `ndarray`, or
+//!   the dtype's scalar encoding, `int64` say, for a 1-D array's scalar rows).
 //!
 //! Shards are closed before they would pass `--shard-size` (default 64 MiB). Same input,
 //! same seed: the same bytes.
@@ -23,7 +24,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use longshore_data::formats::npy::encode_npy;
 use longshore_data::rng::{epoch_rng, shuffle};
-use longshore_data::{Dataset, NpyDataset, Tensor};
+use longshore_data::{DType, Dataset, NpyDataset, Tensor};
 use longshore_shards::mds::{MdsWriter, Value};
 use longshore_shards::webdataset::ShardWriter;
 use longshore_vision::synth::{FolderSpec, write_folder};
@@ -345,10 +346,18 @@ fn pack_arrays(args: &Args) -> Result<Written> {
     let mut sink = match args.format {
         Format::Wds => Sink::Wds(ShardWriter::new(&args.out, args.shard_size)?),
         Format::Mds => {
-            let columns: Vec<(&str, &str)> = arrays
-                .iter()
-                .map(|(name, _, _)| (*name, "ndarray"))
-                .collect();
+            let mut columns = Vec::with_capacity(arrays.len());
+            for (name, path, d) in &arrays {
+                let encoding = match d.get(0) {
+                    Ok(row) if row.shape().is_empty() => scalar_encoding(row.dtype())
+                        .with_context(|| {
+                            format!("{}: no MDS encoding for {:?}", path.display(), row.dtype())
+                        })?,
+                    Ok(_) => "ndarray",
+                    Err(e) => anyhow::bail!("{} row 0: {e}", path.display()),
+                };
+                columns.push((*name, encoding));
+            }
             Sink::Mds(MdsWriter::new(&args.out, &columns, Some(args.shard_size))?)
         }
     };
@@ -377,8 +386,18 @@ fn pack_arrays(args: &Args) -> Result<Written> {
                 w.write(&format!("{i:09}"), &refs)?;
             }
             Sink::Mds(w) => {
-                let values: Vec<(&str, Value)> =
-                    row.into_iter().map(|(n, t)| (n, Value::Array(t))).collect();
+                let values = row
+                    .into_iter()
+                    .map(|(n, t)| {
+                        let v = if t.shape().is_empty() {
+                            scalar_value(&t)
+                                .with_context(|| format!("column {n}: {:?}", t.dtype()))?
+                        } else {
+                            Value::Array(t)
+                        };
+                        Ok((n, v))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 w.write(&values)?;
             }
         }
@@ -386,6 +405,47 @@ fn pack_arrays(args: &Args) -> Result<Written> {
     }
     bar.finish_and_clear();
     finish(sink)
+}
+
+/// The MDS encoding of a 1-D array's rows, which are scalars: Streaming's `ndarray` encoding
+/// holds arrays of one axis or more, so such a column takes its dtype's scalar encoding.
+fn scalar_encoding(dtype: DType) -> Option<&'static str> {
+    Some(match dtype {
+        DType::Bool | DType::U8 => "uint8",
+        DType::I8 => "int8",
+        DType::U16 => "uint16",
+        DType::I16 => "int16",
+        DType::U32 => "uint32",
+        DType::I32 => "int32",
+        DType::U64 => "uint64",
+        DType::I64 => "int64",
+        DType::F16 => "float16",
+        DType::F32 => "float32",
+        DType::F64 => "float64",
+        _ => return None,
+    })
+}
+
+/// A scalar row's value, for [`scalar_encoding`]'s column (the row's bytes are native-endian).
+fn scalar_value(t: &Tensor) -> Option<Value> {
+    fn bytes<const N: usize>(b: &[u8]) -> [u8; N] {
+        b[..N].try_into().expect("a scalar of its dtype's size")
+    }
+    let b = t.bytes();
+    Some(match t.dtype() {
+        DType::Bool | DType::U8 => Value::UInt(b[0].into()),
+        DType::I8 => Value::Int(i8::from_ne_bytes(bytes(b)).into()),
+        DType::U16 => Value::UInt(u16::from_ne_bytes(bytes(b)).into()),
+        DType::I16 => Value::Int(i16::from_ne_bytes(bytes(b)).into()),
+        DType::U32 => Value::UInt(u32::from_ne_bytes(bytes(b)).into()),
+        DType::I32 => Value::Int(i32::from_ne_bytes(bytes(b)).into()),
+        DType::U64 => Value::UInt(u64::from_ne_bytes(bytes(b))),
+        DType::I64 => Value::Int(i64::from_ne_bytes(bytes(b))),
+        DType::F16 => Value::Float(half::f16::from_ne_bytes(bytes(b)).to_f64()),
+        DType::F32 => Value::Float(f32::from_ne_bytes(bytes(b)).into()),
+        DType::F64 => Value::Float(f64::from_ne_bytes(bytes(b))),
+        _ => return None,
+    })
 }
 
 fn finish(sink: Sink) -> Result<Written> {
