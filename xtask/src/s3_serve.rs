@@ -116,8 +116,13 @@ pub(crate) fn run(args: Args) -> Result<()> {
         println!("export AWS_REGION={REGION} AWS_DEFAULT_REGION={REGION} AWS_ALLOW_HTTP=true");
         println!("serving s3://{bucket}/ until killed");
         let http = ConnBuilder::new(TokioExecutor::new());
+        let mut stop = std::pin::pin!(stopped());
         loop {
-            let (socket, _) = match listener.accept().await {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = &mut stop => return Ok::<_, anyhow::Error>(()),
+            };
+            let (socket, _) = match accepted {
                 Ok(s) => s,
                 Err(e) => {
                     eprintln!("s3-serve: accept failed: {e}");
@@ -133,6 +138,28 @@ pub(crate) fn run(args: Args) -> Result<()> {
             });
         }
     })
+}
+
+/// Resolves on Ctrl-C or SIGTERM, so that the server returns and its temporary root (the
+/// link to the directory, s3s-fs's metadata) is removed.
+async fn stopped() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 #[cfg(unix)]
