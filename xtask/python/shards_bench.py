@@ -49,8 +49,8 @@ dependencies). Carry ``gpu-pack`` and ``gpu-python``, then:
     python3 -m pip install -q --no-index --no-deps --target /tmp/site gpu-python/baseline-wheels/*.whl
     PYTHONPATH=/tmp/site python3 gpu-python/bench/shards_bench.py --xtask .gpu/bin/xtask \\
         --data-dir /tmp/shards-bench --out $OUT/shards.json
-(with the longshore wheel installed too, ``bash gpu-python/run.sh --no-bench`` does that, for
-row (c)).
+or, with the longshore wheel installed too (for its rows), all of that in one command:
+    bash gpu-python/run.sh --shards       # XTASK=path, SHARDS_DATA_DIR=dir to change them
 """
 import argparse
 import json
