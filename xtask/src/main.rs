@@ -11,6 +11,12 @@
 //!   for a GPU machine without a Rust toolchain (see gpu.rs).
 //! * `cargo xtask gpu-python`: the Python wheel (manylinux2014), pytest, the pytest suite and
 //!   the Python bench scripts into `gpu-python/` with `gpu-python/run.sh` (see gpu_python.rs).
+//! * `cargo xtask shard --input DIR|--npy NAME=PATH... --out DIR [--format wds|mds]
+//!   [--shard-size 64MiB] [--synthetic N]`: packs an ImageFolder or `.npy` arrays into
+//!   WebDataset or MDS shards with their index (see shard.rs).
+//! * `cargo xtask s3-serve --dir DIR [--port P] [--bucket B]`: serves a directory as an S3
+//!   bucket on 127.0.0.1 until killed, anonymous reads allowed (see s3_serve.rs); also
+//!   `.gpu/bin/xtask s3-serve` from the `gpu-pack` bundle.
 //! * On that GPU machine, from the bundle: `.gpu/bin/xtask gpu-verify [--sanitizer-secs S]`
 //!   (the tests with CUDA required, then compute-sanitizer) and `.gpu/bin/xtask gpu-bench
 //!   [--only S,...] [--budget-secs S]` (the full bench, the staging sweep, the criterion
@@ -26,6 +32,8 @@ mod gpu_run;
 mod jpeg;
 mod python;
 mod report;
+mod s3_serve;
+mod shard;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -90,6 +98,12 @@ enum Cmd {
     /// Python bench scripts into `gpu-python/` with `gpu-python/run.sh`, for a GPU machine
     /// with Python, torch and numpy but no registry. Needs PyPI here.
     GpuPython,
+    /// Pack an ImageFolder (class subfolders of JPEGs) or `.npy` arrays into WebDataset tar
+    /// shards (or MDS shards) of a target size, with their index.
+    Shard(shard::Args),
+    /// Serve a directory as an S3-compatible bucket on 127.0.0.1 until killed (test
+    /// credentials; anonymous reads allowed), printing the endpoint and the env to export.
+    S3Serve(s3_serve::Args),
     /// On the GPU machine, from the `gpu-pack` bundle: every bundled test with CUDA required,
     /// then compute-sanitizer over the tests that reach the driver.
     GpuVerify {
@@ -182,6 +196,8 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Shard(args) => shard::run(args),
+        Cmd::S3Serve(args) => s3_serve::run(args),
         Cmd::GpuPack { cargo_args } => gpu::pack(&root(), &cargo_args),
         Cmd::GpuPython => gpu_python::build(&root()),
         Cmd::GpuVerify {

@@ -1,0 +1,705 @@
+//! The node's shard cache: a directory of downloaded shards shared by every rank and worker
+//! process on the node, within a byte budget.
+//!
+//! - **Budget.** The bytes of complete shards plus the reservations of downloads in progress
+//!   never exceed the budget. A budget smaller than the largest shard is refused by
+//!   [`ShardCache::open`] ([`ShardError::BudgetTooSmall`]), so a request can always be met once
+//!   readers release their shards; a request that finds the cache full of shards in use waits
+//!   up to [`CacheConfig::wait_timeout`] and then fails with [`ShardError::CacheFull`] (it does
+//!   not hang).
+//! - **Leases.** [`ShardCache::get`] returns a [`CachedShard`], a lease: the shard stays on
+//!   disk until it is dropped (or [`released`](CachedShard::release)), which marks the shard
+//!   consumed. Eviction takes the least recently used unleased shard, consumed ones first.
+//! - **Prefetch.** [`ShardCache::prefetch`] takes the shards the caller will read next, in
+//!   order, and downloads ahead on background threads, evicting only consumed shards, and
+//!   stops at the first shard that does not fit.
+//! - **Concurrency.** At most [`CacheConfig::max_concurrent_downloads`] downloads run at once
+//!   on the node (slot lock files). A shard is downloaded once: a process that wants a shard
+//!   another is downloading waits for it.
+//! - **Crash safety.** A download goes to `tmp/` under a temporary name, is size-checked and
+//!   synced, and only then renamed into `data/`; a reader only ever opens `data/`. Opening the
+//!   cache reuses complete shards and deletes temporary files whose writer is gone.
+//!
+//! Cross-process coordination is by files only (no shared-memory names): `index.json`, guarded
+//! by an exclusive lock on `index.lock` for short critical sections; a shared lock on a data
+//! file per lease (an evictor's exclusive `try_lock` fails while any lease is held, and the OS
+//! drops the locks of a process that dies); an exclusive lock on a temporary file while its
+//! download runs (a waiter blocks on a shared lock of it; a successful `try_lock_shared` means
+//! its writer died). The locks are `std::fs::File::lock` (`flock` on Unix), so the directory
+//! should be on a local file system.
+//!
+//! Readers get a path and an open [`File`]; this crate has no `unsafe`, so it hands out no
+//! memory map (map the file yourself if you want one).
+//!
+//! ```
+//! use longshore_shards::cache::{CacheConfig, ShardCache};
+//! use longshore_shards::store::ShardStore;
+//! # let src = tempfile::tempdir().unwrap();
+//! # for i in 0..4 { std::fs::write(src.path().join(format!("s-{i}.tar")), vec![i as u8; 100]).unwrap(); }
+//! # let root = src.path().display();
+//! # let node_dir = tempfile::tempdir().unwrap();
+//! let store = ShardStore::from_env();
+//! let shards = store.resolve(&[format!("{root}/s-{{0..3}}.tar")])?;
+//! let cache = ShardCache::open(CacheConfig::new(node_dir.path(), 250), store, &shards)?;
+//! for (i, shard) in shards.shards.iter().enumerate() {
+//!     let local = cache.get(shard)?; // leased until dropped
+//!     cache.prefetch(&shards.shards[i + 1..]);
+//!     assert_eq!(local.read_all()?, vec![i as u8; 100]);
+//! } // each lease ends here: the shard may be evicted for the next ones
+//! assert!(cache.usage()?.complete_bytes <= 250);
+//! # Ok::<(), longshore_shards::ShardError>(())
+//! ```
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::ShardError;
+use crate::store::{ShardInfo, ShardList, ShardStore};
+
+mod index;
+
+use index::{Entry, Index, Locked, key_for, writer_gone};
+
+const TARGET: &str = "longshore::shards";
+
+/// How a [`ShardCache`] is set up. Every process sharing a directory should use the same
+/// budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// The cache directory (created if missing). One per node, on a local file system.
+    pub dir: PathBuf,
+    /// The most bytes the cache holds, counting downloads in progress.
+    pub budget_bytes: u64,
+    /// The most downloads running at once on the node (at least 1).
+    pub max_concurrent_downloads: usize,
+    /// How long [`ShardCache::get`] waits for room before [`ShardError::CacheFull`].
+    pub wait_timeout: Duration,
+}
+
+impl CacheConfig {
+    /// A configuration with 4 concurrent downloads and a 10-minute wait limit.
+    pub fn new(dir: impl Into<PathBuf>, budget_bytes: u64) -> Self {
+        Self {
+            dir: dir.into(),
+            budget_bytes,
+            max_concurrent_downloads: 4,
+            wait_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What one [`ShardCache`] handle did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheStats {
+    /// `get`s served by a shard already on disk.
+    pub hits: u64,
+    /// Shards this handle downloaded (demand and prefetch).
+    pub downloads: u64,
+    /// Their bytes.
+    pub downloaded_bytes: u64,
+    /// Shards this handle evicted.
+    pub evictions: u64,
+    /// Times a `get` waited (for room, or for another's download of the same shard).
+    pub waits: u64,
+}
+
+/// The node-wide state of a cache directory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheUsage {
+    /// The budget of the handle that asked.
+    pub budget_bytes: u64,
+    /// Bytes of complete shards.
+    pub complete_bytes: u64,
+    /// Bytes reserved by downloads in progress.
+    pub reserved_bytes: u64,
+    /// Bytes of complete shards leased by readers.
+    pub leased_bytes: u64,
+    /// Complete shards.
+    pub shards: usize,
+}
+
+#[derive(Debug, Default)]
+struct Prefetch {
+    queue: VecDeque<ShardInfo>,
+    shutdown: bool,
+    threads_pid: Option<u32>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: CacheConfig,
+    store: ShardStore,
+    prefetch: Arc<(Mutex<Prefetch>, Condvar)>,
+    hits: AtomicU64,
+    downloads: AtomicU64,
+    downloaded_bytes: AtomicU64,
+    evictions: AtomicU64,
+    waits: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let (state, cond) = &*self.prefetch;
+        state.lock().unwrap_or_else(|p| p.into_inner()).shutdown = true;
+        cond.notify_all();
+    }
+}
+
+/// A handle on the node's shard cache directory. Cheap to open; open one per process (its
+/// prefetch threads are started lazily, in the process that prefetches). Clones share the
+/// handle.
+#[derive(Debug, Clone)]
+pub struct ShardCache {
+    inner: Arc<Inner>,
+}
+
+/// A leased shard on local disk: it is not evicted while this lives. Dropping it (or
+/// [`release`](Self::release)) marks the shard consumed.
+#[derive(Debug)]
+pub struct CachedShard {
+    cache: Arc<Inner>,
+    key: String,
+    path: PathBuf,
+    file: Option<File>,
+    info: ShardInfo,
+}
+
+impl CachedShard {
+    /// The shard's complete local file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open file, read-only (it holds the lease's lock; `&File` implements `Read` and
+    /// `Seek`).
+    pub fn file(&self) -> &File {
+        self.file.as_ref().expect("present until drop")
+    }
+
+    /// The shard.
+    pub fn info(&self) -> &ShardInfo {
+        &self.info
+    }
+
+    /// The whole shard's bytes.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardError::Io`] naming the file.
+    pub fn read_all(&self) -> Result<Vec<u8>, ShardError> {
+        fs::read(&self.path).map_err(|e| io("read", &self.path, e))
+    }
+
+    /// Releases the lease and marks the shard consumed (the same as dropping it).
+    pub fn release(self) {}
+}
+
+impl Drop for CachedShard {
+    fn drop(&mut self) {
+        match self.cache.lock_index() {
+            Ok(mut l) => {
+                let tick = l.index.tick();
+                if let Some(e) = l.index.entries.get_mut(&self.key) {
+                    e.done = true;
+                    e.last_used = tick;
+                }
+                if let Err(e) = self.cache.save(&l) {
+                    tracing::warn!(target: TARGET, error = %e, "cannot mark a shard consumed");
+                }
+            }
+            Err(e) => tracing::warn!(target: TARGET, error = %e, "cannot mark a shard consumed"),
+        }
+        // Unlocks the lease, after the index says the shard is consumed.
+        drop(self.file.take());
+    }
+}
+
+fn io(op: &'static str, path: &Path, source: std::io::Error) -> ShardError {
+    ShardError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl ShardCache {
+    /// Opens (creating) the cache directory for a job's shards: checks the budget holds the
+    /// largest shard, reuses the complete shards already there and deletes temporary files
+    /// left by processes that died.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardError::BudgetTooSmall`] naming the budget and the largest shard's URL and size;
+    /// [`ShardError::Io`] for the directory.
+    pub fn open(
+        config: CacheConfig,
+        store: ShardStore,
+        shards: &ShardList,
+    ) -> Result<Self, ShardError> {
+        if let Some(largest) = shards.largest()
+            && largest.size > config.budget_bytes
+        {
+            return Err(ShardError::BudgetTooSmall {
+                budget: config.budget_bytes,
+                url: largest.url.clone(),
+                shard_size: largest.size,
+            });
+        }
+        for sub in ["data", "tmp", "slots"] {
+            let d = config.dir.join(sub);
+            fs::create_dir_all(&d).map_err(|e| io("create", &d, e))?;
+        }
+        let cache = Self {
+            inner: Arc::new(Inner {
+                config: CacheConfig {
+                    max_concurrent_downloads: config.max_concurrent_downloads.max(1),
+                    ..config
+                },
+                store,
+                prefetch: Arc::default(),
+                hits: AtomicU64::new(0),
+                downloads: AtomicU64::new(0),
+                downloaded_bytes: AtomicU64::new(0),
+                evictions: AtomicU64::new(0),
+                waits: AtomicU64::new(0),
+            }),
+        };
+        cache.inner.reconcile()?;
+        Ok(cache)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CacheConfig {
+        &self.inner.config
+    }
+
+    /// This handle's counters.
+    pub fn stats(&self) -> CacheStats {
+        let i = &self.inner;
+        CacheStats {
+            hits: i.hits.load(Ordering::Relaxed),
+            downloads: i.downloads.load(Ordering::Relaxed),
+            downloaded_bytes: i.downloaded_bytes.load(Ordering::Relaxed),
+            evictions: i.evictions.load(Ordering::Relaxed),
+            waits: i.waits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The directory's state, node-wide.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardError::Io`] for the index.
+    pub fn usage(&self) -> Result<CacheUsage, ShardError> {
+        let l = self.inner.lock_index()?;
+        Ok(self.inner.usage(&l.index))
+    }
+
+    /// The shard on local disk, leased: from the cache, after another process's download of
+    /// it, or downloaded now (evicting unleased shards, least recently used and consumed
+    /// first, to make room). Blocks until then.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardError::BudgetTooSmall`] for a shard larger than the budget;
+    /// [`ShardError::CacheFull`] when no room came within the wait limit; the download's
+    /// errors ([`ShardError::Fetch`], …); [`ShardError::Io`].
+    pub fn get(&self, shard: &ShardInfo) -> Result<CachedShard, ShardError> {
+        let inner = &self.inner;
+        if shard.size > inner.config.budget_bytes {
+            return Err(ShardError::BudgetTooSmall {
+                budget: inner.config.budget_bytes,
+                url: shard.url.clone(),
+                shard_size: shard.size,
+            });
+        }
+        let key = key_for(&shard.url);
+        let start = Instant::now();
+        let mut nap = Duration::from_millis(2);
+        loop {
+            let mut l = inner.lock_index()?;
+            match l.index.entries.get(&key).cloned() {
+                Some(e) if e.downloading.is_none() => {
+                    let same = e.size == shard.size
+                        && (e.url.is_empty() || e.url == shard.url)
+                        && !matches!((&e.etag, &shard.etag), (Some(a), Some(b)) if a != b);
+                    if same {
+                        if let Some(lease) = inner.lease(&mut l, &key, shard)? {
+                            inner.hits.fetch_add(1, Ordering::Relaxed);
+                            return Ok(lease);
+                        }
+                        continue; // the file was gone; the entry is dropped
+                    }
+                    // Another version of the object: replace it once no reader holds it.
+                    if !inner.try_evict(&mut l, &key)? {
+                        drop(l);
+                        inner.wait_or_fail(shard, start, &mut nap)?;
+                    }
+                }
+                Some(e) => {
+                    // Another download of it is running: wait for it, then look again.
+                    drop(l);
+                    inner.waits.fetch_add(1, Ordering::Relaxed);
+                    let temp = inner
+                        .config
+                        .dir
+                        .join("tmp")
+                        .join(e.downloading.unwrap_or_default());
+                    if let Ok(f) = File::open(&temp) {
+                        if f.try_lock_shared().is_ok() {
+                            inner.reclaim_if_stale(&key)?;
+                        } else {
+                            let _ = f.lock_shared();
+                        }
+                    }
+                }
+                None => {
+                    if let Some(reserved) = inner.reserve(&mut l, &key, shard, false)? {
+                        drop(l);
+                        return inner
+                            .download(reserved, shard, true)
+                            .map(|lease| lease.expect("a lease was asked for"));
+                    }
+                    drop(l);
+                    inner.wait_or_fail(shard, start, &mut nap)?;
+                }
+            }
+        }
+    }
+
+    /// Downloads, in the background, the shards the caller will read next, in this order,
+    /// while they fit without evicting shards that are not yet consumed. Replaces the previous
+    /// prefetch order; call it again as reading moves on. Errors are logged (a later `get`
+    /// of the shard reports them).
+    pub fn prefetch(&self, upcoming: &[ShardInfo]) {
+        let (state, cond) = &*self.inner.prefetch;
+        let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+        s.queue = upcoming.iter().cloned().collect();
+        let pid = std::process::id();
+        if s.threads_pid != Some(pid) {
+            s.threads_pid = Some(pid);
+            let n = self.inner.config.max_concurrent_downloads.min(4);
+            for i in 0..n {
+                let weak = Arc::downgrade(&self.inner);
+                let shared = Arc::clone(&self.inner.prefetch);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("longshore-prefetch-{i}"))
+                    .spawn(move || prefetch_thread(&weak, &shared));
+                if let Err(e) = spawned {
+                    tracing::warn!(target: TARGET, error = %e, "cannot start a prefetch thread");
+                }
+            }
+        }
+        cond.notify_all();
+    }
+}
+
+/// A prefetch thread: takes the next shard and reserves its room while holding the queue,
+/// so that the threads reserve in the caller's order, then downloads it.
+fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
+    let (state, cond) = shared;
+    loop {
+        let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+        let next = loop {
+            if s.shutdown {
+                return;
+            }
+            if let Some(n) = s.queue.pop_front() {
+                break n;
+            }
+            s = cond.wait(s).unwrap_or_else(|p| p.into_inner());
+        };
+        let Some(inner) = cache.upgrade() else { return };
+        let reserved = match inner.prefetch_reserve(&next) {
+            Ok(Some(Some(r))) => r,
+            Ok(Some(None)) => continue, // present, or being downloaded
+            Ok(None) => {
+                tracing::debug!(target: TARGET, url = %next.url, "prefetch stops: no room");
+                s.queue.clear();
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(target: TARGET, url = %next.url, error = %e, "prefetch failed");
+                continue;
+            }
+        };
+        drop(s);
+        if let Err(e) = inner.download(reserved, &next, false) {
+            tracing::warn!(target: TARGET, url = %next.url, error = %e, "prefetch failed");
+        }
+    }
+}
+
+/// A reservation: the temporary file, locked exclusively while the download runs.
+struct Reserved {
+    key: String,
+    temp: PathBuf,
+    file: File,
+}
+
+impl Inner {
+    fn data_path(&self, key: &str) -> PathBuf {
+        self.config.dir.join("data").join(key)
+    }
+
+    fn usage(&self, index: &Index) -> CacheUsage {
+        let mut u = CacheUsage {
+            budget_bytes: self.config.budget_bytes,
+            ..CacheUsage::default()
+        };
+        for (key, e) in &index.entries {
+            if e.downloading.is_some() {
+                u.reserved_bytes += e.size;
+                continue;
+            }
+            u.complete_bytes += e.size;
+            u.shards += 1;
+            let leased = File::open(self.data_path(key))
+                .is_ok_and(|f| matches!(f.try_lock(), Err(TryLockError::WouldBlock)));
+            if leased {
+                u.leased_bytes += e.size;
+            }
+        }
+        u
+    }
+
+    /// Opens a complete shard and takes a lease on it; `None` if its file is gone.
+    fn lease(
+        self: &Arc<Self>,
+        l: &mut Locked,
+        key: &str,
+        shard: &ShardInfo,
+    ) -> Result<Option<CachedShard>, ShardError> {
+        let path = self.data_path(key);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                l.index.entries.remove(key);
+                self.save(l)?;
+                return Ok(None);
+            }
+            Err(e) => return Err(io("open", &path, e)),
+        };
+        // Evictions hold the index lock, as this does: a shared lock is granted at once.
+        file.lock_shared().map_err(|e| io("lock", &path, e))?;
+        let tick = l.index.tick();
+        if let Some(e) = l.index.entries.get_mut(key) {
+            e.last_used = tick;
+            e.url.clone_from(&shard.url);
+        }
+        self.save(l)?;
+        Ok(Some(CachedShard {
+            cache: Arc::clone(self),
+            key: key.to_owned(),
+            path,
+            file: Some(file),
+            info: shard.clone(),
+        }))
+    }
+
+    /// Evicts one shard if no reader holds it; `true` if it is gone.
+    fn try_evict(&self, l: &mut Locked, key: &str) -> Result<bool, ShardError> {
+        let path = self.data_path(key);
+        match File::open(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("open", &path, e)),
+            Ok(f) => match f.try_lock() {
+                Ok(()) => fs::remove_file(&path).map_err(|e| io("remove", &path, e))?,
+                Err(TryLockError::WouldBlock) => return Ok(false),
+                Err(TryLockError::Error(e)) => return Err(io("lock", &path, e)),
+            },
+        }
+        if let Some(e) = l.index.entries.remove(key) {
+            tracing::debug!(target: TARGET, url = %e.url, bytes = e.size, "evicted");
+        }
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        self.save(l)?;
+        Ok(true)
+    }
+
+    /// Evicts unleased shards (consumed first, then least recently used; only consumed ones
+    /// if `only_done`) until `need` more bytes fit, and reserves them with a new locked
+    /// temporary file. `None` if they do not fit.
+    fn reserve(
+        &self,
+        l: &mut Locked,
+        key: &str,
+        shard: &ShardInfo,
+        only_done: bool,
+    ) -> Result<Option<Reserved>, ShardError> {
+        let budget = self.config.budget_bytes;
+        if l.index.used() + shard.size > budget {
+            let mut victims: Vec<(bool, u64, String)> = l
+                .index
+                .entries
+                .iter()
+                .filter(|(_, e)| e.downloading.is_none() && (e.done || !only_done))
+                .map(|(k, e)| (!e.done, e.last_used, k.clone()))
+                .collect();
+            victims.sort();
+            for (_, _, victim) in victims {
+                if l.index.used() + shard.size <= budget {
+                    break;
+                }
+                self.try_evict(l, &victim)?;
+            }
+        }
+        if l.index.used() + shard.size > budget {
+            return Ok(None);
+        }
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{key}.{}.{n}.part", std::process::id());
+        let temp = self.config.dir.join("tmp").join(&name);
+        let file = File::create_new(&temp).map_err(|e| io("create", &temp, e))?;
+        file.lock().map_err(|e| io("lock", &temp, e))?;
+        let last_used = l.index.tick();
+        l.index.entries.insert(
+            key.to_owned(),
+            Entry {
+                url: shard.url.clone(),
+                size: shard.size,
+                etag: shard.etag.clone(),
+                last_used,
+                done: false,
+                downloading: Some(name),
+            },
+        );
+        self.save(l)?;
+        Ok(Some(Reserved {
+            key: key.to_owned(),
+            temp,
+            file,
+        }))
+    }
+
+    /// Runs a reserved download (within a download slot) and publishes the shard; with
+    /// `lease`, returns it leased.
+    fn download(
+        self: &Arc<Self>,
+        r: Reserved,
+        shard: &ShardInfo,
+        lease: bool,
+    ) -> Result<Option<CachedShard>, ShardError> {
+        let result = {
+            let _slot = self.download_slot()?;
+            tracing::debug!(target: TARGET, url = %shard.url, bytes = shard.size, "downloading");
+            self.store.download(shard, &r.temp)
+        };
+        let mut l = self.lock_index()?;
+        let report = match result {
+            Ok(report) => report,
+            Err(e) => {
+                l.index.entries.remove(&r.key);
+                let _ = fs::remove_file(&r.temp);
+                self.save(&l)?;
+                return Err(e);
+            }
+        };
+        let data = self.data_path(&r.key);
+        fs::rename(&r.temp, &data).map_err(|e| io("rename", &data, e))?;
+        if let Some(e) = l.index.entries.get_mut(&r.key) {
+            e.downloading = None;
+            e.etag = report.etag.or_else(|| shard.etag.clone());
+        }
+        self.save(&l)?;
+        drop(r.file); // waiters wake, and find the shard complete once the index is unlocked
+        self.downloads.fetch_add(1, Ordering::Relaxed);
+        self.downloaded_bytes
+            .fetch_add(report.bytes, Ordering::Relaxed);
+        if lease {
+            return self.lease(&mut l, &r.key, shard);
+        }
+        Ok(None)
+    }
+
+    /// Reserves room for a shard to prefetch, evicting only consumed shards: `None` if it
+    /// does not fit, `Some(None)` if it is present or being downloaded.
+    fn prefetch_reserve(&self, shard: &ShardInfo) -> Result<Option<Option<Reserved>>, ShardError> {
+        if shard.size > self.config.budget_bytes {
+            return Ok(None);
+        }
+        let key = key_for(&shard.url);
+        let mut l = self.lock_index()?;
+        if l.index.entries.contains_key(&key) {
+            return Ok(Some(None));
+        }
+        Ok(self.reserve(&mut l, &key, shard, true)?.map(Some))
+    }
+
+    /// Deletes a download's reservation whose writer died.
+    fn reclaim_if_stale(&self, key: &str) -> Result<(), ShardError> {
+        let mut l = self.lock_index()?;
+        let Some(temp) = l.index.entries.get(key).and_then(|e| e.downloading.clone()) else {
+            return Ok(());
+        };
+        let path = self.config.dir.join("tmp").join(&temp);
+        if writer_gone(&path) {
+            tracing::info!(target: TARGET, temp = %temp, "reclaiming a dead download");
+            let _ = fs::remove_file(&path);
+            l.index.entries.remove(key);
+            self.save(&l)?;
+        }
+        Ok(())
+    }
+
+    /// Sleeps before the next look for room, or fails after the wait limit.
+    fn wait_or_fail(
+        &self,
+        shard: &ShardInfo,
+        start: Instant,
+        nap: &mut Duration,
+    ) -> Result<(), ShardError> {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        if start.elapsed() >= self.config.wait_timeout {
+            let l = self.lock_index()?;
+            let u = self.usage(&l.index);
+            return Err(ShardError::CacheFull {
+                url: shard.url.clone(),
+                needed: shard.size,
+                budget: self.config.budget_bytes,
+                leased: u.leased_bytes,
+                reserved: u.reserved_bytes,
+                waited: start.elapsed(),
+            });
+        }
+        std::thread::sleep(*nap);
+        *nap = (*nap * 2).min(Duration::from_millis(200));
+        Ok(())
+    }
+
+    /// Takes one of the node's download slots (a lock file), waiting for one if all are
+    /// taken. The slot is held until the returned file is dropped.
+    fn download_slot(&self) -> Result<File, ShardError> {
+        let n = self.config.max_concurrent_downloads;
+        let first = (TEMP_COUNTER.fetch_add(1, Ordering::Relaxed) as usize) % n;
+        let open = |i: usize| {
+            let p = self.config.dir.join("slots").join(format!("{i}.lock"));
+            OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&p)
+                .map_err(|e| io("open", &p, e))
+                .map(|f| (f, p))
+        };
+        for i in (0..n).map(|k| (first + k) % n) {
+            let (f, p) = open(i)?;
+            match f.try_lock() {
+                Ok(()) => return Ok(f),
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Error(e)) => return Err(io("lock", &p, e)),
+            }
+        }
+        let (f, p) = open(first)?;
+        f.lock().map_err(|e| io("lock", &p, e))?;
+        Ok(f)
+    }
+}
