@@ -11,10 +11,14 @@
 //! - [`order`]: the global sample order, its partition over ranks and workers, and resume.
 //! - [`webdataset`]: WebDataset tar shards (reader and writer).
 //! - [`mds`]: MosaicML MDS shards (reader, and a writer byte-identical to Streaming's).
+//! - [`dataset`]: [`ShardedDataset`](dataset::ShardedDataset), the loader's iterable dataset
+//!   over shards in object storage: resolved once per job, read through the cache, exactly
+//!   resumable.
 //! - [`error`]: the crate's errors.
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod dataset;
 pub mod error;
 pub mod mds;
 pub mod order;

@@ -77,6 +77,9 @@ pub struct FaultRates {
     pub timeout: f64,
     /// A body cut at a uniformly drawn byte (requests with a body only).
     pub cut_body: f64,
+    /// A body that stalls (never ends) at a uniformly drawn byte (requests with a body only):
+    /// the reader's stall timeout must notice it.
+    pub stall_body: f64,
 }
 
 /// Counts of the requests a [`FaultyStore`] saw.
@@ -220,6 +223,7 @@ impl FaultyStore {
                     r.server_error + r.slow_down,
                     r.server_error + r.slow_down + r.timeout,
                     r.server_error + r.slow_down + r.timeout + r.cut_body,
+                    r.server_error + r.slow_down + r.timeout + r.cut_body + r.stall_body,
                 ];
                 if u < edges[0] {
                     let f = if splitmix(state) & 1 == 0 {
@@ -235,6 +239,9 @@ impl FaultyStore {
                 } else if u < edges[3] {
                     let at = splitmix(state) % 1_000_000;
                     Some((Fault::CutBody { after: 0 }, Some(at)))
+                } else if u < edges[4] {
+                    let at = splitmix(state) % 1_000_000;
+                    Some((Fault::StallBody { after: 0 }, Some(at)))
                 } else {
                     None
                 }
