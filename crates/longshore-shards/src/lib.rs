@@ -14,6 +14,8 @@
 //! - [`dataset`]: [`ShardedDataset`](dataset::ShardedDataset), the loader's iterable dataset
 //!   over shards in object storage: resolved once per job, read through the cache, exactly
 //!   resumable.
+//! - [`vision`] (feature `vision`): WebDataset image shards decoded and transformed by
+//!   longshore-vision into the `(image, label)` samples of its `ImageFolder`.
 //! - [`error`]: the crate's errors.
 #![forbid(unsafe_code)]
 
@@ -24,6 +26,8 @@ pub mod mds;
 pub mod order;
 pub mod store;
 pub mod url;
+#[cfg(feature = "vision")]
+pub mod vision;
 pub mod webdataset;
 
 pub use error::ShardError;
