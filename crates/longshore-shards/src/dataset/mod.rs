@@ -86,7 +86,9 @@
 //!
 //! # Items and errors
 //!
-//! Items are [`ShardSample`]s: the fields' bytes, the [`SampleId`](crate::order::SampleId),
+//! Items are [`ShardSample`]s (turn them into the loader's items with
+//! [`decode_with`](ShardedDataset::decode_with), or for images the `vision` module, feature
+//! `vision`): the fields' bytes, the [`SampleId`](crate::order::SampleId),
 //! the per-sample seed ([`crate::order::sample_seed`]) for reproducible augmentation, and
 //! [`pad`](ShardSample::pad) marking padding repeats. A sample that cannot be read (a
 //! download that failed for good, a damaged tar, a field required with
@@ -137,10 +139,12 @@ use crate::mds::Columns;
 use crate::order::{EpochOrder, EpochPlan, Layout, OrderConfig, ResumeState};
 use crate::store::ShardStore;
 
+mod decoded;
 mod reader;
 mod sample;
 mod spec;
 
+pub use decoded::Decoded;
 pub use sample::ShardSample;
 pub use spec::{CountSource, DatasetSpec, ShardFormat};
 
