@@ -137,11 +137,18 @@ fn generated_shards(args: &Args) -> Result<String> {
     let index = match ShardIndex::read(out.join("shard-index.json")) {
         Ok(index) => index,
         Err(_) => {
-            println!("packing {} into shards in {}", folder.display(), out.display());
+            println!(
+                "packing {} into shards in {}",
+                folder.display(),
+                out.display()
+            );
             pack_image_folder(&folder, &out, args.shard_bytes, Some(0))?
         }
     };
-    ensure!(!index.shardlist.is_empty(), "the folder packed into no shard");
+    ensure!(
+        !index.shardlist.is_empty(),
+        "the folder packed into no shard"
+    );
     Ok(format!(
         "{}/shard-{{000000..{:06}}}.tar",
         out.display(),
@@ -177,7 +184,10 @@ fn main() -> Result<()> {
         t0.elapsed(),
         shards.cache().config().dir.display()
     );
-    let train = ImageShards::new(shards.clone(), Compose::train(args.size, Output::imagenet()));
+    let train = ImageShards::new(
+        shards.clone(),
+        Compose::train(args.size, Output::imagenet()),
+    );
     let loader = DataLoader::iterable(train)
         .batch_size(shards.batch_size())
         .drop_last(shards.drop_last())

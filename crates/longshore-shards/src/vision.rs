@@ -39,7 +39,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use longshore_data::rng::epoch_rng;
-use longshore_data::{DataError, IterableDataset, ItemIter, Tensor, WorkerInfo};
+use longshore_data::{DataError, ItemIter, IterableDataset, Tensor, WorkerInfo};
 use longshore_vision::{Compose, DecodeOptions};
 
 use crate::ShardError;

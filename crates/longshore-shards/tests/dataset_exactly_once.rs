@@ -159,11 +159,18 @@ impl Faulty {
     /// Listings answered (a listing failed by an injected fault is retried: one operation).
     fn lists(&self) -> u64 {
         let w = self.wrappers.lock().unwrap();
-        w.iter().map(|f| f.stats().lists - f.stats().failed_lists).sum()
+        w.iter()
+            .map(|f| f.stats().lists - f.stats().failed_lists)
+            .sum()
     }
 
     fn injected(&self) -> u64 {
-        self.wrappers.lock().unwrap().iter().map(|f| f.stats().injected).sum()
+        self.wrappers
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| f.stats().injected)
+            .sum()
     }
 }
 
@@ -179,8 +186,7 @@ fn run_ranks(datasets: &[ShardedDataset], workers: usize, take: Option<usize>) -
                 r.join()
                     .unwrap()
                     .into_iter()
-                    .map(|b| b.unwrap_or_else(|e| panic!("a batch failed: {e}")))
-                    .flatten()
+                    .flat_map(|b| b.unwrap_or_else(|e| panic!("a batch failed: {e}")))
                     .collect()
             })
             .collect()
@@ -194,7 +200,10 @@ fn check_once(seen: &[Seen], want: &[u64], pads: u64, what: &str) {
     assert_eq!(real, want, "{what}: samples delivered");
     let got_pads = seen.iter().filter(|s| s.pad).count() as u64;
     assert_eq!(got_pads, pads, "{what}: padding");
-    assert!(seen.iter().all(|s| s.val == s.global), "{what}: a sample's bytes");
+    assert!(
+        seen.iter().all(|s| s.val == s.global),
+        "{what}: a sample's bytes"
+    );
 }
 
 fn run_case(server: &S3Server, n: u64, c: &Case) {
@@ -203,7 +212,10 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
     let prefix = format!("case{n}");
     for i in 0..c.counts.len() {
         let name = format!("shard-{i:06}.tar");
-        server.put(&format!("{prefix}/{name}"), &std::fs::read(local.path().join(&name)).unwrap());
+        server.put(
+            &format!("{prefix}/{name}"),
+            &std::fs::read(local.path().join(&name)).unwrap(),
+        );
     }
     if c.with_index {
         let index = std::fs::read(local.path().join("shard-index.json")).unwrap();
@@ -310,7 +322,10 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
             let rest = run_ranks(&resumed, c.workers2, None);
             let rest_plan = resumed[0].plan().unwrap();
             let rest_per_rank = rest_plan.samples_per_rank() as usize;
-            assert!(rest.iter().all(|r| r.len() == rest_per_rank), "equal ranks after resume");
+            assert!(
+                rest.iter().all(|r| r.len() == rest_per_rank),
+                "equal ranks after resume"
+            );
             // What should have been delivered: the uninterrupted plan's first k batches per
             // rank, then the resumed plan's samples.
             let order = Arc::new(EpochOrder::new(&c.counts, ranks[0].order_config(), 1).unwrap());
@@ -329,21 +344,38 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
                 assert_eq!(delivered, planned, "rank {rank}'s first {k} batches");
                 first_pads += got.iter().filter(|s| s.pad).count() as u64;
             }
-            let everything: Vec<Seen> = taken.into_iter().flatten().chain(rest.into_iter().flatten()).collect();
+            let everything: Vec<Seen> = taken
+                .into_iter()
+                .flatten()
+                .chain(rest.into_iter().flatten())
+                .collect();
             let mut want: Vec<u64> = if c.drop_last {
-                everything.iter().filter(|s| !s.pad).map(|s| s.global).collect()
+                everything
+                    .iter()
+                    .filter(|s| !s.pad)
+                    .map(|s| s.global)
+                    .collect()
             } else {
                 (0..total).collect()
             };
             want.sort_unstable();
-            check_once(&everything, &want, first_pads + rest_plan.padding(), "resumed epoch 1");
+            check_once(
+                &everything,
+                &want,
+                first_pads + rest_plan.padding(),
+                "resumed epoch 1",
+            );
             if c.drop_last {
                 // Nothing twice, and only what drop_last leaves out is missing.
                 let dropped = total - want.len() as u64;
                 assert!(dropped < (c.world2 * c.batch_size) as u64 + (WORLD * c.batch_size) as u64);
             }
             assert_eq!(faulty.lists(), 1, "workers and resumed ranks never list");
-            let stats: Vec<_> = ranks.iter().chain(&resumed).map(|d| d.cache().stats()).collect();
+            let stats: Vec<_> = ranks
+                .iter()
+                .chain(&resumed)
+                .map(|d| d.cache().stats())
+                .collect();
             eprintln!(
                 "  budget {} shards, prefetch {}, block {}, batch {}: downloads {}, evictions {}, waits {}, faults {}, hits {} on disk {:?}",
                 c.budget_shards,
@@ -366,7 +398,10 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
         }
     });
     let peak = peak.load(Ordering::Relaxed);
-    assert!(peak <= budget, "the cache held {peak} bytes, its budget is {budget}");
+    assert!(
+        peak <= budget,
+        "the cache held {peak} bytes, its budget is {budget}"
+    );
     assert!(faulty.injected() >= 6, "faults were injected");
 }
 
@@ -389,7 +424,12 @@ fn every_sample_once_across_ranks_faults_and_an_elastic_resume() {
             let i = n.fetch_add(1, Ordering::Relaxed);
             let t = std::time::Instant::now();
             run_case(&server, i, &c);
-            eprintln!("case {i}: {:?} ({} samples) in {:?}", c.counts, c.counts.iter().sum::<u64>(), t.elapsed());
+            eprintln!(
+                "case {i}: {:?} ({} samples) in {:?}",
+                c.counts,
+                c.counts.iter().sum::<u64>(),
+                t.elapsed()
+            );
             Ok(())
         })
         .unwrap();

@@ -30,15 +30,13 @@ fn building_starts_no_runtime_and_the_first_read_does() {
     // Without the index: building downloads (copies) and scans every shard, through the
     // store and its runtime.
     std::fs::remove_file(dir.path().join("shard-index.json")).unwrap();
-    let ds = ShardedDataset::webdataset([support::data::pattern(
-        &dir.path().display().to_string(),
-        3,
-    )])
-    .cache_dir(dir.path().join("cache"))
-    .rank(0)
-    .world_size(1)
-    .build()
-    .unwrap();
+    let ds =
+        ShardedDataset::webdataset([support::data::pattern(&dir.path().display().to_string(), 3)])
+            .cache_dir(dir.path().join("cache"))
+            .rank(0)
+            .world_size(1)
+            .build()
+            .unwrap();
     let after_build = thread_names().unwrap();
     assert_eq!(
         after_build.len(),
@@ -48,10 +46,7 @@ fn building_starts_no_runtime_and_the_first_read_does() {
     assert!(!after_build.iter().any(|n| n.starts_with("longshore")));
 
     // A worker's first read starts the store runtime (and the cache's prefetch threads).
-    let n = ds
-        .iter(WorkerInfo::single(0))
-        .map(Result::unwrap)
-        .count();
+    let n = ds.iter(WorkerInfo::single(0)).map(Result::unwrap).count();
     assert_eq!(n, 18);
     let after_read = thread_names().unwrap();
     assert!(

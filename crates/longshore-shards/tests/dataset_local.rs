@@ -178,9 +178,17 @@ fn resume_on_the_same_and_other_layouts() {
         for rank in 0..2 {
             let ds = make(rank, 2, 3);
             ds.set_epoch(2);
-            delivered.extend(flat(run_rank(&ds, 3, Some(2), SampleErrorPolicy::FailBatch)));
+            delivered.extend(flat(run_rank(
+                &ds,
+                3,
+                Some(2),
+                SampleErrorPolicy::FailBatch,
+            )));
             let s = ds.state_dict(2).unwrap();
-            assert!(state.as_ref().is_none_or(|t| *t == s), "every rank's state is the same");
+            assert!(
+                state.as_ref().is_none_or(|t| *t == s),
+                "every rank's state is the same"
+            );
             state = Some(s);
         }
         let state: ResumeState =
@@ -194,11 +202,23 @@ fn resume_on_the_same_and_other_layouts() {
             pads += rest.iter().filter(|s| s.pad).count() as u64;
             delivered.extend(rest);
             // The resumed epoch's samples keep their epoch's seeds.
-            assert!(delivered.iter().all(|s| s.seed == sample_seed(11, 2, s.global)));
+            assert!(
+                delivered
+                    .iter()
+                    .all(|s| s.seed == sample_seed(11, 2, s.global))
+            );
         }
-        let mut real: Vec<u64> = delivered.iter().filter(|s| !s.pad).map(|s| s.global).collect();
+        let mut real: Vec<u64> = delivered
+            .iter()
+            .filter(|s| !s.pad)
+            .map(|s| s.global)
+            .collect();
         real.sort_unstable();
-        assert_eq!(real, (0..45).collect::<Vec<_>>(), "to {world2} ranks x {workers2}");
+        assert_eq!(
+            real,
+            (0..45).collect::<Vec<_>>(),
+            "to {world2} ranks x {workers2}"
+        );
         let ds = make(0, world2, workers2);
         ds.load_state_dict(&state).unwrap();
         assert_eq!(pads, ds.plan().unwrap().padding());
@@ -239,7 +259,9 @@ fn a_damaged_shard_names_the_shard_the_member_and_the_offset() {
     let first = COUNTS[..3].iter().sum::<u64>();
     let mut ids: Vec<u64> = seen.iter().map(|s| s.global).collect();
     ids.sort_unstable();
-    let want: Vec<u64> = (0..45).filter(|g| !(first + 4..first + 13).contains(g)).collect();
+    let want: Vec<u64> = (0..45)
+        .filter(|g| !(first + 4..first + 13).contains(g))
+        .collect();
     assert_eq!(ids, want);
     // FailBatch: the error names the shard and the byte offset of the damage.
     let batches = run_rank(&ds, 1, None, SampleErrorPolicy::FailBatch);
@@ -248,7 +270,13 @@ fn a_damaged_shard_names_the_shard_the_member_and_the_offset() {
     let e = errors[0];
     assert!(e.contains("shard-000003.tar"), "{e}");
     // The reader stops after the damaged 512-byte header.
-    let offset: usize = e.rsplit("at byte ").next().unwrap().trim_end_matches(')').parse().unwrap();
+    let offset: usize = e
+        .rsplit("at byte ")
+        .next()
+        .unwrap()
+        .trim_end_matches(')')
+        .parse()
+        .unwrap();
     assert!((at..=at + 512).contains(&offset), "{e}");
     assert!(e.contains("checksum"), "{e}");
     assert!(e.contains("reading sample"), "{e}");
@@ -285,17 +313,24 @@ fn a_loader_with_other_workers_than_built_for_is_refused() {
     assert!(!batches.is_empty());
     for b in batches {
         let e = b.unwrap_err();
-        assert!(e.contains("the loader runs 2 workers, the dataset was built for 3"), "{e}");
+        assert!(
+            e.contains("the loader runs 2 workers, the dataset was built for 3"),
+            "{e}"
+        );
     }
 }
 
 #[test]
 fn mds_samples_by_column() {
     let dir = tempfile::tempdir().unwrap();
-    let mut w = MdsWriter::new(dir.path(), &[("label", "int"), ("text", "str")], Some(300)).unwrap();
+    let mut w =
+        MdsWriter::new(dir.path(), &[("label", "int"), ("text", "str")], Some(300)).unwrap();
     for i in 0..30i64 {
-        w.write(&[("label", Value::Int(i)), ("text", Value::Str(format!("t{i}")))])
-            .unwrap();
+        w.write(&[
+            ("label", Value::Int(i)),
+            ("text", Value::Str(format!("t{i}"))),
+        ])
+        .unwrap();
     }
     let index = w.finish().unwrap();
     assert!(index.shards.len() > 2, "several shards");
@@ -329,4 +364,33 @@ fn mds_samples_by_column() {
     }
     assert_eq!(seen.len(), 30);
     assert!(seen.iter().all(|(l, g)| *l as u64 == *g));
+}
+
+#[test]
+fn decode_with_errors_name_the_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &COUNTS[..2]);
+    let ds = builder(dir.path(), 2)
+        .rank(0)
+        .world_size(1)
+        .build()
+        .unwrap();
+    let labels = ds
+        .clone()
+        .decode_with(|s| Ok((s.sample.int("val")?, u8::from(s.pad))));
+    let mut vals: Vec<i64> = labels
+        .iter(WorkerInfo::single(0))
+        .map(|r| r.unwrap().0)
+        .collect();
+    vals.sort_unstable();
+    assert_eq!(vals, (0..13).collect::<Vec<i64>>());
+    let broken = ds.decode_with(|s| Ok(s.sample.int("bin")?));
+    let e = broken
+        .iter(WorkerInfo::single(0))
+        .next()
+        .unwrap()
+        .unwrap_err();
+    let e = support::data::chain(&e);
+    assert!(e.starts_with("decoding sample "), "{e}");
+    assert!(e.contains("shard-00000") && e.contains("is not"), "{e}");
 }

@@ -106,8 +106,11 @@ fn an_undecodable_image_is_named_by_shard_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bad");
     let mut w = longshore_shards::webdataset::ShardWriter::new(&out, 1 << 20).unwrap();
-    w.write("cat/0001", &[("jpg", b"\xff\xd8 not a jpeg"), ("cls", b"1")])
-        .unwrap();
+    w.write(
+        "cat/0001",
+        &[("jpg", b"\xff\xd8 not a jpeg"), ("cls", b"1")],
+    )
+    .unwrap();
     w.finish().unwrap();
     let ds = ShardedDataset::webdataset([format!("{}/shard-000000.tar", out.display())])
         .cache_dir(dir.path().join("cache"))
@@ -116,7 +119,11 @@ fn an_undecodable_image_is_named_by_shard_and_key() {
         .build()
         .unwrap();
     let shards = ImageShards::new(ds, Compose::train(16, Output::imagenet()));
-    let err = shards.iter(WorkerInfo::single(0)).next().unwrap().unwrap_err();
+    let err = shards
+        .iter(WorkerInfo::single(0))
+        .next()
+        .unwrap()
+        .unwrap_err();
     let text = err.to_string();
     assert!(text.contains("shard-000000.tar#cat/0001.jpg"), "{text}");
 }

@@ -95,11 +95,14 @@ fn shards_paths_resolve() {
             .build()
             .unwrap();
     let _: Option<DatasetSpec> = Some(ds.spec().clone());
-    let loader = DataLoader::iterable(ds.clone().map(|s: ShardSample| (s.sample.int("cls").unwrap(), sample_seed(0, 0, s.id.global))))
-        .batch_size(ds.batch_size())
-        .num_workers(2)
-        .build()
-        .unwrap();
+    let loader = DataLoader::iterable(
+        ds.clone()
+            .map(|s: ShardSample| (s.sample.int("cls").unwrap(), sample_seed(0, 0, s.id.global))),
+    )
+    .batch_size(ds.batch_size())
+    .num_workers(2)
+    .build()
+    .unwrap();
     let mut labels: Vec<i64> = Vec::new();
     for b in loader.iter() {
         labels.extend_from_slice(b.unwrap().tensor::<i64>(0).unwrap());

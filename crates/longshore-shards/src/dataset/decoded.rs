@@ -1,6 +1,6 @@
 //! [`Decoded`]: a [`ShardedDataset`] whose samples a function turns into the loader's items.
 
-use longshore_data::{DataError, IterableDataset, ItemIter, WorkerInfo};
+use longshore_data::{DataError, ItemIter, IterableDataset, WorkerInfo};
 
 use super::{ShardSample, ShardedDataset};
 

@@ -131,7 +131,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use longshore_data::{DataError, IterableDataset, ItemIter, WorkerInfo};
+use longshore_data::{DataError, ItemIter, IterableDataset, WorkerInfo};
 
 use crate::ShardError;
 use crate::cache::{CacheConfig, ShardCache};

@@ -231,12 +231,22 @@ impl WorkerReader {
         let url = &lease.info().url;
         let index = slot.sample.index;
         let (sample, columns) = match &*layout {
-            Layout::Tar { spans, damage } => {
-                (read_tar(lease, spans, damage.as_ref(), index, self.ds.spec.counts[shard])?, None)
-            }
+            Layout::Tar { spans, damage } => (
+                read_tar(
+                    lease,
+                    spans,
+                    damage.as_ref(),
+                    index,
+                    self.ds.spec.counts[shard],
+                )?,
+                None,
+            ),
             Layout::Mds { head } => {
                 let columns = &self.ds.columns[shard];
-                (read_mds(lease, head, columns, index)?, Some(Arc::clone(columns)))
+                (
+                    read_mds(lease, head, columns, index)?,
+                    Some(Arc::clone(columns)),
+                )
             }
         };
         for name in &self.ds.required {

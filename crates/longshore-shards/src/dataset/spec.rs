@@ -237,7 +237,9 @@ async fn read_small(store: &ShardStore, url: &str) -> Result<Option<Vec<u8>>, Sh
         Err(e) if not_found(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
-    Ok(Some(store.get_range_async(url, 0..info.size).await?.to_vec()))
+    Ok(Some(
+        store.get_range_async(url, 0..info.size).await?.to_vec(),
+    ))
 }
 
 async fn webdataset(
@@ -374,10 +376,12 @@ async fn mds(store: &ShardStore, roots: &[String]) -> Result<DatasetSpec, ShardE
     for root in roots {
         let root = root.trim_end_matches('/');
         let url = join(root, "index.json");
-        let bytes = read_small(store, &url).await?.ok_or_else(|| ShardError::Url {
-            url: url.clone(),
-            reason: "the MDS dataset has no index.json".into(),
-        })?;
+        let bytes = read_small(store, &url)
+            .await?
+            .ok_or_else(|| ShardError::Url {
+                url: url.clone(),
+                reason: "the MDS dataset has no index.json".into(),
+            })?;
         let text = String::from_utf8_lossy(&bytes);
         let index = MdsIndex::from_json(&text)?;
         for info in index.shards {

@@ -31,19 +31,24 @@ pub fn write_shards(dir: &Path, counts: &[u64]) -> ShardIndex {
         for _ in 0..n {
             let val = global.to_string();
             let bin = vec![(global % 251) as u8; 1 + (global % 700) as usize];
-            w.write(&format!("s{global:07}"), &[("val", val.as_bytes()), ("bin", &bin)])
-                .unwrap();
+            w.write(
+                &format!("s{global:07}"),
+                &[("val", val.as_bytes()), ("bin", &bin)],
+            )
+            .unwrap();
             global += 1;
         }
         let name = format!("shard-{i:06}.tar");
         if n == 0 {
             // An empty tar (just the end-of-archive blocks).
             std::fs::write(dir.join(&name), [0u8; 1024]).unwrap();
-            index.shardlist.push(longshore_shards::webdataset::ShardEntry {
-                url: name,
-                nsamples: 0,
-                filesize: Some(1024),
-            });
+            index
+                .shardlist
+                .push(longshore_shards::webdataset::ShardEntry {
+                    url: name,
+                    nsamples: 0,
+                    filesize: Some(1024),
+                });
         } else {
             let written = w.finish().unwrap();
             std::fs::rename(sub.join("shard-000000.tar"), dir.join(&name)).unwrap();
