@@ -29,7 +29,7 @@
 //!     .build()?;
 //! let train = ImageShards::new(shards, Compose::train(32, Output::imagenet()));
 //! let (image, label) = train.iter(WorkerInfo::single(0)).next().unwrap()?;
-//! assert_eq!(image.shape().dims(), &[3, 32, 32]);
+//! assert_eq!(image.shape(), &[3, 32, 32]);
 //! assert!((0..4).contains(&label));
 //! # Ok(())
 //! # }
