@@ -394,3 +394,25 @@ fn decode_with_errors_name_the_sample() {
     assert!(e.starts_with("decoding sample "), "{e}");
     assert!(e.contains("shard-00000") && e.contains("is not"), "{e}");
 }
+
+#[test]
+fn a_loader_without_workers_reads_the_rank_once() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &COUNTS);
+    let ds = builder(dir.path(), COUNTS.len())
+        .rank(1)
+        .world_size(2)
+        .build()
+        .unwrap();
+    let seen = flat(run_rank(&ds, 0, None, SampleErrorPolicy::FailBatch));
+    let planned: Vec<u64> = ds
+        .plan()
+        .unwrap()
+        .rank(1)
+        .unwrap()
+        .batches()
+        .flatten()
+        .map(|s| s.sample.global)
+        .collect();
+    assert_eq!(seen.iter().map(|s| s.global).collect::<Vec<_>>(), planned);
+}

@@ -19,6 +19,11 @@ use crate::webdataset::{Sample, SampleSpan, ShardReader};
 /// 2.5 MiB.
 const MAX_WINDOW: usize = 1 << 16;
 
+/// The fewest slots a worker looks ahead (and the batch size, if larger): a shard whose
+/// samples come back within this many stays leased instead of being released and leased
+/// again (each costs a write of the cache's index).
+const MIN_WINDOW: usize = 256;
+
 /// How a shard's samples are found in its cached file.
 enum Layout {
     /// A tar: each sample's byte span (from a header scan), and the damage that stopped the
@@ -80,7 +85,7 @@ impl WorkerReader {
     fn refill(&mut self) {
         let want_shards = self.ds.prefetch_shards + 1;
         while !self.stream_done
-            && (self.window.len() < self.ds.batch_size
+            && (self.window.len() < self.ds.batch_size.max(MIN_WINDOW)
                 || (self.pending.len() < want_shards && self.window.len() < MAX_WINDOW))
         {
             match self.stream.next() {
