@@ -375,6 +375,35 @@ impl ShardCache {
         }
     }
 
+    /// The shard leased if it is complete on disk now, else `None`: never downloads and never
+    /// waits (for room or for another's download). A reader holding leases asks this first
+    /// and releases them before a blocking [`get`](Self::get), so that readers never wait
+    /// for room while holding it.
+    ///
+    /// # Errors
+    ///
+    /// [`ShardError::Io`] for the index or the file.
+    pub fn get_cached(&self, shard: &ShardInfo) -> Result<Option<CachedShard>, ShardError> {
+        let inner = &self.inner;
+        let key = key_for(&shard.url);
+        let mut l = inner.lock_index()?;
+        let Some(e) = l.index.entries.get(&key) else {
+            return Ok(None);
+        };
+        let same = e.downloading.is_none()
+            && e.size == shard.size
+            && (e.url.is_empty() || e.url == shard.url)
+            && !matches!((&e.etag, &shard.etag), (Some(a), Some(b)) if a != b);
+        if !same {
+            return Ok(None);
+        }
+        let lease = inner.lease(&mut l, &key, shard)?;
+        if lease.is_some() {
+            inner.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(lease)
+    }
+
     /// Downloads, in the background, the shards the caller will read next, in this order,
     /// while they fit without evicting shards that are not yet consumed. Replaces the previous
     /// prefetch order; call it again as reading moves on. Errors are logged (a later `get`

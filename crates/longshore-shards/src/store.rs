@@ -36,9 +36,11 @@
 //! ([`runtime`]) through [`block_on`]. That runtime is created on first use, in the process
 //! that uses it, and records the creating process id: a worker process forked after its parent
 //! built the runtime (whose threads do not survive `fork`) builds its own instead of
-//! deadlocking on the parent's. Create stores and caches before forking if you like (clients
-//! hold no runtime); do the I/O after. The blocking forms refuse to run inside an async runtime
-//! ([`ShardError::Runtime`]): await the `_async` forms there.
+//! deadlocking on the parent's. Clients are likewise per process: a store used in a forked
+//! child builds its own (the inherited ones' pooled connections belong to the parent's
+//! runtime). Create stores and caches before forking if you like; do the I/O after. The
+//! blocking forms refuse to run inside an async runtime ([`ShardError::Runtime`]): await the
+//! `_async` forms there.
 //!
 //! ```
 //! use longshore_shards::store::ShardStore;
@@ -56,6 +58,7 @@
 
 mod download;
 mod fault;
+mod range;
 mod runtime;
 
 pub use download::DownloadReport;
@@ -68,11 +71,9 @@ pub use object_store;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
@@ -238,7 +239,7 @@ fn fetch_error(
 type Wrapper = dyn Fn(&StoreLocation, Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore> + Send + Sync;
 
 /// Builds a [`ShardStore`]; everything not set here comes from the environment.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct ShardStoreBuilder {
     s3_endpoint: Option<String>,
     s3_region: Option<String>,
@@ -331,7 +332,10 @@ impl ShardStoreBuilder {
     pub fn build(self) -> ShardStore {
         ShardStore {
             inner: Arc::new(Inner {
-                clients: Mutex::new(self.stores.clone()),
+                clients: Mutex::new(Clients {
+                    pid: std::process::id(),
+                    map: self.stores.clone(),
+                }),
                 config: self,
             }),
         }
@@ -340,7 +344,13 @@ impl ShardStoreBuilder {
 
 struct Inner {
     config: ShardStoreBuilder,
-    clients: Mutex<HashMap<StoreLocation, Arc<dyn ObjectStore>>>,
+    clients: Mutex<Clients>,
+}
+
+/// The clients built so far, and the process that built them.
+struct Clients {
+    pid: u32,
+    map: HashMap<StoreLocation, Arc<dyn ObjectStore>>,
 }
 
 /// Object stores for shard URLs, one client per bucket, shared by clones of this handle.
@@ -371,6 +381,14 @@ impl ShardStore {
         Self::builder().build()
     }
 
+    /// A store with this one's configuration and none of the clients it built (the stores
+    /// given with [`ShardStoreBuilder::with_store`] are shared): for I/O on a short-lived
+    /// runtime, since a client's pooled connections belong to the runtime they were opened
+    /// on and die with it.
+    pub fn unshared(&self) -> ShardStore {
+        self.inner.config.clone().build()
+    }
+
     /// The retry policy in force.
     pub fn retry_policy(&self) -> RetryPolicy {
         self.inner.config.retry
@@ -385,6 +403,17 @@ impl ShardStore {
     pub fn client(&self, url: &ShardUrl) -> Result<(Arc<dyn ObjectStore>, ObjectPath), ShardError> {
         let path = object_path(url)?;
         let mut clients = self.inner.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let pid = std::process::id();
+        if clients.pid != pid {
+            // Forked: the inherited clients' connections belong to the parent's runtime, whose
+            // threads are not here. Leak them (dropping could wait on those threads) and build
+            // new ones in this process.
+            tracing::debug!(target: TARGET, inherited_pid = clients.pid, pid, "store clients inherited through fork; rebuilding");
+            let stale = std::mem::replace(&mut clients.map, self.inner.config.stores.clone());
+            std::mem::forget(stale);
+            clients.pid = pid;
+        }
+        let clients = &mut clients.map;
         if let Some(c) = clients.get(url.location()) {
             return Ok((Arc::clone(c), path));
         }
@@ -651,44 +680,6 @@ impl ShardStore {
     /// As [`head_async`](Self::head_async), and [`block_on`]'s.
     pub fn head(&self, url: &str) -> Result<ShardInfo, ShardError> {
         block_on(self.head_async(url))?
-    }
-
-    /// The bytes `range` of one object (a range `GET`, retried whole on a cut body).
-    ///
-    /// # Errors
-    ///
-    /// URL errors and [`ShardError::Fetch`] (a range past the end included).
-    pub async fn get_range_async(&self, url: &str, range: Range<u64>) -> Result<Bytes, ShardError> {
-        let u = ShardUrl::parse(url)?;
-        let (store, path) = self.client(&u)?;
-        let want = range.end.saturating_sub(range.start);
-        if want == 0 {
-            return Ok(Bytes::new());
-        }
-        self.retrying("get", &u, || {
-            let (store, path, range) = (Arc::clone(&store), path.clone(), range.clone());
-            async move {
-                let bytes = store.get_range(&path, range).await?;
-                if bytes.len() as u64 != want {
-                    return Err(object_store::Error::Generic {
-                        store: "longshore",
-                        source: format!("range read returned {} of {want} bytes", bytes.len())
-                            .into(),
-                    });
-                }
-                Ok(bytes)
-            }
-        })
-        .await
-    }
-
-    /// [`get_range_async`](Self::get_range_async), blocking.
-    ///
-    /// # Errors
-    ///
-    /// As [`get_range_async`](Self::get_range_async), and [`block_on`]'s.
-    pub fn get_range(&self, url: &str, range: Range<u64>) -> Result<Bytes, ShardError> {
-        block_on(self.get_range_async(url, range))?
     }
 }
 

@@ -192,6 +192,7 @@ fn seeded_faults_never_corrupt_a_download() {
             slow_down: 0.1,
             timeout: 0.05,
             cut_body: 0.4,
+            stall_body: 0.0,
         };
         let (store, slot) = faulty(
             server.store_builder().retry(quick_retries(30)),

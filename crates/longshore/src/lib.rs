@@ -37,6 +37,9 @@
 //! * `vision` (feature `vision`, default): torchvision for longshore — `ImageFolder`, JPEG and
 //!   PNG decoding, `RandomResizedCrop` / `Resize` / `CenterCrop` with torchvision's semantics,
 //!   written straight into the batch buffer.
+//! * `shards` (feature `shards`): WebDataset and MDS shards in object storage as an iterable
+//!   dataset — URL patterns resolved once per job, a node-wide shard cache, a global order
+//!   split equally over ranks and workers, elastic resume.
 //!
 //! # Features
 //!
@@ -46,6 +49,9 @@
 //!   for any executor.
 //! * `vision` (default): `longshore::vision`, the image pipeline (pure Rust: zune-jpeg,
 //!   zune-png, fast_image_resize).
+//! * `shards`: `longshore::shards`, datasets in object storage (S3 and S3-compatible stores,
+//!   GCS, Azure, HTTP, local files, through `object_store`); with `vision`, its
+//!   `shards::vision::ImageShards` decodes image shards with the vision pipelines.
 #![forbid(unsafe_code)]
 
 #[doc(inline)]
@@ -59,6 +65,9 @@ pub use longshore_loader as loader;
 #[cfg(feature = "nvjpeg")]
 #[doc(inline)]
 pub use longshore_nvjpeg as nvjpeg;
+#[cfg(feature = "shards")]
+#[doc(inline)]
+pub use longshore_shards as shards;
 #[cfg(feature = "vision")]
 #[doc(inline)]
 pub use longshore_vision as vision;

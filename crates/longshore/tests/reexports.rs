@@ -69,3 +69,47 @@ fn prelude_builds_a_loader_and_delivers_to_the_cpu_device() {
     }
     assert_eq!(labels, (0..10).collect::<Vec<i64>>());
 }
+
+#[cfg(feature = "shards")]
+#[test]
+fn shards_paths_resolve() {
+    use longshore::data::IterableExt;
+    use longshore::shards::dataset::{DatasetSpec, ShardSample, ShardedDataset};
+    use longshore::shards::order::{ResumeState, sample_seed};
+    use longshore::shards::store::ShardStore;
+    use longshore::shards::webdataset::ShardWriter;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = ShardWriter::new(dir.path(), 1 << 20).unwrap();
+    for i in 0..6u8 {
+        w.write(&format!("k{i}"), &[("cls", &[b'0' + i])]).unwrap();
+    }
+    w.finish().unwrap();
+    let ds: ShardedDataset =
+        ShardedDataset::webdataset([format!("{}/shard-000000.tar", dir.path().display())])
+            .store(ShardStore::from_env())
+            .batch_size(2)
+            .rank(0)
+            .world_size(1)
+            .cache_dir(dir.path().join("cache"))
+            .build()
+            .unwrap();
+    let _: Option<DatasetSpec> = Some(ds.spec().clone());
+    let loader = DataLoader::iterable(
+        ds.clone()
+            .map(|s: ShardSample| (s.sample.int("cls").unwrap(), sample_seed(0, 0, s.id.global))),
+    )
+    .batch_size(ds.batch_size())
+    .num_workers(2)
+    .build()
+    .unwrap();
+    let mut labels: Vec<i64> = Vec::new();
+    for b in loader.iter() {
+        labels.extend_from_slice(b.unwrap().tensor::<i64>(0).unwrap());
+    }
+    labels.sort_unstable();
+    assert_eq!(labels, (0..6).collect::<Vec<i64>>());
+    let _: ResumeState = ds.state_dict(3).unwrap();
+    #[cfg(feature = "vision")]
+    let _: Option<longshore::shards::vision::ImageShards> = None;
+}

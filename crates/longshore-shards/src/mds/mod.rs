@@ -55,7 +55,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ShardError;
 
-mod codec;
+pub(crate) mod codec;
 mod encoding;
 mod pyjson;
 mod shard;

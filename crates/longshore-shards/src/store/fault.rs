@@ -77,6 +77,9 @@ pub struct FaultRates {
     pub timeout: f64,
     /// A body cut at a uniformly drawn byte (requests with a body only).
     pub cut_body: f64,
+    /// A body that stalls (never ends) at a uniformly drawn byte (requests with a body only):
+    /// the reader's stall timeout must notice it.
+    pub stall_body: f64,
 }
 
 /// Counts of the requests a [`FaultyStore`] saw.
@@ -89,6 +92,9 @@ pub struct FaultStats {
     pub heads: u64,
     /// Listings.
     pub lists: u64,
+    /// Listings that failed by an injected fault (`lists - failed_lists` listings were
+    /// answered).
+    pub failed_lists: u64,
     /// Faults injected.
     pub injected: u64,
     /// The most `GET` bodies in flight at once (from request to the body's end or drop).
@@ -122,6 +128,7 @@ pub struct FaultyStore {
     gets: AtomicU64,
     heads: AtomicU64,
     lists: AtomicU64,
+    failed_lists: AtomicU64,
     injected: AtomicU64,
     latency_us: AtomicU64,
     in_flight: std::sync::Arc<(AtomicU64, AtomicU64)>,
@@ -152,6 +159,7 @@ impl FaultyStore {
             gets: AtomicU64::new(0),
             heads: AtomicU64::new(0),
             lists: AtomicU64::new(0),
+            failed_lists: AtomicU64::new(0),
             injected: AtomicU64::new(0),
             latency_us: AtomicU64::new(0),
             in_flight: std::sync::Arc::default(),
@@ -200,6 +208,7 @@ impl FaultyStore {
             gets: self.gets.load(Ordering::Relaxed),
             heads: self.heads.load(Ordering::Relaxed),
             lists: self.lists.load(Ordering::Relaxed),
+            failed_lists: self.failed_lists.load(Ordering::Relaxed),
             injected: self.injected.load(Ordering::Relaxed),
             max_in_flight_gets: self.in_flight.1.load(Ordering::SeqCst),
         }
@@ -220,6 +229,7 @@ impl FaultyStore {
                     r.server_error + r.slow_down,
                     r.server_error + r.slow_down + r.timeout,
                     r.server_error + r.slow_down + r.timeout + r.cut_body,
+                    r.server_error + r.slow_down + r.timeout + r.cut_body + r.stall_body,
                 ];
                 if u < edges[0] {
                     let f = if splitmix(state) & 1 == 0 {
@@ -235,6 +245,9 @@ impl FaultyStore {
                 } else if u < edges[3] {
                     let at = splitmix(state) % 1_000_000;
                     Some((Fault::CutBody { after: 0 }, Some(at)))
+                } else if u < edges[4] {
+                    let at = splitmix(state) % 1_000_000;
+                    Some((Fault::StallBody { after: 0 }, Some(at)))
                 } else {
                     None
                 }
@@ -409,6 +422,7 @@ impl ObjectStore for FaultyStore {
         match self.next_fault(false) {
             None => self.inner.list(prefix),
             Some((f, _)) => {
+                self.failed_lists.fetch_add(1, Ordering::Relaxed);
                 let e = Self::error(f, format!("list {prefix:?}"));
                 futures_util::stream::once(async move { Err(e) }).boxed()
             }
@@ -419,7 +433,10 @@ impl ObjectStore for FaultyStore {
         self.lists.fetch_add(1, Ordering::Relaxed);
         match self.next_fault(false) {
             None => self.inner.list_with_delimiter(prefix).await,
-            Some((f, _)) => Err(Self::error(f, format!("list {prefix:?}"))),
+            Some((f, _)) => {
+                self.failed_lists.fetch_add(1, Ordering::Relaxed);
+                Err(Self::error(f, format!("list {prefix:?}")))
+            }
         }
     }
 

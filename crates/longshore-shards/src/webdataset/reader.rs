@@ -120,17 +120,37 @@ impl<R: Read> ShardReader<R> {
     /// # Errors
     /// As reading the samples would (a truncated tar, a corrupt header, a duplicate field).
     pub fn scan(&mut self) -> Result<Vec<SampleSpan>, ShardError> {
-        let mut members = self.members()?;
+        match self.scan_partial() {
+            (spans, None) => Ok(spans),
+            (_, Some(e)) => Err(e),
+        }
+    }
+
+    /// [`scan`](Self::scan) that keeps what it found before an error: the samples that lie
+    /// wholly before the damage, and the error (naming the shard, member and offset), if
+    /// any. A reader of a damaged shard can still read those samples.
+    pub fn scan_partial(&mut self) -> (Vec<SampleSpan>, Option<ShardError>) {
+        let mut members = match self.members() {
+            Ok(m) => m,
+            Err(e) => return (Vec::new(), Some(e)),
+        };
         let mut spans: Vec<SampleSpan> = Vec::new();
         let mut exts: Vec<String> = Vec::new();
+        let mut error = None;
         while let Some(member) = members.next_member(false) {
-            let Member::Field(f) = member? else {
-                continue;
+            let f = match member {
+                Ok(Member::Field(f)) => f,
+                Ok(Member::Skip) => continue,
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
             };
             match spans.last_mut() {
                 Some(last) if last.key == f.key => {
                     if exts.contains(&f.ext) {
-                        return Err(duplicate(members.shard, last.offset, &f));
+                        error = Some(duplicate(members.shard, last.offset, &f));
+                        break;
                     }
                     last.end = f.end;
                     last.members += 1;
@@ -147,8 +167,12 @@ impl<R: Read> ShardReader<R> {
                 }
             }
         }
-        tracing::debug!(target: "longshore::shards", shard = %self.shard, samples = spans.len(), "scanned shard");
-        Ok(spans)
+        if error.is_some() {
+            // The last sample may have more members in the damaged part: it is not whole.
+            spans.pop();
+        }
+        tracing::debug!(target: "longshore::shards", shard = %self.shard, samples = spans.len(), damaged = error.is_some(), "scanned shard");
+        (spans, error)
     }
 }
 

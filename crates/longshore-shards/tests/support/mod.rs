@@ -109,3 +109,5 @@ pub fn cache_disk_bytes(cache_dir: &Path) -> u64 {
     lock.lock().unwrap();
     dir_bytes(&cache_dir.join("data")) + dir_bytes(&cache_dir.join("tmp"))
 }
+
+pub mod data;

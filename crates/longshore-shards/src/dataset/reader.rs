@@ -1,0 +1,478 @@
+//! One loader worker's stream: the slots of its [`WorkerStream`], read through the node's
+//! shard cache, with the shards it will read next prefetched.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use longshore_data::DataError;
+
+use super::{Inner, ShardFormat, ShardSample, TARGET};
+use crate::ShardError;
+use crate::cache::CachedShard;
+use crate::mds::{Columns, MdsSample, header_len, sample_count, sample_range};
+use crate::order::{Slot, WorkerStream, sample_seed};
+use crate::webdataset::{Sample, SampleSpan, ShardReader};
+
+/// The most slots a worker looks ahead (to find the next shards to prefetch): 64 Ki slots,
+/// 2.5 MiB.
+const MAX_WINDOW: usize = 1 << 16;
+
+/// The fewest slots a worker looks ahead (and the batch size, if larger): a shard whose
+/// samples come back within this many stays leased instead of being released and leased
+/// again (each costs a write of the cache's index).
+const MIN_WINDOW: usize = 256;
+
+/// How a shard's samples are found in its cached file.
+enum Layout {
+    /// A tar: each sample's byte span (from a header scan), and the damage that stopped the
+    /// scan, if any.
+    Tar {
+        spans: Vec<SampleSpan>,
+        damage: Option<Damage>,
+    },
+    /// An MDS shard: its count and offsets.
+    Mds { head: Vec<u8> },
+}
+
+/// Where and why a tar's scan stopped.
+struct Damage {
+    member: Option<String>,
+    offset: u64,
+    reason: String,
+}
+
+/// A worker's iterator over its samples.
+pub(super) struct WorkerReader {
+    ds: Arc<Inner>,
+    worker: usize,
+    epoch: u64,
+    stream: WorkerStream,
+    stream_done: bool,
+    /// The next slots, read ahead of the stream.
+    window: VecDeque<Slot>,
+    /// Shard -> its slots in `window`.
+    pending: HashMap<usize, usize>,
+    /// Leased shards (released when the window no longer holds them).
+    leases: HashMap<usize, CachedShard>,
+    /// Sample layouts of the shards in the window.
+    layouts: HashMap<usize, Arc<Layout>>,
+    /// What this worker last asked to prefetch.
+    prefetching: Vec<usize>,
+    started: bool,
+}
+
+impl WorkerReader {
+    pub(super) fn new(ds: Arc<Inner>, worker: usize, epoch: u64, stream: WorkerStream) -> Self {
+        tracing::debug!(target: TARGET, worker, epoch, slots = stream.remaining(), "worker stream");
+        WorkerReader {
+            ds,
+            worker,
+            epoch,
+            stream,
+            stream_done: false,
+            window: VecDeque::new(),
+            pending: HashMap::new(),
+            leases: HashMap::new(),
+            layouts: HashMap::new(),
+            prefetching: Vec::new(),
+            started: false,
+        }
+    }
+
+    /// Reads ahead until the window holds a batch and the shards to prefetch (or the end).
+    fn refill(&mut self) {
+        let want_shards = self.ds.prefetch_shards + 1;
+        while !self.stream_done
+            && (self.window.len() < self.ds.batch_size.max(MIN_WINDOW)
+                || (self.pending.len() < want_shards && self.window.len() < MAX_WINDOW))
+        {
+            match self.stream.next() {
+                Some(slot) => {
+                    *self.pending.entry(slot.sample.shard).or_default() += 1;
+                    self.window.push_back(slot);
+                }
+                None => self.stream_done = true,
+            }
+        }
+    }
+
+    /// Asks the cache to prefetch the next shards of the window that are not leased.
+    fn update_prefetch(&mut self) {
+        let mut next = Vec::with_capacity(self.ds.prefetch_shards);
+        for slot in &self.window {
+            if next.len() >= self.ds.prefetch_shards {
+                break;
+            }
+            let s = slot.sample.shard;
+            if !self.leases.contains_key(&s) && !next.contains(&s) {
+                next.push(s);
+            }
+        }
+        if next != self.prefetching {
+            self.prefetching.clone_from(&next);
+            self.ds.publish_prefetch(self.worker, next);
+        }
+    }
+
+    /// Leases shard `shard` (asking the cache without waiting first, and releasing every
+    /// lease before a download or a wait, so that no reader waits for room while holding
+    /// some) and finds its samples' layout.
+    fn open(&mut self, shard: usize) -> Result<(), ShardError> {
+        if !self.leases.contains_key(&shard) {
+            let info = &self.ds.spec.shards.shards[shard];
+            let lease = match self.ds.cache.get_cached(info)? {
+                Some(lease) => lease,
+                None => {
+                    self.leases.clear();
+                    self.ds.cache.get(info)?
+                }
+            };
+            self.leases.insert(shard, lease);
+            self.update_prefetch();
+        }
+        if !self.layouts.contains_key(&shard) {
+            let layout = self.layout(shard)?;
+            self.layouts.insert(shard, Arc::new(layout));
+        }
+        Ok(())
+    }
+
+    fn layout(&self, shard: usize) -> Result<Layout, ShardError> {
+        let lease = &self.leases[&shard];
+        let url = &lease.info().url;
+        let mut file = lease.file();
+        let io = |source| ShardError::Io {
+            op: "read",
+            path: lease.path().to_owned(),
+            source,
+        };
+        file.seek(SeekFrom::Start(0)).map_err(io)?;
+        match self.ds.spec.format {
+            ShardFormat::WebDataset => {
+                let (spans, error) =
+                    ShardReader::new(url.clone(), BufReader::new(file)).scan_partial();
+                let damage = error.map(|e| match e {
+                    ShardError::Tar {
+                        member,
+                        offset,
+                        reason,
+                        ..
+                    } => Damage {
+                        member,
+                        offset,
+                        reason,
+                    },
+                    ShardError::Sample {
+                        key,
+                        offset,
+                        reason,
+                        ..
+                    } => Damage {
+                        member: Some(key),
+                        offset,
+                        reason,
+                    },
+                    other => Damage {
+                        member: None,
+                        offset: 0,
+                        reason: other.to_string(),
+                    },
+                });
+                Ok(Layout::Tar { spans, damage })
+            }
+            ShardFormat::Mds => {
+                let info = &self.ds.spec.mds[shard];
+                let size = file.metadata().map_err(io)?.len();
+                let mds = |offset, reason| ShardError::Mds {
+                    shard: url.clone(),
+                    sample: None,
+                    offset,
+                    reason,
+                };
+                if size != info.raw_data.bytes {
+                    return Err(mds(
+                        0,
+                        format!(
+                            "the file holds {size} bytes, the index says {}",
+                            info.raw_data.bytes
+                        ),
+                    ));
+                }
+                let mut count = [0u8; 4];
+                file.read_exact(&mut count).map_err(io)?;
+                let samples = sample_count(url, &count)?;
+                if samples != info.samples {
+                    return Err(mds(
+                        0,
+                        format!(
+                            "the file holds {samples} samples, the index says {}",
+                            info.samples
+                        ),
+                    ));
+                }
+                let len = header_len(samples);
+                if len > size {
+                    return Err(mds(
+                        0,
+                        format!("the {len}-byte header is longer than the file ({size} bytes)"),
+                    ));
+                }
+                let mut head = vec![0u8; len as usize];
+                file.seek(SeekFrom::Start(0)).map_err(io)?;
+                file.read_exact(&mut head).map_err(io)?;
+                Ok(Layout::Mds { head })
+            }
+        }
+    }
+
+    /// Reads the sample of `slot`.
+    fn read(&mut self, slot: &Slot) -> Result<ShardSample, ShardError> {
+        let shard = slot.sample.shard;
+        self.open(shard)?;
+        let lease = &self.leases[&shard];
+        let layout = Arc::clone(&self.layouts[&shard]);
+        let url = &lease.info().url;
+        let index = slot.sample.index;
+        let (sample, columns) = match &*layout {
+            Layout::Tar { spans, damage } => (
+                read_tar(
+                    lease,
+                    spans,
+                    damage.as_ref(),
+                    index,
+                    self.ds.spec.counts[shard],
+                )?,
+                None,
+            ),
+            Layout::Mds { head } => {
+                let columns = &self.ds.columns[shard];
+                (
+                    read_mds(lease, head, columns, index)?,
+                    Some(Arc::clone(columns)),
+                )
+            }
+        };
+        for name in &self.ds.required {
+            if sample.get(name).is_none() {
+                let have: Vec<&str> = sample.fields.keys().map(String::as_str).collect();
+                let reason = format!(
+                    "missing required field {name:?} (fields: {})",
+                    have.join(", ")
+                );
+                return Err(match self.ds.spec.format {
+                    ShardFormat::WebDataset => ShardError::Sample {
+                        shard: url.clone(),
+                        key: sample.key.clone(),
+                        offset: sample.offset,
+                        reason,
+                    },
+                    ShardFormat::Mds => ShardError::Mds {
+                        shard: url.clone(),
+                        sample: Some(index),
+                        offset: sample.offset,
+                        reason,
+                    },
+                });
+            }
+        }
+        Ok(ShardSample {
+            sample,
+            id: slot.sample,
+            position: slot.position,
+            epoch: self.epoch,
+            seed: sample_seed(self.ds.config.seed, self.epoch, slot.sample.global),
+            pad: slot.pad,
+            columns,
+        })
+    }
+
+    fn warn_if_epoch_unset(&mut self) {
+        if std::mem::replace(&mut self.started, true) {
+            return;
+        }
+        if let Some(loader_epoch) = longshore_data::worker::epoch()
+            && loader_epoch != self.epoch
+            && !self.ds.epoch_set.load(Ordering::Relaxed)
+            && !self.ds.warned_epoch.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                target: TARGET,
+                loader_epoch,
+                dataset_epoch = self.epoch,
+                "the loader runs another epoch than the dataset's: call set_epoch(epoch) on the \
+                 dataset before each epoch (as with DistributedSampler), or every epoch reads \
+                 the same order"
+            );
+        }
+    }
+}
+
+impl Iterator for WorkerReader {
+    type Item = Result<ShardSample, DataError>;
+
+    fn next(&mut self) -> Option<Result<ShardSample, DataError>> {
+        self.warn_if_epoch_unset();
+        self.refill();
+        let slot = self.window.pop_front()?;
+        let shard = slot.sample.shard;
+        let left = self.pending.get_mut(&shard).map_or(0, |n| {
+            *n -= 1;
+            *n
+        });
+        let result = self.read(&slot);
+        if left == 0 {
+            // The window holds no more of this shard: release it (it may be evicted now).
+            self.pending.remove(&shard);
+            self.leases.remove(&shard);
+            self.layouts.remove(&shard);
+        }
+        if self.window.is_empty() && self.stream_done {
+            self.leases.clear();
+            self.ds.publish_prefetch(self.worker, Vec::new());
+        }
+        Some(result.map_err(|e| {
+            let url = &self.ds.spec.shards.shards[shard].url;
+            let pad = if slot.pad { ", a padding repeat" } else { "" };
+            DataError::custom(
+                format!(
+                    "reading sample {} (index {} of shard {url}) at position {} of epoch {}{pad}",
+                    slot.sample.global, slot.sample.index, slot.position, self.epoch
+                ),
+                e,
+            )
+        }))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.window.len() + self.stream.size_hint().0;
+        (n, Some(n))
+    }
+}
+
+impl Drop for WorkerReader {
+    fn drop(&mut self) {
+        if !self.prefetching.is_empty() {
+            self.ds.publish_prefetch(self.worker, Vec::new());
+        }
+    }
+}
+
+/// Reads `buf.len()` bytes at `offset` of a leased shard.
+fn read_at(lease: &CachedShard, offset: u64, buf: &mut [u8]) -> Result<(), ShardError> {
+    let mut file = lease.file();
+    file.seek(SeekFrom::Start(offset))
+        .and_then(|_| file.read_exact(buf))
+        .map_err(|source| ShardError::Io {
+            op: "read",
+            path: lease.path().to_owned(),
+            source,
+        })
+}
+
+/// An error of a reader over bytes that start at `base` in the shard, with shard offsets.
+fn shift(e: ShardError, base: u64) -> ShardError {
+    match e {
+        ShardError::Tar {
+            shard,
+            member,
+            offset,
+            reason,
+        } => ShardError::Tar {
+            shard,
+            member,
+            offset: base + offset,
+            reason,
+        },
+        ShardError::Sample {
+            shard,
+            key,
+            offset,
+            reason,
+        } => ShardError::Sample {
+            shard,
+            key,
+            offset: base + offset,
+            reason,
+        },
+        other => other,
+    }
+}
+
+fn read_tar(
+    lease: &CachedShard,
+    spans: &[SampleSpan],
+    damage: Option<&Damage>,
+    index: u64,
+    count: u64,
+) -> Result<Sample, ShardError> {
+    let url = &lease.info().url;
+    let Some(span) = usize::try_from(index).ok().and_then(|i| spans.get(i)) else {
+        return Err(match damage {
+            Some(d) => ShardError::Tar {
+                shard: url.clone(),
+                member: d.member.clone(),
+                offset: d.offset,
+                reason: format!(
+                    "sample {index} lies in or after a damaged part of the shard ({} whole \
+                     samples before it): {}",
+                    spans.len(),
+                    d.reason
+                ),
+            },
+            None => ShardError::Tar {
+                shard: url.clone(),
+                member: None,
+                offset: lease.info().size,
+                reason: format!(
+                    "the shard holds {} samples, the dataset counts {count} (sample {index} \
+                     asked for)",
+                    spans.len()
+                ),
+            },
+        });
+    };
+    let mut bytes = vec![0u8; (span.end - span.offset) as usize];
+    read_at(lease, span.offset, &mut bytes)?;
+    let mut reader = ShardReader::new(url.clone(), bytes.as_slice());
+    let mut samples = reader.samples().map_err(|e| shift(e, span.offset))?;
+    match samples.next() {
+        Some(Ok(mut sample)) => {
+            sample.offset = span.offset;
+            Ok(sample)
+        }
+        Some(Err(e)) => Err(shift(e, span.offset)),
+        None => Err(ShardError::Tar {
+            shard: url.clone(),
+            member: None,
+            offset: span.offset,
+            reason: format!("no sample where the scan found {:?}", span.key),
+        }),
+    }
+}
+
+fn read_mds(
+    lease: &CachedShard,
+    head: &[u8],
+    columns: &Columns,
+    index: u64,
+) -> Result<Sample, ShardError> {
+    let url = &lease.info().url;
+    let range = sample_range(url, head, index)?;
+    let mut bytes = vec![0u8; (range.end - range.start) as usize];
+    read_at(lease, range.start, &mut bytes)?;
+    let parsed = MdsSample::parse(url, columns, index, range.start, &bytes)?;
+    let fields = columns
+        .names()
+        .iter()
+        .zip(parsed.raw_columns())
+        .map(|(name, raw)| (name.clone(), raw.to_vec()))
+        .collect();
+    Ok(Sample {
+        key: index.to_string(),
+        url: url.clone(),
+        offset: range.start,
+        fields,
+    })
+}

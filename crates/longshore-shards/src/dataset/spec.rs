@@ -1,0 +1,419 @@
+//! A dataset's resolved description ([`DatasetSpec`]) and how it is made at build: the shard
+//! list and per-shard sample counts, read once, on a runtime of its own.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use super::TARGET;
+use crate::ShardError;
+use crate::mds::{MdsIndex, MdsShardInfo};
+use crate::store::{ShardInfo, ShardList, ShardStore};
+use crate::webdataset::{ShardIndex, ShardReader};
+
+/// The format of a dataset's shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ShardFormat {
+    /// WebDataset tar shards ([`crate::webdataset`]).
+    WebDataset,
+    /// MosaicML MDS shards ([`crate::mds`]), uncompressed.
+    Mds,
+}
+
+/// Where a shard's sample count came from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum CountSource {
+    /// A wids shard index (`index.json`, `shard-index.json`, ...) at this URL.
+    WidsIndex(String),
+    /// An MDS `index.json` at this URL.
+    MdsIndex(String),
+    /// The shard was downloaded once at build and its tar headers were scanned.
+    Scan,
+}
+
+/// What every rank and worker needs to know of a dataset, resolved once per job: the shards
+/// (URLs, sizes, entity tags), their sample counts, and for MDS each shard's index entry.
+///
+/// It is `Serialize`/`Deserialize` ([`to_json`](Self::to_json)): resolve it on one rank,
+/// hand it to the others (a broadcast, a file), and build their datasets with
+/// [`ShardedDataset::from_spec`](super::ShardedDataset::from_spec), so the job lists the
+/// bucket once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetSpec {
+    /// The shards' format.
+    pub format: ShardFormat,
+    /// The shards, in order.
+    pub shards: ShardList,
+    /// Samples per shard, in the same order.
+    pub counts: Vec<u64>,
+    /// Where each count came from, in the same order.
+    pub counted_by: Vec<CountSource>,
+    /// For MDS, each shard's entry of its `index.json` (columns, encodings, sizes); empty for
+    /// WebDataset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mds: Vec<MdsShardInfo>,
+}
+
+impl DatasetSpec {
+    /// Samples in the dataset (one epoch).
+    pub fn total_samples(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The spec as JSON.
+    pub fn to_json(&self) -> String {
+        // Strings, integers and lists always serialise.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// A spec from [`to_json`](Self::to_json)'s output, checked as [`check`](Self::check)
+    /// does.
+    ///
+    /// # Errors
+    /// [`ShardError::Json`] if the text is not a spec; as [`check`](Self::check).
+    pub fn from_json(json: &str) -> Result<DatasetSpec, ShardError> {
+        let spec: DatasetSpec = serde_json::from_str(json).map_err(|source| ShardError::Json {
+            what: "dataset spec",
+            source,
+        })?;
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// Checks that the lists agree in length and MDS entries are uncompressed.
+    ///
+    /// # Errors
+    /// [`ShardError::Order`] (option `spec`) naming the lengths;
+    /// [`ShardError::MdsCompression`] for a compressed MDS shard.
+    pub fn check(&self) -> Result<(), ShardError> {
+        let n = self.shards.len();
+        let mds = match self.format {
+            ShardFormat::Mds => n,
+            ShardFormat::WebDataset => 0,
+        };
+        if self.counts.len() != n || self.counted_by.len() != n || self.mds.len() != mds {
+            return Err(ShardError::Order {
+                option: "spec",
+                reason: format!(
+                    "{n} shards, {} counts, {} count sources, {} mds entries (expected {mds})",
+                    self.counts.len(),
+                    self.counted_by.len(),
+                    self.mds.len()
+                ),
+            });
+        }
+        for info in &self.mds {
+            if let Some(codec) = &info.compression {
+                return Err(ShardError::MdsCompression {
+                    shard: info
+                        .zip_data
+                        .as_ref()
+                        .map_or_else(|| info.raw_data.basename.clone(), |z| z.basename.clone()),
+                    codec: codec.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A name for the dataset: a hash of its shards' URLs, sizes and entity tags (the default
+    /// cache directory's name).
+    pub fn fingerprint(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |bytes: &[u8]| {
+            for b in bytes {
+                h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+            }
+            h = (h ^ 0xff).wrapping_mul(0x0100_0000_01b3);
+        };
+        for s in &self.shards.shards {
+            eat(s.url.as_bytes());
+            eat(&s.size.to_le_bytes());
+            eat(s.etag.as_deref().unwrap_or_default().as_bytes());
+        }
+        format!("{h:016x}")
+    }
+}
+
+/// What a builder resolves a spec from.
+#[derive(Debug, Clone)]
+pub(super) enum Source {
+    /// WebDataset shard URL patterns, and a wids index URL if given.
+    WebDataset {
+        patterns: Vec<String>,
+        index: Option<String>,
+    },
+    /// MDS dataset roots (each holding an `index.json`).
+    Mds { roots: Vec<String> },
+    /// A spec resolved elsewhere.
+    Spec(Box<DatasetSpec>),
+}
+
+/// Resolves `source` on a current-thread runtime made for it and dropped before this returns,
+/// with a copy of `store` that builds its own clients (dropped with the runtime): after this,
+/// no runtime, I/O thread or pooled connection is left behind in the process (see the
+/// [module docs](super) on fork safety).
+pub(super) fn resolve(store: &ShardStore, source: &Source) -> Result<DatasetSpec, ShardError> {
+    if let Source::Spec(spec) = source {
+        spec.check()?;
+        return Ok((**spec).clone());
+    }
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(ShardError::Runtime {
+            reason: "a sharded dataset is built with blocking I/O; build it outside the async \
+                     runtime (for instance in spawn_blocking)"
+                .into(),
+        });
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ShardError::Runtime {
+            reason: format!("cannot build the runtime that resolves the dataset: {e}"),
+        })?;
+    let store = store.unshared();
+    let spec = runtime.block_on(async {
+        match source {
+            Source::WebDataset { patterns, index } => {
+                webdataset(&store, patterns, index.as_deref()).await
+            }
+            Source::Mds { roots } => mds(&store, roots).await,
+            Source::Spec(_) => unreachable!("returned above"),
+        }
+    })?;
+    drop(store);
+    drop(runtime);
+    spec.check()?;
+    tracing::info!(
+        target: TARGET,
+        format = ?spec.format,
+        shards = spec.shards.len(),
+        samples = spec.total_samples(),
+        scanned = spec.counted_by.iter().filter(|c| **c == CountSource::Scan).count(),
+        "dataset resolved"
+    );
+    Ok(spec)
+}
+
+/// The directory part of a URL (without the trailing `/`).
+fn dir_of(url: &str) -> &str {
+    url.rsplit_once('/').map_or("", |(d, _)| d)
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+/// The index a [`crate::webdataset::ShardWriter`] with this shard's prefix writes:
+/// `shard-000012.tar` -> `shard-index.json`.
+fn writer_index_name(file_name: &str) -> Option<String> {
+    let stem = file_name.strip_suffix(".tar").unwrap_or(file_name);
+    let prefix = stem.trim_end_matches(|c: char| c.is_ascii_digit());
+    (prefix.len() < stem.len()).then(|| format!("{prefix}index.json"))
+}
+
+/// Whether a failed request failed because the object does not exist.
+fn not_found(e: &ShardError) -> bool {
+    match e {
+        ShardError::Fetch { source, .. } => source
+            .downcast_ref::<object_store::Error>()
+            .is_some_and(|e| matches!(e, object_store::Error::NotFound { .. })),
+        _ => false,
+    }
+}
+
+/// Reads a small object whole (a `HEAD`, then one range read); `None` if it does not exist.
+async fn read_small(store: &ShardStore, url: &str) -> Result<Option<Vec<u8>>, ShardError> {
+    let info = match store.head_async(url).await {
+        Ok(info) => info,
+        Err(e) if not_found(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(Some(
+        store.get_range_async(url, 0..info.size).await?.to_vec(),
+    ))
+}
+
+async fn webdataset(
+    store: &ShardStore,
+    patterns: &[String],
+    index: Option<&str>,
+) -> Result<DatasetSpec, ShardError> {
+    let shards = store.resolve_async(patterns).await?;
+    // Index candidates: the one given, else per directory the index a ShardWriter would have
+    // written for each shard name prefix, and `index.json`.
+    let mut candidates: Vec<String> = Vec::new();
+    match index {
+        Some(url) => candidates.push(url.to_owned()),
+        None => {
+            for s in &shards.shards {
+                let dir = dir_of(&s.url);
+                let names = writer_index_name(s.name())
+                    .into_iter()
+                    .chain(["index.json".to_owned()]);
+                for name in names {
+                    let url = join(dir, &name);
+                    if !candidates.contains(&url) {
+                        candidates.push(url);
+                    }
+                }
+            }
+        }
+    }
+    // URL -> (count, index URL), from every index found.
+    let mut known: HashMap<String, (u64, Option<u64>, String)> = HashMap::new();
+    for url in &candidates {
+        let text = match read_small(store, url).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) if index.is_none() => continue,
+            Ok(None) => {
+                return Err(ShardError::Url {
+                    url: url.clone(),
+                    reason: "the shard index does not exist".into(),
+                });
+            }
+            Err(e) if index.is_none() => {
+                tracing::warn!(target: TARGET, index = %url, error = %e, "cannot read a shard index; shards it would count are scanned");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let parsed = std::str::from_utf8(&text)
+            .map_err(|e| ShardError::Tar {
+                shard: url.clone(),
+                member: None,
+                offset: e.valid_up_to() as u64,
+                reason: "the shard index is not UTF-8".into(),
+            })
+            .and_then(|t| ShardIndex::from_json(url, t));
+        let parsed = match parsed {
+            Ok(p) => p,
+            Err(e) if index.is_none() => {
+                tracing::debug!(target: TARGET, index = %url, error = %e, "not a wids shard index; ignored");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let dir = dir_of(url);
+        for entry in parsed.shardlist {
+            let full = if entry.url.contains("://") || entry.url.starts_with('/') {
+                entry.url.clone()
+            } else {
+                join(dir, &entry.url)
+            };
+            known
+                .entry(full)
+                .or_insert((entry.nsamples, entry.filesize, url.clone()));
+        }
+    }
+    let mut counts = Vec::with_capacity(shards.len());
+    let mut counted_by = Vec::with_capacity(shards.len());
+    for s in &shards.shards {
+        match known.get(&s.url) {
+            Some((n, size, from)) if size.is_none_or(|size| size == s.size) => {
+                counts.push(*n);
+                counted_by.push(CountSource::WidsIndex(from.clone()));
+            }
+            other => {
+                if let Some((_, size, from)) = other {
+                    tracing::warn!(target: TARGET, shard = %s.url, index = %from, index_size = ?size, size = s.size, "the shard index names another size; scanning the shard");
+                }
+                counts.push(scan(store, s).await?);
+                counted_by.push(CountSource::Scan);
+            }
+        }
+    }
+    Ok(DatasetSpec {
+        format: ShardFormat::WebDataset,
+        shards,
+        counts,
+        counted_by,
+        mds: Vec::new(),
+    })
+}
+
+static SCAN_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a tar shard's samples: downloads it to a temporary file and scans its headers. A
+/// damaged shard counts the samples before the damage (with a warning).
+async fn scan(store: &ShardStore, shard: &ShardInfo) -> Result<u64, ShardError> {
+    let n = SCAN_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let path: PathBuf = std::env::temp_dir().join(format!(
+        "longshore-scan-{}-{n}-{}",
+        std::process::id(),
+        shard.name()
+    ));
+    tracing::info!(target: TARGET, shard = %shard.url, bytes = shard.size, "no shard index counts this shard; downloading it once to count its samples");
+    let result = async {
+        store.download_async(shard, &path).await?;
+        let (spans, error) = ShardReader::open(&path)?.scan_partial();
+        if let Some(e) = error {
+            tracing::warn!(target: TARGET, shard = %shard.url, error = %e, samples = spans.len(), "damaged shard: only the samples before the damage are counted");
+        }
+        Ok(spans.len() as u64)
+    }
+    .await;
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+async fn mds(store: &ShardStore, roots: &[String]) -> Result<DatasetSpec, ShardError> {
+    let mut spec = DatasetSpec {
+        format: ShardFormat::Mds,
+        shards: ShardList::default(),
+        counts: Vec::new(),
+        counted_by: Vec::new(),
+        mds: Vec::new(),
+    };
+    for root in roots {
+        let root = root.trim_end_matches('/');
+        let url = join(root, "index.json");
+        let bytes = read_small(store, &url)
+            .await?
+            .ok_or_else(|| ShardError::Url {
+                url: url.clone(),
+                reason: "the MDS dataset has no index.json".into(),
+            })?;
+        let text = String::from_utf8_lossy(&bytes);
+        let index = MdsIndex::from_json(&text)?;
+        for info in index.shards {
+            spec.shards.shards.push(ShardInfo {
+                url: join(root, &info.raw_data.basename),
+                size: info.raw_data.bytes,
+                etag: None,
+            });
+            spec.counts.push(info.samples);
+            spec.counted_by.push(CountSource::MdsIndex(url.clone()));
+            spec.mds.push(info);
+        }
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writer_index_names() {
+        assert_eq!(
+            writer_index_name("shard-000012.tar").as_deref(),
+            Some("shard-index.json")
+        );
+        assert_eq!(
+            writer_index_name("train-07.tar").as_deref(),
+            Some("train-index.json")
+        );
+        assert_eq!(writer_index_name("a.tar"), None);
+        assert_eq!(join("s3://b/d", "x"), "s3://b/d/x");
+        assert_eq!(dir_of("s3://b/d/x.tar"), "s3://b/d");
+    }
+}

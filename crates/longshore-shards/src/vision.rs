@@ -1,0 +1,141 @@
+//! WebDataset image shards decoded with longshore-vision (feature `vision`): the
+//! `(image, label)` samples of an [`ImageFolder`](longshore_vision::ImageFolder) with a
+//! transform pipeline, read from shards, so one training pipeline runs over a folder or over
+//! shards.
+//!
+//! [`ImageShards`] wraps a [`ShardedDataset`] of samples with an image field (`jpg`, `jpeg`,
+//! `png` or `webp`: what [`pack_image_folder`](crate::webdataset::pack_image_folder) writes)
+//! and a label field (`cls` by default). Each image is decoded and transformed by a
+//! [`Compose`] pipeline (torchvision's `RandomResizedCrop`, flips, `Normalize`, ...) drawing
+//! from a generator seeded with the sample's seed ([`ShardSample::seed`]): the same crops on
+//! every rank, worker count and resume.
+//!
+//! ```
+//! use longshore_data::{IterableDataset, WorkerInfo};
+//! use longshore_shards::dataset::ShardedDataset;
+//! use longshore_shards::vision::ImageShards;
+//! use longshore_vision::{Compose, Output};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let folder = dir.path().join("folder");
+//! # longshore_vision::synth::write_folder(&folder, &longshore_vision::synth::FolderSpec::tiny())?;
+//! let index = longshore_shards::webdataset::pack_image_folder(&folder, dir.path(), 1 << 20, Some(0))?;
+//! assert_eq!(index.shardlist.len(), 1);
+//! let shards = ShardedDataset::webdataset([format!("{}/shard-000000.tar", dir.path().display())])
+//!     .rank(0)
+//!     .world_size(1)
+//!     .cache_dir(dir.path().join("cache"))
+//!     .build()?;
+//! let train = ImageShards::new(shards, Compose::train(32, Output::imagenet()));
+//! let (image, label) = train.iter(WorkerInfo::single(0)).next().unwrap()?;
+//! assert_eq!(image.shape(), &[3, 32, 32]);
+//! assert!((0..4).contains(&label));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use longshore_data::rng::epoch_rng;
+use longshore_data::{DataError, ItemIter, IterableDataset, Tensor, WorkerInfo};
+use longshore_vision::{Compose, DecodeOptions};
+
+use crate::ShardError;
+use crate::dataset::{ShardSample, ShardedDataset};
+
+/// Image shards with a transform pipeline: an [`IterableDataset`] of `(image, label)`, as
+/// [`ImageDataset`](longshore_vision::ImageDataset) yields them; see the
+/// [module docs](self).
+///
+/// Padding repeats (see [`ShardSample::pad`]) are yielded like other samples; to leave them
+/// out of metrics, map the [`ShardedDataset`] yourself with [`ImageShards::decode`].
+#[derive(Debug, Clone)]
+pub struct ImageShards {
+    dataset: ShardedDataset,
+    transform: Arc<Compose>,
+    decode: DecodeOptions,
+    label: String,
+}
+
+impl ImageShards {
+    /// `dataset`'s images through `transform`, labels from field `cls`.
+    pub fn new(dataset: ShardedDataset, transform: Compose) -> ImageShards {
+        ImageShards {
+            dataset,
+            transform: Arc::new(transform),
+            decode: DecodeOptions::default(),
+            label: "cls".into(),
+        }
+    }
+
+    /// The decoder's options (its pixel limit).
+    #[must_use]
+    pub fn decode_options(mut self, options: DecodeOptions) -> ImageShards {
+        self.decode = options;
+        self
+    }
+
+    /// The field holding the label as a decimal integer (default `cls`).
+    #[must_use]
+    pub fn label_field(mut self, ext: impl Into<String>) -> ImageShards {
+        self.label = ext.into();
+        self
+    }
+
+    /// The shards (for `set_epoch`, `state_dict`, ...).
+    pub fn dataset(&self) -> &ShardedDataset {
+        &self.dataset
+    }
+
+    /// The pipeline.
+    pub fn transform(&self) -> &Compose {
+        &self.transform
+    }
+
+    /// Decodes and transforms one sample's image and reads its label: what each item of this
+    /// dataset is.
+    ///
+    /// # Errors
+    /// The [`ShardError`] of a missing image or label field (naming the shard, key and
+    /// offset), or [`DataError::InvalidFile`] naming `shard-url#key.ext` for an image that
+    /// does not decode.
+    pub fn decode(&self, sample: &ShardSample) -> Result<(Tensor, i64), DataError> {
+        let s = &sample.sample;
+        let (ext, bytes) = s.image().ok_or_else(|| {
+            let have: Vec<&str> = s.fields.keys().map(String::as_str).collect();
+            DataError::custom(
+                "decoding an image sample",
+                ShardError::Sample {
+                    shard: s.url.clone(),
+                    key: s.key.clone(),
+                    offset: s.offset,
+                    reason: format!("no image field (fields: {})", have.join(", ")),
+                },
+            )
+        })?;
+        let label = s
+            .int(&self.label)
+            .map_err(|e| DataError::custom("reading an image sample's label", e))?;
+        let field = self.transform.field();
+        let mut image = Tensor::zeros(field.dtype, field.shape.dims())?;
+        let path = PathBuf::from(format!("{}#{}.{ext}", s.url, s.key));
+        let mut rng = epoch_rng(sample.seed, 0);
+        self.transform
+            .decode_into(&path, bytes, &self.decode, &mut rng, image.bytes_mut())?;
+        Ok((image, label))
+    }
+}
+
+impl IterableDataset for ImageShards {
+    type Item = (Tensor, i64);
+
+    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, (Tensor, i64)> {
+        Box::new(
+            self.dataset
+                .iter(worker)
+                .map(move |item| item.and_then(|s| self.decode(&s))),
+        )
+    }
+}

@@ -1,0 +1,128 @@
+//! Shards to read and the loader runs of the dataset tests.
+
+use std::path::Path;
+
+use longshore_data::{IterableExt, StackCollate};
+use longshore_loader::{DataLoader, SampleErrorPolicy};
+use longshore_shards::dataset::{ShardSample, ShardedDataset};
+use longshore_shards::webdataset::{ShardIndex, ShardWriter};
+
+/// What the tests see of a delivered sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Seen {
+    pub global: u64,
+    pub pad: bool,
+    pub seed: u64,
+    /// The `val` field's value (the sample's global id, as written).
+    pub val: u64,
+}
+
+/// Writes `counts[i]` samples into shard `i` of `dir` (`shard-000000.tar`, ...) with fields
+/// `val` (the global id as text) and `bin` (a few bytes that depend on it), and the
+/// writer's `shard-index.json`. Returns the index.
+pub fn write_shards(dir: &Path, counts: &[u64]) -> ShardIndex {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut index = ShardIndex::default();
+    let mut global = 0u64;
+    for (i, &n) in counts.iter().enumerate() {
+        // One ShardWriter per shard keeps the sample counts exact (a size target would not).
+        let sub = dir.join(format!(".w{i}"));
+        let mut w = ShardWriter::new(&sub, u64::MAX).unwrap();
+        for _ in 0..n {
+            let val = global.to_string();
+            let bin = vec![(global % 251) as u8; 1 + (global % 700) as usize];
+            w.write(
+                &format!("s{global:07}"),
+                &[("val", val.as_bytes()), ("bin", &bin)],
+            )
+            .unwrap();
+            global += 1;
+        }
+        let name = format!("shard-{i:06}.tar");
+        if n == 0 {
+            // An empty tar (just the end-of-archive blocks).
+            std::fs::write(dir.join(&name), [0u8; 1024]).unwrap();
+            index
+                .shardlist
+                .push(longshore_shards::webdataset::ShardEntry {
+                    url: name,
+                    nsamples: 0,
+                    filesize: Some(1024),
+                });
+        } else {
+            let written = w.finish().unwrap();
+            std::fs::rename(sub.join("shard-000000.tar"), dir.join(&name)).unwrap();
+            let mut entry = written.shardlist[0].clone();
+            entry.url = name;
+            index.shardlist.push(entry);
+        }
+        let _ = std::fs::remove_dir_all(&sub);
+    }
+    index.write(dir.join("shard-index.json")).unwrap();
+    index
+}
+
+/// The pattern naming the `n` shards of [`write_shards`] under `base` (a directory or URL).
+pub fn pattern(base: &str, n: usize) -> String {
+    if n == 1 {
+        format!("{base}/shard-000000.tar")
+    } else {
+        format!("{base}/shard-{{000000..{:06}}}.tar", n - 1)
+    }
+}
+
+/// What a test keeps of a sample: its id, pad mark, seed and `val` field.
+pub fn seen(s: ShardSample) -> (i64, u8, i64, i64) {
+    let val: i64 = s.sample.int("val").unwrap_or(-1);
+    (s.id.global as i64, u8::from(s.pad), s.seed as i64, val)
+}
+
+/// Runs one rank's loader over `dataset` with `workers` workers, taking at most `take`
+/// batches; returns the batches' samples, in delivery order.
+pub fn run_rank(
+    dataset: &ShardedDataset,
+    workers: usize,
+    take: Option<usize>,
+    policy: SampleErrorPolicy,
+) -> Vec<Result<Vec<Seen>, String>> {
+    let loader = DataLoader::iterable(dataset.clone().map(seen))
+        .batch_size(dataset.batch_size())
+        .drop_last(dataset.drop_last())
+        .num_workers(workers)
+        .on_sample_error(policy)
+        .collate(StackCollate::new())
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for batch in loader.iter() {
+        if take.is_some_and(|t| out.len() >= t) {
+            break;
+        }
+        out.push(batch.map_err(|e| chain(&e)).map(|b| {
+            let g = b.tensor::<i64>(0).unwrap();
+            let p = b.tensor::<u8>(1).unwrap();
+            let s = b.tensor::<i64>(2).unwrap();
+            let v = b.tensor::<i64>(3).unwrap();
+            (0..g.len())
+                .map(|i| Seen {
+                    global: g[i] as u64,
+                    pad: p[i] != 0,
+                    seed: s[i] as u64,
+                    val: v[i] as u64,
+                })
+                .collect()
+        }));
+    }
+    out
+}
+
+/// An error and its causes, joined with `: `.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text += &format!(": {c}");
+        cause = c.source();
+    }
+    text
+}
