@@ -208,3 +208,14 @@ pub enum ShardError {
         source: serde_json::Error,
     },
 }
+
+/// The byte offset in `text` of a JSON error `e` (serde_json reports a line and a column), for
+/// errors that name where an index file is malformed.
+pub(crate) fn json_error_offset(text: &str, e: &serde_json::Error) -> u64 {
+    let line_start: usize = text
+        .split_inclusive('\n')
+        .take(e.line().saturating_sub(1))
+        .map(str::len)
+        .sum();
+    (line_start + e.column().saturating_sub(1)) as u64
+}

@@ -130,13 +130,8 @@ impl MdsIndex {
     /// shard at fault.
     pub fn from_json(text: &str) -> Result<MdsIndex, ShardError> {
         let index: MdsIndex = serde_json::from_str(text).map_err(|e| {
-            let offset = text
-                .split_inclusive('\n')
-                .take(e.line().saturating_sub(1))
-                .map(str::len)
-                .sum::<usize>()
-                + e.column().saturating_sub(1);
-            index_error(format!("not an MDS index: {e}"), offset as u64)
+            let offset = crate::error::json_error_offset(text, &e);
+            index_error(format!("not an MDS index: {e}"), offset)
         })?;
         if index.version != 2 {
             return Err(index_error(

@@ -149,13 +149,8 @@ impl ShardIndex {
             reason,
         };
         let index: ShardIndex = serde_json::from_str(text).map_err(|e| {
-            let offset = text
-                .split_inclusive('\n')
-                .take(e.line().saturating_sub(1))
-                .map(str::len)
-                .sum::<usize>()
-                + e.column().saturating_sub(1);
-            bad(format!("not a wids shard index: {e}"), offset as u64)
+            let offset = crate::error::json_error_offset(text, &e);
+            bad(format!("not a wids shard index: {e}"), offset)
         })?;
         if index.kind != WIDS_KIND {
             return Err(bad(
