@@ -415,7 +415,10 @@ class DataLoader:
                 "worker_mode='process': longshore's own datasets load in Rust threads of this "
                 "process, which run no Python; leave worker_mode None")
         self._python = native if isinstance(native, _PythonDataset) else None
-        iterable = self._python is not None and self._python.iterable
+        # Image shards (datasets.WebDataset, StreamingDataset): an iterable dataset that the
+        # Rust workers read, in an order planned per epoch.
+        self._sharded = isinstance(native, _longshore._Shards)
+        iterable = (self._python is not None and self._python.iterable) or self._sharded
         if iterable:
             # PyTorch's checks for an IterableDataset, in its words.
             for name, value in (("shuffle", shuffle), ("sampler", sampler),
@@ -430,7 +433,13 @@ class DataLoader:
                     "batch_size=None (no automatic batching) is not supported by "
                     "longshore.DataLoader: use batch_size=1 and take each batch's first row"
                 )
-            self._python.bind(batch_size, bool(drop_last))
+            if self._python is not None:
+                self._python.bind(batch_size, bool(drop_last))
+            wanted = getattr(dataset, "batch_size", None) if self._sharded else None
+            if wanted is not None and wanted != batch_size:
+                raise ValueError(
+                    f"the dataset was made with batch_size={wanted}, the loader's is "
+                    f"{batch_size}: they must agree (or leave the dataset's None)")
         if self._python is not None:
             native = self._python.source
         shuffle = bool(shuffle)
@@ -517,6 +526,10 @@ class DataLoader:
         self._order = None if builtin else _longshore._EpochOrder(
             len(dataset), _len_or_zero(batch_sampler))
         self._iterated = False
+        # A sharded dataset's epochs: the next one to read, and the one under way
+        # ([epoch, batches received, finished]).
+        self._shard_next = 0
+        self._shard_run = None
         # Exact resume when PyTorch's generator decides: the generator's state after the
         # epoch's base-seed draw (before the sampler's draws) and the workers' base seed, of
         # the epoch now running / of the epoch to resume (load_state_dict).
@@ -616,6 +629,14 @@ class DataLoader:
             base_seed = self._base_seed = int(
                 torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         self._iterated = True
+        if self._sharded:
+            # The next epoch, unless set_epoch chose one; a loaded resume state of that epoch
+            # stays (the dataset drops it only for another epoch).
+            epoch = self._shard_next
+            self._loader.set_epoch(epoch)
+            self._shard_next = epoch + 1
+            self._shard_run = run = [epoch, 0, False]
+            return _ShardEpoch(self._epoch(restore), run)
         if torch is not None and not (self._python is not None and self._python.iterable):
             # (An iterable dataset's loader has no resumable position.)
             gen = self.generator if self.generator is not None else torch.default_generator
@@ -674,6 +695,8 @@ class DataLoader:
         workers' seeds) and the sampler's ``set_epoch`` (a :class:`data.DistributedSampler`'s,
         PyTorch's), where it has one."""
         self._loader.set_epoch(int(epoch))
+        if self._sharded:
+            self._shard_next = int(epoch)
         for s in (self.sampler, self.batch_sampler):
             if callable(getattr(s, "set_epoch", None)):
                 s.set_epoch(epoch)
@@ -684,7 +707,20 @@ class DataLoader:
         When PyTorch's generator decides the order (no ``seed=``), it also holds what the
         epoch drew: the generator's state before the sampler's draws (``torch_rng_state``)
         and the workers' base seed (``base_seed``), so that :meth:`load_state_dict` resumes
-        the same epoch exactly, in a new process too."""
+        the same epoch exactly, in a new process too.
+
+        Over a sharded dataset (:class:`datasets.WebDataset`, ``StreamingDataset``) it is the
+        dataset's resume state after the batches received so far (``"sharded"``), which a
+        loader with another number of ranks or workers resumes too; after a whole epoch, the
+        start of the next."""
+        if self._sharded:
+            run = self._shard_run
+            if run is not None and not run[2]:
+                epoch, taken = run[0], run[1]
+            else:
+                epoch, taken = self._shard_next, 0
+            return {"epoch": epoch,
+                    "sharded": _json.loads(self._loader.shards_state_json(epoch, taken))}
         state = _json.loads(self._loader.state_dict_json())
         if self._epoch_rng is not None and self._epoch_rng[1] == state["epoch"]:
             # An epoch under way (a finished one's successor draws afresh from the generator).
@@ -702,6 +738,16 @@ class DataLoader:
         generator, ``generator`` or PyTorch's global one, is put back afterwards, except
         under a sampler the loader iterates, which draws as it goes)."""
         state = dict(state)
+        if self._sharded:
+            if "sharded" not in state:
+                raise ValueError("this state is not a sharded dataset's loader state (it has "
+                                 "no 'sharded' entry)")
+            self._shard_next = self._loader.shards_load_json(_json.dumps(state["sharded"]))
+            self._shard_run = None
+            return
+        if "sharded" in state:
+            raise ValueError("this state is a sharded dataset's loader state; this loader "
+                             "does not read a sharded dataset")
         rng, base_seed = state.pop("torch_rng_state", None), state.pop("base_seed", None)
         self._loader.load_state_dict_json(_json.dumps(state))
         if rng is not None:
@@ -728,6 +774,32 @@ class DataLoader:
 
     def reset_stats(self):
         self._loader.reset_stats()
+
+
+class _ShardEpoch:
+    """A sharded dataset's epoch: the loader's epoch, counting the batches received (the
+    position ``state_dict`` saves) and whether it ended."""
+
+    def __init__(self, epoch, run):
+        self._epoch = epoch
+        self._run = run
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            batch = next(self._epoch)
+        except StopIteration:
+            self._run[2] = True
+            raise
+        self._run[1] += 1
+        return batch
+
+    def close(self):
+        close = getattr(self._epoch, "close", None)
+        if close is not None:
+            close()
 
 
 def _len_or_zero(sampler):

@@ -1,4 +1,6 @@
-"""torchvision's ``ImageFolder``, decoded and transformed in Rust by the loader's workers.
+"""Image datasets decoded and transformed in Rust by the loader's workers: torchvision's
+``ImageFolder`` over a local folder, and image shards in object storage (``WebDataset`` tar
+shards, MosaicML ``StreamingDataset``'s MDS) read through longshore's shard cache.
 
 >>> import longshore
 >>> from longshore import transforms as T
@@ -22,7 +24,8 @@ import numpy as _np
 from . import _longshore
 from .transforms import Compose as _Compose
 
-__all__ = ["ImageFolder", "IMG_EXTENSIONS", "write_synthetic_folder"]
+__all__ = ["ImageFolder", "IMG_EXTENSIONS", "WebDataset", "StreamingDataset", "write_shards",
+           "write_synthetic_folder"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -88,3 +91,244 @@ def write_synthetic_folder(root, classes=4, per_class=3, mean_area=96 * 80, qual
     Returns ``(images, bytes, reused)``."""
     return _longshore.write_synthetic_folder(
         str(root), classes, per_class, float(mean_area), int(quality), int(seed))
+
+
+def _dist_layout(rank, world_size):
+    """``(rank, world_size)`` as given, else torch.distributed's when a process group is up;
+    ``None`` leaves them to the launcher's variables (``RANK``/``WORLD_SIZE``, torchrun's, and
+    SLURM's), read in Rust."""
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    if (rank is None) != (world_size is None):
+        raise ValueError("give both rank and world_size, or neither")
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None, None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None, None
+
+
+def _budget(value, name):
+    """Bytes from an int or a string with a unit (``"10gb"``, ``"512MiB"``, as Streaming's
+    ``cache_limit`` takes them)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a number of bytes or a string such as '10gb'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, not {value}")
+        return value
+    text = str(value).strip().lower().replace(" ", "")
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 10**3, "m": 10**6,
+             "g": 10**9, "t": 10**12, "b": 1}
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            number = text[: -len(unit)]
+            break
+    else:
+        number, scale = text, 1
+    try:
+        n = int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"{name}: {value!r} is not a size (bytes, or a number with a unit "
+                         "such as '10gb' or '512MiB')") from None
+    if n <= 0:
+        raise ValueError(f"{name} must be positive, not {value!r}")
+    return n
+
+
+class _ImageShards:
+    """What WebDataset and StreamingDataset share: an iterable dataset of ``(image, label)``
+    from image shards, read by longshore's Rust workers. See :class:`WebDataset`."""
+
+    _format = None
+
+    def _make(self, urls, transform, *, spec, index, image_key, label_key, seed, shuffle,
+              shuffle_block, rank, world_size, cache_dir, cache_budget, job, prefetch_shards,
+              max_pixels):
+        if transform is None:
+            raise ValueError(
+                f"{type(self).__name__} needs transform=Compose([..., ToTensor()]): its "
+                "images are decoded and batched in Rust, which needs a fixed output size")
+        if not isinstance(transform, _Compose):
+            transform = _Compose([transform])
+        steps, output = transform._plan()
+        rank, world_size = _dist_layout(rank, world_size)
+        self.transform = transform
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self._native = _longshore._Shards(
+            self._format, [str(u) for u in urls], steps, output, spec=spec, index=index,
+            image_key=image_key, label_key=label_key, seed=self.seed, shuffle=self.shuffle,
+            shuffle_block=shuffle_block, rank=rank, world_size=world_size,
+            cache_dir=None if cache_dir is None else str(cache_dir),
+            cache_budget=_budget(cache_budget, "cache_budget"), job=job,
+            prefetch_shards=prefetch_shards, max_pixels=max_pixels or None,
+            no_pixel_limit=max_pixels == 0,
+        )
+        self.rank, self.world_size = self._native.rank
+        self._epoch = 0
+
+    @property
+    def urls(self):
+        """The shards' URLs, in the dataset's canonical order."""
+        return self._native.urls
+
+    @property
+    def spec(self):
+        """The resolved shard list and sample counts (JSON text). Pass it as ``spec=`` to the
+        other ranks' datasets: the job then lists the bucket and reads the index once."""
+        return self._native.spec_json
+
+    def __len__(self):
+        """Samples in one epoch of the whole dataset, all ranks together (a rank's loader
+        yields ``len(loader)`` batches)."""
+        return len(self._native)
+
+    def set_epoch(self, epoch):
+        """The epoch that iterating this dataset outside a loader reads (a loader has its
+        own: ``DataLoader.set_epoch``)."""
+        self._epoch = int(epoch)
+
+    def __iter__(self):
+        """This rank's samples of the epoch as ``(image, label)`` NumPy arrays and ints,
+        outside a loader (one reader thread): for a look at the data. Train through
+        ``longshore.DataLoader``, whose workers read and decode in parallel."""
+        shape = tuple(self._native.output_shape)
+        for data, dtype, label in self._native.iter_epoch(self._epoch):
+            yield _np.frombuffer(bytearray(data), dtype=dtype).reshape(shape), label
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(shards={len(self.urls)}, samples={len(self)}, "
+                f"rank={self.rank}/{self.world_size}, shuffle={self.shuffle}, "
+                f"transform={self.transform!r})")
+
+
+class WebDataset(_ImageShards):
+    """Image-classification WebDataset shards (``.jpg``/``.png`` + ``.cls`` in tar files) in
+    object storage or on disk, as ``longshore.DataLoader`` reads them: shards downloaded
+    into a node-wide cache, images decoded and transformed by Rust workers, the global order a
+    pure function of ``(seed, epoch)``, every rank the same number of batches, exact resume on
+    any number of GPUs or workers.
+
+    >>> from longshore import transforms as T
+    >>> train = longshore.datasets.WebDataset(
+    ...     "s3://bucket/train/shard-{000000..000146}.tar", shuffle=True, seed=0,
+    ...     transform=T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(),
+    ...                          T.ToTensor(), T.Normalize(mean, std)]))   # doctest: +SKIP
+    >>> loader = longshore.DataLoader(train, batch_size=256, num_workers=8,
+    ...                               device="cuda")                      # doctest: +SKIP
+    >>> for epoch in range(90):                                           # doctest: +SKIP
+    ...     loader.set_epoch(epoch)
+    ...     for images, labels in loader:
+    ...         ...
+
+    ``urls``: one pattern or a list (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+    ``file://`` or a path), brace ranges ``{000..099}`` and alternatives ``{a,b}`` expanded as
+    the ``webdataset`` package does. Credentials and endpoints come from the environment as
+    the cloud SDKs read them (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL`` for an
+    S3-compatible store, ...). Sample counts come from a wids index (``index=``, else a
+    ``shard-index.json`` or ``index.json`` beside the shards); without one each shard is
+    scanned once here.
+
+    ``transform``: a :class:`longshore.transforms.Compose` ending in ``ToTensor()`` (and
+    ``Normalize``), run in Rust with per-sample seeds (the same crops on any number of
+    workers or ranks). ``image_key``: the image field (default the first of jpg, jpeg, png,
+    webp), ``label_key``: the label field (default ``cls``).
+
+    ``shuffle``/``seed``: shards shuffled, then samples shuffled within blocks of about
+    ``shuffle_block`` samples (whole shards; default 262,144, Streaming's smallest block;
+    ``0``: shard order only; a batch then holds samples of 71% as many shards as a full
+    permutation would give on ImageNet-sized data, see the Rust docs of
+    ``longshore::shards::order``). The loader's ``shuffle``, ``sampler`` and ``batch_sampler`` must stay unset, as
+    for any ``IterableDataset``.
+
+    ``rank``/``world_size``: default torch.distributed's when a process group is up, else the
+    launcher's variables (``RANK``, ``WORLD_SIZE``), else a single process. Each rank's loader
+    yields the same number of batches: with ``drop_last=False`` the last samples are padded
+    by repeating early ones, with ``drop_last=True`` the remainder is dropped.
+
+    ``cache_dir`` (default a per-dataset folder under the system temp dir), ``cache_budget``
+    (bytes or ``"20gb"``; a budget below the largest shard is refused here),
+    ``prefetch_shards`` (shards each worker downloads ahead, default 2), ``job`` (the cache's
+    name, shared by a job's ranks on a node).
+
+    ``spec``: :attr:`spec` of a dataset made on another rank (then ``urls`` may be empty): no
+    listing here.
+
+    Epochs: each iteration of a ``longshore.DataLoader`` reads the next epoch (0, 1, ...)
+    unless ``loader.set_epoch(e)`` chose one; ``loader.state_dict()`` after ``k`` batches and
+    ``load_state_dict`` in a new job (any number of ranks or workers) resume exactly the rest.
+    """
+
+    _format = "webdataset"
+
+    def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
+                 image_key=None, label_key="cls", index=None, rank=None, world_size=None,
+                 cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
+                 max_pixels=None):
+        if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
+            urls = [urls]
+        self._make(list(urls), transform, spec=spec, index=index, image_key=image_key,
+                   label_key=label_key, seed=seed, shuffle=shuffle,
+                   shuffle_block=shuffle_block, rank=rank, world_size=world_size,
+                   cache_dir=cache_dir, cache_budget=cache_budget, job=job,
+                   prefetch_shards=prefetch_shards, max_pixels=max_pixels)
+
+
+class StreamingDataset(_ImageShards):
+    """An MDS image dataset (MosaicML Streaming's format: ``index.json`` + ``shard.*.mds``)
+    with Streaming's argument names, read by longshore's loader as :class:`WebDataset` reads
+    tar shards (same order, cache, equal batches per rank and exact resume).
+
+    >>> train = longshore.datasets.StreamingDataset(
+    ...     remote="s3://bucket/imagenet-mds", split="train", local="/tmp/cache",
+    ...     shuffle=True, transform=T.Compose([...]))                     # doctest: +SKIP
+
+    ``remote``: the dataset's root URL (S3, GCS, Azure, HTTP, a path); ``local``: the cache
+    folder (with no ``remote``, the dataset itself, read from disk); ``split``: a sub-folder
+    of both. ``cache_limit``: the cache's budget (bytes or ``"10gb"``). ``shuffle_seed``
+    (Streaming's default 9176), ``shuffle_block_size``: as :class:`WebDataset`'s ``seed`` and
+    ``shuffle_block``. The orders differ from Streaming's own (the algorithm is longshore's:
+    see :class:`WebDataset`). ``batch_size`` is taken from the loader; if given it must match
+    it. ``image_key`` (default: the first of jpg, jpeg, png, webp) and ``label_key``
+    (default ``cls``) name the columns: an image column of encoding ``jpeg`` or ``png``, an
+    integer column. Compressed shards are refused (decompress them with Streaming first).
+    """
+
+    _format = "mds"
+
+    def __init__(self, *, remote=None, local=None, split=None, transform=None, shuffle=False,
+                 shuffle_seed=9176, shuffle_block_size=None, cache_limit=None, batch_size=None,
+                 image_key=None, label_key="cls", rank=None, world_size=None,
+                 prefetch_shards=None, job=None, spec=None, max_pixels=None):
+        if remote is None and local is None and spec is None:
+            raise ValueError("StreamingDataset needs remote= (or local= for a dataset on disk)")
+        root = str(remote if remote is not None else local or "")
+        if split is not None:
+            root = root.rstrip("/") + "/" + str(split)
+        cache = None
+        if remote is not None and local is not None:
+            cache = str(local) if split is None else str(local).rstrip("/") + "/" + str(split)
+        self.batch_size = batch_size
+        self._make([root] if spec is None else [], transform, spec=spec, index=None,
+                   image_key=image_key, label_key=label_key, seed=shuffle_seed,
+                   shuffle=shuffle, shuffle_block=shuffle_block_size, rank=rank,
+                   world_size=world_size, cache_dir=cache, cache_budget=cache_limit, job=job,
+                   prefetch_shards=prefetch_shards, max_pixels=max_pixels)
+
+
+def write_shards(out, samples, format="webdataset", shard_size=64 << 20, image_ext="jpg"):
+    """Writes ``samples`` (an iterable of ``(encoded image bytes, label)``) as shards of about
+    ``shard_size`` bytes under ``out``: ``"webdataset"`` tar shards (``shard-000000.tar``, ...,
+    members ``{key}.{image_ext}`` and ``{key}.cls``) with their wids index
+    ``shard-index.json``, or an ``"mds"`` dataset (``index.json`` and ``shard.00000.mds``, ...,
+    columns ``jpg`` (jpeg) and ``cls`` (int), byte-identical to Streaming's ``MDSWriter``).
+    Returns the shard file names."""
+    return _longshore.write_image_shards(
+        format, str(out), [(bytes(b), int(label)) for b, label in samples], int(shard_size),
+        image_ext)

@@ -80,3 +80,25 @@ pub(crate) fn dlpack_err(e: DlpackError) -> PyErr {
 pub(crate) fn transfer_err(e: longshore::transfer::TransferError) -> PyErr {
     LoaderFailure::new_err(message(&e))
 }
+
+/// A sharded dataset's error (longshore-shards): an option or resume state that does not fit
+/// is a `ValueError`, a shard that cannot be reached or read an `OSError`, a malformed shard,
+/// index or sample a `longshore.LoaderError`; each message names the URL, shard, sample and
+/// offset the error names.
+pub(crate) fn shard_err(e: longshore::shards::ShardError) -> PyErr {
+    use longshore::shards::ShardError as E;
+    let msg = message(&e);
+    match &e {
+        E::Url { .. }
+        | E::Order { .. }
+        | E::Resume { .. }
+        | E::Pattern { .. }
+        | E::StoreConfig { .. }
+        | E::BudgetTooSmall { .. }
+        | E::MdsCompression { .. } => PyValueError::new_err(msg),
+        E::Fetch { .. } | E::MissingShard { .. } | E::Io { .. } | E::CacheFull { .. } => {
+            PyOSError::new_err(msg)
+        }
+        _ => LoaderFailure::new_err(msg),
+    }
+}

@@ -12,6 +12,7 @@ mod loader;
 mod nvjpeg;
 mod pydata;
 mod sampler;
+mod shards;
 mod tensor;
 mod torch;
 mod upload;
@@ -46,6 +47,9 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<torch::PyTorchConverter>()?;
     m.add_class::<vision::PyImageFolder>()?;
+    m.add_class::<shards::PyShards>()?;
+    m.add_class::<shards::PyShardIter>()?;
+    m.add_function(wrap_pyfunction!(shards::write_image_shards, m)?)?;
     m.add_class::<pydata::PyProcessSource>()?;
     m.add_function(wrap_pyfunction!(pydata::_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;

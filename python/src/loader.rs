@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use longshore::data::Batch;
+use longshore::data::{Batch, StackCollate};
 use longshore::dlpack::{ExportOptions, PinnedLabel};
 use longshore::host::{
     BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats, SharedAllocator,
@@ -24,6 +24,7 @@ use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::pydata::{Parts, PyProcessSource};
 use crate::sampler::{EpochOrder, PyEpochOrder};
+use crate::shards::{LoaderShards, PyShards};
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
 
@@ -244,6 +245,16 @@ pub(crate) struct PyLoader {
     export: ExportOptions,
     position: Arc<Position>,
     num_workers: usize,
+    /// A sharded dataset's loader: its shards (epoch, resume state).
+    shards: Option<LoaderShards>,
+}
+
+impl PyLoader {
+    fn sharded(&self) -> PyResult<&LoaderShards> {
+        self.shards
+            .as_ref()
+            .ok_or_else(|| PyValueError::new_err("this loader does not read a sharded dataset"))
+    }
 }
 
 #[pymethods]
@@ -328,14 +339,16 @@ impl PyLoader {
             .cast::<PyProcessSource>()
             .ok()
             .map(|d| d.get().parts());
-        let native = if process.is_some() {
+        // Image shards (see `crate::shards`), an iterable dataset read by the Rust workers.
+        let sharded = dataset.cast::<PyShards>().ok();
+        let native = if process.is_some() || sharded.is_some() {
             None
         } else {
             native_of(dataset)?
         };
         let (source, single) = match native {
             Some(Native { source, single, .. }) => (Some(source), single),
-            None if process.is_some() => (None, false),
+            None if process.is_some() || sharded.is_some() => (None, false),
             None => {
                 return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                     "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset, \
@@ -417,8 +430,37 @@ impl PyLoader {
             order: order.map(|o| o.sampler()),
         };
         let meta = process.is_some();
+        if sharded.is_some() && !in_order {
+            return Err(PyValueError::new_err(
+                "in_order=False: a sharded dataset's batches are its planned order, which its \
+                 resume state counts; leave in_order=True",
+            ));
+        }
+        // The loader's own dataset of the shards: laid out for its batch size and workers.
+        let sharded = sharded
+            .map(|s| {
+                let s = s.get();
+                py.detach(|| s.for_loader(batch_size, drop_last, num_workers))
+            })
+            .transpose()
+            .map_err(crate::errors::shard_err)?;
+        let shards = sharded.as_ref().map(|(s, _)| LoaderShards(s.clone()));
         let inner = py
             .detach(|| match (nvjpeg_files, device.as_ref(), process, source) {
+                // Each worker reads its planned stream; no batch of an epoch is made before
+                // Python selects that epoch.
+                _ if sharded.is_some() => {
+                    let (_, images) = sharded.expect("checked");
+                    Ok(Loader::Host(
+                        configure(
+                            DataLoader::iterable(images)
+                                .collate(StackCollate::new().with_names(["image", "label"])),
+                            options,
+                        )
+                        .prefetch_next_epoch(false)
+                        .build_boxed()?,
+                    ))
+                }
                 (Some(files), Some(d), _, _) => crate::nvjpeg::build(files, options, d, 2),
                 (_, _, Some(Parts::Map(dataset, collate)), _) => Ok(Loader::Host(
                     configure(
@@ -452,6 +494,7 @@ impl PyLoader {
             export: ExportOptions::default().pinned(pinned),
             position: Arc::new(Position::default()),
             num_workers,
+            shards,
         })
     }
 
@@ -506,6 +549,12 @@ impl PyLoader {
     }
 
     fn __len__(&self) -> PyResult<usize> {
+        if let Some(s) = &self.shards {
+            // What each rank's loader yields in the dataset's current epoch (after a resume:
+            // what is left of it).
+            let n = s.0.num_batches().map_err(crate::errors::shard_err)?;
+            return Ok(usize::try_from(n).unwrap_or(usize::MAX));
+        }
         self.inner
             .loader()
             .len()
@@ -519,7 +568,30 @@ impl PyLoader {
         if self.position.get().is_some_and(|s| s.epoch + 1 != epoch) {
             self.position.clear();
         }
+        if let Some(s) = &self.shards {
+            s.0.set_epoch(epoch);
+        }
         self.inner.loader().set_epoch(epoch)
+    }
+
+    /// A sharded dataset's resume state after `taken` batches of `epoch` (JSON).
+    fn shards_state_json(&self, py: Python<'_>, epoch: u64, taken: u64) -> PyResult<String> {
+        let s = self.sharded()?;
+        py.detach(|| s.state_json(epoch, taken))
+    }
+
+    /// Loads a sharded dataset's resume state; returns its epoch.
+    fn shards_load_json(&self, py: Python<'_>, json: &str) -> PyResult<u64> {
+        let s = self.sharded()?;
+        let epoch = py.detach(|| s.load_json(json))?;
+        self.inner.loader().set_epoch(epoch);
+        Ok(epoch)
+    }
+
+    /// Whether this loader reads a sharded dataset.
+    #[getter]
+    fn is_sharded(&self) -> bool {
+        self.shards.is_some()
     }
 
     /// The resumable position, as JSON: while an epoch is under way, the batches Python has

@@ -106,6 +106,37 @@ fn output(desc: &Bound<'_, PyTuple>) -> PyResult<Output> {
     }
 }
 
+/// The pipeline of `steps` and `output` (as `longshore.transforms.Compose._plan()` describes
+/// it), `None` for neither; a `ValueError` when the Rust pipeline cannot express it.
+pub(crate) fn compose_of(
+    steps: Option<Vec<Bound<'_, PyTuple>>>,
+    output: Option<Bound<'_, PyTuple>>,
+) -> PyResult<Option<Compose>> {
+    match (steps, output) {
+        (Some(steps), Some(out)) => {
+            let steps = steps.iter().map(step).collect::<PyResult<Vec<_>>>()?;
+            let out = crate::vision::output(&out)?;
+            Ok(Some(Compose::new(steps, out).map_err(data_err)?))
+        }
+        (None, None) => Ok(None),
+        _ => Err(PyValueError::new_err(
+            "steps and output go together (a pipeline needs both)",
+        )),
+    }
+}
+
+/// The decoder's pixel limit: PIL's default, `max_pixels`, or none.
+pub(crate) fn decode_options(max_pixels: Option<u64>, no_pixel_limit: bool) -> DecodeOptions {
+    let decode = DecodeOptions::default();
+    if no_pixel_limit {
+        decode.max_pixels(None)
+    } else if let Some(m) = max_pixels {
+        decode.max_pixels(Some(m))
+    } else {
+        decode
+    }
+}
+
 /// An image folder (torchvision's `ImageFolder` semantics) and, when it has a transform, the
 /// dataset the loader reads: `(image, label)` with the image written by the pipeline.
 #[pyclass(name = "_ImageFolder", module = "longshore", frozen)]
@@ -145,25 +176,8 @@ impl PyImageFolder {
         max_pixels: Option<u64>,
         no_pixel_limit: bool,
     ) -> PyResult<Self> {
-        let compose = match (steps, output) {
-            (Some(steps), Some(out)) => {
-                let steps = steps.iter().map(step).collect::<PyResult<Vec<_>>>()?;
-                let out = crate::vision::output(&out)?;
-                Some(Compose::new(steps, out).map_err(data_err)?)
-            }
-            (None, None) => None,
-            _ => {
-                return Err(PyValueError::new_err(
-                    "steps and output go together (a pipeline needs both)",
-                ));
-            }
-        };
-        let mut decode = DecodeOptions::default();
-        if no_pixel_limit {
-            decode = decode.max_pixels(None);
-        } else if let Some(m) = max_pixels {
-            decode = decode.max_pixels(Some(m));
-        }
+        let compose = compose_of(steps, output)?;
+        let decode = decode_options(max_pixels, no_pixel_limit);
         let options = ImageFolderOptions::default()
             .allow_empty(allow_empty)
             .decode(decode);

@@ -4,8 +4,9 @@
 //! shards.
 //!
 //! [`ImageShards`] wraps a [`ShardedDataset`] of samples with an image field (`jpg`, `jpeg`,
-//! `png` or `webp`: what [`pack_image_folder`](crate::webdataset::pack_image_folder) writes)
-//! and a label field (`cls` by default). Each image is decoded and transformed by a
+//! `png` or `webp`: what [`pack_image_folder`](crate::webdataset::pack_image_folder) writes;
+//! or the one named with [`image_field`](ImageShards::image_field)) and a label field (`cls`
+//! by default: decimal text in a WebDataset, an integer column of an MDS dataset). Each image is decoded and transformed by a
 //! [`Compose`] pipeline (torchvision's `RandomResizedCrop`, flips, `Normalize`, ...) drawing
 //! from a generator seeded with the sample's seed ([`ShardSample::seed`]): the same crops on
 //! every rank, worker count and resume.
@@ -56,6 +57,7 @@ pub struct ImageShards {
     dataset: ShardedDataset,
     transform: Arc<Compose>,
     decode: DecodeOptions,
+    image: Option<String>,
     label: String,
 }
 
@@ -66,6 +68,7 @@ impl ImageShards {
             dataset,
             transform: Arc::new(transform),
             decode: DecodeOptions::default(),
+            image: None,
             label: "cls".into(),
         }
     }
@@ -77,7 +80,15 @@ impl ImageShards {
         self
     }
 
-    /// The field holding the label as a decimal integer (default `cls`).
+    /// The field holding the encoded image (an MDS `jpeg`/`png` column, a WebDataset
+    /// extension); default: the first of `jpg`, `jpeg`, `png`, `webp` present.
+    #[must_use]
+    pub fn image_field(mut self, name: impl Into<String>) -> ImageShards {
+        self.image = Some(name.into());
+        self
+    }
+
+    /// The field holding the label (default `cls`); see [`ShardSample::int`].
     #[must_use]
     pub fn label_field(mut self, ext: impl Into<String>) -> ImageShards {
         self.label = ext.into();
@@ -103,7 +114,7 @@ impl ImageShards {
     /// does not decode.
     pub fn decode(&self, sample: &ShardSample) -> Result<(Tensor, i64), DataError> {
         let s = &sample.sample;
-        let (ext, bytes) = s.image().ok_or_else(|| {
+        let (ext, bytes) = sample.image(self.image.as_deref()).ok_or_else(|| {
             let have: Vec<&str> = s.fields.keys().map(String::as_str).collect();
             DataError::custom(
                 "decoding an image sample",
@@ -111,11 +122,14 @@ impl ImageShards {
                     shard: s.url.clone(),
                     key: s.key.clone(),
                     offset: s.offset,
-                    reason: format!("no image field (fields: {})", have.join(", ")),
+                    reason: match &self.image {
+                        Some(n) => format!("no image field {n:?} (fields: {})", have.join(", ")),
+                        None => format!("no image field (fields: {})", have.join(", ")),
+                    },
                 },
             )
         })?;
-        let label = s
+        let label = sample
             .int(&self.label)
             .map_err(|e| DataError::custom("reading an image sample's label", e))?;
         let field = self.transform.field();

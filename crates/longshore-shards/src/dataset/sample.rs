@@ -63,6 +63,45 @@ impl ShardSample {
         self.sample.field(name)
     }
 
+    /// Field `name` as an integer (a class label): an MDS column decoded with its encoding
+    /// (`int*`/`uint*`, `str_int`, or a float or text holding a whole number), a WebDataset
+    /// field as decimal text (`.cls`).
+    ///
+    /// # Errors
+    /// [`ShardError::Mds`] or [`ShardError::Sample`] naming the shard, the sample and the
+    /// field when it is missing or not an integer.
+    pub fn int(&self, name: &str) -> Result<i64, ShardError> {
+        if self.columns.is_none() {
+            return self.sample.int(name);
+        }
+        let fail = |reason: String| ShardError::Mds {
+            shard: self.sample.url.clone(),
+            sample: Some(self.id.index),
+            offset: self.sample.offset,
+            reason: format!("column {name:?}: {reason}"),
+        };
+        match self.value(name)? {
+            Value::Int(i) => Ok(i),
+            Value::UInt(u) => i64::try_from(u).map_err(|_| fail(format!("{u} is out of range"))),
+            Value::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Ok(f as i64),
+            Value::Str(t) => t
+                .trim()
+                .parse()
+                .map_err(|_| fail(format!("{t:?} is not an integer"))),
+            other => Err(fail(format!("{} is not an integer", other.kind()))),
+        }
+    }
+
+    /// The image field: field `name`, or without one the first of
+    /// [`IMAGE_EXTENSIONS`](crate::webdataset::IMAGE_EXTENSIONS) present; its name and encoded
+    /// bytes.
+    pub fn image<'a>(&'a self, name: Option<&'a str>) -> Option<(&'a str, &'a [u8])> {
+        match name {
+            Some(n) => self.sample.get(n).map(|b| (n, b)),
+            None => self.sample.image(),
+        }
+    }
+
     /// MDS column `name`, decoded with its encoding (see [`crate::mds::Value`]).
     ///
     /// # Errors

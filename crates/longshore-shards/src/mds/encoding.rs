@@ -245,3 +245,21 @@ pub enum Value {
     /// A list (`list[jpeg]`, `list[png]`, `list[pil]`, `jpeg_array`).
     List(Vec<Value>),
 }
+
+impl Value {
+    /// What kind of value this is, for messages (`"bytes"`, `"text"`, `"an array"`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::Bytes(_) => "bytes",
+            Value::Str(_) => "text",
+            Value::Int(_) => "an integer",
+            Value::UInt(_) => "an unsigned integer",
+            Value::Float(_) => "a float",
+            Value::Json(_) => "JSON",
+            Value::Image(_) => "an encoded image",
+            Value::Pil { .. } => "a raw PIL image",
+            Value::Array(_) => "an array",
+            Value::List(_) => "a list",
+        }
+    }
+}

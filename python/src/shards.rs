@@ -1,0 +1,339 @@
+//! `longshore._Shards`: image shards in object storage (WebDataset tar shards or an MDS
+//! dataset, read by `longshore::shards`), for `longshore.datasets.WebDataset` and
+//! `StreamingDataset`. The shards are resolved once, when the dataset is made (one listing,
+//! one index read): a loader builds its own [`ShardedDataset`] from that spec with its batch
+//! size, `drop_last` and number of workers (the order is laid out in whole batches per worker),
+//! and its Rust workers read, decode and transform the images ([`ImageShards`]).
+
+use std::path::PathBuf;
+
+use longshore::data::{DType, IterableDataset, Tensor, WorkerInfo};
+use longshore::shards::ShardError;
+use longshore::shards::dataset::{DatasetSpec, ShardedDataset, ShardedDatasetBuilder};
+use longshore::shards::order::ResumeState;
+use longshore::shards::vision::ImageShards;
+use longshore::vision::{Compose, DecodeOptions};
+use pyo3::exceptions::{PyStopIteration, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::errors::{data_err, shard_err};
+use crate::vision::{compose_of, decode_options};
+
+/// The order and cache options a loader's dataset is built with (the dataset's own, as given
+/// in Python).
+#[derive(Debug, Clone)]
+struct Options {
+    seed: u64,
+    shuffle: bool,
+    shuffle_block: Option<u64>,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    cache_dir: Option<PathBuf>,
+    cache_budget: Option<u64>,
+    job: Option<String>,
+    prefetch_shards: Option<usize>,
+}
+
+impl Options {
+    fn apply(&self, mut b: ShardedDatasetBuilder) -> ShardedDatasetBuilder {
+        b = b.seed(self.seed).shuffle(self.shuffle);
+        if let Some(n) = self.shuffle_block {
+            b = b.shuffle_block(n);
+        }
+        if let Some(r) = self.rank {
+            b = b.rank(r);
+        }
+        if let Some(w) = self.world_size {
+            b = b.world_size(w);
+        }
+        if let Some(d) = &self.cache_dir {
+            b = b.cache_dir(d);
+        }
+        if let Some(n) = self.cache_budget {
+            b = b.cache_budget(n);
+        }
+        if let Some(j) = &self.job {
+            b = b.job(j);
+        }
+        if let Some(n) = self.prefetch_shards {
+            b = b.prefetch_shards(n);
+        }
+        b
+    }
+}
+
+/// Image shards with a transform pipeline; see the module docs.
+#[pyclass(name = "_Shards", module = "longshore", frozen)]
+pub(crate) struct PyShards {
+    /// Resolved when made (batch size 1): its spec, store, rank and world size are what the
+    /// loaders' datasets are built from.
+    resolved: ShardedDataset,
+    options: Options,
+    compose: Compose,
+    decode: DecodeOptions,
+    image: Option<String>,
+    label: String,
+}
+
+impl PyShards {
+    /// This dataset as a loader of `batch_size` with `num_workers` reads it: the shards (kept
+    /// by the loader for `set_epoch` and resume) and the decoded images.
+    pub(crate) fn for_loader(
+        &self,
+        batch_size: usize,
+        drop_last: bool,
+        num_workers: usize,
+    ) -> Result<(ShardedDataset, ImageShards), ShardError> {
+        let b = ShardedDataset::from_spec(self.resolved.spec().clone())
+            .store(self.resolved.store().clone())
+            .rank(self.resolved.rank())
+            .world_size(self.resolved.world_size());
+        let shards = self
+            .options
+            .apply(b)
+            .batch_size(batch_size)
+            .drop_last(drop_last)
+            .num_workers(num_workers.max(1))
+            .build()?;
+        Ok((shards.clone(), self.images(shards)))
+    }
+
+    fn images(&self, shards: ShardedDataset) -> ImageShards {
+        let mut images = ImageShards::new(shards, self.compose.clone())
+            .decode_options(self.decode.clone())
+            .label_field(self.label.clone());
+        if let Some(name) = &self.image {
+            images = images.image_field(name.clone());
+        }
+        images
+    }
+}
+
+#[pymethods]
+impl PyShards {
+    /// `format`: `"webdataset"` (`urls`: shard URL patterns, brace ranges expanded; `index`:
+    /// a wids shard index) or `"mds"` (`urls`: the roots of MDS datasets); or `spec`, the JSON
+    /// of another `_Shards`' `spec_json` (resolved elsewhere: no listing here). `steps` and
+    /// `output` describe the image pipeline (`Compose._plan()`).
+    #[new]
+    #[pyo3(signature = (format, urls, steps, output, *, spec = None, index = None,
+        image_key = None, label_key = "cls", seed = 0, shuffle = false, shuffle_block = None,
+        rank = None, world_size = None, cache_dir = None, cache_budget = None, job = None,
+        prefetch_shards = None, max_pixels = None, no_pixel_limit = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        format: &str,
+        urls: Vec<String>,
+        steps: Vec<Bound<'_, PyTuple>>,
+        output: Bound<'_, PyTuple>,
+        spec: Option<String>,
+        index: Option<String>,
+        image_key: Option<String>,
+        label_key: &str,
+        seed: u64,
+        shuffle: bool,
+        shuffle_block: Option<u64>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        cache_dir: Option<PathBuf>,
+        cache_budget: Option<u64>,
+        job: Option<String>,
+        prefetch_shards: Option<usize>,
+        max_pixels: Option<u64>,
+        no_pixel_limit: bool,
+    ) -> PyResult<Self> {
+        let compose = compose_of(Some(steps), Some(output))?
+            .ok_or_else(|| PyValueError::new_err("an image pipeline is required"))?;
+        let options = Options {
+            seed,
+            shuffle,
+            shuffle_block,
+            rank,
+            world_size,
+            cache_dir,
+            cache_budget,
+            job,
+            prefetch_shards,
+        };
+        let builder = match (spec, format) {
+            (Some(json), _) => {
+                ShardedDataset::from_spec(DatasetSpec::from_json(&json).map_err(shard_err)?)
+            }
+            (None, "webdataset") => {
+                let mut b = ShardedDataset::webdataset(urls);
+                if let Some(i) = index {
+                    b = b.index(i);
+                }
+                b
+            }
+            (None, "mds") => ShardedDataset::mds(urls),
+            (None, other) => {
+                return Err(PyValueError::new_err(format!(
+                    "format must be 'webdataset' or 'mds', not {other:?}"
+                )));
+            }
+        };
+        let builder = options.apply(builder);
+        let resolved = py.detach(|| builder.build()).map_err(shard_err)?;
+        Ok(PyShards {
+            resolved,
+            options,
+            compose,
+            decode: decode_options(max_pixels, no_pixel_limit),
+            image: image_key,
+            label: label_key.to_owned(),
+        })
+    }
+
+    /// Samples in one epoch of the whole dataset (all ranks).
+    fn __len__(&self) -> usize {
+        usize::try_from(self.resolved.len()).unwrap_or(usize::MAX)
+    }
+
+    /// The shards' URLs, in the dataset's canonical order.
+    #[getter]
+    fn urls(&self) -> Vec<String> {
+        let spec = self.resolved.spec();
+        spec.shards.shards.iter().map(|s| s.url.clone()).collect()
+    }
+
+    /// This process's rank and the number of ranks (given, or from the launcher's variables).
+    #[getter]
+    fn rank(&self) -> (usize, usize) {
+        (self.resolved.rank(), self.resolved.world_size())
+    }
+
+    /// The resolved shard list and counts as JSON: give it to the other ranks' datasets
+    /// (`spec=`) so that the job lists the bucket once.
+    #[getter]
+    fn spec_json(&self) -> String {
+        self.resolved.spec().to_json()
+    }
+
+    /// The per-image output shape of the pipeline.
+    #[getter]
+    fn output_shape(&self) -> Vec<usize> {
+        self.compose.field().shape.dims().to_vec()
+    }
+
+    /// This rank's samples of `epoch` as one worker reads them, outside a loader: an iterator
+    /// of `(bytes, dtype, label)` (native byte order), read and decoded by a Rust thread a few
+    /// samples ahead.
+    fn iter_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<PyShardIter> {
+        let (shards, images) = py.detach(|| self.for_loader(1, false, 1)).map_err(shard_err)?;
+        shards.set_epoch(epoch);
+        let (tx, rx) = crossbeam_channel::bounded(4);
+        std::thread::Builder::new()
+            .name("longshore-shards-iter".into())
+            .spawn(move || {
+                for item in images.iter(WorkerInfo::single(0)) {
+                    if tx.send(item).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| PyValueError::new_err(format!("cannot start a reader thread: {e}")))?;
+        Ok(PyShardIter { rx })
+    }
+}
+
+/// What `_Shards.iter_epoch` returns.
+#[pyclass(name = "_ShardIter", module = "longshore")]
+pub(crate) struct PyShardIter {
+    rx: crossbeam_channel::Receiver<Result<(Tensor, i64), longshore::data::DataError>>,
+}
+
+#[pymethods]
+impl PyShardIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<(Vec<u8>, String, i64)> {
+        let rx = self.rx.clone();
+        match py.detach(move || rx.recv()) {
+            Ok(Ok((image, label))) => {
+                let dtype = match image.dtype() {
+                    DType::U8 => "uint8",
+                    _ => "float32",
+                };
+                Ok((image.bytes().to_vec(), dtype.to_owned(), label))
+            }
+            Ok(Err(e)) => Err(data_err(e)),
+            Err(_) => Err(PyStopIteration::new_err(())),
+        }
+    }
+}
+
+/// A loader's shards: what `set_epoch`, `state_dict` and `load_state_dict` act on.
+#[derive(Debug, Clone)]
+pub(crate) struct LoaderShards(pub(crate) ShardedDataset);
+
+impl LoaderShards {
+    /// The resume state after `taken` batches of `epoch`'s iteration (the epoch selected
+    /// first if the dataset is at another one), as JSON.
+    pub(crate) fn state_json(&self, epoch: u64, taken: u64) -> PyResult<String> {
+        if self.0.epoch() != epoch {
+            self.0.set_epoch(epoch);
+        }
+        let state = self.0.state_dict(taken).map_err(shard_err)?;
+        serde_json::to_string(&state).map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Loads a state saved by [`state_json`](Self::state_json); returns its epoch.
+    pub(crate) fn load_json(&self, json: &str) -> PyResult<u64> {
+        let state: ResumeState = serde_json::from_str(json).map_err(|e| {
+            PyValueError::new_err(format!("not a sharded dataset's resume state: {e}"))
+        })?;
+        self.0.load_state_dict(&state).map_err(shard_err)?;
+        Ok(state.epoch())
+    }
+}
+
+/// Writes `samples` (encoded image, label) as shards of at most about `shard_bytes` under
+/// `out`: `"webdataset"` tar shards `shard-000000.tar`, ... (`{key}.{image_ext}` and
+/// `{key}.cls`, keys `000000000`, ...) with their wids index `shard-index.json`, or an
+/// `"mds"` dataset (`index.json`, `shard.00000.mds`, ...; columns `jpg`: jpeg, `cls`: int, as
+/// Streaming's `MDSWriter` writes them). Returns the shard file names.
+#[pyfunction]
+#[pyo3(signature = (format, out, samples, shard_bytes = 64 << 20, image_ext = "jpg"))]
+pub(crate) fn write_image_shards(
+    py: Python<'_>,
+    format: &str,
+    out: PathBuf,
+    samples: Vec<(Vec<u8>, i64)>,
+    shard_bytes: u64,
+    image_ext: &str,
+) -> PyResult<Vec<String>> {
+    use longshore::shards::mds::{MdsWriter, Value};
+    use longshore::shards::webdataset::ShardWriter;
+    let written = py.detach(|| -> Result<Vec<String>, ShardError> {
+        match format {
+            "webdataset" => {
+                let mut w = ShardWriter::new(&out, shard_bytes)?;
+                for (i, (image, label)) in samples.iter().enumerate() {
+                    let cls = label.to_string();
+                    w.write(
+                        &format!("{i:09}"),
+                        &[(image_ext, image.as_slice()), ("cls", cls.as_bytes())],
+                    )?;
+                }
+                Ok(w.finish()?.shardlist.into_iter().map(|s| s.url).collect())
+            }
+            "mds" => {
+                let mut w = MdsWriter::new(&out, &[("jpg", "jpeg"), ("cls", "int")], Some(shard_bytes))?;
+                for (image, label) in samples {
+                    w.write(&[("jpg", Value::Image(image)), ("cls", Value::Int(label))])?;
+                }
+                Ok(w.finish()?.shards.into_iter().map(|s| s.raw_data.basename).collect())
+            }
+            other => Err(ShardError::Order {
+                option: "format",
+                reason: format!("must be 'webdataset' or 'mds', not {other:?}"),
+            }),
+        }
+    });
+    written.map_err(shard_err)
+}
