@@ -290,3 +290,14 @@ def test_cuda_batches(data, tmp_path):
     torch.cuda.synchronize()
     assert sorted(labels) == list(range(N))
 
+
+
+def test_guide_example():
+    """The Python example of docs/guide.md's "Datasets in object storage" runs as written."""
+    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide.md")
+    text = open(guide).read()
+    section = text[text.index("## Datasets in object storage"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = section.split("```python\n")[1:]
+    assert len(blocks) == 1, "one Python example in the section"
+    exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {})

@@ -28,8 +28,13 @@ RandomHorizontalFlip, ToTensor, Normalize; batch --batch-size; on CUDA, pin_memo
               shuffle=True, batch_size)`` with the transform in ``__getitem__``, torch's
               DataLoader; shards are downloaded by boto3 (S3_ENDPOINT_URL) into the local
               cache during the warm-up epoch and read from it afterwards.
-  longshore   ``longshore.datasets.WebDataset`` / ``StreamingDataset`` with longshore's
-              DataLoader, if the installed package has them ("not available" otherwise).
+  webdataset (cache_dir)  the same with webdataset's shard cache (later epochs read local
+              copies).
+  longshore   ``longshore.datasets.WebDataset`` / ``StreamingDataset`` over S3 (shuffled,
+              cached by longshore's shard cache during the warm-up epoch) and
+              ``longshore.datasets.ImageFolder`` over images/ (the same pipeline from local
+              disk), with longshore's DataLoader; each also drained by its Rust side in the
+              same process (rows "[Rust]").
   folder      torchvision's ImageFolder over images/ (local files; the reference).
 torch's DataLoader is swept over --workers (8,16) x --prefetch (2,4), persistent workers,
 pin_memory on CUDA; the best configuration of each loader is reported.
@@ -195,14 +200,24 @@ def timed(make_iter, epochs, cuda):
     return sum(counts) / (time.perf_counter() - t0), counts, warm
 
 
-def sweep(name, make_loader, args, cuda, rows):
-    """Times `make_loader(workers, prefetch)` over the sweep; appends a row for each."""
+def sweep(name, make_loader, args, cuda, rows, rust_drain=False):
+    """Times `make_loader(workers, prefetch)` over the sweep; appends a row for each. With
+    `rust_drain` (a longshore loader), then drains the same loader's epochs in Rust
+    (`_drain_in_rust`) and appends that as a row "<name> [Rust]"."""
     for w in args.workers:
         for pf in args.prefetch:
             label = f"{name} (workers {w}, prefetch {pf})"
             try:
                 dl = make_loader(w, pf)
                 rate, counts, warm = timed(lambda dl=dl: iter(dl), args.epochs, cuda)
+                if rust_drain:
+                    samples, secs = dl._loader._drain_in_rust(args.epochs)
+                    rust = samples / secs
+                    print(f"  {label} [Rust]: {rust:,.0f} images/s", flush=True)
+                    rows.append({"loader": f"{name} [Rust]", "workers": w, "prefetch": pf,
+                                 "status": "ok", "images_per_s": rust,
+                                 "samples_per_epoch": [samples // max(args.epochs, 1)],
+                                 "warmup_s": 0.0})
                 del dl
             except Exception as e:  # a baseline that fails is reported, not fatal
                 print(f"  {label}: failed: {type(e).__name__}: {e}", flush=True)
@@ -238,9 +253,11 @@ def bench_webdataset(args, shard_urls, endpoint, cuda, rows):
         schemes = importlib.import_module("webdataset.gopen").gopen_schemes
         schemes["http"] = lambda url, mode="rb", bufsize=8192, **kw: urllib.request.urlopen(url)
 
+    cache_dir = None
+
     def make(w, pf):
         ds = (wds.WebDataset(urls, shardshuffle=len(urls), workersplitter=wds.split_by_worker,
-                             empty_check=False)
+                             empty_check=False, cache_dir=cache_dir)
               .shuffle(1000)
               .decode("pil")
               .to_tuple("jpg", "cls")
@@ -250,6 +267,11 @@ def bench_webdataset(args, shard_urls, endpoint, cuda, rows):
         return torch.utils.data.DataLoader(ds, batch_size=None, **dataloader_kw(w, pf, cuda))
 
     sweep("webdataset", make, args, cuda, rows)
+    # With its shard cache: epoch 0 downloads, later epochs read local copies (what an expert
+    # turns on when the node has the disk).
+    cache_dir = str(args.data_dir.resolve() / "webdataset-cache")
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    sweep("webdataset (cache_dir)", make, args, cuda, rows)
 
 
 _STREAMING_TRAIN = None
@@ -303,9 +325,11 @@ def bench_streaming(args, data, cuda, rows):
 
 
 def bench_longshore(args, shard_urls, data, cuda, rows):
-    """longshore's sharded datasets, when the installed package has them. The constructor
-    calls below are this script's guess at their API (the transform as ImageFolder takes it);
-    a mismatch is reported as a failed row."""
+    """longshore's sharded datasets (WebDataset over S3, StreamingDataset over S3) and its
+    ImageFolder over the unpacked folder (the same pipeline from local disk: the reference of
+    the "within 10%" target), with longshore's DataLoader. Each loader is also drained by its
+    Rust side in the same process (``_drain_in_rust``: the batches as a Rust user's loop gets
+    them, no conversion to torch), the Rust front door's rate."""
     try:
         import longshore
         from longshore import transforms as LT
@@ -316,16 +340,19 @@ def bench_longshore(args, shard_urls, data, cuda, rows):
     tf = LT.Compose([LT.RandomResizedCrop(224), LT.RandomHorizontalFlip(), LT.ToTensor(),
                      LT.Normalize(MEAN, STD)])
     n = len(shard_urls)
+    cache = data / "longshore-cache"
+    shutil.rmtree(cache, ignore_errors=True)  # the warm-up epoch downloads through S3
     makers = {
         "WebDataset": lambda: longshore.datasets.WebDataset(
-            f"s3://{BUCKET}/wds/shard-{{000000..{n - 1:06d}}}.tar", transform=tf),
+            f"s3://{BUCKET}/wds/shard-{{000000..{n - 1:06d}}}.tar", transform=tf, shuffle=True,
+            cache_dir=cache / "wds"),
         "StreamingDataset": lambda: longshore.datasets.StreamingDataset(
-            remote=f"s3://{BUCKET}/mds", local=str(data / "longshore-cache"), transform=tf),
+            remote=f"s3://{BUCKET}/mds", local=str(cache / "mds"), transform=tf, shuffle=True),
+        "ImageFolder": lambda: longshore.datasets.ImageFolder(str(data / "images"), transform=tf),
     }
-    datasets = getattr(longshore, "datasets", None)
     for cls, make_ds in makers.items():
         name = f"longshore.datasets.{cls}"
-        if not hasattr(datasets, cls):
+        if not hasattr(longshore.datasets, cls):
             print(f"  {name}: not available")
             rows.append({"loader": name, "status": "not available"})
             continue
@@ -336,13 +363,15 @@ def bench_longshore(args, shard_urls, data, cuda, rows):
             rows.append({"loader": name, "status": f"failed: {type(e).__name__}: {e}"})
             continue
 
-        def make(w, pf, ds=ds):
+        def make(w, pf, ds=ds, cls=cls):
             return longshore.DataLoader(ds, batch_size=args.batch_size, num_workers=w,
+                                        shuffle=True if cls == "ImageFolder" else None,
                                         persistent_workers=True, pin_memory=cuda,
                                         device="cuda" if cuda else None)
 
         # longshore's workers are threads: prefetch is its own, not swept.
-        sweep(name, make, argparse.Namespace(**{**vars(args), "prefetch": [2]}), cuda, rows)
+        sweep(name, make, argparse.Namespace(**{**vars(args), "prefetch": [2]}), cuda, rows,
+              rust_drain=True)
 
 
 def bench_folder(args, data, cuda, rows):
