@@ -13,7 +13,7 @@ use longshore::loader::{
     BoxedFetch, BoxedLoader, DataLoader, DataLoaderBuilder, DeviceBatch, DeviceLoader, LoaderError,
     LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
 };
-use longshore::nvjpeg::NvjpegDecoder;
+use longshore::nvjpeg::{EncodedCollate, NvjpegDecoder};
 use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -312,21 +312,24 @@ impl PyLoader {
             ],
         )?;
         // Device decoding reads the files in the workers and decodes them on the GPU.
+        let mut nvjpeg_shards = false;
         let nvjpeg_files = match decode {
             "cpu" => None,
             "nvjpeg" => {
-                let Ok(d) = dataset.cast::<PyImageFolder>() else {
+                let folder = dataset.cast::<PyImageFolder>().ok();
+                nvjpeg_shards = dataset.cast::<PyShards>().is_ok();
+                if folder.is_none() && !nvjpeg_shards {
                     return Err(PyValueError::new_err(
-                        "decode=\"nvjpeg\" decodes image folders: the dataset must be a \
-                         longshore.datasets.ImageFolder",
+                        "decode=\"nvjpeg\" decodes images: the dataset must be a \
+                         longshore.datasets.ImageFolder, WebDataset or StreamingDataset",
                     ));
-                };
+                }
                 if device.is_none() {
                     return Err(PyValueError::new_err(
                         "decode=\"nvjpeg\" decodes on a GPU: it needs device=\"cuda\"",
                     ));
                 }
-                Some(d.get().encoded()?)
+                folder.map(|d| d.get().encoded()).transpose()?
             }
             other => {
                 return Err(PyValueError::new_err(format!(
@@ -449,6 +452,18 @@ impl PyLoader {
             .detach(|| match (nvjpeg_files, device.as_ref(), process, source) {
                 // Each worker reads its planned stream; no batch of an epoch is made before
                 // Python selects that epoch.
+                (_, Some(d), _, _) if nvjpeg_shards => {
+                    let (_, images) = sharded.expect("a sharded dataset");
+                    let encoded = images.encoded().map_err(LoaderError::from)?;
+                    let decoder = encoded.decoder(d)?;
+                    let loader = configure(
+                        DataLoader::iterable(encoded).collate(EncodedCollate),
+                        options,
+                    )
+                    .prefetch_next_epoch(false)
+                    .build_boxed()?;
+                    Ok(Loader::Nvjpeg(loader.with_stage(decoder).depth(2)))
+                }
                 _ if sharded.is_some() => {
                     let (_, images) = sharded.expect("checked");
                     Ok(Loader::Host(

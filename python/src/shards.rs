@@ -101,7 +101,7 @@ impl PyShards {
 
     fn images(&self, shards: ShardedDataset) -> ImageShards {
         let mut images = ImageShards::new(shards, self.compose.clone())
-            .decode_options(self.decode.clone())
+            .decode_options(self.decode)
             .label_field(self.label.clone());
         if let Some(name) = &self.image {
             images = images.image_field(name.clone());
@@ -222,7 +222,9 @@ impl PyShards {
     /// of `(bytes, dtype, label)` (native byte order), read and decoded by a Rust thread a few
     /// samples ahead.
     fn iter_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<PyShardIter> {
-        let (shards, images) = py.detach(|| self.for_loader(1, false, 1)).map_err(shard_err)?;
+        let (shards, images) = py
+            .detach(|| self.for_loader(1, false, 1))
+            .map_err(shard_err)?;
         shards.set_epoch(epoch);
         let (tx, rx) = crossbeam_channel::bounded(4);
         std::thread::Builder::new()
@@ -323,11 +325,16 @@ pub(crate) fn write_image_shards(
                 Ok(w.finish()?.shardlist.into_iter().map(|s| s.url).collect())
             }
             "mds" => {
-                let mut w = MdsWriter::new(&out, &[("jpg", "jpeg"), ("cls", "int")], Some(shard_bytes))?;
+                let mut w =
+                    MdsWriter::new(&out, &[("jpg", "jpeg"), ("cls", "int")], Some(shard_bytes))?;
                 for (image, label) in samples {
                     w.write(&[("jpg", Value::Image(image)), ("cls", Value::Int(label))])?;
                 }
-                Ok(w.finish()?.shards.into_iter().map(|s| s.raw_data.basename).collect())
+                Ok(w.finish()?
+                    .shards
+                    .into_iter()
+                    .map(|s| s.raw_data.basename)
+                    .collect())
             }
             other => Err(ShardError::Order {
                 option: "format",

@@ -301,3 +301,28 @@ def test_guide_example():
     blocks = section.split("```python\n")[1:]
     assert len(blocks) == 1, "one Python example in the section"
     exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {})
+
+
+def test_nvjpeg_decoding_matches_the_cpu(data, tmp_path):
+    """decode="nvjpeg": the workers read the shards, nvJPEG decodes on the GPU; each sample's
+    pixels are the CPU pipeline's within a few levels (the same crops: per-sample seeds)."""
+    from conftest import need_cuda
+
+    torch = need_cuda()
+    root, _, _ = data
+    train = T.Compose([T.RandomResizedCrop(40), T.RandomHorizontalFlip(), T.ToTensor()])
+    got = {}
+    for decode in ("cpu", "nvjpeg"):
+        loader = longshore.DataLoader(web(root, tmp_path / "c", transform=train, shuffle=True),
+                                      batch_size=8, num_workers=2, device="cuda",
+                                      decode=decode)
+        out = {}
+        for x, y in loader:
+            assert x.is_cuda and tuple(x.shape) == (8, 3, 40, 40)
+            for img, label in zip(x.cpu(), y.tolist()):
+                out[label] = img
+        got[decode] = out
+    torch.cuda.synchronize()
+    assert sorted(got["nvjpeg"]) == list(range(N))
+    worst = max(float((got["nvjpeg"][i] - got["cpu"][i]).abs().mean()) * 255 for i in range(N))
+    assert worst < 2.0, f"mean difference {worst:.2f} levels"

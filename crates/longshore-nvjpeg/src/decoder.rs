@@ -22,7 +22,7 @@ use super::kernel::{Kernel, PARAMS, context};
 use crate::{IMAGE, LABEL_NAME};
 use longshore_vision::compose::{Compose, Output};
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
-use longshore_vision::folder::{ImageFolder, invalid};
+use longshore_vision::folder::invalid;
 
 #[cfg(feature = "ceiling")]
 mod ceiling;
@@ -82,12 +82,17 @@ struct Item {
     dropped: bool,
 }
 
+/// How a decoder names a sample in errors, from its dataset index: its file, or for a shard
+/// sample the shard and the sample's place in it.
+pub type SampleNames = Arc<dyn Fn(usize) -> std::path::PathBuf + Send + Sync>;
+
 /// Decodes host batches of [`EncodedCollate`](super::EncodedCollate) on a CUDA device; see the
 /// [module docs](super).
 pub struct NvjpegDecoder {
     device: Device,
     stream: Stream,
-    folder: ImageFolder,
+    /// Names a sample (by dataset index) in errors.
+    names: SampleNames,
     transform: Arc<Compose>,
     options: DecodeOptions,
     backend: Backend,
@@ -152,6 +157,22 @@ impl NvjpegDecoder {
         NvjpegDecoder::with_backend(device, images, Backend::Auto)
     }
 
+    /// A decoder for batches of any source of encoded images with `transform` (an iterable
+    /// source of [`PlannedSample`](crate::PlannedSample)s: image shards), decoding on the CPU
+    /// with `options` where the device cannot; `names` gives a sample's name for errors from
+    /// its index. [`Backend::Auto`].
+    ///
+    /// # Errors
+    /// As [`NvjpegDecoder::new`].
+    pub fn for_pipeline(
+        device: &Device,
+        transform: &Compose,
+        options: DecodeOptions,
+        names: SampleNames,
+    ) -> Result<NvjpegDecoder, TransferError> {
+        NvjpegDecoder::build(device, transform, options, names, Backend::Auto)
+    }
+
     /// [`NvjpegDecoder::new`] with a chosen backend.
     ///
     /// # Errors
@@ -160,6 +181,30 @@ impl NvjpegDecoder {
     pub fn with_backend(
         device: &Device,
         images: &EncodedImages,
+        backend: Backend,
+    ) -> Result<NvjpegDecoder, TransferError> {
+        let folder = images.folder().clone();
+        let names: SampleNames = Arc::new(move |index| {
+            folder
+                .samples()
+                .get(index)
+                .map(|(p, _)| p.clone())
+                .unwrap_or_default()
+        });
+        NvjpegDecoder::build(
+            device,
+            images.transform(),
+            *images.folder().decode(),
+            names,
+            backend,
+        )
+    }
+
+    fn build(
+        device: &Device,
+        transform: &Compose,
+        options: DecodeOptions,
+        names: SampleNames,
         backend: Backend,
     ) -> Result<NvjpegDecoder, TransferError> {
         let id = device.id();
@@ -215,9 +260,9 @@ impl NvjpegDecoder {
         let mut decoder = NvjpegDecoder {
             device: device.clone(),
             stream,
-            folder: images.folder().clone(),
-            transform: Arc::new(images.transform().clone()),
-            options: *images.folder().decode(),
+            names,
+            transform: Arc::new(transform.clone()),
+            options,
             backend,
             on_error: SampleErrorPolicy::FailBatch,
             own_policy: false,
@@ -248,7 +293,7 @@ impl NvjpegDecoder {
         let mut lane = NvjpegDecoder {
             device: self.device.clone(),
             stream: self.device.new_stream()?,
-            folder: self.folder.clone(),
+            names: self.names.clone(),
             transform: self.transform.clone(),
             options: self.options,
             backend: self.backend,
@@ -395,11 +440,7 @@ impl NvjpegDecoder {
     }
 
     fn path(&self, index: usize) -> std::path::PathBuf {
-        self.folder
-            .samples()
-            .get(index)
-            .map(|(p, _)| p.clone())
-            .unwrap_or_default()
+        (self.names)(index)
     }
 
     fn sync_slots(&mut self) {

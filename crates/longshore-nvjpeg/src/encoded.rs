@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use longshore_data::{Batch, BatchLayout, DType, DataError, Dataset, DatasetCollate, Storage};
+use longshore_data::{
+    Batch, BatchLayout, Collate, DType, DataError, Dataset, DatasetCollate, Storage,
+};
 
 use super::header::{JpegHeader, JpegRoute};
 use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
@@ -196,6 +198,103 @@ pub struct EncodedSample {
     pub bytes: Vec<u8>,
 }
 
+impl EncodedSample {
+    /// An encoded image read from anywhere (a file, a shard): `bytes` checked as the CPU path
+    /// checks them (format, pixel limit, a readable header) and routed. A JPEG nvJPEG's
+    /// hardware engines take stays encoded for the device unless `on_cpu` (a CPU share, see
+    /// [`EncodedImages::cpu_share`]); other JPEGs (progressive, ...) and other formats (PNG)
+    /// are decoded here to RGB. `path` names the image in errors.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidFile`] naming `path`.
+    pub fn from_bytes(
+        path: PathBuf,
+        label: i64,
+        bytes: Vec<u8>,
+        options: &DecodeOptions,
+        on_cpu: bool,
+    ) -> Result<EncodedSample, DataError> {
+        let header = probe(&bytes).map_err(|e| invalid(&path, e))?;
+        check_limit(options, header.width, header.height).map_err(|e| invalid(&path, e))?;
+        // The marker walk decides who decodes a JPEG, here in the workers, so that the device
+        // stage's one thread only calls nvJPEG; its dimensions must agree with the header
+        // decoder's, or the device stage checks the file itself.
+        let route = match header.format {
+            ImageFormat::Jpeg => match JpegHeader::walk(&bytes) {
+                Ok(h) if (h.width, h.height) == (header.width, header.height) => h.route(),
+                _ => JpegRoute::Check,
+            },
+            // PNG, and any format the CPU decoder learns later: decoded by the workers.
+            _ => JpegRoute::CpuHuffman,
+        };
+        let on_cpu = route == JpegRoute::Hardware && on_cpu;
+        let (bytes, payload) = match route {
+            JpegRoute::Hardware | JpegRoute::Check if !on_cpu => (bytes, Payload::Jpeg),
+            // A PNG, or a JPEG that nvJPEG's hardware engines do not take (progressive,
+            // arithmetic, lossless: about 5% of ImageNet). nvJPEG's default backend would run
+            // its Huffman pass on the CPU, one image at a time on the device stage's single
+            // thread; decoding it here, in parallel workers, keeps that thread free. Or a JPEG of
+            // the CPU share, which the workers decode beside the engines.
+            _ => {
+                let image = decode_rgb(&bytes, options).map_err(|e| invalid(&path, e))?;
+                (image.into_vec(), Payload::Rgb)
+            }
+        };
+        Ok(EncodedSample {
+            path,
+            label,
+            format: header.format,
+            payload,
+            width: header.width,
+            height: header.height,
+            hardware: route == JpegRoute::Hardware && !on_cpu,
+            bytes,
+        })
+    }
+}
+
+/// A sample of an iterable source of encoded images (image shards): the image, its dataset
+/// index (what errors and [`NvjpegInfo::indices`](crate::NvjpegInfo::indices) report) and its
+/// crop plan, drawn by the worker. [`EncodedCollate`] batches these as it batches an
+/// [`EncodedImages`]' samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedSample {
+    /// The sample's index in its dataset.
+    pub index: usize,
+    /// The image.
+    pub sample: EncodedSample,
+    /// Where its output pixels come from.
+    pub plan: SamplePlan,
+}
+
+impl PlannedSample {
+    /// `sample` with its plan through `transform`, drawn from `rng` as the CPU pipeline
+    /// ([`Compose::decode_into`](longshore_vision::Compose::decode_into)) draws its boxes from the
+    /// same generator.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for a pipeline the device cannot run.
+    pub fn new(
+        index: usize,
+        sample: EncodedSample,
+        transform: &Compose,
+        rng: &mut longshore_data::rng::Rng,
+    ) -> Result<PlannedSample, DataError> {
+        let plan = plan(
+            transform.steps(),
+            sample.width,
+            sample.height,
+            transform.output_size(),
+            rng,
+        )?;
+        Ok(PlannedSample {
+            index,
+            sample,
+            plan,
+        })
+    }
+}
+
 impl EncodedImages {
     /// `folder` with `transform`, drawing randomness from the worker's generator.
     ///
@@ -315,43 +414,13 @@ impl EncodedImages {
             path: path.to_path_buf(),
             source,
         })?;
-        let options = self.folder.decode();
-        let header = probe(&bytes).map_err(|e| invalid(path, e))?;
-        check_limit(options, header.width, header.height).map_err(|e| invalid(path, e))?;
-        // The marker walk decides who decodes a JPEG, here in the workers, so that the device
-        // stage's one thread only calls nvJPEG; its dimensions must agree with the header
-        // decoder's, or the device stage checks the file itself.
-        let route = match header.format {
-            ImageFormat::Jpeg => match JpegHeader::walk(&bytes) {
-                Ok(h) if (h.width, h.height) == (header.width, header.height) => h.route(),
-                _ => JpegRoute::Check,
-            },
-            // PNG, and any format the CPU decoder learns later: decoded by the workers.
-            _ => JpegRoute::CpuHuffman,
-        };
-        let on_cpu = route == JpegRoute::Hardware && self.decode_on_cpu(index);
-        let (bytes, payload) = match route {
-            JpegRoute::Hardware | JpegRoute::Check if !on_cpu => (bytes, Payload::Jpeg),
-            // A PNG, or a JPEG that nvJPEG's hardware engines do not take (progressive,
-            // arithmetic, lossless: about 5% of ImageNet). nvJPEG's default backend would run
-            // its Huffman pass on the CPU, one image at a time on the device stage's single
-            // thread; decoding it here, in parallel workers, keeps that thread free. Or a JPEG of
-            // the CPU share, which the workers decode beside the engines.
-            _ => {
-                let image = decode_rgb(&bytes, options).map_err(|e| invalid(path, e))?;
-                (image.into_vec(), Payload::Rgb)
-            }
-        };
-        Ok(EncodedSample {
-            path: path.to_path_buf(),
+        EncodedSample::from_bytes(
+            path.to_path_buf(),
             label,
-            format: header.format,
-            payload,
-            width: header.width,
-            height: header.height,
-            hardware: route == JpegRoute::Hardware && !on_cpu,
             bytes,
-        })
+            self.folder.decode(),
+            self.decode_on_cpu(index),
+        )
     }
 
     fn plan(&self, index: usize, width: usize, height: usize) -> Result<SamplePlan, DataError> {
@@ -412,6 +481,69 @@ pub struct StagedEncoded {
 
 const SLOT_ALIGN: usize = 16;
 
+/// The entry (offset in the batch's bytes) of each sample and the batch's layout.
+fn lay_out(
+    samples: impl Iterator<Item = (usize, EncodedSample, SamplePlan)>,
+) -> Result<StagedEncoded, DataError> {
+    let mut staged = Vec::new();
+    let mut total = 0usize;
+    for (index, s, plan) in samples {
+        let entry = EncodedEntry {
+            index,
+            label: s.label,
+            payload: s.payload,
+            offset: total,
+            len: s.bytes.len(),
+            width: s.width,
+            height: s.height,
+            hardware: s.hardware,
+            plan,
+        };
+        total = (total + s.bytes.len())
+            .checked_next_multiple_of(SLOT_ALIGN)
+            .ok_or(DataError::Overflow("encoded batch"))?;
+        staged.push((entry, s.bytes));
+    }
+    let b = staged.len();
+    if b == 0 {
+        return Err(DataError::Empty { what: "batch" });
+    }
+    let mut layout = BatchLayout::new(b);
+    layout.push(Some(BYTES.into()), DType::U8, vec![total.max(1)])?;
+    layout.push(Some(META.into()), DType::I64, vec![b, META_FIELDS])?;
+    layout.push(Some(LABEL.into()), DType::I64, vec![b])?;
+    Ok(StagedEncoded {
+        layout,
+        samples: staged,
+    })
+}
+
+/// Writes staged samples into `storage`.
+fn write_staged<'a, S: Storage>(
+    layout: BatchLayout,
+    samples: impl Iterator<Item = (&'a EncodedEntry, &'a [u8])> + Clone,
+    storage: S,
+) -> Result<Batch<S>, DataError> {
+    let mut batch = Batch::from_parts(layout, storage)?;
+    {
+        let bytes: &mut [u8] = batch.tensor_mut(0)?;
+        for (e, data) in samples.clone() {
+            bytes[e.offset..e.offset + e.len].copy_from_slice(data);
+        }
+    }
+    {
+        let meta: &mut [i64] = batch.tensor_mut(1)?;
+        for ((e, _), row) in samples.clone().zip(meta.chunks_exact_mut(META_FIELDS)) {
+            row.copy_from_slice(&e.to_row());
+        }
+    }
+    let labels: &mut [i64] = batch.tensor_mut(2)?;
+    for ((e, _), l) in samples.zip(labels.iter_mut()) {
+        *l = e.label;
+    }
+    Ok(batch)
+}
+
 impl DatasetCollate<EncodedImages> for EncodedCollate {
     type Staged = StagedEncoded;
 
@@ -424,32 +556,12 @@ impl DatasetCollate<EncodedImages> for EncodedCollate {
             return Err(DataError::Empty { what: "batch" });
         }
         let mut samples = Vec::with_capacity(indices.len());
-        let mut total = 0usize;
         for &index in indices {
             let s = dataset.read(index)?;
             let plan = dataset.plan(index, s.width, s.height)?;
-            let entry = EncodedEntry {
-                index,
-                label: s.label,
-                payload: s.payload,
-                offset: total,
-                len: s.bytes.len(),
-                width: s.width,
-                height: s.height,
-                hardware: s.hardware,
-                plan,
-            };
-            total = (total + s.bytes.len())
-                .checked_next_multiple_of(SLOT_ALIGN)
-                .ok_or(DataError::Overflow("encoded batch"))?;
-            samples.push((entry, s.bytes));
+            samples.push((index, s, plan));
         }
-        let b = indices.len();
-        let mut layout = BatchLayout::new(b);
-        layout.push(Some(BYTES.into()), DType::U8, vec![total.max(1)])?;
-        layout.push(Some(META.into()), DType::I64, vec![b, META_FIELDS])?;
-        layout.push(Some(LABEL.into()), DType::I64, vec![b])?;
-        Ok(StagedEncoded { layout, samples })
+        lay_out(samples.into_iter())
     }
 
     fn staged_layout<'a>(&self, staged: &'a StagedEncoded) -> &'a BatchLayout {
@@ -463,23 +575,67 @@ impl DatasetCollate<EncodedImages> for EncodedCollate {
         storage: S,
     ) -> Result<Batch<S>, DataError> {
         let StagedEncoded { layout, samples } = staged;
-        let mut batch = Batch::from_parts(layout, storage)?;
-        {
-            let bytes: &mut [u8] = batch.tensor_mut(0)?;
-            for (e, data) in &samples {
-                bytes[e.offset..e.offset + e.len].copy_from_slice(data);
-            }
+        write_staged(
+            layout,
+            samples.iter().map(|(e, d)| (e, d.as_slice())),
+            storage,
+        )
+    }
+}
+
+/// Iterable sources (image shards): the same batches of [`PlannedSample`]s.
+impl Collate<PlannedSample> for EncodedCollate {
+    fn layout(&self, samples: &[PlannedSample]) -> Result<BatchLayout, DataError> {
+        // The offsets depend only on the lengths: lay out without the bytes.
+        let mut total = 0usize;
+        for s in samples {
+            total = (total + s.sample.bytes.len())
+                .checked_next_multiple_of(SLOT_ALIGN)
+                .ok_or(DataError::Overflow("encoded batch"))?;
         }
-        {
-            let meta: &mut [i64] = batch.tensor_mut(1)?;
-            for ((e, _), row) in samples.iter().zip(meta.chunks_exact_mut(META_FIELDS)) {
-                row.copy_from_slice(&e.to_row());
-            }
+        let b = samples.len();
+        if b == 0 {
+            return Err(DataError::Empty { what: "batch" });
         }
-        let labels: &mut [i64] = batch.tensor_mut(2)?;
-        for ((e, _), l) in samples.iter().zip(labels.iter_mut()) {
-            *l = e.label;
+        let mut layout = BatchLayout::new(b);
+        layout.push(Some(BYTES.into()), DType::U8, vec![total.max(1)])?;
+        layout.push(Some(META.into()), DType::I64, vec![b, META_FIELDS])?;
+        layout.push(Some(LABEL.into()), DType::I64, vec![b])?;
+        Ok(layout)
+    }
+
+    fn collate_into<S: Storage>(
+        &self,
+        samples: &[PlannedSample],
+        layout: BatchLayout,
+        storage: S,
+    ) -> Result<Batch<S>, DataError> {
+        let mut entries = Vec::with_capacity(samples.len());
+        let mut offset = 0usize;
+        for p in samples {
+            let s = &p.sample;
+            entries.push(EncodedEntry {
+                index: p.index,
+                label: s.label,
+                payload: s.payload,
+                offset,
+                len: s.bytes.len(),
+                width: s.width,
+                height: s.height,
+                hardware: s.hardware,
+                plan: p.plan,
+            });
+            offset = (offset + s.bytes.len())
+                .checked_next_multiple_of(SLOT_ALIGN)
+                .ok_or(DataError::Overflow("encoded batch"))?;
         }
-        Ok(batch)
+        write_staged(
+            layout,
+            entries
+                .iter()
+                .zip(samples)
+                .map(|(e, p)| (e, p.sample.bytes.as_slice())),
+            storage,
+        )
     }
 }

@@ -102,12 +102,12 @@ mod kernel;
 mod stage;
 
 pub use batch::{Backend, DecodedBy, NvjpegInfo, NvjpegStats};
-pub use decoder::NvjpegDecoder;
 #[cfg(feature = "ceiling")]
 pub use decoder::{CeilingRun, CeilingStage};
+pub use decoder::{NvjpegDecoder, SampleNames};
 pub use encoded::{
     BYTES, EncodedCollate, EncodedEntry, EncodedImages, EncodedSample, LABEL, META, META_FIELDS,
-    Payload, StagedEncoded, entries,
+    Payload, PlannedSample, StagedEncoded, entries,
 };
 pub use ffi::NVJPEG;
 pub use header::{JpegHeader, JpegRoute};

@@ -105,16 +105,10 @@ impl ImageShards {
         &self.transform
     }
 
-    /// Decodes and transforms one sample's image and reads its label: what each item of this
-    /// dataset is.
-    ///
-    /// # Errors
-    /// The [`ShardError`] of a missing image or label field (naming the shard, key and
-    /// offset), or [`DataError::InvalidFile`] naming `shard-url#key.ext` for an image that
-    /// does not decode.
-    pub fn decode(&self, sample: &ShardSample) -> Result<(Tensor, i64), DataError> {
+    /// The sample's image field: its name and encoded bytes.
+    fn image_of<'a>(&'a self, sample: &'a ShardSample) -> Result<(&'a str, &'a [u8]), DataError> {
         let s = &sample.sample;
-        let (ext, bytes) = sample.image(self.image.as_deref()).ok_or_else(|| {
+        sample.image(self.image.as_deref()).ok_or_else(|| {
             let have: Vec<&str> = s.fields.keys().map(String::as_str).collect();
             DataError::custom(
                 "decoding an image sample",
@@ -128,7 +122,19 @@ impl ImageShards {
                     },
                 },
             )
-        })?;
+        })
+    }
+
+    /// Decodes and transforms one sample's image and reads its label: what each item of this
+    /// dataset is.
+    ///
+    /// # Errors
+    /// The [`ShardError`] of a missing image or label field (naming the shard, key and
+    /// offset), or [`DataError::InvalidFile`] naming `shard-url#key.ext` for an image that
+    /// does not decode.
+    pub fn decode(&self, sample: &ShardSample) -> Result<(Tensor, i64), DataError> {
+        let s = &sample.sample;
+        let (ext, bytes) = self.image_of(sample)?;
         let label = sample
             .int(&self.label)
             .map_err(|e| DataError::custom("reading an image sample's label", e))?;
@@ -150,6 +156,145 @@ impl IterableDataset for ImageShards {
             self.dataset
                 .iter(worker)
                 .map(move |item| item.and_then(|s| self.decode(&s))),
+        )
+    }
+}
+
+/// Image shards decoded on the GPU (feature `nvjpeg`): the workers read each sample's encoded
+/// image from its shard, check its header and draw its crop from the sample's seed (the same
+/// boxes [`ImageShards`] draws on the CPU); nvJPEG decodes the batch on the device and one
+/// kernel crops, resizes and normalises it ([`NvjpegDecoder`](longshore_nvjpeg::NvjpegDecoder),
+/// the loader's device stage). Made by [`ImageShards::encoded`].
+///
+/// ```no_run
+/// # use longshore_shards::vision::ImageShards;
+/// # fn f(train: ImageShards, device: &longshore_transfer::Device) -> Result<(), Box<dyn std::error::Error>> {
+/// use longshore_loader::DataLoader;
+/// use longshore_nvjpeg::EncodedCollate;
+///
+/// let encoded = train.encoded()?;
+/// let decoder = encoded.decoder(device)?;
+/// let batch_size = encoded.dataset().batch_size();
+/// let loader = DataLoader::iterable(encoded)
+///     .collate(EncodedCollate)
+///     .batch_size(batch_size)
+///     .num_workers(4)
+///     .build()?
+///     .with_stage(decoder);
+/// for batch in loader.iter()? {
+///     let batch = batch?; // images [B, 3, H, W] and labels [B] on the GPU
+/// }
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "nvjpeg")]
+#[derive(Debug, Clone)]
+pub struct EncodedShards {
+    images: ImageShards,
+}
+
+#[cfg(feature = "nvjpeg")]
+impl ImageShards {
+    /// These shards for decoding on the GPU: see [`EncodedShards`].
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for a pipeline the device cannot run
+    /// ([`check_steps`](longshore_nvjpeg::check_steps)).
+    pub fn encoded(self) -> Result<EncodedShards, DataError> {
+        longshore_nvjpeg::check_steps(self.transform.steps())?;
+        Ok(EncodedShards { images: self })
+    }
+}
+
+#[cfg(feature = "nvjpeg")]
+impl EncodedShards {
+    /// The shards (for `set_epoch`, `state_dict`, ...).
+    pub fn dataset(&self) -> &ShardedDataset {
+        &self.images.dataset
+    }
+
+    /// The CPU form (the same pipeline, decoded by the workers).
+    pub fn images(&self) -> &ImageShards {
+        &self.images
+    }
+
+    /// Reads one sample's image and label and draws its crop: what each item of this dataset
+    /// is (its index is the sample's global id).
+    ///
+    /// # Errors
+    /// As [`ImageShards::decode`]: a missing field, or a header that does not parse, naming
+    /// `shard-url#key.ext`.
+    pub fn encode(
+        &self,
+        sample: &ShardSample,
+    ) -> Result<longshore_nvjpeg::PlannedSample, DataError> {
+        let images = &self.images;
+        let s = &sample.sample;
+        let (ext, bytes) = images.image_of(sample)?;
+        let label = sample
+            .int(&images.label)
+            .map_err(|e| DataError::custom("reading an image sample's label", e))?;
+        let path = PathBuf::from(format!("{}#{}.{ext}", s.url, s.key));
+        let encoded = longshore_nvjpeg::EncodedSample::from_bytes(
+            path,
+            label,
+            bytes.to_vec(),
+            &images.decode,
+            false,
+        )?;
+        let mut rng = epoch_rng(sample.seed, 0);
+        let index =
+            usize::try_from(sample.id.global).map_err(|_| DataError::Overflow("sample id"))?;
+        longshore_nvjpeg::PlannedSample::new(index, encoded, &images.transform, &mut rng)
+    }
+
+    /// The device stage for these shards on `device` (a CUDA device): an nvJPEG decoder with
+    /// this pipeline, naming a failed sample by its shard URL and place in the shard.
+    ///
+    /// # Errors
+    /// As [`NvjpegDecoder::new`](longshore_nvjpeg::NvjpegDecoder::new): libnvjpeg or NVRTC
+    /// missing, the `Cpu` device, driver errors.
+    pub fn decoder(
+        &self,
+        device: &longshore_transfer::Device,
+    ) -> Result<longshore_nvjpeg::NvjpegDecoder, longshore_transfer::TransferError> {
+        let spec = self.images.dataset.spec();
+        let urls: Vec<String> = spec.shards.shards.iter().map(|s| s.url.clone()).collect();
+        let starts: Vec<u64> = spec
+            .counts
+            .iter()
+            .scan(0u64, |acc, &c| {
+                let start = *acc;
+                *acc += c;
+                Some(start)
+            })
+            .collect();
+        let names: longshore_nvjpeg::SampleNames = Arc::new(move |global| {
+            let global = global as u64;
+            let shard = starts.partition_point(|&s| s <= global).saturating_sub(1);
+            match urls.get(shard) {
+                Some(url) => PathBuf::from(format!("{url}#sample {}", global - starts[shard])),
+                None => PathBuf::from(format!("sample {global}")),
+            }
+        });
+        longshore_nvjpeg::NvjpegDecoder::for_pipeline(
+            device,
+            &self.images.transform,
+            self.images.decode,
+            names,
+        )
+    }
+}
+
+#[cfg(feature = "nvjpeg")]
+impl IterableDataset for EncodedShards {
+    type Item = longshore_nvjpeg::PlannedSample;
+
+    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, longshore_nvjpeg::PlannedSample> {
+        Box::new(
+            self.images
+                .dataset
+                .iter(worker)
+                .map(move |item| item.and_then(|s| self.encode(&s))),
         )
     }
 }
