@@ -24,8 +24,8 @@ import numpy as _np
 from . import _longshore
 from .transforms import Compose as _Compose
 
-__all__ = ["ImageFolder", "IMG_EXTENSIONS", "WebDataset", "StreamingDataset", "write_shards",
-           "write_synthetic_folder"]
+__all__ = ["ImageFolder", "IMG_EXTENSIONS", "WebDataset", "StreamingDataset", "ParquetDataset",
+           "write_shards", "write_synthetic_folder"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -319,6 +319,36 @@ class StreamingDataset(_ImageShards):
                    image_key=image_key, label_key=label_key, seed=shuffle_seed,
                    shuffle=shuffle, shuffle_block=shuffle_block_size, rank=rank,
                    world_size=world_size, cache_dir=cache, cache_budget=cache_limit, job=job,
+                   prefetch_shards=prefetch_shards, max_pixels=max_pixels)
+
+
+class ParquetDataset(_ImageShards):
+    """Image-classification Parquet files (what Hugging Face datasets store: an ``image``
+    column of ``struct<bytes, path>`` and an integer ``label``), read by longshore's loader as
+    :class:`WebDataset` reads tar shards: each file a shard, each row a sample, row counts read
+    from the files' footers (range requests) when the dataset is made.
+
+    >>> train = longshore.datasets.ParquetDataset(
+    ...     "s3://bucket/imagenet/data/train-{00000..00146}-of-00147.parquet",
+    ...     shuffle=True, transform=T.Compose([...]))                     # doctest: +SKIP
+
+    ``image_key`` (default ``image``): a binary column or a struct with a ``bytes`` child;
+    ``label_key`` (default ``label``): an integer column. The other arguments are
+    :class:`WebDataset`'s. Snappy, gzip, LZ4 and zstd files are read (brotli is refused).
+    """
+
+    _format = "parquet"
+
+    def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
+                 image_key="image", label_key="label", rank=None, world_size=None,
+                 cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
+                 max_pixels=None):
+        if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
+            urls = [urls]
+        self._make(list(urls), transform, spec=spec, index=None, image_key=image_key,
+                   label_key=label_key, seed=seed, shuffle=shuffle,
+                   shuffle_block=shuffle_block, rank=rank, world_size=world_size,
+                   cache_dir=cache_dir, cache_budget=cache_budget, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels)
 
 

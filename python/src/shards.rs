@@ -1,6 +1,6 @@
-//! `longshore._Shards`: image shards in object storage (WebDataset tar shards or an MDS
-//! dataset, read by `longshore::shards`), for `longshore.datasets.WebDataset` and
-//! `StreamingDataset`. The shards are resolved once, when the dataset is made (one listing,
+//! `longshore._Shards`: image shards in object storage (WebDataset tar shards, an MDS
+//! dataset or Parquet files, read by `longshore::shards`), for `longshore.datasets.WebDataset`,
+//! `StreamingDataset` and `ParquetDataset`. The shards are resolved once, when the dataset is made (one listing,
 //! one index read): a loader builds its own [`ShardedDataset`] from that spec with its batch
 //! size, `drop_last` and number of workers (the order is laid out in whole batches per worker),
 //! and its Rust workers read, decode and transform the images ([`ImageShards`]).
@@ -113,7 +113,8 @@ impl PyShards {
 #[pymethods]
 impl PyShards {
     /// `format`: `"webdataset"` (`urls`: shard URL patterns, brace ranges expanded; `index`:
-    /// a wids shard index) or `"mds"` (`urls`: the roots of MDS datasets); or `spec`, the JSON
+    /// a wids shard index), `"mds"` (`urls`: the roots of MDS datasets) or `"parquet"`
+    /// (`urls`: Parquet file patterns); or `spec`, the JSON
     /// of another `_Shards`' `spec_json` (resolved elsewhere: no listing here). `steps` and
     /// `output` describe the image pipeline (`Compose._plan()`).
     #[new]
@@ -169,9 +170,10 @@ impl PyShards {
                 b
             }
             (None, "mds") => ShardedDataset::mds(urls),
+            (None, "parquet") => ShardedDataset::parquet(urls),
             (None, other) => {
                 return Err(PyValueError::new_err(format!(
-                    "format must be 'webdataset' or 'mds', not {other:?}"
+                    "format must be 'webdataset', 'mds' or 'parquet', not {other:?}"
                 )));
             }
         };

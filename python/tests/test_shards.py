@@ -326,3 +326,33 @@ def test_nvjpeg_decoding_matches_the_cpu(data, tmp_path):
     assert sorted(got["nvjpeg"]) == list(range(N))
     worst = max(float((got["nvjpeg"][i] - got["cpu"][i]).abs().mean()) * 255 for i in range(N))
     assert worst < 2.0, f"mean difference {worst:.2f} levels"
+
+
+def test_parquet_dataset_hugging_face_layout(data, tmp_path):
+    """Parquet files as Hugging Face writes an image dataset (pyarrow, snappy): an ``image``
+    struct<bytes, path> column and an int ``label``."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    root, folder, _ = data
+    samples = [(open(p, "rb").read(), i) for i, (p, _) in enumerate(folder.samples)]
+    (tmp_path / "pq").mkdir()
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    for part in range(3):
+        rows = samples[part::3]
+        table = pa.table({
+            "image": pa.array([{"bytes": b, "path": f"{i}.jpg"} for b, i in rows], image_type),
+            "label": pa.array([i for _, i in rows], pa.int64()),
+        })
+        pq.write_table(table, tmp_path / "pq" / f"train-{part:05d}-of-00003.parquet",
+                       row_group_size=5)
+    ds = longshore.datasets.ParquetDataset(
+        str(tmp_path / "pq" / "train-{00000..00002}-of-00003.parquet"), transform=tf(),
+        cache_dir=tmp_path / "c")
+    assert len(ds) == N
+    images = {}
+    for x, y in longshore.DataLoader(ds, batch_size=4, num_workers=2, framework="numpy"):
+        for img, label in zip(x, y):
+            images[int(label)] = img
+    assert sorted(images) == list(range(N))
+    for i in (0, 29):
+        np.testing.assert_array_equal(images[i], folder[i][0])

@@ -70,6 +70,17 @@ pub enum ShardError {
         /// What is wrong.
         reason: String,
     },
+    /// A Parquet shard that cannot be read (not Parquet, a codec this build lacks, damaged
+    /// pages), or a row of it.
+    #[error("parquet shard {shard:?}{}: {reason}", row.map(|r| format!(", row {r}")).unwrap_or_default())]
+    Parquet {
+        /// The shard's URL.
+        shard: String,
+        /// The row (the sample's index in the shard), when one is concerned.
+        row: Option<u64>,
+        /// What is wrong.
+        reason: String,
+    },
     /// An MDS shard compressed with a codec this reader does not decode.
     #[error(
         "mds shard {shard:?} is compressed with {codec:?}, which is not supported (only uncompressed shards are)"

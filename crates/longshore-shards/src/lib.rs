@@ -52,6 +52,7 @@ pub mod dataset;
 pub mod error;
 pub mod mds;
 pub mod order;
+pub mod parquet;
 pub mod store;
 pub mod url;
 #[cfg(feature = "vision")]

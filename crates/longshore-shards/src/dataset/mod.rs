@@ -502,6 +502,16 @@ impl ShardedDataset {
         })
     }
 
+    /// A dataset of the Parquet files the URL patterns name (a row per sample; see
+    /// [`crate::parquet`]): their row counts are read from their footers at build.
+    pub fn parquet<I: IntoIterator<Item = S>, S: Into<String>>(
+        patterns: I,
+    ) -> ShardedDatasetBuilder {
+        ShardedDatasetBuilder::new(Source::Parquet {
+            patterns: patterns.into_iter().map(Into::into).collect(),
+        })
+    }
+
     /// A dataset of the MDS datasets at these roots (each holding an `index.json`), in order.
     pub fn mds<I: IntoIterator<Item = S>, S: Into<String>>(roots: I) -> ShardedDatasetBuilder {
         ShardedDatasetBuilder::new(Source::Mds {

@@ -34,6 +34,8 @@ enum Layout {
     },
     /// An MDS shard: its count and offsets.
     Mds { head: Vec<u8> },
+    /// A Parquet file: its rows, decoded once per lease.
+    Parquet { rows: crate::parquet::Rows },
 }
 
 /// Where and why a tar's scan stopped.
@@ -182,6 +184,24 @@ impl WorkerReader {
                 });
                 Ok(Layout::Tar { spans, damage })
             }
+            ShardFormat::Parquet => {
+                let rows = crate::parquet::read_rows(url, file.try_clone().map_err(io)?)?;
+                let want = self.ds.spec.counts[shard];
+                if rows.len() as u64 != want {
+                    return Err(ShardError::Parquet {
+                        shard: url.clone(),
+                        row: None,
+                        reason: format!(
+                            "the file holds {} rows, its footer said {want} when the dataset \
+                             was resolved (the file changed?)",
+                            rows.len()
+                        ),
+                    });
+                }
+                Ok(Layout::Parquet {
+                    rows: Arc::new(rows),
+                })
+            }
             ShardFormat::Mds => {
                 let info = &self.ds.spec.mds[shard];
                 let size = file.metadata().map_err(io)?.len();
@@ -246,6 +266,25 @@ impl WorkerReader {
                 )?,
                 None,
             ),
+            Layout::Parquet { rows } => {
+                let fields = usize::try_from(index)
+                    .ok()
+                    .and_then(|i| rows.get(i))
+                    .ok_or_else(|| ShardError::Parquet {
+                        shard: url.clone(),
+                        row: Some(index),
+                        reason: format!("the file holds {} rows", rows.len()),
+                    })?;
+                (
+                    Sample {
+                        key: index.to_string(),
+                        url: url.clone(),
+                        offset: index,
+                        fields: fields.clone(),
+                    },
+                    None,
+                )
+            }
             Layout::Mds { head } => {
                 let columns = &self.ds.columns[shard];
                 (
@@ -272,6 +311,11 @@ impl WorkerReader {
                         shard: url.clone(),
                         sample: Some(index),
                         offset: sample.offset,
+                        reason,
+                    },
+                    ShardFormat::Parquet => ShardError::Parquet {
+                        shard: url.clone(),
+                        row: Some(index),
                         reason,
                     },
                 });

@@ -21,6 +21,8 @@ pub enum ShardFormat {
     WebDataset,
     /// MosaicML MDS shards ([`crate::mds`]), uncompressed.
     Mds,
+    /// Parquet files, a row per sample ([`crate::parquet`]).
+    Parquet,
 }
 
 /// Where a shard's sample count came from.
@@ -33,6 +35,8 @@ pub enum CountSource {
     MdsIndex(String),
     /// The shard was downloaded once at build and its tar headers were scanned.
     Scan,
+    /// A Parquet file's footer (read with range requests).
+    ParquetFooter,
 }
 
 /// What every rank and worker needs to know of a dataset, resolved once per job: the shards
@@ -93,7 +97,7 @@ impl DatasetSpec {
         let n = self.shards.len();
         let mds = match self.format {
             ShardFormat::Mds => n,
-            ShardFormat::WebDataset => 0,
+            ShardFormat::WebDataset | ShardFormat::Parquet => 0,
         };
         if self.counts.len() != n || self.counted_by.len() != n || self.mds.len() != mds {
             return Err(ShardError::Order {
@@ -149,6 +153,8 @@ pub(super) enum Source {
     },
     /// MDS dataset roots (each holding an `index.json`).
     Mds { roots: Vec<String> },
+    /// Parquet file URL patterns.
+    Parquet { patterns: Vec<String> },
     /// A spec resolved elsewhere.
     Spec(Box<DatasetSpec>),
 }
@@ -182,6 +188,7 @@ pub(super) fn resolve(store: &ShardStore, source: &Source) -> Result<DatasetSpec
                 webdataset(&store, patterns, index.as_deref()).await
             }
             Source::Mds { roots } => mds(&store, roots).await,
+            Source::Parquet { patterns } => parquet(&store, patterns).await,
             Source::Spec(_) => unreachable!("returned above"),
         }
     })?;
@@ -363,6 +370,26 @@ async fn scan(store: &ShardStore, shard: &ShardInfo) -> Result<u64, ShardError> 
     .await;
     let _ = std::fs::remove_file(&path);
     result
+}
+
+/// Parquet files: the listing, then each file's row count from its footer (at most 16 files'
+/// footers read at once).
+async fn parquet(store: &ShardStore, patterns: &[String]) -> Result<DatasetSpec, ShardError> {
+    use futures_util::{StreamExt, TryStreamExt};
+    let shards = store.resolve_async(patterns).await?;
+    let counts: Vec<u64> = futures_util::stream::iter(&shards.shards)
+        .map(|s| crate::parquet::row_count(store, s))
+        .buffered(16)
+        .try_collect()
+        .await?;
+    let n = shards.len();
+    Ok(DatasetSpec {
+        format: ShardFormat::Parquet,
+        shards,
+        counts,
+        counted_by: vec![CountSource::ParquetFooter; n],
+        mds: Vec::new(),
+    })
 }
 
 async fn mds(store: &ShardStore, roots: &[String]) -> Result<DatasetSpec, ShardError> {
