@@ -271,6 +271,7 @@ def bench_webdataset(args, shard_urls, endpoint, cuda, rows):
     # turns on when the node has the disk).
     cache_dir = str(args.data_dir.resolve() / "webdataset-cache")
     shutil.rmtree(cache_dir, ignore_errors=True)
+    os.makedirs(cache_dir)  # webdataset requires it to exist
     sweep("webdataset (cache_dir)", make, args, cuda, rows)
 
 

@@ -1,4 +1,4 @@
-//! Sharded datasets streamed from object storage: WebDataset and MDS shards read from S3
+//! Sharded datasets streamed from object storage: WebDataset, MDS and Parquet shards read from S3
 //! (and S3-compatible stores), GCS, Azure, HTTP or local files, in a global sample order that
 //! is a pure function of (seed, epoch, shard list), equal per rank and exactly resumable.
 //!
@@ -39,11 +39,13 @@
 //! - [`order`]: the global sample order, its partition over ranks and workers, and resume.
 //! - [`webdataset`]: WebDataset tar shards (reader and writer).
 //! - [`mds`]: MosaicML MDS shards (reader, and a writer byte-identical to Streaming's).
+//! - [`parquet`]: Parquet files as shards, a row per sample (Hugging Face datasets' format).
 //! - [`dataset`]: [`ShardedDataset`](dataset::ShardedDataset), the loader's iterable dataset
 //!   over shards in object storage: resolved once per job, read through the cache, exactly
 //!   resumable.
-//! - `vision` (feature `vision`): WebDataset image shards decoded and transformed by
-//!   longshore-vision into the `(image, label)` samples of its `ImageFolder`.
+//! - `vision` (feature `vision`): image shards decoded and transformed by longshore-vision
+//!   into the `(image, label)` samples of its `ImageFolder`; with feature `nvjpeg`,
+//!   `EncodedShards` decodes them on the GPU (longshore-nvjpeg's device stage).
 //! - [`error`]: the crate's errors.
 #![forbid(unsafe_code)]
 

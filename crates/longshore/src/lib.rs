@@ -37,9 +37,9 @@
 //! * `vision` (feature `vision`, default): torchvision for longshore — `ImageFolder`, JPEG and
 //!   PNG decoding, `RandomResizedCrop` / `Resize` / `CenterCrop` with torchvision's semantics,
 //!   written straight into the batch buffer.
-//! * `shards` (feature `shards`): WebDataset and MDS shards in object storage as an iterable
-//!   dataset — URL patterns resolved once per job, a node-wide shard cache, a global order
-//!   split equally over ranks and workers, elastic resume.
+//! * `shards` (feature `shards`): WebDataset, MDS and Parquet shards in object storage as an
+//!   iterable dataset — URL patterns resolved once per job, a node-wide shard cache, a global
+//!   order split equally over ranks and workers, elastic resume.
 //!
 //! # Features
 //!

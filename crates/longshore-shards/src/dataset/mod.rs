@@ -1,4 +1,4 @@
-//! [`ShardedDataset`]: WebDataset or MDS shards in object storage as a loader
+//! [`ShardedDataset`]: WebDataset, MDS or Parquet shards in object storage as a loader
 //! [`IterableDataset`], in the global order of [`crate::order`], read through the node's
 //! [`ShardCache`], exactly resumable on the same or another number of ranks.
 //!
@@ -484,7 +484,7 @@ impl Inner {
     }
 }
 
-/// WebDataset or MDS shards as an [`IterableDataset`] of [`ShardSample`]s; see the
+/// WebDataset, MDS or Parquet shards as an [`IterableDataset`] of [`ShardSample`]s; see the
 /// [module docs](self).
 #[derive(Debug, Clone)]
 pub struct ShardedDataset {
