@@ -481,14 +481,15 @@ pub struct StagedEncoded {
 
 const SLOT_ALIGN: usize = 16;
 
-/// The entry (offset in the batch's bytes) of each sample and the batch's layout.
-fn lay_out(
-    samples: impl Iterator<Item = (usize, EncodedSample, SamplePlan)>,
-) -> Result<StagedEncoded, DataError> {
-    let mut staged = Vec::new();
+/// The entry of each sample (its place in the batch's bytes, each at a multiple of
+/// [`SLOT_ALIGN`]) and the bytes tensor's length.
+fn place<'a>(
+    samples: impl Iterator<Item = (usize, &'a EncodedSample, SamplePlan)>,
+) -> Result<(Vec<EncodedEntry>, usize), DataError> {
+    let mut entries = Vec::new();
     let mut total = 0usize;
     for (index, s, plan) in samples {
-        let entry = EncodedEntry {
+        entries.push(EncodedEntry {
             index,
             label: s.label,
             payload: s.payload,
@@ -498,13 +499,16 @@ fn lay_out(
             height: s.height,
             hardware: s.hardware,
             plan,
-        };
+        });
         total = (total + s.bytes.len())
             .checked_next_multiple_of(SLOT_ALIGN)
             .ok_or(DataError::Overflow("encoded batch"))?;
-        staged.push((entry, s.bytes));
     }
-    let b = staged.len();
+    Ok((entries, total))
+}
+
+/// The layout of a batch of `b` samples whose bytes take `total` bytes.
+fn batch_layout(b: usize, total: usize) -> Result<BatchLayout, DataError> {
     if b == 0 {
         return Err(DataError::Empty { what: "batch" });
     }
@@ -512,10 +516,19 @@ fn lay_out(
     layout.push(Some(BYTES.into()), DType::U8, vec![total.max(1)])?;
     layout.push(Some(META.into()), DType::I64, vec![b, META_FIELDS])?;
     layout.push(Some(LABEL.into()), DType::I64, vec![b])?;
-    Ok(StagedEncoded {
-        layout,
-        samples: staged,
-    })
+    Ok(layout)
+}
+
+/// The staged batch of read samples: entries, bytes and layout.
+fn lay_out(samples: Vec<(usize, EncodedSample, SamplePlan)>) -> Result<StagedEncoded, DataError> {
+    let (entries, total) = place(samples.iter().map(|(i, s, p)| (*i, s, *p)))?;
+    let layout = batch_layout(entries.len(), total)?;
+    let samples = entries
+        .into_iter()
+        .zip(samples)
+        .map(|(e, (_, s, _))| (e, s.bytes))
+        .collect();
+    Ok(StagedEncoded { layout, samples })
 }
 
 /// Writes staged samples into `storage`.
@@ -561,7 +574,7 @@ impl DatasetCollate<EncodedImages> for EncodedCollate {
             let plan = dataset.plan(index, s.width, s.height)?;
             samples.push((index, s, plan));
         }
-        lay_out(samples.into_iter())
+        lay_out(samples)
     }
 
     fn staged_layout<'a>(&self, staged: &'a StagedEncoded) -> &'a BatchLayout {
@@ -586,22 +599,8 @@ impl DatasetCollate<EncodedImages> for EncodedCollate {
 /// Iterable sources (image shards): the same batches of [`PlannedSample`]s.
 impl Collate<PlannedSample> for EncodedCollate {
     fn layout(&self, samples: &[PlannedSample]) -> Result<BatchLayout, DataError> {
-        // The offsets depend only on the lengths: lay out without the bytes.
-        let mut total = 0usize;
-        for s in samples {
-            total = (total + s.sample.bytes.len())
-                .checked_next_multiple_of(SLOT_ALIGN)
-                .ok_or(DataError::Overflow("encoded batch"))?;
-        }
-        let b = samples.len();
-        if b == 0 {
-            return Err(DataError::Empty { what: "batch" });
-        }
-        let mut layout = BatchLayout::new(b);
-        layout.push(Some(BYTES.into()), DType::U8, vec![total.max(1)])?;
-        layout.push(Some(META.into()), DType::I64, vec![b, META_FIELDS])?;
-        layout.push(Some(LABEL.into()), DType::I64, vec![b])?;
-        Ok(layout)
+        let (entries, total) = place(samples.iter().map(|p| (p.index, &p.sample, p.plan)))?;
+        batch_layout(entries.len(), total)
     }
 
     fn collate_into<S: Storage>(
@@ -610,25 +609,7 @@ impl Collate<PlannedSample> for EncodedCollate {
         layout: BatchLayout,
         storage: S,
     ) -> Result<Batch<S>, DataError> {
-        let mut entries = Vec::with_capacity(samples.len());
-        let mut offset = 0usize;
-        for p in samples {
-            let s = &p.sample;
-            entries.push(EncodedEntry {
-                index: p.index,
-                label: s.label,
-                payload: s.payload,
-                offset,
-                len: s.bytes.len(),
-                width: s.width,
-                height: s.height,
-                hardware: s.hardware,
-                plan: p.plan,
-            });
-            offset = (offset + s.bytes.len())
-                .checked_next_multiple_of(SLOT_ALIGN)
-                .ok_or(DataError::Overflow("encoded batch"))?;
-        }
+        let (entries, _) = place(samples.iter().map(|p| (p.index, &p.sample, p.plan)))?;
         write_staged(
             layout,
             entries
