@@ -13,7 +13,7 @@ use longshore_loader::{DeviceBatch, DevicePart, LoaderError, SampleErrorPolicy};
 use longshore_transfer::{Device, DeviceBuffer, DeviceId, Event, Stream, TransferError};
 
 use super::batch::{Backend, DecodedBy, NvjpegInfo, NvjpegStats};
-use super::encoded::{EncodedEntry, EncodedImages, Payload, check_limit, entries};
+use super::encoded::{EncodedEntry, Payload, check_limit, entries};
 #[cfg(feature = "ceiling")]
 use super::ffi::Image;
 use super::ffi::{self, NvHandle, NvState};
@@ -24,6 +24,7 @@ use longshore_vision::compose::{Compose, Output};
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
 use longshore_vision::folder::invalid;
 
+mod build;
 #[cfg(feature = "ceiling")]
 mod ceiling;
 mod enqueue;
@@ -147,170 +148,6 @@ fn ensure_device(
 }
 
 impl NvjpegDecoder {
-    /// A decoder for the batches of `images` on `device` (a CUDA device), on a new stream,
-    /// with [`Backend::Auto`], keeping 2 batches in flight.
-    ///
-    /// # Errors
-    /// [`TransferError::LibraryUnavailable`] when libnvjpeg or NVRTC cannot be loaded (naming
-    /// every place searched), [`TransferError::Invalid`] for the `Cpu` device, driver errors.
-    pub fn new(device: &Device, images: &EncodedImages) -> Result<NvjpegDecoder, TransferError> {
-        NvjpegDecoder::with_backend(device, images, Backend::Auto)
-    }
-
-    /// A decoder for batches of any source of encoded images with `transform` (an iterable
-    /// source of [`PlannedSample`](crate::PlannedSample)s: image shards), decoding on the CPU
-    /// with `options` where the device cannot; `names` gives a sample's name for errors from
-    /// its index. [`Backend::Auto`].
-    ///
-    /// # Errors
-    /// As [`NvjpegDecoder::new`].
-    pub fn for_pipeline(
-        device: &Device,
-        transform: &Compose,
-        options: DecodeOptions,
-        names: SampleNames,
-    ) -> Result<NvjpegDecoder, TransferError> {
-        NvjpegDecoder::build(device, transform, options, names, Backend::Auto)
-    }
-
-    /// [`NvjpegDecoder::new`] with a chosen backend.
-    ///
-    /// # Errors
-    /// As [`NvjpegDecoder::new`]; [`Backend::Hardware`] where the GPU has no JPEG engines is
-    /// [`TransferError::Cuda`] with nvJPEG's status.
-    pub fn with_backend(
-        device: &Device,
-        images: &EncodedImages,
-        backend: Backend,
-    ) -> Result<NvjpegDecoder, TransferError> {
-        let folder = images.folder().clone();
-        let names: SampleNames = Arc::new(move |index| {
-            folder
-                .samples()
-                .get(index)
-                .map(|(p, _)| p.clone())
-                .unwrap_or_default()
-        });
-        NvjpegDecoder::build(
-            device,
-            images.transform(),
-            *images.folder().decode(),
-            names,
-            backend,
-        )
-    }
-
-    fn build(
-        device: &Device,
-        transform: &Compose,
-        options: DecodeOptions,
-        names: SampleNames,
-        backend: Backend,
-    ) -> Result<NvjpegDecoder, TransferError> {
-        let id = device.id();
-        if device.is_cpu() {
-            return Err(TransferError::Invalid(
-                "nvjpeg decoding needs a cuda device; use the cpu pipeline (ImageDataset) on the cpu"
-                    .into(),
-            ));
-        }
-        ffi::available().map_err(|reason| TransferError::LibraryUnavailable {
-            op: "nvjpeg decode",
-            library: "nvJPEG",
-            device: id,
-            reason,
-        })?;
-        let kernel = Kernel::get(device)?;
-        let ctx = context(device)?;
-        let bind = |ctx: &cudarc::driver::CudaContext| {
-            ctx.bind_to_thread().map_err(|e| TransferError::Cuda {
-                call: "cuCtxSetCurrent",
-                code: format!("{:?}", e.0),
-                device: id,
-                what: "making the context current for nvjpeg".into(),
-            })
-        };
-        bind(&ctx)?;
-        let handles = device.local(|| {
-            let default = NvHandle::new(ffi::BACKEND_DEFAULT)
-                .map_err(|e| nv_err(e, id, "creating an nvjpeg handle (default backend)"))?;
-            let hardware = NvHandle::new(ffi::BACKEND_HARDWARE)
-                .map(Arc::new)
-                .map_err(|e| e.to_string());
-            if let Err(e) = &hardware {
-                tracing::debug!(target: "longshore::vision", device = %id, error = %e, "no nvjpeg hardware backend");
-            }
-            Ok(Handles {
-                default: Arc::new(default),
-                hardware,
-                gpu: std::sync::OnceLock::new(),
-            })
-        })?;
-        if backend == Backend::Hardware
-            && let Err(e) = &handles.hardware
-        {
-            return Err(TransferError::Cuda {
-                call: "nvjpegCreateEx",
-                code: e.clone(),
-                device: id,
-                what: "creating an nvjpeg handle with NVJPEG_BACKEND_HARDWARE (does this GPU have JPEG engines?)".into(),
-            });
-        }
-        let stream = device.new_stream()?;
-        let mut decoder = NvjpegDecoder {
-            device: device.clone(),
-            stream,
-            names,
-            transform: Arc::new(transform.clone()),
-            options,
-            backend,
-            on_error: SampleErrorPolicy::FailBatch,
-            own_policy: false,
-            kernel,
-            handles,
-            slots: Vec::new(),
-            next: 0,
-            verify: false,
-            stats: NvjpegStats::default(),
-            clock: Instant::now(),
-        };
-        decoder.set_depth(2)?;
-        if let Ok(v) = ffi::version() {
-            tracing::debug!(target: "longshore::vision", device = %id, nvjpeg.version = ?v, hardware = decoder.uses_hardware(), "nvjpeg decoder ready");
-        }
-        Ok(decoder)
-    }
-
-    /// Another decoder sharing this one's nvJPEG handles and compiled kernel, with its own
-    /// stream, decoding states (as many as this one's) and counts: a lane of a parallel device
-    /// stage ([`DeviceLoader::lanes`](longshore_loader::DeviceLoader::lanes)). nvJPEG's handles are
-    /// thread-safe and its states are not, so each lane has its own states and may run on
-    /// its own thread.
-    ///
-    /// # Errors
-    /// Driver or nvJPEG errors creating the stream or the states.
-    pub fn lane(&self) -> Result<NvjpegDecoder, TransferError> {
-        let mut lane = NvjpegDecoder {
-            device: self.device.clone(),
-            stream: self.device.new_stream()?,
-            names: self.names.clone(),
-            transform: self.transform.clone(),
-            options: self.options,
-            backend: self.backend,
-            on_error: self.on_error,
-            own_policy: self.own_policy,
-            kernel: self.kernel.clone(),
-            handles: self.handles.clone(),
-            slots: Vec::new(),
-            next: 0,
-            verify: self.verify,
-            stats: NvjpegStats::default(),
-            clock: Instant::now(),
-        };
-        lane.set_depth(self.slots.len().saturating_sub(1))?;
-        Ok(lane)
-    }
-
     /// Makes the device's context current on the calling thread (nvJPEG's calls use the
     /// thread's current context; a lane thread starts with none).
     pub(crate) fn enter(&self) -> Result<(), TransferError> {
