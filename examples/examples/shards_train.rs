@@ -184,11 +184,15 @@ fn main() -> Result<()> {
         t0.elapsed(),
         shards.cache().config().dir.display()
     );
+    // Workers read each image from its shard; the collation decodes it into the batch.
     let train = ImageShards::new(
         shards.clone(),
         Compose::train(args.size, Output::imagenet()),
-    );
+    )
+    .deferred();
+    let collate = train.collate();
     let loader = DataLoader::iterable(train)
+        .collate(collate)
         .batch_size(shards.batch_size())
         .drop_last(shards.drop_last())
         .num_workers(args.workers)

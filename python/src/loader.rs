@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use longshore::data::{Batch, StackCollate};
+use longshore::data::Batch;
 use longshore::dlpack::{ExportOptions, PinnedLabel};
 use longshore::host::{
     BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats, SharedAllocator,
@@ -465,13 +465,13 @@ impl PyLoader {
                     Ok(Loader::Nvjpeg(loader.with_stage(decoder).depth(2)))
                 }
                 _ if sharded.is_some() => {
+                    // The workers read and check each image; the collation decodes it
+                    // straight into its slot of the pinned batch.
                     let (_, images) = sharded.expect("checked");
+                    let images = images.deferred();
+                    let collate = images.collate().with_names("image", "label");
                     Ok(Loader::Host(
-                        configure(
-                            DataLoader::iterable(images)
-                                .collate(StackCollate::new().with_names(["image", "label"])),
-                            options,
-                        )
+                        configure(DataLoader::iterable(images).collate(collate), options)
                         .prefetch_next_epoch(false)
                         .build_boxed()?,
                     ))

@@ -309,24 +309,26 @@ where
         task: &Task,
         cancelled: &dyn Fn() -> bool,
     ) -> (Outcome<Self::Out>, u64) {
-        if w.done {
-            return (Outcome::Exhausted, 0);
-        }
         let mut items = Vec::with_capacity(self.batch_size);
+        // Each item's place in this worker's stream, to name it in errors.
+        let mut positions = Vec::with_capacity(self.batch_size);
         let mut skipped = 0;
-        while items.len() < self.batch_size {
-            if cancelled() {
-                return (Outcome::Empty, skipped);
-            }
-            match w.iter.next() {
-                None => {
-                    w.done = true;
-                    break;
+        loop {
+            while items.len() < self.batch_size && !w.done {
+                if cancelled() {
+                    return (Outcome::Empty, skipped);
                 }
-                Some(Ok(item)) => items.push(item),
-                Some(Err(source)) => {
-                    let index = w.position;
-                    match self.on_error {
+                let index = w.position;
+                match w.iter.next() {
+                    None => {
+                        w.done = true;
+                        break;
+                    }
+                    Some(Ok(item)) => {
+                        items.push(item);
+                        positions.push(index);
+                    }
+                    Some(Err(source)) => match self.on_error {
                         SampleErrorPolicy::FailBatch => {
                             w.position += 1;
                             return (
@@ -338,47 +340,88 @@ where
                                 skipped,
                             );
                         }
-                        SampleErrorPolicy::Skip => skipped += 1,
-                    }
+                        SampleErrorPolicy::Skip => {
+                            tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = task.seq, "skipping a sample that failed to load");
+                            skipped += 1;
+                        }
+                    },
+                }
+                w.position += 1;
+            }
+            if items.is_empty() || (self.drop_last && items.len() < self.batch_size) {
+                return (
+                    if w.done {
+                        Outcome::Exhausted
+                    } else {
+                        Outcome::Empty
+                    },
+                    skipped,
+                );
+            }
+            let err = match self.collate_batch(&items, task) {
+                Ok(b) => return (Outcome::Batch(b), skipped),
+                Err(LoadErr::Memory(e)) => return (Outcome::Failed(e), skipped),
+                Err(LoadErr::Data(e)) => e,
+            };
+            // A collation that does per-item work while it writes the batch (decoding into
+            // it) fails for the whole batch: find the item at fault, then name it, or skip it
+            // and fill its place from the stream.
+            let failing = items
+                .iter()
+                .enumerate()
+                .find_map(|(i, item)| self.collate.check_item(item).err().map(|e| (i, e)));
+            let Some((i, source)) = failing else {
+                return (
+                    Outcome::Failed(LoaderError::Collate {
+                        batch: task.seq,
+                        source: err,
+                    }),
+                    skipped,
+                );
+            };
+            let index = positions[i];
+            match self.on_error {
+                SampleErrorPolicy::FailBatch => {
+                    return (
+                        Outcome::Failed(LoaderError::Sample {
+                            index,
+                            batch: task.seq,
+                            source,
+                        }),
+                        skipped,
+                    );
+                }
+                SampleErrorPolicy::Skip => {
+                    tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = task.seq, "skipping a sample that failed to collate");
+                    items.remove(i);
+                    positions.remove(i);
+                    skipped += 1;
                 }
             }
-            w.position += 1;
         }
-        if items.is_empty() || (self.drop_last && items.len() < self.batch_size) {
-            return (
-                if w.done {
-                    Outcome::Exhausted
-                } else {
-                    Outcome::Empty
-                },
-                skipped,
-            );
-        }
-        let out = (|| {
-            let layout = self
-                .collate
-                .layout(&items)
-                .map_err(|source| LoaderError::Collate {
-                    batch: task.seq,
-                    source,
-                })?;
-            let lease = self
-                .pool
-                .alloc_ranked(layout.total_bytes().max(1), task.rank)
-                .map_err(|source| LoaderError::Memory {
-                    batch: task.seq,
-                    source,
-                })?;
-            self.collate
-                .collate_into(&items, layout, lease)
-                .map_err(|source| LoaderError::Collate {
+    }
+}
+
+impl<D, C> IterableFetch<D, C>
+where
+    D: IterableDataset + 'static,
+    D::Item: 'static,
+    C: longshore_data::Collate<D::Item> + 'static,
+{
+    /// Lays out, leases and writes one batch of `items`.
+    fn collate_batch(&self, items: &[D::Item], task: &Task) -> Result<Batch<PoolBuffer>, LoadErr> {
+        let layout = self.collate.layout(items).map_err(LoadErr::Data)?;
+        let lease = self
+            .pool
+            .alloc_ranked(layout.total_bytes().max(1), task.rank)
+            .map_err(|source| {
+                LoadErr::Memory(LoaderError::Memory {
                     batch: task.seq,
                     source,
                 })
-        })();
-        match out {
-            Ok(b) => (Outcome::Batch(b), skipped),
-            Err(e) => (Outcome::Failed(e), skipped),
-        }
+            })?;
+        self.collate
+            .collate_into(items, layout, lease)
+            .map_err(LoadErr::Data)
     }
 }

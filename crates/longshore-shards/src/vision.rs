@@ -11,6 +11,12 @@
 //! from a generator seeded with the sample's seed ([`ShardSample::seed`]): the same crops on
 //! every rank, worker count and resume.
 //!
+//! For a loader, [`ImageShards::deferred`] is the fast form: the workers read each image and
+//! check its header, and its collation ([`DecodeCollate`]) decodes each image straight into
+//! its slot of the page-locked batch, as the folder path does, with the same batches as
+//! [`ImageShards`] stacked by a `StackCollate`. On a GPU, [`ImageShards::encoded`] decodes with
+//! nvJPEG instead (feature `nvjpeg`).
+//!
 //! ```
 //! use longshore_data::{IterableDataset, WorkerInfo};
 //! use longshore_shards::dataset::ShardedDataset;
@@ -45,6 +51,10 @@ use longshore_vision::{Compose, DecodeOptions};
 
 use crate::ShardError;
 use crate::dataset::{ShardSample, ShardedDataset};
+
+mod deferred;
+
+pub use deferred::{DecodeCollate, DeferredImage, DeferredShards};
 
 /// Image shards with a transform pipeline: an [`IterableDataset`] of `(image, label)`, as
 /// [`ImageDataset`](longshore_vision::ImageDataset) yields them; see the

@@ -138,7 +138,12 @@ impl DecodeOptions {
         self
     }
 
-    fn check(&self, header: &ImageHeader) -> Result<(), DecodeError> {
+    /// Checks a header against these options before decoding (what the decoder does first):
+    /// a zero size, or more pixels than [`max_pixels`](Self::max_pixels).
+    ///
+    /// # Errors
+    /// [`DecodeError::ZeroSize`] or [`DecodeError::TooManyPixels`].
+    pub fn check_header(&self, header: &ImageHeader) -> Result<(), DecodeError> {
         if header.width == 0 || header.height == 0 {
             return Err(DecodeError::ZeroSize {
                 width: header.width,
@@ -282,7 +287,7 @@ pub fn decode_rgb_into(
         ImageFormat::Jpeg => decode_jpeg(bytes, options, out),
         ImageFormat::Png => {
             let header = probe(bytes)?;
-            options.check(&header)?;
+            options.check_header(&header)?;
             decode_png(bytes, out)
         }
     }))
@@ -309,7 +314,7 @@ fn decode_jpeg(
     let (width, height) = d
         .dimensions()
         .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
-    options.check(&ImageHeader {
+    options.check_header(&ImageHeader {
         format: ImageFormat::Jpeg,
         width,
         height,

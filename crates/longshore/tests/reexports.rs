@@ -111,5 +111,9 @@ fn shards_paths_resolve() {
     assert_eq!(labels, (0..6).collect::<Vec<i64>>());
     let _: ResumeState = ds.state_dict(3).unwrap();
     #[cfg(feature = "vision")]
-    let _: Option<longshore::shards::vision::ImageShards> = None;
+    {
+        let _: Option<longshore::shards::vision::ImageShards> = None;
+        let _: Option<longshore::shards::vision::DeferredShards> = None;
+        let _: Option<longshore::shards::vision::DecodeCollate> = None;
+    }
 }

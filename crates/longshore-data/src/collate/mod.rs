@@ -81,6 +81,20 @@ pub trait Collate<T>: Send + Sync {
         self.collate_into(samples, layout, buf)
     }
 
+    /// Checks one item on its own, for a collation that defers per-item work to
+    /// [`Collate::collate_into`] (decoding an image into its slot of the batch): the error
+    /// that item alone gives, if any. When `collate_into` fails, the loader calls this on each
+    /// item of the batch to name the sample at fault, or to skip it under `on_sample_error`
+    /// and collate the rest; `Ok` (the default, for collations whose items are complete)
+    /// leaves the failure to the batch.
+    ///
+    /// # Errors
+    /// What collating `item` fails with.
+    fn check_item(&self, item: &T) -> Result<(), DataError> {
+        let _ = item;
+        Ok(())
+    }
+
     /// The [`DirectCollate`] that writes, from a dataset's [`DirectPlan`], the batch this
     /// collation makes of that dataset's items, when there is one: [`StackCollate`]'s is a
     /// `DirectCollate` with its names. [`FetchCollate`] then skips the items. `None` (the
