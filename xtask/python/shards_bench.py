@@ -34,7 +34,8 @@ RandomHorizontalFlip, ToTensor, Normalize; batch --batch-size; on CUDA, pin_memo
               cached by longshore's shard cache during the warm-up epoch) and
               ``longshore.datasets.ImageFolder`` over images/ (the same pipeline from local
               disk), with longshore's DataLoader; each also drained by its Rust side in the
-              same process (rows "[Rust]").
+              same process (rows "[Rust]"). On a GPU, also WebDataset and ImageFolder with
+              ``decode="nvjpeg"`` (rows "nvJPEG"; ``--decode`` picks).
   folder      torchvision's ImageFolder over images/ (local files; the reference).
 torch's DataLoader is swept over --workers (8,16) x --prefetch (2,4), persistent workers,
 pin_memory on CUDA; the best configuration of each loader is reported.
@@ -351,8 +352,16 @@ def bench_longshore(args, shard_urls, data, cuda, rows):
             remote=f"s3://{BUCKET}/mds", local=str(cache / "mds"), transform=tf, shuffle=True),
         "ImageFolder": lambda: longshore.datasets.ImageFolder(str(data / "images"), transform=tf),
     }
-    for cls, make_ds in makers.items():
-        name = f"longshore.datasets.{cls}"
+    # On a GPU, the image datasets decoded by nvJPEG too (`decode="nvjpeg"`), shards against
+    # the folder: the same comparison on the GPU's JPEG engines.
+    runs = [(cls, "cpu") for cls in makers]
+    if cuda and "nvjpeg" in args.decode:
+        runs += [("WebDataset", "nvjpeg"), ("ImageFolder", "nvjpeg")]
+    if "cpu" not in args.decode:
+        runs = [r for r in runs if r[1] != "cpu"]
+    for cls, decode in runs:
+        make_ds = makers[cls]
+        name = f"longshore.datasets.{cls}" + (" nvJPEG" if decode == "nvjpeg" else "")
         if not hasattr(longshore.datasets, cls):
             print(f"  {name}: not available")
             rows.append({"loader": name, "status": "not available"})
@@ -364,11 +373,12 @@ def bench_longshore(args, shard_urls, data, cuda, rows):
             rows.append({"loader": name, "status": f"failed: {type(e).__name__}: {e}"})
             continue
 
-        def make(w, pf, ds=ds, cls=cls):
+        def make(w, pf, ds=ds, cls=cls, decode=decode):
+            kw = {"decode": "nvjpeg"} if decode == "nvjpeg" else {}
             return longshore.DataLoader(ds, batch_size=args.batch_size, num_workers=w,
                                         shuffle=True if cls == "ImageFolder" else None,
                                         persistent_workers=True, pin_memory=cuda,
-                                        device="cuda" if cuda else None)
+                                        device="cuda" if cuda else None, **kw)
 
         # longshore's workers are threads: prefetch is its own, not swept.
         sweep(name, make, argparse.Namespace(**{**vars(args), "prefetch": [2]}), cuda, rows,
@@ -423,6 +433,8 @@ def main():
     p.add_argument("--workers", default="8,16", help="num_workers values to sweep")
     p.add_argument("--prefetch", default="2,4", help="prefetch_factor values to sweep")
     p.add_argument("--only", default="webdataset,streaming,longshore,folder")
+    p.add_argument("--decode", default="cpu,nvjpeg",
+                   help="longshore's decoders to run: cpu, nvjpeg (on a GPU) or both")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     args = p.parse_args()
     args.workers = [int(x) for x in args.workers.split(",")]
