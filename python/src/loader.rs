@@ -472,8 +472,8 @@ impl PyLoader {
                     let collate = images.collate().with_names("image", "label");
                     Ok(Loader::Host(
                         configure(DataLoader::iterable(images).collate(collate), options)
-                        .prefetch_next_epoch(false)
-                        .build_boxed()?,
+                            .prefetch_next_epoch(false)
+                            .build_boxed()?,
                     ))
                 }
                 (Some(files), Some(d), _, _) => crate::nvjpeg::build(files, options, d, 2),
