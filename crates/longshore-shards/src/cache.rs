@@ -6,7 +6,9 @@
 //!   [`ShardCache::open`] ([`ShardError::BudgetTooSmall`]), so a request can always be met once
 //!   readers release their shards; a request that finds the cache full of shards in use waits
 //!   up to [`CacheConfig::wait_timeout`] and then fails with [`ShardError::CacheFull`] (it does
-//!   not hang).
+//!   not hang). While it waits, it is announced node-wide ([`ShardCache::has_waiters`]), so
+//!   that holders of leases they are not using now can let them go
+//!   ([`CachedShard::release_unread`]).
 //! - **Leases.** [`ShardCache::get`] returns a [`CachedShard`], a lease: the shard stays on
 //!   disk until it is dropped (or [`released`](CachedShard::release)), which marks the shard
 //!   consumed. Eviction takes the least recently used unleased shard, consumed ones first.
@@ -168,6 +170,8 @@ pub struct CachedShard {
     path: PathBuf,
     file: Option<File>,
     info: ShardInfo,
+    /// Whether dropping the lease marks the shard consumed.
+    consumed: bool,
 }
 
 impl CachedShard {
@@ -198,10 +202,21 @@ impl CachedShard {
 
     /// Releases the lease and marks the shard consumed (the same as dropping it).
     pub fn release(self) {}
+
+    /// Releases the lease without marking the shard consumed: for a reader that will come back
+    /// to it, but lets it go meanwhile (because [`ShardCache::has_waiters`]). It may be evicted,
+    /// after the consumed shards; it costs no write of the index.
+    pub fn release_unread(mut self) {
+        self.consumed = false;
+    }
 }
 
 impl Drop for CachedShard {
     fn drop(&mut self) {
+        if !self.consumed {
+            drop(self.file.take());
+            return;
+        }
         match self.cache.lock_index() {
             Ok(mut l) => {
                 let tick = l.index.tick();
@@ -253,7 +268,7 @@ impl ShardCache {
                 shard_size: largest.size,
             });
         }
-        for sub in ["data", "tmp", "slots"] {
+        for sub in ["data", "tmp", "slots", "waiters"] {
             let d = config.dir.join(sub);
             fs::create_dir_all(&d).map_err(|e| io("create", &d, e))?;
         }
@@ -324,6 +339,7 @@ impl ShardCache {
         let key = key_for(&shard.url);
         let start = Instant::now();
         let mut nap = Duration::from_millis(2);
+        let mut waiting: Option<Waiter> = None;
         loop {
             let mut l = inner.lock_index()?;
             match l.index.entries.get(&key).cloned() {
@@ -341,6 +357,7 @@ impl ShardCache {
                     // Another version of the object: replace it once no reader holds it.
                     if !inner.try_evict(&mut l, &key)? {
                         drop(l);
+                        inner.announce(&mut waiting)?;
                         inner.wait_or_fail(shard, start, &mut nap)?;
                     }
                 }
@@ -369,10 +386,32 @@ impl ShardCache {
                             .map(|lease| lease.expect("a lease was asked for"));
                     }
                     drop(l);
+                    inner.announce(&mut waiting)?;
                     inner.wait_or_fail(shard, start, &mut nap)?;
                 }
             }
         }
+    }
+
+    /// Whether a [`get`](Self::get) somewhere on the node (any process sharing the directory)
+    /// is waiting for room now. Cheap (a directory listing): poll it to decide when to
+    /// [`release_unread`](CachedShard::release_unread) leases held for later. Announcements
+    /// of processes that died are deleted.
+    pub fn has_waiters(&self) -> bool {
+        let dir = self.inner.config.dir.join("waiters");
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return false;
+        };
+        let mut any = false;
+        for e in entries.flatten() {
+            let path = e.path();
+            if writer_gone(&path) {
+                let _ = fs::remove_file(&path);
+            } else {
+                any = true;
+            }
+        }
+        any
     }
 
     /// The shard leased if it is complete on disk now, else `None`: never downloads and never
@@ -467,6 +506,19 @@ fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
     }
 }
 
+/// A `get` waiting for room, announced by a file in `waiters/` that it locks exclusively
+/// (so that a waiter that died is seen as gone) and deletes when it stops waiting.
+struct Waiter {
+    path: PathBuf,
+    _file: File,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
 /// A reservation: the temporary file, locked exclusively while the download runs.
 struct Reserved {
     key: String,
@@ -531,6 +583,7 @@ impl Inner {
             path,
             file: Some(file),
             info: shard.clone(),
+            consumed: true,
         }))
     }
 
@@ -676,6 +729,30 @@ impl Inner {
             l.index.entries.remove(key);
             self.save(&l)?;
         }
+        Ok(())
+    }
+
+    /// Announces a wait for room (once per `get`).
+    fn announce(&self, waiting: &mut Option<Waiter>) -> Result<(), ShardError> {
+        if waiting.is_some() {
+            return Ok(());
+        }
+        // Created and locked under `tmp/` (whose unlocked files are deleted as stale), then
+        // renamed: `has_waiters` never sees an announcement before it is locked.
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("waiter.{}.{n}", std::process::id());
+        let temp = self.config.dir.join("tmp").join(&name);
+        let file = File::create_new(&temp).map_err(|e| io("create", &temp, e))?;
+        if let Err(e) = file.lock() {
+            let _ = fs::remove_file(&temp);
+            return Err(io("lock", &temp, e));
+        }
+        let path = self.config.dir.join("waiters").join(&name);
+        if let Err(e) = fs::rename(&temp, &path) {
+            let _ = fs::remove_file(&temp);
+            return Err(io("rename", &path, e));
+        }
+        *waiting = Some(Waiter { path, _file: file });
         Ok(())
     }
 

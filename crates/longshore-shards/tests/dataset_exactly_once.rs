@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use longshore_loader::SampleErrorPolicy;
+use longshore_shards::cache::CacheConfig;
 use longshore_shards::dataset::{CountSource, ShardedDataset};
 use longshore_shards::order::{EpochOrder, EpochPlan, Layout, ResumeState};
 use longshore_shards::store::{Fault, FaultyStore, RetryPolicy, ShardStore};
@@ -248,8 +249,11 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
             .world_size(world)
             .num_workers(workers)
             .prefetch_shards(c.prefetch)
-            .cache_dir(&cache_dir)
-            .cache_budget(budget)
+            .cache_config(CacheConfig {
+                // A reader starved of room fails the case instead of stalling the suite.
+                wait_timeout: Duration::from_secs(90),
+                ..CacheConfig::new(&cache_dir, budget)
+            })
             .build()
             .unwrap()
     };

@@ -1,9 +1,11 @@
 //! Random truncations and byte mutations of a valid shard never panic the reader or the scan,
-//! and every error names the shard and a byte offset inside it.
+//! and every error names the shard and a byte offset inside it; the seeking scan of a shard
+//! file finds exactly what reading it front to back finds.
 
 use longshore_shards::ShardError;
 use longshore_shards::webdataset::{SampleWriter, ShardReader};
 use proptest::prelude::*;
+use std::io::Write;
 
 fn valid_shard(sizes: &[(u8, usize)]) -> Vec<u8> {
     let mut w = SampleWriter::new("fuzz.tar", Vec::new());
@@ -68,6 +70,16 @@ proptest! {
         if let Err(e) = ShardReader::new("fuzz.tar", tar.as_slice()).scan() {
             check_error(&e, tar.len());
         }
+        // Seeking over member data finds what reading it finds, damage included.
+        let (spans, error) = ShardReader::new("fuzz.tar", tar.as_slice()).scan_partial();
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(&tar).unwrap();
+        let (seek_spans, seek_error) = ShardReader::scan_file("fuzz.tar", &file).unwrap();
+        prop_assert_eq!(seek_spans, spans);
+        prop_assert_eq!(
+            seek_error.map(|e| e.to_string()),
+            error.map(|e| e.to_string())
+        );
         if tar == original {
             prop_assert_eq!(results.len(), sizes.len());
             prop_assert!(results.iter().all(Result::is_ok));

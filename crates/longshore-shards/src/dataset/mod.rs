@@ -140,6 +140,7 @@ use crate::order::{EpochOrder, EpochPlan, Layout, OrderConfig, ResumeState};
 use crate::store::ShardStore;
 
 mod decoded;
+mod leases;
 mod reader;
 mod sample;
 mod spec;
@@ -376,6 +377,8 @@ impl ShardedDatasetBuilder {
                 spec,
                 columns,
                 store,
+                leases: leases::LeaseBoard::new(cache.clone()),
+                layouts: reader::SharedLayouts::default(),
                 cache,
                 config: self.config,
                 batch_size: self.batch_size,
@@ -412,6 +415,10 @@ struct Inner {
     columns: Vec<Arc<Columns>>,
     store: ShardStore,
     cache: ShardCache,
+    /// The leases of this process's readers, and their keeper.
+    leases: Arc<leases::LeaseBoard>,
+    /// The cached shards' sample layouts, shared by the readers.
+    layouts: reader::SharedLayouts,
     config: OrderConfig,
     batch_size: usize,
     rank: usize,

@@ -2,12 +2,14 @@
 //! shard cache, with the shards it will read next prefetched.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{BufReader, Read, Seek, SeekFrom};
-use std::sync::Arc;
+use std::io::{Read, Seek, SeekFrom};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use longshore_data::DataError;
 
+use super::leases::{Held, lock};
 use super::{Inner, ShardFormat, ShardSample, TARGET};
 use crate::ShardError;
 use crate::cache::CachedShard;
@@ -24,7 +26,69 @@ const MAX_WINDOW: usize = 1 << 16;
 /// again (each costs a write of the cache's index).
 const MIN_WINDOW: usize = 256;
 
+/// The most samples whose layouts [`SharedLayouts`] keeps (~60 MiB of tar spans).
+const MAX_SHARED_SAMPLES: usize = 1 << 20;
+
+/// The layouts of the shards' cached files, shared by the dataset's readers in this process
+/// and across epochs, so that a shard's headers are scanned once while its file stays in the
+/// cache, not once per worker and epoch. A layout is kept with its file's length and
+/// modification time: a file evicted and downloaded again is scanned again. Tar and MDS
+/// layouts only (a Parquet file's layout is its decoded rows); at most
+/// [`MAX_SHARED_SAMPLES`] samples' worth, the oldest dropped first.
+#[derive(Debug, Default)]
+pub(super) struct SharedLayouts {
+    inner: Mutex<LayoutMap>,
+}
+
+#[derive(Debug, Default)]
+struct LayoutMap {
+    by_shard: HashMap<usize, (FileId, Arc<Layout>)>,
+    order: VecDeque<usize>,
+    samples: usize,
+}
+
+/// What identifies one download of a shard on disk.
+type FileId = (u64, Option<SystemTime>);
+
+fn file_id(lease: &CachedShard) -> Option<FileId> {
+    let m = lease.file().metadata().ok()?;
+    Some((m.len(), m.modified().ok()))
+}
+
+impl SharedLayouts {
+    fn get(&self, shard: usize, id: FileId) -> Option<Arc<Layout>> {
+        let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        map.by_shard
+            .get(&shard)
+            .filter(|(have, _)| *have == id)
+            .map(|(_, layout)| Arc::clone(layout))
+    }
+
+    fn insert(&self, shard: usize, id: FileId, layout: &Arc<Layout>) {
+        if matches!(&**layout, Layout::Parquet { .. }) {
+            return;
+        }
+        let samples = layout.samples();
+        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let map = &mut *map;
+        if let Some((_, old)) = map.by_shard.insert(shard, (id, Arc::clone(layout))) {
+            map.samples -= old.samples();
+            map.order.retain(|&s| s != shard);
+        }
+        map.order.push_back(shard);
+        map.samples += samples;
+        while map.samples > MAX_SHARED_SAMPLES
+            && let Some(oldest) = map.order.pop_front()
+        {
+            if let Some((_, old)) = map.by_shard.remove(&oldest) {
+                map.samples -= old.samples();
+            }
+        }
+    }
+}
+
 /// How a shard's samples are found in its cached file.
+#[derive(Debug)]
 enum Layout {
     /// A tar: each sample's byte span (from a header scan), and the damage that stopped the
     /// scan, if any.
@@ -38,7 +102,19 @@ enum Layout {
     Parquet { rows: crate::parquet::Rows },
 }
 
+impl Layout {
+    /// The samples it counts for [`SharedLayouts`]' limit.
+    fn samples(&self) -> usize {
+        match self {
+            Layout::Tar { spans, .. } => spans.len(),
+            Layout::Mds { head } => head.len() / 8,
+            Layout::Parquet { .. } => 0,
+        }
+    }
+}
+
 /// Where and why a tar's scan stopped.
+#[derive(Debug)]
 struct Damage {
     member: Option<String>,
     offset: u64,
@@ -56,8 +132,9 @@ pub(super) struct WorkerReader {
     window: VecDeque<Slot>,
     /// Shard -> its slots in `window`.
     pending: HashMap<usize, usize>,
-    /// Leased shards (released when the window no longer holds them).
-    leases: HashMap<usize, CachedShard>,
+    /// Leased shards (released when the window no longer holds them, or by the lease keeper
+    /// while this reader is idle and another waits for room); locked while reading.
+    leases: Held,
     /// Sample layouts of the shards in the window.
     layouts: HashMap<usize, Arc<Layout>>,
     /// What this worker last asked to prefetch.
@@ -68,6 +145,7 @@ pub(super) struct WorkerReader {
 impl WorkerReader {
     pub(super) fn new(ds: Arc<Inner>, worker: usize, epoch: u64, stream: WorkerStream) -> Self {
         tracing::debug!(target: TARGET, worker, epoch, slots = stream.remaining(), "worker stream");
+        let leases = ds.leases.register();
         WorkerReader {
             ds,
             worker,
@@ -76,7 +154,7 @@ impl WorkerReader {
             stream_done: false,
             window: VecDeque::new(),
             pending: HashMap::new(),
-            leases: HashMap::new(),
+            leases,
             layouts: HashMap::new(),
             prefetching: Vec::new(),
             started: false,
@@ -101,14 +179,14 @@ impl WorkerReader {
     }
 
     /// Asks the cache to prefetch the next shards of the window that are not leased.
-    fn update_prefetch(&mut self) {
+    fn update_prefetch(&mut self, leases: &HashMap<usize, CachedShard>) {
         let mut next = Vec::with_capacity(self.ds.prefetch_shards);
         for slot in &self.window {
             if next.len() >= self.ds.prefetch_shards {
                 break;
             }
             let s = slot.sample.shard;
-            if !self.leases.contains_key(&s) && !next.contains(&s) {
+            if !leases.contains_key(&s) && !next.contains(&s) {
                 next.push(s);
             }
         }
@@ -118,31 +196,49 @@ impl WorkerReader {
         }
     }
 
-    /// Leases shard `shard` (asking the cache without waiting first, and releasing every
-    /// lease before a download or a wait, so that no reader waits for room while holding
-    /// some) and finds its samples' layout.
-    fn open(&mut self, shard: usize) -> Result<(), ShardError> {
-        if !self.leases.contains_key(&shard) {
+    /// Leases shard `shard` (asking the cache without waiting first, and letting every lease
+    /// go before a download or a wait, so that no reader waits for room while holding some)
+    /// and finds its samples' layout.
+    fn open(
+        &mut self,
+        shard: usize,
+        leases: &mut HashMap<usize, CachedShard>,
+    ) -> Result<(), ShardError> {
+        if !leases.contains_key(&shard) {
             let info = &self.ds.spec.shards.shards[shard];
             let lease = match self.ds.cache.get_cached(info)? {
                 Some(lease) => lease,
                 None => {
-                    self.leases.clear();
+                    // Every leased shard still has slots in the window: not consumed.
+                    for (_, held) in leases.drain() {
+                        held.release_unread();
+                    }
                     self.ds.cache.get(info)?
                 }
             };
-            self.leases.insert(shard, lease);
-            self.update_prefetch();
+            leases.insert(shard, lease);
+            self.update_prefetch(leases);
         }
         if !self.layouts.contains_key(&shard) {
-            let layout = self.layout(shard)?;
-            self.layouts.insert(shard, Arc::new(layout));
+            let lease = &leases[&shard];
+            let id = file_id(lease);
+            let shared = id.and_then(|id| self.ds.layouts.get(shard, id));
+            let layout = match shared {
+                Some(layout) => layout,
+                None => {
+                    let layout = Arc::new(self.layout(shard, lease)?);
+                    if let Some(id) = id {
+                        self.ds.layouts.insert(shard, id, &layout);
+                    }
+                    layout
+                }
+            };
+            self.layouts.insert(shard, layout);
         }
         Ok(())
     }
 
-    fn layout(&self, shard: usize) -> Result<Layout, ShardError> {
-        let lease = &self.leases[&shard];
+    fn layout(&self, shard: usize, lease: &CachedShard) -> Result<Layout, ShardError> {
         let url = &lease.info().url;
         let mut file = lease.file();
         let io = |source| ShardError::Io {
@@ -153,8 +249,7 @@ impl WorkerReader {
         file.seek(SeekFrom::Start(0)).map_err(io)?;
         match self.ds.spec.format {
             ShardFormat::WebDataset => {
-                let (spans, error) =
-                    ShardReader::new(url.clone(), BufReader::new(file)).scan_partial();
+                let (spans, error) = ShardReader::scan_file(url.clone(), file).map_err(io)?;
                 let damage = error.map(|e| match e {
                     ShardError::Tar {
                         member,
@@ -248,10 +343,14 @@ impl WorkerReader {
     }
 
     /// Reads the sample of `slot`.
-    fn read(&mut self, slot: &Slot) -> Result<ShardSample, ShardError> {
+    fn read(
+        &mut self,
+        slot: &Slot,
+        leases: &mut HashMap<usize, CachedShard>,
+    ) -> Result<ShardSample, ShardError> {
         let shard = slot.sample.shard;
-        self.open(shard)?;
-        let lease = &self.leases[&shard];
+        self.open(shard, leases)?;
+        let lease = &leases[&shard];
         let layout = Arc::clone(&self.layouts[&shard]);
         let url = &lease.info().url;
         let index = slot.sample.index;
@@ -365,17 +464,21 @@ impl Iterator for WorkerReader {
             *n -= 1;
             *n
         });
-        let result = self.read(&slot);
+        // Locked while reading: the lease keeper takes only an idle reader's leases.
+        let held = Arc::clone(&self.leases);
+        let mut leases = lock(&held);
+        let result = self.read(&slot, &mut leases);
         if left == 0 {
             // The window holds no more of this shard: release it (it may be evicted now).
             self.pending.remove(&shard);
-            self.leases.remove(&shard);
+            leases.remove(&shard);
             self.layouts.remove(&shard);
         }
         if self.window.is_empty() && self.stream_done {
-            self.leases.clear();
+            leases.clear();
             self.ds.publish_prefetch(self.worker, Vec::new());
         }
+        drop(leases);
         Some(result.map_err(|e| {
             let url = &self.ds.spec.shards.shards[shard].url;
             let pad = if slot.pad { ", a padding repeat" } else { "" };

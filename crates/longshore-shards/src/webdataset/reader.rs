@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +24,14 @@ impl<R: Read> Read for Counting<R> {
         let n = self.inner.read(buf)?;
         self.read.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
+    }
+}
+
+impl<R: Seek> Seek for Counting<R> {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        let at = self.inner.seek(pos)?;
+        self.read.store(at, Ordering::Relaxed);
+        Ok(at)
     }
 }
 
@@ -130,50 +138,99 @@ impl<R: Read> ShardReader<R> {
     /// wholly before the damage, and the error (naming the shard, member and offset), if
     /// any. A reader of a damaged shard can still read those samples.
     pub fn scan_partial(&mut self) -> (Vec<SampleSpan>, Option<ShardError>) {
-        let mut members = match self.members() {
-            Ok(m) => m,
-            Err(e) => return (Vec::new(), Some(e)),
+        let (spans, error, _) = match self.members() {
+            Ok(mut m) => scan_members(&mut m),
+            Err(e) => (Vec::new(), Some(e), 0),
         };
-        let mut spans: Vec<SampleSpan> = Vec::new();
-        let mut exts: Vec<String> = Vec::new();
-        let mut error = None;
-        while let Some(member) = members.next_member(false) {
-            let f = match member {
-                Ok(Member::Field(f)) => f,
-                Ok(Member::Skip) => continue,
-                Err(e) => {
-                    error = Some(e);
-                    break;
-                }
-            };
-            match spans.last_mut() {
-                Some(last) if last.key == f.key => {
-                    if exts.contains(&f.ext) {
-                        error = Some(duplicate(members.shard, last.offset, &f));
-                        break;
-                    }
-                    last.end = f.end;
-                    last.members += 1;
-                    exts.push(f.ext);
-                }
-                _ => {
-                    spans.push(SampleSpan {
-                        key: f.key,
-                        offset: f.start,
-                        end: f.end,
-                        members: 1,
-                    });
-                    exts = vec![f.ext];
-                }
-            }
-        }
-        if error.is_some() {
-            // The last sample may have more members in the damaged part: it is not whole.
-            spans.pop();
-        }
         tracing::debug!(target: "longshore::shards", shard = %self.shard, samples = spans.len(), damaged = error.is_some(), "scanned shard");
         (spans, error)
     }
+}
+
+impl ShardReader<BufReader<&File>> {
+    /// [`ShardReader::scan_partial`] of a shard file, seeking over member data instead of
+    /// reading it: a 64 MiB shard of 100 KiB images costs ~1,300 header reads, not 64 MiB.
+    /// A member that runs past the end of the file (a truncated shard), which a seek does not
+    /// see, makes it scan again front to back, so damage is reported as `scan_partial` does.
+    ///
+    /// # Errors
+    /// [`std::io::Error`] when the file's length cannot be read or it cannot be rewound.
+    pub fn scan_file(
+        shard: impl Into<String>,
+        file: &File,
+    ) -> std::io::Result<(Vec<SampleSpan>, Option<ShardError>)> {
+        let shard = shard.into();
+        let len = file.metadata()?.len();
+        let mut file = file;
+        file.seek(SeekFrom::Start(0))?;
+        let mut reader = ShardReader::new(shard.clone(), BufReader::with_capacity(4096, file));
+        let seeking = reader
+            .archive
+            .entries_with_seek()
+            .map_err(std::io::Error::other)
+            .map(|entries| {
+                let mut members = Members {
+                    shard: &reader.shard,
+                    read: &reader.read,
+                    entries,
+                    prev_end: 0,
+                };
+                scan_members(&mut members)
+            });
+        if let Ok((spans, error, end)) = seeking
+            && end <= len
+        {
+            tracing::debug!(target: "longshore::shards", shard = %shard, samples = spans.len(), damaged = error.is_some(), "scanned shard (seeking)");
+            return Ok((spans, error));
+        }
+        file.seek(SeekFrom::Start(0))?;
+        Ok(ShardReader::new(shard, BufReader::new(file)).scan_partial())
+    }
+}
+
+/// The samples of `members` by their headers (see [`ShardReader::scan_partial`]), and the end
+/// of the last member read.
+fn scan_members<R: Read>(
+    members: &mut Members<'_, R>,
+) -> (Vec<SampleSpan>, Option<ShardError>, u64) {
+    let mut spans: Vec<SampleSpan> = Vec::new();
+    let mut exts: Vec<String> = Vec::new();
+    let mut error = None;
+    while let Some(member) = members.next_member(false) {
+        let f = match member {
+            Ok(Member::Field(f)) => f,
+            Ok(Member::Skip) => continue,
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        };
+        match spans.last_mut() {
+            Some(last) if last.key == f.key => {
+                if exts.contains(&f.ext) {
+                    error = Some(duplicate(members.shard, last.offset, &f));
+                    break;
+                }
+                last.end = f.end;
+                last.members += 1;
+                exts.push(f.ext);
+            }
+            _ => {
+                spans.push(SampleSpan {
+                    key: f.key,
+                    offset: f.start,
+                    end: f.end,
+                    members: 1,
+                });
+                exts = vec![f.ext];
+            }
+        }
+    }
+    if error.is_some() {
+        // The last sample may have more members in the damaged part: it is not whole.
+        spans.pop();
+    }
+    (spans, error, members.prev_end)
 }
 
 /// Where a sample lies in its tar, from [`ShardReader::scan`]: `offset..end` holds all its
