@@ -52,7 +52,7 @@
 //! # Ok::<(), longshore_shards::ShardError>(())
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -143,6 +143,31 @@ struct Inner {
     downloaded_bytes: AtomicU64,
     evictions: AtomicU64,
     waits: AtomicU64,
+    /// The shards this process leased through the index, by key: which file it was, and
+    /// whether this process marked it consumed. A later lease of the same file skips the
+    /// index (see [`Inner::lease_known`]).
+    known: Mutex<HashMap<String, Known>>,
+}
+
+/// A cached file this process has verified against the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Known {
+    file: FileId,
+    consumed: bool,
+}
+
+/// What identifies a file (its device and inode), where the platform says.
+type FileId = (u64, u64);
+
+#[cfg(unix)]
+fn file_id(m: &fs::Metadata) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    Some((m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn file_id(_: &fs::Metadata) -> Option<FileId> {
+    None
 }
 
 impl Drop for Inner {
@@ -172,6 +197,8 @@ pub struct CachedShard {
     info: ShardInfo,
     /// Whether dropping the lease marks the shard consumed.
     consumed: bool,
+    /// The file's identity, when the platform gives one.
+    id: Option<FileId>,
 }
 
 impl CachedShard {
@@ -216,6 +243,24 @@ impl Drop for CachedShard {
         if !self.consumed {
             drop(self.file.take());
             return;
+        }
+        // Marked consumed by this process already (a shard is consumed for good until it is
+        // evicted, and then its file is another): no write of the index.
+        let known = Known {
+            file: self.id.unwrap_or_default(),
+            consumed: true,
+        };
+        {
+            let mut map = self.cache.known.lock().unwrap_or_else(|p| p.into_inner());
+            match map.get_mut(&self.key) {
+                Some(k) if self.id.is_some() && *k == known => {
+                    drop(map);
+                    drop(self.file.take());
+                    return;
+                }
+                Some(k) if self.id.is_some() && k.file == known.file => k.consumed = true,
+                _ => {}
+            }
         }
         match self.cache.lock_index() {
             Ok(mut l) => {
@@ -285,6 +330,7 @@ impl ShardCache {
                 downloaded_bytes: AtomicU64::new(0),
                 evictions: AtomicU64::new(0),
                 waits: AtomicU64::new(0),
+                known: Mutex::default(),
             }),
         };
         cache.inner.reconcile()?;
@@ -337,6 +383,9 @@ impl ShardCache {
             });
         }
         let key = key_for(&shard.url);
+        if let Some(lease) = inner.lease_known(&key, shard) {
+            return Ok(lease);
+        }
         let start = Instant::now();
         let mut nap = Duration::from_millis(2);
         let mut waiting: Option<Waiter> = None;
@@ -425,6 +474,9 @@ impl ShardCache {
     pub fn get_cached(&self, shard: &ShardInfo) -> Result<Option<CachedShard>, ShardError> {
         let inner = &self.inner;
         let key = key_for(&shard.url);
+        if let Some(lease) = inner.lease_known(&key, shard) {
+            return Ok(Some(lease));
+        }
         let mut l = inner.lock_index()?;
         let Some(e) = l.index.entries.get(&key) else {
             return Ok(None);
@@ -572,11 +624,23 @@ impl Inner {
         // Evictions hold the index lock, as this does: a shared lock is granted at once.
         file.lock_shared().map_err(|e| io("lock", &path, e))?;
         let tick = l.index.tick();
+        let mut consumed = false;
         if let Some(e) = l.index.entries.get_mut(key) {
             e.last_used = tick;
             e.url.clone_from(&shard.url);
+            consumed = e.done;
         }
         self.save(l)?;
+        let id = file.metadata().ok().as_ref().and_then(file_id);
+        if let Some(file_id) = id {
+            self.known.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                key.to_owned(),
+                Known {
+                    file: file_id,
+                    consumed,
+                },
+            );
+        }
         Ok(Some(CachedShard {
             cache: Arc::clone(self),
             key: key.to_owned(),
@@ -584,7 +648,41 @@ impl Inner {
             file: Some(file),
             info: shard.clone(),
             consumed: true,
+            id,
         }))
+    }
+
+    /// A lease of a shard this process already leased through the index, without the index:
+    /// its file is still the one verified then (same device and inode, at its place in
+    /// `data/`, of the shard's size), shared-locked first, so that no eviction can remove it
+    /// meanwhile (an eviction takes an exclusive lock; one that removed the file before the
+    /// lock was taken leaves another file, or none, at the path). `None` sends the caller
+    /// through the index.
+    fn lease_known(self: &Arc<Self>, key: &str, shard: &ShardInfo) -> Option<CachedShard> {
+        let known = *self
+            .known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)?;
+        let path = self.data_path(key);
+        let file = File::open(&path).ok()?;
+        file.try_lock_shared().ok()?;
+        let held = file.metadata().ok()?;
+        let id = file_id(&held)?;
+        let at_path = fs::metadata(&path).ok().as_ref().and_then(file_id);
+        if id != known.file || at_path != Some(id) || held.len() != shard.size {
+            return None;
+        }
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(CachedShard {
+            cache: Arc::clone(self),
+            key: key.to_owned(),
+            path,
+            file: Some(file),
+            info: shard.clone(),
+            consumed: true,
+            id: Some(id),
+        })
     }
 
     /// Evicts one shard if no reader holds it; `true` if it is gone.

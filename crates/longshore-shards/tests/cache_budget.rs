@@ -232,3 +232,44 @@ proptest! {
         prop_assert!(worst <= budget, "{worst} bytes on disk, budget {budget}");
     }
 }
+
+#[test]
+fn a_shard_leased_again_skips_the_index_but_never_an_eviction() {
+    let src = tempfile::tempdir().unwrap();
+    let bytes = write_local_shards(src.path(), &[60, 60, 60]);
+    let store = ShardStore::from_env();
+    let list = local_list(&store, src.path(), 3);
+    let dir = tempfile::tempdir().unwrap();
+    let index = dir.path().join("index.json");
+    let cache = ShardCache::open(config(dir.path(), 120, 150), store, &list).unwrap();
+
+    // The first lease and its release go through the index; the next ones do not.
+    cache.get(&list.shards[0]).unwrap().release();
+    let before = std::fs::read(&index).unwrap();
+    for _ in 0..3 {
+        let a = cache.get_cached(&list.shards[0]).unwrap().expect("on disk");
+        assert_eq!(a.read_all().unwrap(), bytes[0]);
+        let b = cache.get(&list.shards[0]).unwrap();
+        drop((a, b));
+    }
+    assert_eq!(std::fs::read(&index).unwrap(), before, "no index write");
+    assert_eq!(cache.stats().hits, 6);
+
+    // A lease taken that way still holds the shard against evictions.
+    let held = cache.get(&list.shards[0]).unwrap();
+    cache.get(&list.shards[1]).unwrap().release();
+    cache.get(&list.shards[2]).unwrap().release(); // evicts shard 1, not the held 0
+    assert!(held.path().exists());
+    assert_eq!(cache.stats().evictions, 1);
+    drop(held);
+
+    // Once evicted, the shard is downloaded again, never taken from what the process knew.
+    cache.get(&list.shards[1]).unwrap().release(); // evicts 0 (consumed, least recently used)
+    assert_eq!(cache.stats().evictions, 2);
+    assert!(cache.get_cached(&list.shards[0]).unwrap().is_none());
+    let downloads = cache.stats().downloads;
+    let again = cache.get(&list.shards[0]).unwrap();
+    assert_eq!(again.read_all().unwrap(), bytes[0]);
+    assert_eq!(cache.stats().downloads, downloads + 1);
+    assert!(cache.usage().unwrap().complete_bytes <= 120);
+}
