@@ -807,6 +807,10 @@ impl Inner {
             return Ok(None);
         }
         let key = key_for(&shard.url);
+        if self.data_path(&key).exists() {
+            // Complete on disk (only complete files are in `data/`): no need for the index.
+            return Ok(Some(None));
+        }
         let mut l = self.lock_index()?;
         if l.index.entries.contains_key(&key) {
             return Ok(Some(None));
