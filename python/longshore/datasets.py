@@ -141,6 +141,16 @@ def _budget(value, name):
     return n
 
 
+def _storage_options(options):
+    """``storage_options`` as the native dataset takes it: a dict of str to str, or None."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        raise TypeError(f"storage_options must be a dict, not {type(options).__name__}")
+    return {str(k): (str(v).lower() if isinstance(v, bool) else str(v))
+            for k, v in options.items()}
+
+
 class _ImageShards:
     """What WebDataset and StreamingDataset share: an iterable dataset of ``(image, label)``
     from image shards, read by longshore's Rust workers. See :class:`WebDataset`."""
@@ -149,7 +159,7 @@ class _ImageShards:
 
     def _make(self, urls, transform, *, spec, index, image_key, label_key, seed, shuffle,
               shuffle_block, rank, world_size, cache_dir, cache_budget, job, prefetch_shards,
-              max_pixels):
+              max_pixels, storage_options=None):
         if transform is None:
             raise ValueError(
                 f"{type(self).__name__} needs transform=Compose([..., ToTensor()]): its "
@@ -169,6 +179,7 @@ class _ImageShards:
             cache_budget=_budget(cache_budget, "cache_budget"), job=job,
             prefetch_shards=prefetch_shards, max_pixels=max_pixels or None,
             no_pixel_limit=max_pixels == 0,
+            storage_options=_storage_options(storage_options),
         )
         self.rank, self.world_size = self._native.rank
         self._epoch = 0
@@ -231,7 +242,11 @@ class WebDataset(_ImageShards):
     ``file://`` or a path), brace ranges ``{000..099}`` and alternatives ``{a,b}`` expanded as
     the ``webdataset`` package does. Credentials and endpoints come from the environment as
     the cloud SDKs read them (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL`` for an
-    S3-compatible store, ...). Sample counts come from a wids index (``index=``, else a
+    S3-compatible store, ...), or from ``storage_options``, a dict of object_store's
+    configuration keys (``{"aws_endpoint": ..., "aws_access_key_id": ...}``,
+    ``{"azure_storage_account_name": ..., "azure_storage_endpoint": ...}``,
+    ``{"google_service_account_key": ...}``; every key starts with ``aws_``, ``google_`` or
+    ``azure_``), over the environment. Sample counts come from a wids index (``index=``, else a
     ``shard-index.json`` or ``index.json`` beside the shards); without one each shard is
     scanned once here.
 
@@ -270,14 +285,15 @@ class WebDataset(_ImageShards):
     def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
                  image_key=None, label_key="cls", index=None, rank=None, world_size=None,
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
-                 max_pixels=None):
+                 max_pixels=None, storage_options=None):
         if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
             urls = [urls]
         self._make(list(urls), transform, spec=spec, index=index, image_key=image_key,
                    label_key=label_key, seed=seed, shuffle=shuffle,
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
-                   prefetch_shards=prefetch_shards, max_pixels=max_pixels)
+                   prefetch_shards=prefetch_shards, max_pixels=max_pixels,
+                   storage_options=storage_options)
 
 
 class StreamingDataset(_ImageShards):
@@ -305,7 +321,8 @@ class StreamingDataset(_ImageShards):
     def __init__(self, *, remote=None, local=None, split=None, transform=None, shuffle=False,
                  shuffle_seed=9176, shuffle_block_size=None, cache_limit=None, batch_size=None,
                  image_key=None, label_key="cls", rank=None, world_size=None,
-                 prefetch_shards=None, job=None, spec=None, max_pixels=None):
+                 prefetch_shards=None, job=None, spec=None, max_pixels=None,
+                 storage_options=None):
         if remote is None and local is None and spec is None:
             raise ValueError("StreamingDataset needs remote= (or local= for a dataset on disk)")
         root = str(remote if remote is not None else local or "")
@@ -319,7 +336,8 @@ class StreamingDataset(_ImageShards):
                    image_key=image_key, label_key=label_key, seed=shuffle_seed,
                    shuffle=shuffle, shuffle_block=shuffle_block_size, rank=rank,
                    world_size=world_size, cache_dir=cache, cache_budget=cache_limit, job=job,
-                   prefetch_shards=prefetch_shards, max_pixels=max_pixels)
+                   prefetch_shards=prefetch_shards, max_pixels=max_pixels,
+                   storage_options=storage_options)
 
 
 class ParquetDataset(_ImageShards):
@@ -342,14 +360,15 @@ class ParquetDataset(_ImageShards):
     def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
                  image_key="image", label_key="label", rank=None, world_size=None,
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
-                 max_pixels=None):
+                 max_pixels=None, storage_options=None):
         if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
             urls = [urls]
         self._make(list(urls), transform, spec=spec, index=None, image_key=image_key,
                    label_key=label_key, seed=seed, shuffle=shuffle,
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
-                   prefetch_shards=prefetch_shards, max_pixels=max_pixels)
+                   prefetch_shards=prefetch_shards, max_pixels=max_pixels,
+                   storage_options=storage_options)
 
 
 def write_shards(out, samples, format="webdataset", shard_size=64 << 20, image_ext="jpg"):

@@ -5,12 +5,14 @@
 //! size, `drop_last` and number of workers (the order is laid out in whole batches per worker),
 //! and its Rust workers read, decode and transform the images ([`ImageShards`]).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use longshore::data::{DType, IterableDataset, Tensor, WorkerInfo};
 use longshore::shards::ShardError;
 use longshore::shards::dataset::{DatasetSpec, ShardedDataset, ShardedDatasetBuilder};
 use longshore::shards::order::ResumeState;
+use longshore::shards::store::ShardStore;
 use longshore::shards::vision::ImageShards;
 use longshore::vision::{Compose, DecodeOptions};
 use pyo3::exceptions::{PyStopIteration, PyValueError};
@@ -121,7 +123,8 @@ impl PyShards {
     #[pyo3(signature = (format, urls, steps, output, *, spec = None, index = None,
         image_key = None, label_key = "cls", seed = 0, shuffle = false, shuffle_block = None,
         rank = None, world_size = None, cache_dir = None, cache_budget = None, job = None,
-        prefetch_shards = None, max_pixels = None, no_pixel_limit = false))]
+        prefetch_shards = None, max_pixels = None, no_pixel_limit = false,
+        storage_options = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -144,6 +147,7 @@ impl PyShards {
         prefetch_shards: Option<usize>,
         max_pixels: Option<u64>,
         no_pixel_limit: bool,
+        storage_options: Option<BTreeMap<String, String>>,
     ) -> PyResult<Self> {
         let compose = compose_of(Some(steps), Some(output))?
             .ok_or_else(|| PyValueError::new_err("an image pipeline is required"))?;
@@ -177,7 +181,14 @@ impl PyShards {
                 )));
             }
         };
-        let builder = options.apply(builder);
+        let mut builder = options.apply(builder);
+        if let Some(storage) = storage_options {
+            // object_store's keys, over the environment (the loaders' datasets reuse this store).
+            let store = storage
+                .into_iter()
+                .fold(ShardStore::builder(), |b, (k, v)| b.option(k, v));
+            builder = builder.store(store.build());
+        }
         let resolved = py.detach(|| builder.build()).map_err(shard_err)?;
         Ok(PyShards {
             resolved,

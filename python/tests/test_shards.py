@@ -272,6 +272,20 @@ def test_s3_server(data, tmp_path, monkeypatch):
                                                  local=str(tmp_path / "m"), transform=tf())
         assert sorted(labels_of(longshore.DataLoader(ms, batch_size=4, num_workers=2))) \
             == list(range(N))
+        # The same store configured by storage_options alone (object_store's keys).
+        for k in env:
+            monkeypatch.delenv(k)
+        opts = {"aws_endpoint": endpoint, "aws_access_key_id": "testing",
+                "aws_secret_access_key": "testing", "aws_region": "us-east-1",
+                "aws_allow_http": True}
+        pattern = "s3://train/wds/shard-{000000..%06d}.tar" % (len(shards) - 1)
+        so = longshore.datasets.WebDataset(pattern, transform=tf(), cache_dir=tmp_path / "o",
+                                           storage_options=opts)
+        assert sorted(labels_of(longshore.DataLoader(so, batch_size=4, num_workers=2))) \
+            == list(range(N))
+        with pytest.raises(ValueError, match="endpoint"):
+            longshore.datasets.WebDataset(pattern, transform=tf(), cache_dir=tmp_path / "p",
+                                          storage_options={"endpoint": endpoint})
     finally:
         server.stop()
 

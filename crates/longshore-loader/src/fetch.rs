@@ -75,6 +75,29 @@ pub struct MapFetch<D, C> {
     pub(crate) on_error: SampleErrorPolicy,
 }
 
+/// What `policy` makes of sample `index`'s failure in batch `seq`: the batch's error
+/// (`FailBatch`), or `None` once it is logged as skipped (`Skip`; `stage` says where it failed:
+/// "load" or "collate").
+fn sample_failed(
+    policy: SampleErrorPolicy,
+    index: usize,
+    seq: u64,
+    source: longshore_data::DataError,
+    stage: &str,
+) -> Option<LoaderError> {
+    match policy {
+        SampleErrorPolicy::FailBatch => Some(LoaderError::Sample {
+            index,
+            batch: seq,
+            source,
+        }),
+        SampleErrorPolicy::Skip => {
+            tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = seq, "skipping a sample that failed to {stage}");
+            None
+        }
+    }
+}
+
 /// Finds which of `indices` fails to load (the dataset's own error), for error messages and
 /// for skipping; `None` if every sample loads on its own.
 fn find_failing<D: Dataset + ?Sized>(
@@ -109,23 +132,13 @@ where
             };
             // Find the sample at fault: name it, or skip it and try again.
             match find_failing(&*self.dataset, &indices) {
-                Some((index, source)) => match self.on_error {
-                    SampleErrorPolicy::FailBatch => {
-                        return (
-                            Outcome::Failed(LoaderError::Sample {
-                                index,
-                                batch: task.seq,
-                                source,
-                            }),
-                            skipped,
-                        );
+                Some((index, source)) => {
+                    if let Some(e) = sample_failed(self.on_error, index, task.seq, source, "load") {
+                        return (Outcome::Failed(e), skipped);
                     }
-                    SampleErrorPolicy::Skip => {
-                        tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = task.seq, "skipping a sample that failed to load");
-                        indices.to_mut().retain(|&i| i != index);
-                        skipped += 1;
-                    }
-                },
+                    indices.to_mut().retain(|&i| i != index);
+                    skipped += 1;
+                }
                 None => {
                     return (
                         Outcome::Failed(LoaderError::Collate {
@@ -328,23 +341,15 @@ where
                         items.push(item);
                         positions.push(index);
                     }
-                    Some(Err(source)) => match self.on_error {
-                        SampleErrorPolicy::FailBatch => {
+                    Some(Err(source)) => {
+                        if let Some(e) =
+                            sample_failed(self.on_error, index, task.seq, source, "load")
+                        {
                             w.position += 1;
-                            return (
-                                Outcome::Failed(LoaderError::Sample {
-                                    index,
-                                    batch: task.seq,
-                                    source,
-                                }),
-                                skipped,
-                            );
+                            return (Outcome::Failed(e), skipped);
                         }
-                        SampleErrorPolicy::Skip => {
-                            tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = task.seq, "skipping a sample that failed to load");
-                            skipped += 1;
-                        }
-                    },
+                        skipped += 1;
+                    }
                 }
                 w.position += 1;
             }
@@ -379,25 +384,13 @@ where
                     skipped,
                 );
             };
-            let index = positions[i];
-            match self.on_error {
-                SampleErrorPolicy::FailBatch => {
-                    return (
-                        Outcome::Failed(LoaderError::Sample {
-                            index,
-                            batch: task.seq,
-                            source,
-                        }),
-                        skipped,
-                    );
-                }
-                SampleErrorPolicy::Skip => {
-                    tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = task.seq, "skipping a sample that failed to collate");
-                    items.remove(i);
-                    positions.remove(i);
-                    skipped += 1;
-                }
+            if let Some(e) = sample_failed(self.on_error, positions[i], task.seq, source, "collate")
+            {
+                return (Outcome::Failed(e), skipped);
             }
+            items.remove(i);
+            positions.remove(i);
+            skipped += 1;
         }
     }
 }

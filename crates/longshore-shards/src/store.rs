@@ -246,6 +246,8 @@ pub struct ShardStoreBuilder {
     s3_credentials: Option<(String, String)>,
     allow_http: Option<bool>,
     client_retry: Option<object_store::RetryConfig>,
+    /// object_store configuration keys, by backend prefix (`aws_`, `google_`, `azure_`).
+    options: Vec<(String, String)>,
     retry: RetryPolicy,
     stores: HashMap<StoreLocation, Arc<dyn ObjectStore>>,
     wrap: Option<Arc<Wrapper>>,
@@ -261,6 +263,11 @@ impl std::fmt::Debug for ShardStoreBuilder {
                 &self.s3_credentials.as_ref().map(|_| ".."),
             )
             .field("allow_http", &self.allow_http)
+            // Values may be secrets: keys only.
+            .field(
+                "options",
+                &self.options.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
             .field("retry", &self.retry)
             .field("stores", &self.stores.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
@@ -304,6 +311,30 @@ impl ShardStoreBuilder {
         self
     }
 
+    /// Sets an object_store configuration key of one backend, over what the environment says:
+    /// `aws_…` keys for S3 (`aws_endpoint`, `aws_session_token`, …), `google_…` for GCS
+    /// (`google_service_account_key`: a service account's JSON, which may also name a
+    /// `gcs_base_url` and `disable_oauth` for an emulator), `azure_…` for Azure
+    /// (`azure_storage_account_name`, `azure_storage_account_key`, `azure_storage_endpoint`,
+    /// `azure_storage_use_emulator`, `azure_allow_http`, …), as object_store's
+    /// `AmazonS3ConfigKey`, `GoogleConfigKey` and `AzureConfigKey` spell them. A key of none
+    /// of these, or one its backend does not know, is a [`ShardError::StoreConfig`] when the
+    /// backend's client is built. The typed setters above win over these.
+    ///
+    /// ```
+    /// use longshore_shards::store::ShardStore;
+    /// let store = ShardStore::builder()
+    ///     .option("azure_storage_account_name", "devstoreaccount1")
+    ///     .option("azure_storage_endpoint", "http://127.0.0.1:10000/devstoreaccount1")
+    ///     .option("azure_allow_http", "true")
+    ///     .build();
+    /// # let _ = store;
+    /// ```
+    pub fn option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.options.push((key.into(), value.into()));
+        self
+    }
+
     /// The retry policy of operations (see the [module docs](self)).
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
@@ -339,6 +370,32 @@ impl ShardStoreBuilder {
                 config: self,
             }),
         }
+    }
+}
+
+/// The key prefixes of [`ShardStoreBuilder::option`]: S3, GCS, Azure.
+const BACKEND_PREFIXES: [&str; 3] = ["aws_", "google_", "azure_"];
+
+impl ShardStoreBuilder {
+    /// The options of the backend whose keys start with `prefix`; a key of no backend is an
+    /// error.
+    fn options_for(&self, prefix: &str) -> Result<Vec<(&str, &str)>, object_store::Error> {
+        if let Some((key, _)) = self
+            .options
+            .iter()
+            .find(|(k, _)| !BACKEND_PREFIXES.iter().any(|p| k.starts_with(p)))
+        {
+            return Err(object_store::Error::UnknownConfigurationKey {
+                store: "longshore-shards",
+                key: format!("{key} (keys start with aws_, google_ or azure_)"),
+            });
+        }
+        Ok(self
+            .options
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect())
     }
 }
 
@@ -436,6 +493,9 @@ impl ShardStore {
         let store: Arc<dyn ObjectStore> = match url.location() {
             StoreLocation::S3 { bucket } => {
                 let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+                for (key, value) in c.options_for(BACKEND_PREFIXES[0]).map_err(err)? {
+                    b = b.with_config(key.parse().map_err(err)?, value);
+                }
                 if let Some(e) = &c.s3_endpoint {
                     b = b.with_endpoint(e);
                 }
@@ -459,6 +519,9 @@ impl ShardStore {
             StoreLocation::Gcs { bucket } => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(bucket);
+                for (key, value) in c.options_for(BACKEND_PREFIXES[1]).map_err(err)? {
+                    b = b.with_config(key.parse().map_err(err)?, value);
+                }
                 if let Some(r) = &c.client_retry {
                     b = b.with_retry(r.clone());
                 }
@@ -467,6 +530,9 @@ impl ShardStore {
             StoreLocation::Azure { account, container } => {
                 let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_container_name(container);
+                for (key, value) in c.options_for(BACKEND_PREFIXES[2]).map_err(err)? {
+                    b = b.with_config(key.parse().map_err(err)?, value);
+                }
                 if let Some(a) = account {
                     b = b.with_account(a);
                 }
