@@ -15,7 +15,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use longshore_data::{IterableDataset, WorkerInfo};
 use longshore_shards::dataset::ShardedDataset;
 use longshore_shards::store::{FaultyStore, ShardStore, ShardStoreBuilder, block_on};
 use longshore_shards::url::ShardUrl;
@@ -190,15 +189,8 @@ fn a_sharded_dataset_reads_az_shards() {
         .cache_dir(local.path().join("cache"))
         .build()
         .unwrap();
-    ds.set_epoch(0);
-    let mut seen: Vec<u64> = ds
-        .iter(WorkerInfo::single(0))
-        .map(|s| {
-            let s = s.unwrap();
-            assert_eq!(s.sample.int("val").unwrap() as u64, s.id.global);
-            s.id.global
-        })
-        .collect();
-    seen.sort_unstable();
-    assert_eq!(seen, (0..17).collect::<Vec<_>>());
+    assert_eq!(
+        support::data::read_epoch_sorted(&ds),
+        (0..17).collect::<Vec<_>>()
+    );
 }

@@ -116,6 +116,23 @@ pub fn run_rank(
     out
 }
 
+/// Epoch 0 of `dataset` read by one worker outside a loader: the samples' global ids, sorted,
+/// each checked against its `val` field.
+pub fn read_epoch_sorted(dataset: &ShardedDataset) -> Vec<u64> {
+    use longshore_data::{IterableDataset, WorkerInfo};
+    dataset.set_epoch(0);
+    let mut seen: Vec<u64> = dataset
+        .iter(WorkerInfo::single(0))
+        .map(|s| {
+            let s = s.unwrap_or_else(|e| panic!("{}", chain(&e)));
+            assert_eq!(s.sample.int("val").unwrap() as u64, s.id.global);
+            s.id.global
+        })
+        .collect();
+    seen.sort_unstable();
+    seen
+}
+
 /// An error and its causes, joined with `: `.
 pub fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
