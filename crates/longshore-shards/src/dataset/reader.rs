@@ -23,7 +23,8 @@ const MAX_WINDOW: usize = 1 << 16;
 
 /// The fewest slots a worker looks ahead (and the batch size, if larger): a shard whose
 /// samples come back within this many stays leased instead of being released and leased
-/// again (each costs a write of the cache's index).
+/// again (a lease costs a few system calls; a process's first of a shard, a write of the
+/// cache's index).
 const MIN_WINDOW: usize = 256;
 
 /// The most samples whose layouts [`SharedLayouts`] keeps (~60 MiB of tar spans).
