@@ -110,7 +110,7 @@ impl ShardStoreBuilder {
         self
     }
 
-    /// The retry policy of operations (see the [module docs](self)).
+    /// The retry policy of operations (see the [module docs](crate::store)).
     pub fn retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
@@ -122,7 +122,7 @@ impl ShardStoreBuilder {
         self
     }
 
-    /// Wraps every client when it is built (for instance in a [`FaultyStore`]).
+    /// Wraps every client when it is built (for instance in a [`FaultyStore`](super::FaultyStore)).
     pub fn wrap_stores(
         mut self,
         wrap: impl Fn(&StoreLocation, Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>
