@@ -202,15 +202,7 @@ impl Inner {
                 },
             );
         }
-        Ok(Some(CachedShard {
-            cache: Arc::clone(self),
-            key: key.to_owned(),
-            path,
-            file: Some(file),
-            info: shard.clone(),
-            consumed: true,
-            id,
-        }))
+        Ok(Some(self.leased(key, path, file, shard, id)))
     }
 
     /// A lease of a shard this process already leased through the index, without the index:
@@ -239,15 +231,28 @@ impl Inner {
             return None;
         }
         self.hits.fetch_add(1, Ordering::Relaxed);
-        Some(CachedShard {
+        Some(self.leased(key, path, file, shard, Some(id)))
+    }
+
+    /// The lease of `file` (shared-locked by the caller), marking the shard consumed when it
+    /// is dropped.
+    fn leased(
+        self: &Arc<Self>,
+        key: &str,
+        path: PathBuf,
+        file: File,
+        shard: &ShardInfo,
+        id: Option<FileId>,
+    ) -> CachedShard {
+        CachedShard {
             cache: Arc::clone(self),
             key: key.to_owned(),
             path,
             file: Some(file),
             info: shard.clone(),
             consumed: true,
-            id: Some(id),
-        })
+            id,
+        }
     }
 
     /// Announces a wait for room (once per `get`).
