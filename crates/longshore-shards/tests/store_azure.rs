@@ -16,11 +16,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use longshore_shards::dataset::ShardedDataset;
-use longshore_shards::store::{FaultyStore, ShardStore, ShardStoreBuilder, block_on};
+use longshore_shards::store::{ShardStore, ShardStoreBuilder, block_on};
 use longshore_shards::url::ShardUrl;
 use object_store::{ObjectStoreExt, PutPayload};
 use support::data::write_shards;
-use support::{faulty, shard_bytes};
+use support::{check_resolve_read_download, shard_bytes};
 
 /// Azurite's well-known development account and key (public, in Microsoft's docs).
 const ACCOUNT: &str = "devstoreaccount1";
@@ -141,24 +141,8 @@ fn az_urls_resolve_with_one_listing_read_ranges_and_download() {
     for (i, b) in shards.iter().enumerate() {
         server.put(&format!("az://shards/a/shard-{i}.tar"), b);
     }
-    let (store, slot) = faulty(server.store(), |inner| FaultyStore::with_plan(inner, []));
-    let list = store
-        .resolve(&["az://shards/a/shard-{0..2}.tar".to_owned()])
-        .unwrap();
-    assert_eq!(
-        list.shards.iter().map(|s| s.size).collect::<Vec<_>>(),
-        [8000, 8001, 8002]
-    );
-    let st = slot.stats();
-    assert_eq!((st.lists, st.heads), (1, 0), "{st:?}");
-    assert_eq!(
-        &store.get_range(&list.shards[0].url, 100..300).unwrap()[..],
-        &shards[0][100..300]
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let dest = dir.path().join("s");
-    store.download(&list.shards[1], &dest).unwrap();
-    assert_eq!(std::fs::read(&dest).unwrap(), shards[1]);
+    let (store, _) =
+        check_resolve_read_download(server.store(), "az://shards/a/shard-{0..2}.tar", &shards);
 
     // A missing object is an error naming its URL.
     let err = store

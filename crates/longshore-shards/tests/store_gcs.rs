@@ -9,9 +9,9 @@
 mod support;
 
 use longshore_shards::dataset::ShardedDataset;
-use longshore_shards::store::{FaultyStore, ShardStore, ShardStoreBuilder};
+use longshore_shards::store::{ShardStore, ShardStoreBuilder};
 use support::data::write_shards;
-use support::{faulty, shard_bytes};
+use support::{check_resolve_read_download, shard_bytes};
 
 /// A store whose GCS client reaches `endpoint` without OAuth.
 fn gcs(endpoint: &str) -> ShardStoreBuilder {
@@ -32,30 +32,13 @@ fn gs_urls_resolve_with_one_listing_and_read_ranges() {
     for (i, b) in shards.iter().enumerate() {
         server.put(&format!("g/shard-{i}.tar"), b);
     }
-    let (store, slot) = faulty(gcs(server.endpoint()), |inner| {
-        FaultyStore::with_plan(inner, [])
-    });
     let pattern = format!("gs://{}/g/shard-{{0..2}}.tar", server.bucket());
-    let list = store.resolve(&[pattern]).unwrap();
-    assert_eq!(
-        list.shards.iter().map(|s| s.size).collect::<Vec<_>>(),
-        [7000, 7001, 7002]
-    );
+    let (_, list) = check_resolve_read_download(gcs(server.endpoint()), &pattern, &shards);
     assert!(
-        list.shards[2].url.starts_with("gs://"),
+        list.shards.iter().all(|s| s.url.starts_with("gs://")),
         "{:?}",
-        list.shards[2]
+        list.shards
     );
-    let st = slot.stats();
-    assert_eq!((st.lists, st.heads), (1, 0), "{st:?}");
-    assert_eq!(
-        &store.get_range(&list.shards[1].url, 10..20).unwrap()[..],
-        &shards[1][10..20]
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let dest = dir.path().join("s");
-    store.download(&list.shards[2], &dest).unwrap();
-    assert_eq!(std::fs::read(&dest).unwrap(), shards[2]);
 }
 
 #[test]

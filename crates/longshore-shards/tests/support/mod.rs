@@ -60,6 +60,35 @@ pub fn faulty(
     (store, slot)
 }
 
+/// What every object-store backend must do with a pattern naming `shards` (their bytes, in
+/// order), through a store built from `builder`: one listing and no HEAD for the whole pattern,
+/// each object's size as listed, a range read and a download returning the objects' bytes.
+/// Returns the store and the resolved list for the backend's own checks.
+pub fn check_resolve_read_download(
+    builder: ShardStoreBuilder,
+    pattern: &str,
+    shards: &[Vec<u8>],
+) -> (ShardStore, ShardList) {
+    let (store, slot) = faulty(builder, |inner| FaultyStore::with_plan(inner, []));
+    let list = store.resolve(&[pattern.to_owned()]).unwrap();
+    assert_eq!(
+        list.shards.iter().map(|s| s.size).collect::<Vec<_>>(),
+        shards.iter().map(|b| b.len() as u64).collect::<Vec<_>>()
+    );
+    let st = slot.stats();
+    assert_eq!((st.lists, st.heads), (1, 0), "{st:?}");
+    assert_eq!(
+        &store.get_range(&list.shards[0].url, 100..300).unwrap()[..],
+        &shards[0][100..300]
+    );
+    let last = list.shards.len() - 1;
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("s");
+    store.download(&list.shards[last], &dest).unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), shards[last]);
+    (store, list)
+}
+
 /// Writes `shard-{i:04}.bin` files of the given sizes into `dir`; returns their bytes.
 pub fn write_local_shards(dir: &Path, sizes: &[usize]) -> Vec<Vec<u8>> {
     std::fs::create_dir_all(dir).unwrap();
