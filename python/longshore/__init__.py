@@ -25,6 +25,10 @@ import atexit as _atexit
 import itertools as _itertools
 import json as _json
 import os as _os
+import sys as _sys
+import types as _types
+import warnings as _warnings
+import weakref as _weakref
 
 import numpy as _np
 
@@ -60,6 +64,9 @@ from .data import (  # noqa: F401  (re-exported, as torch.utils.data has them)
 # Before the interpreter finalizes: loader threads finish their turn in Python and take no
 # other (a thread attaching to a finalizing interpreter aborts the process).
 _atexit.register(_longshore._at_exit)
+# Before that (atexit runs last-registered first): every loader's worker processes end, their
+# pipes shut down, so no worker outlives the interpreter.
+_atexit.register(_workers.stop_all)
 
 __all__ = [
     "DataLoader",
@@ -139,11 +146,35 @@ def _torch_converter(torch, cuda, pinned):
     )
 
 
+def _is_datapipe(dataset):
+    """Whether ``dataset`` is one of torch's DataPipes (``IterDataPipe`` / ``MapDataPipe``)."""
+    torch = _import_torch() if "torch" in _sys.modules else None
+    data = getattr(getattr(torch, "utils", None), "data", None)
+    kinds = tuple(k for k in (getattr(data, "IterDataPipe", None),
+                              getattr(data, "MapDataPipe", None)) if k is not None)
+    return bool(kinds) and isinstance(dataset, kinds)
+
+
+def _datapipe_world():
+    """``(world_size, rank)`` for sharding a DataPipe, as torch's loader takes them: the
+    initialised process group's, else ``(1, 0)``."""
+    torch = _import_torch()
+    dist = getattr(torch, "distributed", None)
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
 class _PythonDataset:
-    """A Python dataset's loader parts: the Rust loader's source and the worker processes."""
+    """A Python dataset's loader parts: the Rust loader's source and the worker processes.
+
+    ``batched``: False for ``batch_size=None`` (torch's non-batch mode: each sample converted,
+    not collated). A DataPipe is sharded over ranks x workers in its workers (in this process
+    over ranks with ``num_workers=0``) and an ``IterDataPipe`` seeded per epoch with one shared
+    seed, as torch's loader does."""
 
     def __init__(self, dataset, collate_fn, worker_init_fn, context, num_workers,
-                 iterable=None):
+                 iterable=None, batched=True):
         import multiprocessing
 
         if context == "thread":
@@ -155,10 +186,14 @@ class _PythonDataset:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.iterable = bool(iterable)
+        self.batched = batched
         self.context = context
         self.worker_init_fn = worker_init_fn
         self.num_workers = num_workers
+        self.datapipe = _is_datapipe(dataset)
         self.source = None
+        self.workers = None
+        self.handler = None
         if not iterable:
             self.bind(None, False)
 
@@ -169,35 +204,74 @@ class _PythonDataset:
         self.source = _longshore._ProcessSource(
             0 if self.iterable else len(dataset), self._describe,
             (batch_size, drop_last) if self.iterable else None)
+        sharding = _datapipe_world() if self.datapipe else None
         self.workers = _workers.Workers(dataset, collate_fn, self.num_workers, self.context,
-                                        self.worker_init_fn, self.source)
+                                        self.worker_init_fn, self.source, self.batched,
+                                        sharding)
         if self.num_workers == 0:
             # PyTorch's num_workers=0: the dataset's code runs in this process.
-            self.handler = _workers.Handler(dataset, collate_fn, -1, _os.getpid())
+            self.handler = _workers.Handler(dataset, collate_fn, -1, _os.getpid(), self.batched)
             self.source.set_workers([self.handler])
 
     def _describe(self, worker_id):
         return self.workers.describe(worker_id)
 
-    def end_epoch(self):
-        """Ends an epoch's worker threads (without persistent workers), as PyTorch ends its
-        workers with the epoch: torch's ``get_worker_info()`` is then ``None`` again in this
-        process. Worker processes are ended when the next epoch starts them."""
-        if self.workers.context == "thread":
-            self.workers.stop()
+    def unpack(self, meta):
+        """A batch's ``(tree, objects, dtypes)`` from its meta (see ``Handler.unpack``)."""
+        if meta[:1] == _workers._KEPT:
+            if self.handler is not None:
+                return self.handler.unpack(meta)
+            token = _workers.struct.unpack_from("<Q", meta, 1)[0]
+            for h in self.workers.procs:
+                if token in getattr(h, "kept", ()):
+                    return h.unpack(meta)
+            raise LoaderError(f"a batch's values were not kept (token {token})")
+        return _workers.pickle.loads(meta)
 
-    def start_epoch(self, base_seed, persistent):
+    def end_epoch(self, generation=None):
+        """Ends an epoch's workers (without persistent workers, or after a worker died), as
+        PyTorch ends its workers with the epoch: no process, pipe or thread of theirs stays,
+        and torch's ``get_worker_info()`` is ``None`` again in this process. ``generation``:
+        only if the workers are still those that epoch started (a later iterator's are
+        left)."""
+        w = self.workers
+        if w is not None and (generation is None or generation == w.generation):
+            w.stop()
+
+    def start_epoch(self, base_seed, persistent, shared_seed=None):
         """Starts the worker processes for an epoch: every epoch, as PyTorch does, or once
         with persistent workers (again if one died)."""
+        if not self.iterable:
+            # A dataset may grow between epochs: torch's loader follows it.
+            self.source.set_len(len(self.dataset))
         w = self.workers
         if w.num_workers == 0:
+            if self.datapipe:
+                self.handler.dataset = self._main_datapipe(shared_seed)
+                self.handler.stream_epoch = None
             return
         if persistent and w.alive():
             return
-        w.start(base_seed)
+        w.start(base_seed, shared_seed)
+
+    def _main_datapipe(self, shared_seed):
+        """The DataPipe as this process iterates it (``num_workers=0``): seeded with the
+        epoch's shared seed, sharded over ranks, as torch's single-process iterator does."""
+        torch = _import_torch()
+        from torch.utils.data import IterDataPipe, graph_settings
+
+        dataset = self.dataset
+        if isinstance(dataset, IterDataPipe) and shared_seed is not None:
+            rng = torch.Generator()
+            rng.manual_seed(shared_seed)
+            dataset = graph_settings.apply_random_seed(dataset, rng)
+        world_size, rank = _datapipe_world()
+        graph_settings.apply_sharding(dataset, world_size, rank)
+        return dataset
 
 
-def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context, num_workers=0):
+def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context, num_workers=0,
+                 batched=True):
     """The arguments whose work only Python can do: a Python dataset, ``collate_fn``,
     ``worker_init_fn``, ``multiprocessing_context``. A map-style Python dataset (any object
     with ``__getitem__`` and ``__len__``) runs in worker processes (:class:`_PythonDataset`),
@@ -209,15 +283,13 @@ def _python_work(dataset, collate_fn, worker_init_fn, multiprocessing_context, n
     if native is None:
         if not _is_iterable(dataset) and hasattr(dataset, "__getitem__") \
                 and hasattr(dataset, "__len__"):
-            if collate_fn is not None and _is_default_collate(collate_fn):
-                collate_fn = None  # torch's default_collate: fused into the batch buffer
+            collate_fn = _own_collate(collate_fn, batched)
             return _PythonDataset(dataset, collate_fn, worker_init_fn, multiprocessing_context,
-                                  num_workers)
+                                  num_workers, batched=batched)
         if hasattr(dataset, "__iter__"):
-            if collate_fn is not None and _is_default_collate(collate_fn):
-                collate_fn = None
+            collate_fn = _own_collate(collate_fn, batched)
             return _PythonDataset(dataset, collate_fn, worker_init_fn, multiprocessing_context,
-                                  num_workers, iterable=True)
+                                  num_workers, iterable=True, batched=batched)
         raise TypeError(
             "longshore.DataLoader takes a map-style dataset (__getitem__ and __len__), a "
             "longshore.NpyDataset, RecordDataset, datasets.ImageFolder, data.ArrayDataset or "
@@ -254,9 +326,18 @@ def _is_iterable(dataset):
         hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"))
 
 
-def _is_default_collate(fn):
-    return (getattr(fn, "__name__", None) == "default_collate"
+def _is_default_collate(fn, name="default_collate"):
+    return (getattr(fn, "__name__", None) == name
             and getattr(fn, "__module__", "").startswith("torch.utils.data"))
+
+
+def _own_collate(collate_fn, batched):
+    """``collate_fn``, or None for torch's default (``default_collate``, or
+    ``default_convert`` with ``batch_size=None``), which the workers fuse into the batch."""
+    if collate_fn is not None and _is_default_collate(
+            collate_fn, "default_collate" if batched else "default_convert"):
+        return None
+    return collate_fn
 
 
 def _check_multiprocessing_context(context, num_workers):
@@ -268,15 +349,20 @@ def _check_multiprocessing_context(context, num_workers):
             "multiprocessing_context can only be used with multi-process loading "
             f"(num_workers > 0), but got num_workers={num_workers}"
         )
-    if isinstance(context, str):
-        import multiprocessing
+    import multiprocessing
 
+    if isinstance(context, str):
         valid = multiprocessing.get_all_start_methods()
         if context not in valid:
             raise ValueError(
                 "multiprocessing_context option should specify a valid start method in "
                 f"{valid!r}, but got multiprocessing_context={context!r}"
             )
+    elif not isinstance(context, multiprocessing.context.BaseContext):
+        raise TypeError(
+            "multiprocessing_context option should be a valid context object or a string "
+            f"specifying the start method, but got multiprocessing_context={context}"
+        )
 
 
 def _check_pin_memory_device(value, index):
@@ -407,9 +493,12 @@ class DataLoader:
             raise ValueError(
                 "worker_mode='thread' runs the dataset in threads of this process: "
                 "multiprocessing_context (a start method for worker processes) must stay None")
+        # batch_size=None without a batch_sampler: torch's non-batch mode (each sample
+        # converted by default_convert, or passed alone to collate_fn).
+        batched = not (batch_size is None and batch_sampler is None)
         native = _python_work(dataset, collate_fn, worker_init_fn,
                               "thread" if worker_mode == "thread" else multiprocessing_context,
-                              num_workers if isinstance(num_workers, int) else 0)
+                              num_workers if isinstance(num_workers, int) else 0, batched)
         if worker_mode == "process" and not isinstance(native, _PythonDataset):
             raise ValueError(
                 "worker_mode='process': longshore's own datasets load in Rust threads of this "
@@ -420,6 +509,14 @@ class DataLoader:
         self._sharded = isinstance(native, _longshore._Shards)
         iterable = (self._python is not None and self._python.iterable) or self._sharded
         if iterable:
+            if self._python is not None and self._python.datapipe:
+                # torch's loader: an IterDataPipe's shuffle option sets its Shuffler(s).
+                if shuffle is not None:
+                    from torch.utils.data import graph_settings
+
+                    dataset = graph_settings.apply_shuffle_settings(dataset, shuffle=shuffle)
+                    self._python.dataset = dataset
+                shuffle = None
             # PyTorch's checks for an IterableDataset, in its words.
             for name, value in (("shuffle", shuffle), ("sampler", sampler),
                                 ("batch_sampler", batch_sampler)):
@@ -428,13 +525,19 @@ class DataLoader:
                         f"DataLoader with IterableDataset: expected unspecified {name} option, "
                         f"but got {name}={value}"
                     )
-            if batch_size is None:
+            if batch_size is None and self._sharded:
                 raise ValueError(
-                    "batch_size=None (no automatic batching) is not supported by "
-                    "longshore.DataLoader: use batch_size=1 and take each batch's first row"
+                    "batch_size=None (no automatic batching): a sharded dataset's batches are "
+                    "made by longshore's workers; use batch_size=1 and take each batch's "
+                    "first row"
                 )
             if self._python is not None:
-                self._python.bind(batch_size, bool(drop_last))
+                if batch_size is None and drop_last:
+                    raise ValueError(
+                        "batch_size=None option disables auto-batching "
+                        "and is mutually exclusive with drop_last"
+                    )
+                self._python.bind(batch_size or 1, bool(drop_last))
             wanted = getattr(dataset, "batch_size", None) if self._sharded else None
             if wanted is not None and wanted != batch_size:
                 raise ValueError(
@@ -460,10 +563,6 @@ class DataLoader:
                     "batch_size=None option disables auto-batching "
                     "and is mutually exclusive with drop_last"
                 )
-            raise ValueError(
-                "batch_size=None (no automatic batching) is not supported by "
-                "longshore.DataLoader: use batch_size=1 and take each batch's first row"
-            )
         if seed is not None and generator is not None:
             raise ValueError(
                 "give generator (PyTorch's) or seed (longshore's order), not both"
@@ -481,14 +580,22 @@ class DataLoader:
                 sampler = _data.RandomSampler(dataset, generator=generator)
             else:
                 sampler = _data.SequentialSampler(dataset)
+        # The loader's batches of indices: the batch sampler, or (batch_size=None) the sampler's
+        # indices one by one, which torch's attribute batch_sampler does not show (None).
+        batches = batch_sampler
         if batch_sampler is None and not iterable:
-            batch_sampler = _data.BatchSampler(sampler, batch_size, drop_last)
+            batches = _data.BatchSampler(sampler, batch_size if batched else 1, drop_last)
+            batch_sampler = batches if batched else None
         torch = _import_torch() if seed is None else None
         # PyTorch's generator decides the order (and draws the workers' base seed).
         self._torch_rng = torch
         # The Rust loader's own order: sequential, or shuffled by longshore's generator (seed=,
-        # or PyTorch absent); else Python hands the loader each epoch's order.
-        builtin = own_sampler and (not shuffle or torch is None)
+        # or PyTorch absent); else Python hands the loader each epoch's order. A Python
+        # dataset's sequential order is its SequentialSampler's, whose length follows the
+        # dataset as it grows between epochs (a shuffled one is rebuilt when it grew).
+        builtin = iterable or (own_sampler and batched and (not shuffle or torch is None)
+                               and (shuffle or self._python is None))
+        self._unbatched = not batched
         index = _cuda_index(device)
         _check_pin_memory_device(pin_memory_device, index)
         if framework is None:
@@ -513,6 +620,7 @@ class DataLoader:
         self.timeout = timeout
         self.sampler = sampler
         self.batch_sampler = batch_sampler
+        self._batches = batches
         self.generator = generator
         self.collate_fn = collate_fn
         self.worker_init_fn = worker_init_fn
@@ -524,7 +632,7 @@ class DataLoader:
         self.device = device
         self.seed = seed
         self._order = None if builtin else _longshore._EpochOrder(
-            len(dataset), _len_or_zero(batch_sampler))
+            len(dataset), _len_or_zero(batches))
         self._iterated = False
         # A sharded dataset's epochs: the next one to read, and the one under way
         # ([epoch, batches received, finished]).
@@ -536,10 +644,11 @@ class DataLoader:
         self._epoch_rng = None
         self._resume_rng = None
         self._base_seed = None
-        self._loader = _longshore._Loader(
+        self._loader_args = None
+        self._loader = self._make_loader(
             # datasets.ImageFolder & co wrap their native dataset.
             native,
-            1 if self._order is not None else batch_size,
+            1 if self._order is not None else (batch_size or 1),
             bool(shuffle) and builtin,
             num_workers,
             bool(pin_memory),
@@ -562,7 +671,64 @@ class DataLoader:
         )
         self._index = index
         self._convert = self._converter(framework)
+        self._dataset_len = None if iterable else len(dataset)
+        if self._python is not None:
+            # The worker processes end with the loader (deleted, collected, or at exit).
+            _weakref.finalize(self, self._python.end_epoch)
         self._initialized = True
+
+    # ``DataLoader[T]``, as torch's DataLoader is a Generic.
+    __class_getitem__ = classmethod(_types.GenericAlias)
+
+    def _make_loader(self, *args, **kwargs):
+        """The Rust loader, from arguments kept for a rebuild (a Python dataset that grew
+        under longshore's own shuffled order)."""
+        self._loader_args = (args, kwargs)
+        return _longshore._Loader(*args, **kwargs)
+
+    def _follow_length(self):
+        """A Python dataset that grew (or shrank) since the last epoch: the order's bounds
+        follow it, and longshore's own shuffled order is drawn over the new length, as torch's
+        samplers read ``len(dataset)`` at each epoch."""
+        if self._python is None or self._python.iterable:
+            return
+        n = len(self.dataset)
+        if n == self._dataset_len:
+            return
+        self._dataset_len = n
+        self._python.source.set_len(n)
+        if self._order is not None:
+            self._order.set_dataset_len(n)
+            return
+        epoch = _json.loads(self._loader.state_dict_json())["epoch"]
+        args, kwargs = self._loader_args
+        self._loader = self._make_loader(*args, **kwargs)
+        self._loader.set_epoch(epoch)
+
+    def _check_worker_number(self):
+        """torch's warning when a loader starts more worker processes than the CPUs this
+        process may run on (its affinity mask), in torch's words."""
+        if not self.num_workers or self._python is None:
+            return
+        try:
+            cpus = len(_os.sched_getaffinity(0))
+            checked = True
+        except (AttributeError, OSError):
+            cpus, checked = _os.cpu_count(), False
+        if cpus is not None and self.num_workers <= cpus:
+            return
+        if cpus is None:
+            suggest = ("DataLoader is not able to compute a suggested max number of worker in "
+                       "current system.")
+        else:
+            suggest = (f"Our suggested max number of worker in current system is {cpus}"
+                       f"{'' if checked else ' (`cpuset` is not taken into account)'}, which is "
+                       "smaller than what this DataLoader is going to create.")
+        _warnings.warn(
+            f"This DataLoader will create {self.num_workers} worker processes in total. "
+            f"{suggest} Please be aware that excessive worker creation might get DataLoader "
+            "running slow or even freeze, lower the worker number to avoid potential "
+            "slowness/freeze if necessary.", stacklevel=3)
 
     def __setattr__(self, attr, val):
         if attr in _FIXED and self.__dict__.get("_initialized", False):
@@ -613,6 +779,13 @@ class DataLoader:
             init()
             self._cuda_init = None
         torch = self._torch_rng
+        self._follow_length()
+        self._check_worker_number()
+        shared_seed = None
+        if self._python is not None and self._python.datapipe and self._python.iterable:
+            # torch's iterator draws an IterDataPipe's shared seed first (the same in every
+            # worker and, under torch.distributed, on every rank), then the base seed.
+            shared_seed = _share_dist_seed(self.generator)
         base_seed = None
         resume, restore = self._resume_rng, None
         self._resume_rng = None
@@ -648,11 +821,18 @@ class DataLoader:
             if base_seed is None:
                 base_seed = (int(self.seed or 0) * 0x9E3779B97F4A7C15 + next(_LOADERS)) % 2**63
                 self._base_seed = base_seed
-            self._python.start_epoch(base_seed, bool(self.persistent_workers))
-            epoch = self._epoch(restore)
-            return _python_batches(epoch, self._python.end_epoch
-                                   if not self.persistent_workers else None)
-        return self._epoch(restore)
+            # An IterDataPipe's workers are seeded anew each epoch (with its shared seed).
+            persistent = bool(self.persistent_workers) and shared_seed is None
+            self._python.start_epoch(base_seed, persistent, shared_seed)
+            try:
+                epoch = self._epoch(restore)
+            except BaseException:
+                if not persistent:
+                    self._python.end_epoch()
+                raise
+            return _PythonBatches(epoch, self, persistent)
+        epoch = self._epoch(restore)
+        return _Unbatched(epoch) if self._unbatched else epoch
 
     def _epoch(self, restore=None):
         """The epoch's batches. ``restore``: the generator's state to put back once the order
@@ -672,7 +852,7 @@ class DataLoader:
 
     def _hand_over(self, order):
         """Gives the loader this epoch's order; True when it iterates a Python iterator."""
-        bs = self.batch_sampler
+        bs = self._batches
         length = _len_or_zero(bs)
         if isinstance(bs, _data.BatchSampler) and type(bs).__iter__ is _data.BatchSampler.__iter__:
             whole = _data._whole_epoch(bs.sampler)
@@ -686,8 +866,24 @@ class DataLoader:
         return True
 
     def __len__(self):
+        """Batches per epoch, as torch counts them: the batch sampler's length (following a
+        dataset that grows); for an iterable Python dataset, ``len(dataset)`` in batches (a
+        ``TypeError`` when it has no ``__len__``, which ``list(loader)`` passes over)."""
+        if self._python is not None and self._python.iterable:
+            length = len(self.dataset)
+            if self.batch_size is not None:
+                if self.drop_last:
+                    length //= self.batch_size
+                else:
+                    length = -(-length // self.batch_size)
+            return length
         if self._order is not None:
-            return len(self.batch_sampler)
+            return len(self._batches)
+        if self._python is not None:
+            # longshore's own shuffled order over a Python dataset: redrawn over the new
+            # length at the next epoch when it grew.
+            n = len(self.dataset)
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return len(self._loader)
 
     def set_epoch(self, epoch):
@@ -818,24 +1014,139 @@ def _rng_state_from(torch, raw):
     return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy())
 
 
-def _python_batches(epoch, on_end=None):
-    """A Python dataset's batches, rebuilt from their tensors and meta (nesting, non-tensor
-    values); a worker's exception re-raised as its own type, with the worker's traceback in
-    the message, as PyTorch does."""
-    import pickle
+class _PythonBatches:
+    """A Python dataset's epoch: batches rebuilt from their tensors and meta (nesting,
+    non-tensor values), as torch's iterator hands them over.
 
-    try:
-        for tensors, meta in epoch:
-            tree, objects, dtypes = pickle.loads(meta)
-            yield _workers.rebuild(tree, tensors, objects, dtypes)
-    except SampleError as e:
-        raise _reraise(e) from None
-    finally:
+    A batch whose samples raised re-raises the worker's exception (its own type, the worker's
+    traceback in the message) and the epoch goes on: the next ``next()`` yields the next
+    batch, as torch's iterator does. A worker process that died ends the epoch with a
+    ``LoaderError`` naming the worker, its pid, how it ended and the samples it held; the
+    next epoch starts new workers. The workers end with the epoch (unless persistent), when
+    the iterator is closed or collected, or when the loader goes."""
+
+    def __init__(self, epoch, loader, persistent):
+        self._epoch = epoch
+        # The loader lives while its iterator does (as torch's iterator holds its loader):
+        # its workers end with it.
+        self._loader = loader
+        self._python = loader._python
+        self._generation = self._python.workers.generation
+        self._persistent = persistent
+        self._timeout = loader.timeout
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        epoch = self._epoch
+        if epoch is None:
+            raise StopIteration
+        try:
+            tensors, meta = next(epoch)
+        except StopIteration:
+            self._finish(broken=False)
+            raise
+        except SampleError as e:
+            dead = self._python.source.dead_worker()
+            if dead is not None:
+                self._finish(broken=True)
+                raise LoaderError(dead) from None
+            raise _reraise(e) from None
+        except LoaderTimeout as e:
+            message = self._timed_out(str(e))
+            self._finish(broken=True)
+            raise LoaderTimeout(message) from None
+        except BaseException:
+            # KeyboardInterrupt, a loader failure: the epoch is over, its workers with it.
+            self._finish(broken=True)
+            raise
+        tree, objects, dtypes = self._python.unpack(meta)
+        return _workers.rebuild(tree, tensors, objects, dtypes)
+
+    def _timed_out(self, message):
+        """The timeout's message with the worker processes' pids and states (torch names the
+        timeout; longshore says who it waited for)."""
+        workers = self._python.workers
+        pids = workers.pids() if workers is not None else []
+        if not pids:
+            return message
+        states = []
+        for i, pid in enumerate(pids):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = "gone"
+            states.append(f"worker {i}: pid {pid} ({state})")
+        return (f"DataLoader timed out after {self._timeout} seconds: {message}; worker "
+                f"processes: {', '.join(states)}")
+
+    def _finish(self, broken):
+        epoch, self._epoch = self._epoch, None
+        if epoch is None:
+            return
         close = getattr(epoch, "close", None)
         if close is not None:
             close()
-        if on_end is not None:
-            on_end()
+        if broken or not self._persistent:
+            self._python.end_epoch(self._generation)
+
+    def close(self):
+        """Ends the epoch now: its batches not yet taken go back to the pool, and its worker
+        processes end (unless persistent)."""
+        self._finish(broken=False)
+
+    def __del__(self):
+        try:
+            self._finish(broken=False)
+        except Exception:
+            pass
+
+
+class _Unbatched:
+    """A longshore dataset's epoch with ``batch_size=None``: each one-sample batch's tensors
+    without their batch dimension (torch's non-batch mode yields samples as they are)."""
+
+    __slots__ = ("_epoch",)
+
+    def __init__(self, epoch):
+        self._epoch = epoch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self._epoch)
+        if isinstance(batch, (list, tuple)):
+            return [t[0] for t in batch]
+        return batch[0]
+
+    def close(self):
+        close = getattr(self._epoch, "close", None)
+        if close is not None:
+            close()
+
+    def __getattr__(self, name):
+        return getattr(self._epoch, name)
+
+
+# The gloo process group torch's loader shares an IterDataPipe's seed over (made once).
+_SEED_GROUP = []
+
+
+def _share_dist_seed(generator):
+    """An IterDataPipe's shared seed for an epoch, drawn from ``generator`` (torch's global
+    one by default) and, under torch.distributed, rank 0's on every rank, as torch's
+    ``_share_dist_seed`` does (so the ranks shuffle alike and their shards add up)."""
+    torch = _import_torch()
+    seed = torch.empty((), dtype=torch.int64).random_(generator=generator)
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        if not _SEED_GROUP:
+            _SEED_GROUP.append(dist.new_group(backend="gloo"))
+        dist.broadcast(seed, src=0, group=_SEED_GROUP[0])
+    return seed.item()
 
 
 def _reraise(e):

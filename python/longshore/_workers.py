@@ -15,6 +15,8 @@ Protocol (payloads; framing is multiprocessing's ``Connection``):
 """
 
 import collections.abc
+import errno
+import itertools
 import mmap
 import os
 import pickle
@@ -24,10 +26,17 @@ import struct
 import sys
 import threading
 import traceback
+import weakref
+from time import monotonic as _monotonic
 
 import numpy as np
 
 _U64_MAX = 2**64 - 1
+# A meta that names a batch kept in this process (``Handler.kept``); a pickle never starts so.
+_KEPT = b"\0"
+FD_ADVICE = ("too many open files: the DataLoader's workers can no longer reach the loader. "
+             "Raise the limit with `ulimit -n` in the shell (or resource.setrlimit"
+             "(resource.RLIMIT_NOFILE, ...)), or use fewer workers")
 
 # Protocol dtype codes (pydata.rs `dtype_of`) by NumPy dtype.
 _CODES = {
@@ -178,10 +187,19 @@ def _collate(batch, leaves, objects):
     elem = batch[0]
     torch = _torch()
     if torch is not None and isinstance(elem, torch.Tensor):
+        if not _plain(elem):
+            # Sparse, nested, subclassed or of a dtype the shared slot does not carry: torch's
+            # own default_collate (its errors for sparse and nested batches included), and the
+            # result travels whole, by the general path.
+            objects.append(torch.utils.data.default_collate(batch))
+            return ("o", len(objects) - 1)
         _stack_check(batch)
         leaves.append(_Leaf(parts=list(batch)))
         return ("t", len(leaves) - 1)
     if isinstance(elem, np.ndarray) and elem.dtype.kind not in "SaUO":
+        if elem.dtype not in _CODES and torch is not None:
+            objects.append(torch.utils.data.default_collate(batch))
+            return ("o", len(objects) - 1)
         parts = [np.asarray(a) for a in batch]
         _stack_check(parts)
         leaves.append(_Leaf(parts=parts))
@@ -233,13 +251,25 @@ def _stack_check(parts):
                                f"and {p.dtype}")
 
 
+def _plain(t):
+    """Whether tensor ``t`` travels in the batch's shared slot: a plain ``torch.Tensor``
+    (no subclass), dense and strided, on the CPU, of a dtype the protocol carries. Any other
+    tensor (sparse, nested, a subclass, complex...) travels whole by the general path: pickled
+    from a worker process, as it is from the main process."""
+    return (type(t) is _torch().Tensor and t.layout == _torch().strided and not t.is_nested
+            and t.device.type == "cpu" and t.dtype in _torch_codes())
+
+
 def _flatten(out, leaves, objects):
     """A user ``collate_fn``'s output as leaves (its tensors and arrays as they are)."""
     torch = _torch()
     if torch is not None and isinstance(out, torch.Tensor):
+        if not _plain(out) and out.device.type == "cpu":
+            objects.append(out)
+            return ("o", len(objects) - 1)
         leaves.append(_Leaf(whole=out))
         return ("t", len(leaves) - 1)
-    if isinstance(out, np.ndarray) and out.dtype.kind not in "SaUO":
+    if isinstance(out, np.ndarray) and out.dtype.kind not in "SaUO" and out.dtype in _CODES:
         leaf = _Leaf(whole=out)
         leaf.torch_dtype = "numpy"  # a collate_fn's array stays an array
         leaves.append(leaf)
@@ -251,6 +281,39 @@ def _flatten(out, leaves, objects):
     if isinstance(out, (list, tuple)):
         return ("l", type(out), [_flatten(v, leaves, objects) for v in out])
     objects.append(out)
+    return ("o", len(objects) - 1)
+
+
+def _convert(data, leaves, objects):
+    """torch's ``default_convert`` of one sample (``batch_size=None``: no batching), with every
+    tensor or array it yields as a leaf: tensors as they are, NumPy arrays and scalars as
+    tensors, containers rebuilt, anything else as it is."""
+    torch = _torch()
+    if torch is not None and isinstance(data, torch.Tensor):
+        if not _plain(data):
+            objects.append(data)
+            return ("o", len(objects) - 1)
+        leaves.append(_Leaf(whole=data))
+        return ("t", len(leaves) - 1)
+    if isinstance(data, (np.ndarray, np.generic)) and not isinstance(data, (np.str_, np.bytes_)):
+        arr = np.asarray(data)
+        if arr.dtype.kind in "SaUO":
+            objects.append(data)  # as torch: string and object arrays stay arrays
+            return ("o", len(objects) - 1)
+        if arr.dtype not in _CODES:
+            objects.append(torch.as_tensor(data) if torch is not None else data)
+            return ("o", len(objects) - 1)
+        leaves.append(_Leaf(whole=arr))
+        return ("t", len(leaves) - 1)
+    if isinstance(data, collections.abc.Mapping):
+        return ("m", type(data), [(k, _convert(v, leaves, objects)) for k, v in data.items()])
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return ("n", type(data), [_convert(v, leaves, objects) for v in data])
+    if isinstance(data, tuple):
+        return ("l", list, [_convert(v, leaves, objects) for v in data])
+    if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
+        return ("l", type(data), [_convert(v, leaves, objects) for v in data])
+    objects.append(data)
     return ("o", len(objects) - 1)
 
 
@@ -297,11 +360,23 @@ def rebuild(tree, tensors, objects, torch_dtypes):
 class Handler:
     """Answers the loader's requests for one worker (see the module's protocol)."""
 
-    def __init__(self, dataset, collate_fn, worker_id, main_pid):
+    def __init__(self, dataset, collate_fn, worker_id, main_pid, batched=True):
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.worker_id = worker_id
         self.main_pid = main_pid
+        # batch_size=None (torch's "non-batch" mode): one sample per request, converted as
+        # torch's default_convert does (or passed alone to collate_fn), not collated.
+        self.batched = batched
+        # In the loader's own process (num_workers=0, worker threads): the batch's structure
+        # and values are kept here, by token, rather than pickled into the batch, as torch's
+        # single-process loader hands them over as they are.
+        self.in_process = main_pid == os.getpid()
+        self.kept = {}
+        self.tokens = itertools.count(1)
+        # A failure before the first request (worker_init_fn, the dataset's set-up): every
+        # request is answered with it, so it reaches the user with its type and traceback.
+        self.failed = None
         self.staged = None
         self.maps = {}  # block id -> (mmap, length)
         self.stream = None  # an iterable dataset's iterator, and the epoch it is of
@@ -347,6 +422,8 @@ class Handler:
     def handle(self, req):
         if self.info is not None:
             _local.info = self.info
+        if self.failed is not None:
+            return self.failed
         kind = req[:1]
         try:
             if kind == b"S":
@@ -372,12 +449,22 @@ class Handler:
     def _collated(self, samples):
         """Stages a batch of ``samples``: its tensors' layout, the meta kept for the write."""
         leaves, objects = [], []
-        if self.collate_fn is None:
+        if not self.batched:
+            if self.collate_fn is None:
+                tree = _convert(samples[0], leaves, objects)
+            else:
+                tree = _flatten(self.collate_fn(samples[0]), leaves, objects)
+        elif self.collate_fn is None:
             tree = _collate(samples, leaves, objects)
         else:
             tree = _flatten(self.collate_fn(samples), leaves, objects)
-        meta = pickle.dumps((tree, objects, [leaf.torch_dtype for leaf in leaves]),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        built = (tree, objects, [leaf.torch_dtype for leaf in leaves])
+        if self.in_process:
+            token = next(self.tokens)
+            self.kept[token] = built
+            meta = _KEPT + struct.pack("<Q", token)
+        else:
+            meta = pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL)
         out = [b"K", struct.pack("<QI", len(samples), len(leaves))]
         for leaf in leaves:
             shape = leaf.shape
@@ -391,6 +478,8 @@ class Handler:
         """The next batch of an iterable dataset: up to ``batch_size`` items of this worker's
         iterator (a new one each epoch, and after the last ended, as PyTorch's workers make)."""
         (epoch, batch_size, drop_last) = struct.unpack_from("<QIB", req, 1)
+        if not self.batched:
+            batch_size, drop_last = 1, False
         self.staged = None
         if self.stream_epoch != epoch:
             self.stream = iter(self.dataset)
@@ -411,6 +500,13 @@ class Handler:
             return b"X"
         return self._collated(items)
 
+    def unpack(self, meta):
+        """The ``(tree, objects, dtypes)`` of a batch's meta: kept here by token (this
+        process's batches), or unpickled (a worker process's)."""
+        if meta[:1] == _KEPT:
+            return self.kept.pop(struct.unpack_from("<Q", meta, 1)[0])
+        return pickle.loads(meta)
+
     def _block(self, block_id, fd, length):
         m = self.maps.get(block_id)
         if m is not None and m[1] >= length:
@@ -423,7 +519,12 @@ class Handler:
                     pass
         path = f"/proc/{self.main_pid}/fd/{fd}" if self.main_pid != os.getpid() \
             else f"/proc/self/fd/{fd}"
-        f = os.open(path, os.O_RDWR)
+        try:
+            f = os.open(path, os.O_RDWR)
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise OSError(e.errno, f"{e.strerror}: {FD_ADVICE}") from e
+            raise
         try:
             m = mmap.mmap(f, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
@@ -456,37 +557,147 @@ class Handler:
 # Worker processes.
 
 def _worker_loop(conn, dataset, collate_fn, worker_id, num_workers, seed, main_pid,
-                 worker_init_fn):
-    """A worker process's main loop: answers requests until the pipe closes."""
+                 worker_init_fn, batched=True, inherited=(), sharding=None):
+    """A worker process's main loop, as torch's ``_worker_loop`` sets a worker up: one
+    intra-op thread for torch (and for NumPy's BLAS), per-worker seeds, ``get_worker_info()``,
+    a watchdog that ends the worker when the loader's process is gone, DataPipes sharded and
+    seeded; then answers requests until the pipe closes. ``inherited``: descriptors of the
+    loader's other pipes that a forked worker holds copies of (closed here, so that no worker
+    keeps another's pipe open); ``sharding``: ``(world_size, rank, shared_seed)`` for a
+    DataPipe."""
     global _worker_info
     # Ctrl-C goes to the main process, which ends the workers (as torch's workers do).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    random.seed(seed)
-    # torch is seeded (and given its worker info) when the dataset's code imported it, as
-    # unpickling the dataset does under spawn; a worker does not import torch itself.
-    torch = _torch()
-    if torch is not None:
-        torch.manual_seed(seed)
+    for fd in inherited:
         try:
-            from torch.utils.data import _utils
-
-            _utils.worker._worker_info = _TorchWorkerInfo(worker_id, num_workers, seed, dataset)
-        except Exception:
+            os.close(fd)
+        except OSError:
             pass
+    _watch_parent(main_pid)
+    _limit_threads()
+    random.seed(seed)
     np.random.seed(_numpy_seed(seed, worker_id))
     _worker_info = WorkerInfo(worker_id, num_workers, seed, dataset)
-    if worker_init_fn is not None:
-        worker_init_fn(worker_id)
-    handler = Handler(dataset, collate_fn, worker_id, main_pid)
+    handler = Handler(dataset, collate_fn, worker_id, main_pid, batched)
+    # torch is set up (one thread, seeded, its worker info) when the dataset's code imported
+    # it, as unpickling the dataset does under spawn, or later, at the first request after
+    # the dataset's code imports it; a worker does not import torch itself.
+    torch_ready = False
+    try:
+        if _torch() is not None:
+            torch_ready = True
+            handler.dataset = _torch_setup(dataset, worker_id, num_workers, seed, sharding)
+            _worker_info.dataset = handler.dataset
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+    except Exception:
+        # Raised at the first batch this worker is asked for, with its type and traceback
+        # (the worker stays up to say so, rather than exit with a bare code).
+        handler.failed = handler._error(None)
     while True:
         try:
             req = conn.recv_bytes()
         except (EOFError, OSError):
             return
+        if not torch_ready and _torch() is not None:
+            torch_ready = True
+            try:
+                handler.dataset = _torch_setup(handler.dataset, worker_id, num_workers, seed,
+                                               sharding)
+            except Exception:
+                handler.failed = handler._error(None)
         try:
             conn.send_bytes(handler.handle(req))
         except (BrokenPipeError, OSError):
             return
+
+
+def _torch_setup(dataset, worker_id, num_workers, seed, sharding):
+    """What torch's worker loop does with torch: one intra-op thread (a worker is one of many
+    processes: torch's pool of one thread per core in each oversubscribes the machine),
+    ``torch.manual_seed``, torch's ``get_worker_info()``, and a DataPipe seeded with the
+    loader's shared seed and sharded over ranks x workers. Returns the dataset (a DataPipe's
+    graph after seeding)."""
+    torch = _torch()
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    if sharding is not None:
+        from torch.utils.data import IterDataPipe, MapDataPipe, graph_settings
+
+        world_size, rank, shared_seed = sharding
+        if isinstance(dataset, IterDataPipe) and shared_seed is not None:
+            rng = torch.Generator()
+            rng.manual_seed(shared_seed)
+            dataset = graph_settings.apply_random_seed(dataset, rng)
+        if isinstance(dataset, (IterDataPipe, MapDataPipe)):
+            graph_settings.apply_sharding(dataset, num_workers * world_size,
+                                          worker_id * world_size + rank)
+    try:
+        from torch.utils.data import _utils
+
+        _utils.worker._worker_info = _TorchWorkerInfo(worker_id, num_workers, seed, dataset)
+    except Exception:
+        pass
+    return dataset
+
+
+# Thread pools of the numerical libraries, one thread each in a worker (torch's own is set by
+# _torch_setup). The environment reaches libraries loaded from now on (and subprocesses);
+# threadpoolctl, where installed, limits those already loaded (NumPy's BLAS).
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def _limit_threads():
+    for name in _THREAD_VARS:
+        os.environ.setdefault(name, "1")
+    try:
+        import threadpoolctl
+    except ImportError:
+        return
+    try:
+        threadpoolctl.threadpool_limits(1)
+    except Exception:  # a library threadpoolctl cannot drive: left as it is
+        pass
+
+
+def _watch_parent(main_pid):
+    """Ends this worker when the loader's process ends (killed, crashed), wherever this worker
+    is (a dataset call, a wait on the pipe): a thread waits on a pidfd of that process (Linux
+    5.3+), or looks every 0.5 s whether it still runs. A worker never outlives its loader's
+    process, as torch's ``ManagerWatchdog`` sees to."""
+    def gone():
+        os._exit(1)
+
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(main_pid)
+        except ProcessLookupError:
+            gone()
+        except OSError:
+            pidfd = None
+    def watch():
+        if pidfd is not None:
+            import select
+
+            p = select.poll()
+            p.register(pidfd, select.POLLIN)
+            while not p.poll():
+                pass
+            gone()
+        import time
+
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(main_pid, 0)
+            except ProcessLookupError:
+                gone()
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, name="longshore-watchdog", daemon=True).start()
 
 
 def _TorchWorkerInfo(id, num_workers, seed, dataset):
@@ -531,48 +742,91 @@ def _preload_forkserver(context, dataset):
         pass
 
 
+# Every live set of worker processes in this process, ended at interpreter exit (before the
+# loader threads are stopped, see longshore/__init__.py).
+_LIVE = weakref.WeakSet()
+
+
+def stop_all():
+    """Ends the worker processes of every loader of this process (``atexit``)."""
+    for w in list(_LIVE):
+        try:
+            w.stop()
+        except Exception:
+            pass
+
+
 class Workers:
     """The worker processes of one loader, started with ``context`` (a multiprocessing
     context: fork, spawn or forkserver), or its worker threads when ``context`` is
     ``"thread"``: the loader's own threads then run the dataset's code in this process, one
-    :class:`Handler` each (for Python without a GIL; under the GIL they take turns)."""
+    :class:`Handler` each (for Python without a GIL; under the GIL they take turns).
 
-    def __init__(self, dataset, collate_fn, num_workers, context, worker_init_fn, source):
+    ``batched``: False for ``batch_size=None``; ``sharding``: ``(world_size, rank)`` when the
+    dataset is a DataPipe (sharded over ranks x workers in each worker, as torch does)."""
+
+    def __init__(self, dataset, collate_fn, num_workers, context, worker_init_fn, source,
+                 batched=True, sharding=None):
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.num_workers = num_workers
         self.context = context
         self.worker_init_fn = worker_init_fn
         self.source = source
+        self.batched = batched
+        self.sharding = sharding
+        self.generation = 0  # bumped by every start
         self.procs = []
         self.conns = []
         self.lock = threading.Lock()
 
-    def start(self, base_seed):
-        """(Re)starts every worker process, seeded from ``base_seed`` as torch seeds them."""
+    def start(self, base_seed, shared_seed=None):
+        """(Re)starts every worker process, seeded from ``base_seed`` as torch seeds them
+        (``shared_seed``: a DataPipe's, the same in every worker)."""
         self.stop()
+        self.generation += 1
         if self.context == "thread":
             return self._start_threads(base_seed)
         _preload_forkserver(self.context, self.dataset)
         main_pid = os.getpid()
-        procs, conns, child_ends = [], [], []
-        for i in range(self.num_workers):
-            parent, child = self.context.Pipe(duplex=True)
-            p = self.context.Process(
-                target=_worker_loop,
-                args=(child, self.dataset, self.collate_fn, i, self.num_workers,
-                      base_seed + i, main_pid, self.worker_init_fn),
-                daemon=True,
-                name=f"longshore-worker-{i}",
-            )
-            p.start()
-            procs.append(p)
-            conns.append(parent)
-            child_ends.append(child)
-        for c in child_ends:
-            c.close()
+        fork = getattr(self.context, "get_start_method", lambda: None)() == "fork"
+        sharding = None if self.sharding is None else (*self.sharding, shared_seed)
+        procs, conns = [], []
+        _LIVE.add(self)
         self.procs, self.conns = procs, conns
-        self.source.set_workers([c.fileno() for c in conns])
+        try:
+            for i in range(self.num_workers):
+                parent, child = self.context.Pipe(duplex=True)
+                # A forked worker holds copies of every descriptor: the loader's ends of the
+                # pipes of the workers before it, and its own, which it closes.
+                inherited = [c.fileno() for c in conns] + [parent.fileno()] if fork else []
+                p = self.context.Process(
+                    target=_worker_loop,
+                    args=(child, self.dataset, self.collate_fn, i, self.num_workers,
+                          base_seed + i, main_pid, self.worker_init_fn, self.batched,
+                          inherited, sharding),
+                    daemon=True,
+                    name=f"longshore-worker-{i}",
+                )
+                try:
+                    p.start()
+                finally:
+                    # Closed now, not after every worker started: a worker forked later
+                    # would hold a copy of it, and this worker's death would then never
+                    # close its pipe.
+                    child.close()
+                procs.append(p)
+                conns.append(parent)
+            self.source.set_workers([(c.fileno(), p.pid) for c, p in zip(conns, procs)])
+        except OSError as e:
+            self.stop()
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise OSError(e.errno, f"{e.strerror} starting DataLoader worker "
+                                       f"{len(procs)}: {FD_ADVICE}") from e
+            raise
+        except BaseException:
+            self.stop()
+            raise
 
     def _start_threads(self, base_seed):
         """Worker threads: one handler per worker, each with its :class:`WorkerInfo` (seed
@@ -581,7 +835,7 @@ class Workers:
         torch's) are one for all threads, so they are not seeded per worker."""
         handlers = []
         for i in range(self.num_workers):
-            h = Handler(self.dataset, self.collate_fn, i, os.getpid())
+            h = Handler(self.dataset, self.collate_fn, i, os.getpid(), self.batched)
             h.info = WorkerInfo(i, self.num_workers, base_seed + i, self.dataset)
             handlers.append(h)
         torch = _torch()
@@ -602,10 +856,22 @@ class Workers:
         self.procs = handlers
         self.source.set_workers(handlers)
 
+    def handler(self, worker_id):
+        """Worker thread ``worker_id``'s handler (``worker_mode="thread"``), else None."""
+        if self.context == "thread" and 0 <= worker_id < len(self.procs):
+            return self.procs[worker_id]
+        return None
+
     def alive(self):
         if self.context == "thread":
             return bool(self.procs)
         return bool(self.procs) and all(p.is_alive() for p in self.procs)
+
+    def pids(self):
+        """The worker processes' pids (none for threads)."""
+        if self.context == "thread":
+            return []
+        return [p.pid for p in self.procs]
 
     def describe(self, worker_id):
         """How worker ``worker_id``'s process ended: its pid and exit code or signal."""
@@ -624,14 +890,22 @@ class Workers:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = str(-code)
-            return f"pid {p.pid}, killed by signal {-code} ({name})"
+            how = f"pid {p.pid}, killed by signal {-code} ({name})"
+            if -code == signal.SIGKILL:
+                how += ": the kernel's out-of-memory killer or a kill -9"
+            return how
         return f"pid {p.pid}, exited with code {code}"
 
     def stop(self):
+        """Ends the workers: their pipes shut down (each worker's next read sees the end and
+        it exits; an idle worker at once), then joined, a worker still busy in the dataset's
+        code after 5 s terminated, as torch ends its workers. Nothing of theirs remains: no
+        process, no pipe."""
         procs, conns = self.procs, self.conns
         self.procs, self.conns = [], []
-        if procs:
-            # The loader's copies of the pipes first: a worker ends when its pipe closes.
+        _LIVE.discard(self)
+        if procs or conns:
+            # The loader's copies of the pipes first, shut down for every holder.
             self.source.set_workers([])
         if self.context == "thread":
             torch = _torch()
@@ -649,11 +923,16 @@ class Workers:
                 c.close()
             except OSError:
                 pass
+        deadline = _monotonic() + 5.0
         for p in procs:
-            p.join(timeout=5.0)
+            p.join(timeout=max(0.0, deadline - _monotonic()))
+        for p in procs:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5.0)
+            if p.is_alive():
+                p.kill()
+                p.join()
             if hasattr(p, "close"):
                 try:
                     p.close()

@@ -9,6 +9,8 @@ use pyo3::exceptions::{
     PyBufferError, PyFileNotFoundError, PyOSError, PyRuntimeError, PyTimeoutError, PyValueError,
 };
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
 
 pyo3::create_exception!(
     longshore,
@@ -22,12 +24,53 @@ pyo3::create_exception!(
     LoaderFailure,
     "A sample could not be loaded or collated; the message names the sample, batch and file."
 );
-pyo3::create_exception!(
-    longshore,
-    LoaderTimeout,
-    PyTimeoutError,
-    "No batch arrived within the loader's `timeout`."
-);
+
+/// `longshore.LoaderTimeout`: no batch arrived within the loader's `timeout`. Both a
+/// `RuntimeError` (a `LoaderError`, what PyTorch's loader raises at its timeout, so `except
+/// RuntimeError` catches it as it catches torch's) and a `TimeoutError`. Made once, by
+/// `type(...)`, since a class with two built-in bases cannot be declared by pyo3's macro.
+static LOADER_TIMEOUT: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// The `LoaderTimeout` class (see [`LOADER_TIMEOUT`]).
+pub(crate) fn loader_timeout_type(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+    LOADER_TIMEOUT
+        .get_or_try_init(py, || -> PyResult<Py<PyType>> {
+            let bases = (
+                py.get_type::<PyTimeoutError>(),
+                py.get_type::<LoaderFailure>(),
+            );
+            let attrs = PyDict::new(py);
+            attrs.set_item("__module__", "longshore")?;
+            attrs.set_item(
+                "__doc__",
+                "No batch arrived within the loader's `timeout`: a `LoaderError` (a \
+                 `RuntimeError`, as PyTorch raises) and a `TimeoutError`.",
+            )?;
+            let ty = py
+                .get_type::<PyType>()
+                .call1(("LoaderTimeout", bases, attrs))?;
+            Ok(ty.cast_into::<PyType>()?.unbind())
+        })
+        .map(|t| t.bind(py).clone())
+}
+
+fn timeout_err(msg: String) -> PyErr {
+    Python::attach(|py| match loader_timeout_type(py) {
+        Ok(ty) => PyErr::from_type(ty, msg),
+        Err(e) => e,
+    })
+}
+
+/// What to do when the process is out of file descriptors, as PyTorch advises (empty for
+/// other errors).
+pub(crate) fn fd_advice(e: &std::io::Error) -> &'static str {
+    if e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE) {
+        " (too many open files: raise the limit with `ulimit -n` in the shell, or use fewer \
+         workers; every worker holds a pipe and maps the loader's shared blocks)"
+    } else {
+        ""
+    }
+}
 
 /// The full message: the error and its chain of sources.
 fn message(e: &dyn std::error::Error) -> String {
@@ -63,7 +106,7 @@ pub(crate) fn loader_err(e: LoaderError) -> PyErr {
         LoaderError::Config { .. } => PyValueError::new_err(msg),
         LoaderError::Data(d) => data_err(d),
         LoaderError::Sample { .. } | LoaderError::Collate { .. } => SampleError::new_err(msg),
-        LoaderError::Timeout { .. } => LoaderTimeout::new_err(msg),
+        LoaderError::Timeout { .. } => timeout_err(msg),
         _ => LoaderFailure::new_err(msg),
     }
 }

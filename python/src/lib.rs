@@ -55,7 +55,7 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
     m.add("SampleError", py.get_type::<errors::SampleError>())?;
-    m.add("LoaderTimeout", py.get_type::<errors::LoaderTimeout>())?;
+    m.add("LoaderTimeout", errors::loader_timeout_type(py)?)?;
     m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
     m.add_function(wrap_pyfunction!(torch::_cuda_bytes_copied_on, m)?)?;
     Ok(())

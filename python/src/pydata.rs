@@ -26,6 +26,7 @@ use std::cell::RefCell;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use longshore::data::{
@@ -33,7 +34,7 @@ use longshore::data::{
     IterableDataset, Storage, WorkerInfo,
 };
 use longshore::host::PoolBuffer;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -88,9 +89,51 @@ fn dtype_of(code: u8) -> Option<DType> {
     })
 }
 
-/// One worker process's end of its pipe.
+/// One worker process's end of its pipe, and the process itself: its pid and, where the kernel
+/// has them (Linux 5.3+), a pidfd, readable once the process has ended.
+///
+/// Every read first waits for the pipe *or* the pidfd: a worker's death is seen at once from
+/// the process, not from the pipe's end of file, which never comes while another process
+/// holds a copy of the worker's end (a sibling forked after it, a subprocess of the dataset).
+/// Without a pidfd the wait wakes every [`LIVENESS_POLL`] to look at the process in `/proc`.
 struct Channel {
     pipe: File,
+    pid: i32,
+    pidfd: Option<OwnedFd>,
+}
+
+/// How often a read without a pidfd looks whether its worker process still runs.
+const LIVENESS_POLL: i32 = 100;
+
+/// The worker process ended (seen from the process, not from the pipe).
+fn process_ended() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the worker process ended")
+}
+
+/// A pidfd of process `pid`, or `None` where the kernel has none (before Linux 5.3) or the
+/// process is already gone (then the pipe tells).
+fn pidfd_of(pid: i32) -> Option<OwnedFd> {
+    if pid <= 0 {
+        return None;
+    }
+    // SAFETY: pidfd_open(2) takes a pid and flags and returns a new descriptor or -1; no
+    // memory is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: `fd` is a new descriptor that nothing else owns.
+    Some(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether process `pid` has ended (a zombie, or gone), from `/proc` (no pidfd).
+fn ended_by_proc(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
 }
 
 impl Channel {
@@ -107,27 +150,83 @@ impl Channel {
         self.pipe.write_all(&out)
     }
 
+    /// Waits until the pipe has something to read (or its end), or the process has ended
+    /// with nothing left in the pipe.
+    fn wait_readable(&self) -> std::io::Result<()> {
+        let pipe = self.pipe.as_raw_fd();
+        loop {
+            let mut fds = [
+                libc::pollfd {
+                    fd: pipe,
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.pidfd.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            let timeout = if self.pidfd.is_some() || self.pid <= 0 {
+                -1
+            } else {
+                LIVENESS_POLL
+            };
+            // SAFETY: `fds` is an array of two initialised pollfd that outlives the call; a
+            // negative fd is ignored by poll(2).
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            // What the worker wrote before it ended is read first.
+            if fds[0].revents != 0 {
+                return Ok(());
+            }
+            if fds[1].revents != 0 || (n == 0 && self.pid > 0 && ended_by_proc(self.pid)) {
+                return Err(process_ended());
+            }
+        }
+    }
+
+    fn read_exact(&mut self, mut buf: &mut [u8]) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            self.wait_readable()?;
+            match self.pipe.read(buf) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => buf = &mut buf[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     fn recv(&mut self) -> std::io::Result<Vec<u8>> {
         let mut head = [0u8; 4];
-        self.pipe.read_exact(&mut head)?;
+        self.read_exact(&mut head)?;
         let n = match i32::from_be_bytes(head) {
             -1 => {
                 let mut long = [0u8; 8];
-                self.pipe.read_exact(&mut long)?;
+                self.read_exact(&mut long)?;
                 usize::try_from(u64::from_be_bytes(long)).map_err(std::io::Error::other)?
             }
             n => usize::try_from(n).map_err(std::io::Error::other)?,
         };
         let mut buf = vec![0u8; n];
-        self.pipe.read_exact(&mut buf)?;
+        self.read_exact(&mut buf)?;
         Ok(buf)
     }
 }
 
 /// Where a worker's batches are made.
 enum Endpoint {
-    /// A worker process, by its pipe.
-    Process(Mutex<Channel>),
+    /// A worker process, by its pipe (the raw descriptor beside the lock, to shut the socket
+    /// down while a read holds the lock).
+    Process(Mutex<Channel>, i32),
     /// This process: `handle(request: bytes) -> bytes` of `_workers.Handler`, under the GIL.
     InProcess(Py<PyAny>),
 }
@@ -136,6 +235,9 @@ enum Endpoint {
 /// loader's worker threads: thread `i` talks to endpoint `i`.
 pub(crate) struct Workers {
     endpoints: Mutex<Vec<Option<Arc<Endpoint>>>>,
+    /// The first worker process found dead since the endpoints were set: its error message
+    /// (Python ends the epoch with it, as a `LoaderError`, and starts new workers next epoch).
+    dead: Mutex<Option<String>>,
     /// `describe(worker_id) -> str`: how worker `id`'s process ended (pid, exit code or
     /// signal), for the error when its pipe closes.
     describe: Py<PyAny>,
@@ -150,13 +252,14 @@ thread_local! {
 /// Process-wide handle of a Python dataset for the loader: its length; samples are loaded by
 /// [`ProcessCollate`].
 pub(crate) struct ProcessDataset {
-    len: usize,
+    /// `len(dataset)`, read again by Python at each epoch (a dataset may grow).
+    len: Arc<AtomicUsize>,
 }
 
 impl Dataset for ProcessDataset {
     type Item = ();
     fn len(&self) -> usize {
-        self.len
+        self.len.load(Ordering::Relaxed)
     }
     /// The sample's error if it is the one this thread's last batch failed on.
     fn get(&self, index: usize) -> Result<(), DataError> {
@@ -200,9 +303,18 @@ impl Workers {
         }) else {
             return shutting_down();
         };
-        DataError::Other(format!(
-            "DataLoader worker {id} ({how}) ended while loading samples {indices:?}"
-        ))
+        let held = if indices.is_empty() {
+            "its next batch of the stream".to_string()
+        } else {
+            format!("samples {indices:?}")
+        };
+        let msg =
+            format!("DataLoader worker {id} ({how}) exited unexpectedly while loading {held}");
+        self.dead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| msg.clone());
+        DataError::Other(msg)
     }
 
     fn exchange(
@@ -213,7 +325,12 @@ impl Workers {
         request: &[u8],
     ) -> Result<Vec<u8>, DataError> {
         match endpoint {
-            Endpoint::Process(ch) => {
+            Endpoint::Process(ch, _) => {
+                if let Some(dead) = self.dead.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                    // One death ends the epoch: the other workers' batches fail with it
+                    // rather than run on.
+                    return Err(DataError::Other(dead));
+                }
                 let mut ch = ch.lock().unwrap_or_else(|p| p.into_inner());
                 ch.send(request)
                     .and_then(|()| ch.recv())
@@ -507,7 +624,7 @@ impl Collate<Staged> for ProcessStreamCollate {
 /// endpoints (set by the Python side before each epoch), and how to describe a dead worker.
 #[pyclass(name = "_ProcessSource", module = "longshore", frozen)]
 pub(crate) struct PyProcessSource {
-    pub(crate) len: usize,
+    pub(crate) len: Arc<AtomicUsize>,
     pub(crate) workers: Arc<Workers>,
     /// An iterable dataset: its `(batch_size, drop_last)`, applied by the workers.
     pub(crate) iterable: Option<(usize, bool)>,
@@ -521,49 +638,84 @@ impl PyProcessSource {
     #[pyo3(signature = (len, describe, iterable = None))]
     fn new(len: usize, describe: Py<PyAny>, iterable: Option<(usize, bool)>) -> Self {
         Self {
-            len,
+            len: Arc::new(AtomicUsize::new(len)),
             workers: Arc::new(Workers {
                 endpoints: Mutex::new(Vec::new()),
+                dead: Mutex::new(None),
                 describe,
             }),
             iterable,
         }
     }
 
-    /// Sets the endpoints: for each loader worker, the file descriptor of its process's end
-    /// of the pipe (duplicated here, so the caller may close its own), or a handler object
-    /// (`handle(bytes) -> bytes`) run in this process.
+    /// Sets the endpoints: for each loader worker, `(fd, pid)` of its process (the file
+    /// descriptor of its end of the pipe, duplicated here so the caller may close its own,
+    /// and the process's pid, watched through a pidfd), or a handler object
+    /// (`handle(bytes) -> bytes`) run in this process. The sockets of the endpoints replaced
+    /// are shut down: their workers see the end of the conversation at once.
     fn set_workers(&self, endpoints: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
         let mut out = Vec::with_capacity(endpoints.len());
         for e in endpoints {
-            if let Ok(fd) = e.extract::<i32>() {
+            if let Ok((fd, pid)) = e.extract::<(i32, i32)>() {
                 // SAFETY: `dup` of a descriptor the caller owns; the copy is ours alone.
                 let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
                 if dup < 0 {
-                    return Err(PyValueError::new_err(format!(
-                        "cannot duplicate worker pipe {fd}: {}",
-                        std::io::Error::last_os_error()
+                    let err = std::io::Error::last_os_error();
+                    return Err(PyOSError::new_err(format!(
+                        "cannot duplicate DataLoader worker pipe {fd}: {err}{}",
+                        crate::errors::fd_advice(&err)
                     )));
                 }
                 // SAFETY: `dup` is a new descriptor owned by nothing else.
                 let pipe = File::from(unsafe { OwnedFd::from_raw_fd(dup) });
-                out.push(Some(Arc::new(Endpoint::Process(Mutex::new(Channel {
-                    pipe,
-                })))));
+                out.push(Some(Arc::new(Endpoint::Process(
+                    Mutex::new(Channel {
+                        pipe,
+                        pid,
+                        pidfd: pidfd_of(pid),
+                    }),
+                    dup,
+                ))));
             } else {
                 out.push(Some(Arc::new(Endpoint::InProcess(e.unbind()))));
             }
         }
-        *self
-            .workers
-            .endpoints
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = out;
+        let old = std::mem::replace(
+            &mut *self
+                .workers
+                .endpoints
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+            out,
+        );
+        for e in old.into_iter().flatten() {
+            if let Endpoint::Process(_, fd) = &*e {
+                // SAFETY: shutdown(2) of the socket `e` owns (alive while `e` is): its holders
+                // (the worker, a loader thread reading it) see the end now.
+                unsafe { libc::shutdown(*fd, libc::SHUT_RDWR) };
+            }
+        }
+        *self.workers.dead.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(())
     }
 
+    /// The error of the first worker process found dead since the workers were set, if any.
+    fn dead_worker(&self) -> Option<String> {
+        self.workers
+            .dead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// `len(dataset)` again (at each epoch: a dataset may grow between epochs, as PyTorch's
+    /// loader follows it).
+    fn set_len(&self, len: usize) {
+        self.len.store(len, Ordering::Relaxed);
+    }
+
     fn __len__(&self) -> usize {
-        self.len
+        self.len.load(Ordering::Relaxed)
     }
 }
 
@@ -578,7 +730,12 @@ impl PyProcessSource {
     pub(crate) fn parts(&self) -> Parts {
         let workers = self.workers.clone();
         match self.iterable {
-            None => Parts::Map(ProcessDataset { len: self.len }, ProcessCollate { workers }),
+            None => Parts::Map(
+                ProcessDataset {
+                    len: self.len.clone(),
+                },
+                ProcessCollate { workers },
+            ),
             Some((batch_size, drop_last)) => Parts::Iterable(
                 ProcessStream {
                     workers: workers.clone(),

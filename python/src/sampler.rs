@@ -378,6 +378,11 @@ impl PyEpochOrder {
         }
     }
 
+    /// The dataset has `dataset_len` samples now (read at each epoch: a dataset may grow).
+    fn set_dataset_len(&self, dataset_len: usize) {
+        self.order.lock().dataset_len = dataset_len;
+    }
+
     /// The next epoch runs `indices` (packed native-endian int64) in batches of `batch_size`;
     /// `len` batches.
     fn indices(

@@ -94,7 +94,6 @@ def test_drop_last(files):
         ({"prefetch_factor": 4}, "prefetch_factor"),
         ({"persistent_workers": True}, "persistent_workers"),
         ({"timeout": -1}, "timeout"),
-        ({"batch_size": None}, "batch_size"),
         ({"batch_size": 0}, "batch_size"),
     ],
 )

@@ -171,7 +171,6 @@ def test_default_collate_is_accepted():
         (dict(collate_fn=lambda b: b), "collate_fn"),
         (dict(worker_init_fn=lambda i: None), "worker_init_fn"),
         (dict(num_workers=1, multiprocessing_context="spawn"), "multiprocessing_context"),
-        (dict(batch_size=None), "batch_size=1"),
         (dict(pin_memory_device="xpu"), "pin_memory_device"),
         (dict(seed=1, generator="g"), "generator"),
     ],
