@@ -26,10 +26,12 @@ fi
 # not change CI unseen. It stays in the venv under target/, so a rerun in the same checkout
 # skips it.
 torch_spec="torch>=2.1,<2.16"
-if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
+# torchvision too (8 MB beside torch): the conformance suite runs a user's torchvision
+# ImageFolder with torchvision's transforms through longshore in a fresh interpreter.
+if ! "$venv/bin/python" -c 'import torch, torchvision' 2>/dev/null; then
     mapfile -t torch_set < <(
         "$venv/bin/python" -m pip install --quiet --dry-run --ignore-installed --report - \
-            "$torch_spec" | "$venv/bin/python" -c '
+            "$torch_spec" torchvision | "$venv/bin/python" -c '
 import json, sys
 for item in json.load(sys.stdin)["install"]:
     name, version = item["metadata"]["name"], item["metadata"]["version"]
