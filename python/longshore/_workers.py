@@ -642,8 +642,10 @@ def _torch_setup(dataset, worker_id, num_workers, seed, sharding):
 
 
 # Thread pools of the numerical libraries, one thread each in a worker (torch's own is set by
-# _torch_setup). The environment reaches libraries loaded from now on (and subprocesses);
-# threadpoolctl, where installed, limits those already loaded (NumPy's BLAS).
+# _torch_setup, as torch's worker loop sets it): the environment reaches the libraries a
+# worker loads from now on, and its subprocesses. (threadpoolctl, which would also limit those
+# already loaded, costs tens of milliseconds per worker at start-up, each worker inspecting
+# every library torch loaded; torch's workers do not do it either.)
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "BLIS_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
@@ -651,14 +653,6 @@ _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 def _limit_threads():
     for name in _THREAD_VARS:
         os.environ.setdefault(name, "1")
-    try:
-        import threadpoolctl
-    except ImportError:
-        return
-    try:
-        threadpoolctl.threadpool_limits(1)
-    except Exception:  # a library threadpoolctl cannot drive: left as it is
-        pass
 
 
 def _watch_parent(main_pid):

@@ -162,6 +162,7 @@ def test_a_dead_worker_is_an_error_for_every_start_method_index_and_way(tmp_path
         print("ok")
     """, timeout=600)
     assert out.rstrip().endswith("ok"), out
+    print(out)  # how long after each death its error came (pytest -s shows it)
 
 
 def test_a_dead_worker_ends_a_persistent_epoch_and_is_replaced(tmp_path):
