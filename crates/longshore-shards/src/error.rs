@@ -127,16 +127,23 @@ pub enum ShardError {
         #[source]
         source: object_store::Error,
     },
-    /// A request failed for good: a permanent error (not found, denied), or transient errors
-    /// that went on through every attempt.
-    #[error("{op} of shard {shard} ({url}) failed after {attempts} attempt(s): {source}")]
+    /// A request failed for good: a permanent error (not found, denied, a 4xx answer other
+    /// than 408 and 429), or transient errors that went on through every attempt or past the
+    /// retry time budget (the store's `Timeouts::retry_timeout`).
+    #[error(
+        "{op} of {url}{} failed after {attempts} attempt(s): {source}",
+        endpoint.as_ref().map(|e| format!(" (endpoint {e})")).unwrap_or_default()
+    )]
     Fetch {
-        /// What was being done: `get`, `head`, `list`, `download`.
+        /// What was being done: `get` (a range read), `head`, `list`, `download`.
         op: &'static str,
-        /// The object's URL.
+        /// The object's URL (for a listing, the prefix's).
         url: String,
-        /// The shard's name (its file name).
+        /// The shard's name (its file name; for a listing, the prefix).
         shard: String,
+        /// The endpoint the requests went to (`https://s3.us-east-1.amazonaws.com`,
+        /// `http://127.0.0.1:9000`), when the store built the client itself.
+        endpoint: Option<String>,
         /// How many requests were made.
         attempts: u32,
         /// The last error.

@@ -6,6 +6,8 @@
 //!   a serialisable [`ShardList`]), [`list`](ShardStore::list), [`head`](ShardStore::head),
 //!   [`get_range`](ShardStore::get_range) and [`download`](ShardStore::download), a whole-object
 //!   download that resumes a cut body from the byte already received.
+//! - [`Timeouts`] and [`RetryPolicy`]: how long requests wait for a server, and how failed
+//!   operations are retried (see [Timeouts](#timeouts) and [Retries](#retries) below).
 //! - [`block_on`] and [`runtime`]: the process's tokio runtime, created lazily and rebuilt after
 //!   a `fork`, so the loader's synchronous worker threads can call the async stores.
 //! - [`FaultyStore`]: an [`ObjectStore`] wrapper that injects server errors, throttling,
@@ -21,13 +23,55 @@
 //! (`127.0.0.0/8`, `localhost`, `[::1]`), elsewhere only with
 //! [`ShardStoreBuilder::allow_http`] or `AWS_ALLOW_HTTP=true`.
 //!
+//! # Timeouts
+//!
+//! Every request of the HTTP-based stores (S3, GCS, Azure, HTTP) is bounded ([`Timeouts`],
+//! and the [`RetryPolicy`]'s `stall_timeout`):
+//!
+//! | wait | default | what it bounds |
+//! | --- | --- | --- |
+//! | `connect` | 5 s | opening a connection (TCP and TLS) |
+//! | `first_byte` | 30 s | from sending a request to its response's status line |
+//! | `stall_timeout` | 30 s | a response body that delivers no byte (a download resumes, a range read is retried) |
+//! | `retry_timeout` | 60 s | retrying: no retry starts later than this after an operation's first request (a download's last new byte) |
+//!
+//! There is no limit on a whole request: a large body that keeps coming is never cut. A
+//! listing's body, which object_store reads itself, is bounded by a read timeout of 1.5 times
+//! the longer of `first_byte` and `stall_timeout`. Idle pooled connections close after 15 s,
+//! before servers close them under a request. So, with the defaults, an endpoint that accepts
+//! connections and never answers fails an operation after two 30 s attempts (about 60 s); one
+//! where nothing listens fails within about 2 s (five attempts with backoff).
+//!
+//! One option sets the waits from configuration (and from Python's `storage_options`):
+//! `timeout`, given to [`ShardStoreBuilder::option`] beside object_store's keys, as seconds
+//! (`"10"`, `"2.5"`) or with a unit (`"500ms"`, `"10s"`, `"1m"`). It sets `first_byte` and
+//! `stall_timeout` to its value and caps `connect` at it; [`ShardStoreBuilder::timeouts`] and
+//! [`ShardStoreBuilder::retry`] win over it. object_store's own client keys (`aws_timeout`,
+//! `aws_connect_timeout`, …) still apply over these where given.
+//!
+//! ```
+//! use longshore_shards::store::ShardStore;
+//! let store = ShardStore::builder().option("timeout", "10s").build();
+//! assert_eq!(store.timeouts().first_byte, std::time::Duration::from_secs(10));
+//! assert_eq!(store.retry_policy().stall_timeout, std::time::Duration::from_secs(10));
+//! ```
+//!
 //! # Retries
 //!
-//! object_store retries each request (5xx, 429, connection errors) with backoff. On top of it,
-//! each operation here is retried by a [`RetryPolicy`] for errors that are not permanent (not
-//! found, denied, invalid), and a download whose body is cut (or stalls) resumes with a range
-//! request from the byte already written, checking the object's `ETag` did not change. Errors
-//! that last become [`ShardError::Fetch`], naming the URL, the shard and the attempts.
+//! Each operation (a listing, a `HEAD`, a range read, a download) is retried by the store's
+//! [`RetryPolicy`], in one place: object_store's own per-request retries are off unless
+//! [`ShardStoreBuilder::client_retry`] turns them on. Retried: answers 408, 429 and 5xx,
+//! connections refused, reset or timed out, bodies cut or stalled. Not retried: any other 4xx
+//! answer (403 and 404 among them: asked once), and errors this module does not know to be
+//! passing. The wait before retry *n* is `initial_backoff` doubled *n*-1 times, capped at
+//! `max_backoff`, with jitter (half to all of it); where the server sent `Retry-After`
+//! (seconds or an HTTP date), at least that, and an operation whose server asks for a wait
+//! past its `retry_timeout` fails at once. An operation stops after `max_attempts` attempts
+//! (for a download: in a row without a new byte) or once `retry_timeout` has passed. A
+//! download whose body is cut or stalls resumes with a range request from the byte already
+//! written, checking the object's `ETag` did not change. Errors that last become
+//! [`ShardError::Fetch`], naming the operation, the URL, the endpoint and the attempts; its
+//! source is object_store's error.
 //!
 //! # Async, sync threads and fork
 //!
@@ -59,13 +103,18 @@
 mod builder;
 mod download;
 mod fault;
+mod http;
 mod range;
+mod retry;
 mod runtime;
+mod timeouts;
 
 pub use builder::ShardStoreBuilder;
 pub use download::DownloadReport;
 pub use fault::{Fault, FaultRates, FaultStats, FaultyStore, InjectedFault};
+pub use retry::RetryPolicy;
 pub use runtime::{block_on, runtime};
+pub use timeouts::Timeouts;
 
 /// The object_store crate this module is built on (its [`ObjectStore`] trait, paths and
 /// clients), re-exported so users name the same version.
@@ -83,6 +132,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ShardError;
 use crate::url::{ShardUrl, StoreLocation, expand_patterns};
+use retry::Retries;
 
 const TARGET: &str = "longshore::shards";
 
@@ -161,77 +211,40 @@ impl ShardList {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Retries.
+// Errors.
 
-/// How operations are retried on top of object_store's own request retries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Attempts an operation gets before its error is returned (at least 1). For a download,
-    /// the attempts in a row that received no new byte.
-    pub max_attempts: u32,
-    /// The wait before the first retry; it doubles per retry.
-    pub initial_backoff: Duration,
-    /// The longest wait between retries.
-    pub max_backoff: Duration,
-    /// A response body that delivers no byte for this long is treated as cut and resumed.
-    pub stall_timeout: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 5,
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(5),
-            stall_timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// The wait before retry number `retry` (1-based), with jitter in `[1/2, 1]` of it.
-    fn backoff(&self, retry: u32) -> Duration {
-        let exp = self
-            .initial_backoff
-            .saturating_mul(1u32 << retry.saturating_sub(1).min(20))
-            .min(self.max_backoff);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        exp.mul_f64(0.5 + f64::from(nanos % 1000) / 2000.0)
-    }
-}
-
-/// Whether an object_store error may go away when the request is repeated.
-fn is_transient(e: &object_store::Error) -> bool {
-    use object_store::Error as E;
-    !matches!(
-        e,
-        E::NotFound { .. }
-            | E::InvalidPath { .. }
-            | E::NotSupported { .. }
-            | E::AlreadyExists { .. }
-            | E::Precondition { .. }
-            | E::NotModified { .. }
-            | E::NotImplemented { .. }
-            | E::PermissionDenied { .. }
-            | E::Unauthenticated { .. }
-            | E::UnknownConfigurationKey { .. }
-    )
-}
-
+/// The error of an operation that failed for good after `elapsed`, naming the URL, the
+/// endpoint and the attempts; `source` stays the store's own error (callers downcast it).
 fn fetch_error(
     op: &'static str,
     url: &ShardUrl,
+    endpoint: Option<&str>,
     attempts: u32,
+    elapsed: Duration,
     source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
 ) -> ShardError {
+    let source = source.into();
+    tracing::debug!(
+        target: TARGET,
+        op,
+        url = %url,
+        endpoint = endpoint.unwrap_or(""),
+        attempts,
+        elapsed_ms = elapsed.as_millis() as u64,
+        error = %source,
+        "giving up"
+    );
+    let shard = match url.file_name() {
+        "" => url.path().to_owned(), // a listing's prefix
+        name => name.to_owned(),
+    };
     ShardError::Fetch {
         op,
         url: url.as_str().to_owned(),
-        shard: url.file_name().to_owned(),
+        shard,
+        endpoint: endpoint.map(str::to_owned),
         attempts,
-        source: source.into(),
+        source,
     }
 }
 
@@ -246,7 +259,14 @@ struct Inner {
 /// The clients built so far, and the process that built them.
 struct Clients {
     pid: u32,
-    map: HashMap<StoreLocation, Arc<dyn ObjectStore>>,
+    map: HashMap<StoreLocation, Client>,
+}
+
+/// One location's client, and the endpoint its requests go to when it is known.
+#[derive(Clone)]
+struct Client {
+    store: Arc<dyn ObjectStore>,
+    endpoint: Option<String>,
 }
 
 /// Object stores for shard URLs, one client per bucket, shared by clones of this handle.
@@ -290,6 +310,16 @@ impl ShardStore {
         self.inner.config.retry
     }
 
+    /// The timeouts in force (the builder's, or as the `timeout` option set them).
+    pub fn timeouts(&self) -> Timeouts {
+        self.inner.config.timeouts
+    }
+
+    /// A new retry state for one operation.
+    fn retries(&self) -> Retries {
+        Retries::new(self.retry_policy(), self.timeouts().retry_timeout)
+    }
+
     /// The client and object path for a URL. All URLs at one location share one client.
     ///
     /// # Errors
@@ -297,6 +327,12 @@ impl ShardStore {
     /// [`ShardError::StoreConfig`] if the client cannot be built, [`ShardError::Url`] if the
     /// path is not a valid object path.
     pub fn client(&self, url: &ShardUrl) -> Result<(Arc<dyn ObjectStore>, ObjectPath), ShardError> {
+        let (client, path) = self.located(url)?;
+        Ok((client.store, path))
+    }
+
+    /// [`client`](Self::client), with the client's endpoint.
+    fn located(&self, url: &ShardUrl) -> Result<(Client, ObjectPath), ShardError> {
         let path = object_path(url)?;
         let mut clients = self.inner.clients.lock().unwrap_or_else(|p| p.into_inner());
         let pid = std::process::id();
@@ -305,46 +341,64 @@ impl ShardStore {
             // threads are not here. Leak them (dropping could wait on those threads) and build
             // new ones in this process.
             tracing::debug!(target: TARGET, inherited_pid = clients.pid, pid, "store clients inherited through fork; rebuilding");
-            let stale = std::mem::replace(&mut clients.map, self.inner.config.stores.clone());
+            let stale = std::mem::replace(&mut clients.map, self.inner.config.own_stores());
             std::mem::forget(stale);
             clients.pid = pid;
         }
         let clients = &mut clients.map;
         if let Some(c) = clients.get(url.location()) {
-            return Ok((Arc::clone(c), path));
+            return Ok((c.clone(), path));
         }
         let mut client = self.build_client(url)?;
         if let Some(wrap) = &self.inner.config.wrap {
-            client = wrap(url.location(), client);
+            client.store = wrap(url.location(), client.store);
         }
-        tracing::debug!(target: TARGET, store = %url.location(), "store client built");
-        clients.insert(url.location().clone(), Arc::clone(&client));
+        tracing::debug!(
+            target: TARGET,
+            store = %url.location(),
+            endpoint = client.endpoint.as_deref().unwrap_or(""),
+            "store client built"
+        );
+        clients.insert(url.location().clone(), client.clone());
         Ok((client, path))
     }
 
-    /// Runs `f` with retries for transient errors, as the [`RetryPolicy`] says.
+    /// Runs `f` until it succeeds, retrying the failures that may pass as the [`RetryPolicy`]
+    /// and the [`Timeouts`] say; the last failure becomes [`ShardError::Fetch`].
     async fn retrying<T, F, Fut>(
         &self,
         op: &'static str,
         url: &ShardUrl,
+        endpoint: Option<&str>,
         mut f: F,
     ) -> Result<T, ShardError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, object_store::Error>>,
     {
-        let policy = self.retry_policy();
+        let retries = self.retries();
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match f().await {
+            let e = match f().await {
                 Ok(v) => return Ok(v),
-                Err(e) if is_transient(&e) && attempt < policy.max_attempts.max(1) => {
-                    tracing::debug!(target: TARGET, op, url = %url, attempt, error = %e, "retrying");
-                    tokio::time::sleep(policy.backoff(attempt)).await;
-                }
-                Err(e) => return Err(fetch_error(op, url, attempt, e)),
-            }
+                Err(e) => e,
+            };
+            let Some(wait) = retries.wait(attempt, &e) else {
+                let elapsed = retries.elapsed();
+                return Err(fetch_error(op, url, endpoint, attempt, elapsed, e));
+            };
+            tracing::debug!(
+                target: TARGET,
+                op,
+                url = %url,
+                endpoint = endpoint.unwrap_or(""),
+                attempt,
+                wait_ms = wait.as_millis() as u64,
+                error = %e,
+                "retrying"
+            );
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -478,15 +532,16 @@ impl ShardStore {
         } else {
             dir_url
         })?;
-        let (store, _) = self.client(any)?;
+        let (client, _) = self.located(any)?;
         let dir_path = match dir.path().trim_end_matches('/') {
             "" if dir.location() != &StoreLocation::Local => None,
             _ => Some(object_path(&dir)?),
         };
         tracing::debug!(target: TARGET, prefix = %dir_url, "listing");
+        let endpoint = client.endpoint.as_deref();
         let result = self
-            .retrying("list", &dir, || {
-                store.list_with_delimiter(dir_path.as_ref())
+            .retrying("list", &dir, endpoint, || {
+                client.store.list_with_delimiter(dir_path.as_ref())
             })
             .await?;
         Ok(result.objects)
@@ -499,8 +554,11 @@ impl ShardStore {
     /// URL errors and [`ShardError::Fetch`].
     pub async fn head_async(&self, url: &str) -> Result<ShardInfo, ShardError> {
         let u = ShardUrl::parse(url)?;
-        let (store, path) = self.client(&u)?;
-        let meta = self.retrying("head", &u, || store.head(&path)).await?;
+        let (client, path) = self.located(&u)?;
+        let endpoint = client.endpoint.as_deref();
+        let meta = self
+            .retrying("head", &u, endpoint, || client.store.head(&path))
+            .await?;
         Ok(info(url.to_owned(), &meta))
     }
 
@@ -554,7 +612,6 @@ fn object_path(url: &ShardUrl) -> Result<ObjectPath, ShardError> {
 #[cfg(test)]
 mod tests {
     use super::builder::is_loopback_http;
-    use super::*;
 
     #[test]
     fn loopback_endpoints() {
@@ -572,13 +629,5 @@ mod tests {
         ] {
             assert!(!is_loopback_http(e), "{e}");
         }
-    }
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let p = RetryPolicy::default();
-        assert!(p.backoff(1) <= Duration::from_millis(100));
-        assert!(p.backoff(1) >= Duration::from_millis(50));
-        assert!(p.backoff(30) <= p.max_backoff);
     }
 }

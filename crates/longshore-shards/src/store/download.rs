@@ -6,7 +6,8 @@ use std::io::Write;
 use futures_util::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectStore};
 
-use super::{ShardInfo, ShardStore, TARGET, block_on, fetch_error, is_transient};
+use super::retry::Interrupted;
+use super::{ShardInfo, ShardStore, TARGET, block_on, fetch_error};
 use crate::ShardError;
 use crate::url::ShardUrl;
 
@@ -30,12 +31,15 @@ impl ShardStore {
     /// A body that is cut or stalls is resumed with a range request from the byte already
     /// written, on the condition that the object's entity tag is still the one the first
     /// response gave; no byte is written twice or skipped. The file is synced before this
-    /// returns. Writing to a temporary name and renaming is the caller's part.
+    /// returns. Writing to a temporary name and renaming is the caller's part. The
+    /// [`Timeouts`](super::Timeouts)' retry budget counts from the last new byte, so a slow
+    /// download that keeps going is not cut.
     ///
     /// # Errors
     ///
-    /// [`ShardError::Fetch`] when an error is permanent or `max_attempts` requests in a row
-    /// brought no new byte; [`ShardError::SizeMismatch`] when the object's size is not
+    /// [`ShardError::Fetch`] when an error is permanent, `max_attempts` requests in a row
+    /// brought no new byte, or the retry budget passed without one;
+    /// [`ShardError::SizeMismatch`] when the object's size is not
     /// `shard.size`; [`ShardError::Io`] for the local file.
     pub async fn download_async(
         &self,
@@ -43,14 +47,16 @@ impl ShardStore {
         dest: &std::path::Path,
     ) -> Result<DownloadReport, ShardError> {
         let url = ShardUrl::parse(&shard.url)?;
-        let (store, path) = self.client(&url)?;
+        let (client, path) = self.located(&url)?;
+        let (store, endpoint) = (&client.store, client.endpoint.as_deref());
         let io = |op, source| ShardError::Io {
             op,
             path: dest.to_owned(),
             source,
         };
         let mut file = std::fs::File::create(dest).map_err(|e| io("create", e))?;
-        let policy = self.retry_policy();
+        let stall = self.retry_policy().stall_timeout;
+        let mut retries = self.retries();
         let mismatch = |actual| ShardError::SizeMismatch {
             url: shard.url.clone(),
             expected: shard.size,
@@ -82,7 +88,9 @@ impl ShardStore {
                         return Err(fetch_error(
                             "download",
                             &url,
+                            endpoint,
                             report.attempts,
+                            retries.elapsed(),
                             format!(
                                 "asked for bytes from {}, got from {}",
                                 report.bytes, res.range.start
@@ -94,16 +102,12 @@ impl ShardStore {
                     }
                     let mut body = res.into_stream();
                     loop {
-                        match tokio::time::timeout(policy.stall_timeout, body.next()).await {
+                        match tokio::time::timeout(stall, body.next()).await {
                             Err(_) => {
-                                break object_store::Error::Generic {
-                                    store: "longshore",
-                                    source: format!(
-                                        "no byte for {:?} at byte {}",
-                                        policy.stall_timeout, report.bytes
-                                    )
-                                    .into(),
-                                };
+                                break Interrupted::error(format!(
+                                    "the body stalled: no byte for {stall:?} at byte {}",
+                                    report.bytes
+                                ));
                             }
                             Ok(Some(Ok(chunk))) => {
                                 let end = report.bytes + chunk.len() as u64;
@@ -126,23 +130,33 @@ impl ShardStore {
                                 return Ok(report);
                             }
                             Ok(None) => {
-                                break object_store::Error::Generic {
-                                    store: "longshore",
-                                    source: format!(
-                                        "body ended at byte {} of {}",
-                                        report.bytes, shard.size
-                                    )
-                                    .into(),
-                                };
+                                break Interrupted::error(format!(
+                                    "the body ended at byte {} of {}",
+                                    report.bytes, shard.size
+                                ));
                             }
                         }
                     }
                 }
             };
-            idle = if report.bytes > before { 1 } else { idle + 1 };
-            if !is_transient(&failure) || idle >= policy.max_attempts.max(1) {
-                return Err(fetch_error("download", &url, report.attempts, failure));
+            let progressed = report.bytes > before;
+            if progressed {
+                idle = 1;
+                retries.progressed();
+            } else {
+                idle += 1;
             }
+            let Some(wait) = retries.wait(idle, &failure) else {
+                let elapsed = retries.elapsed();
+                return Err(fetch_error(
+                    "download",
+                    &url,
+                    endpoint,
+                    report.attempts,
+                    elapsed,
+                    failure,
+                ));
+            };
             tracing::debug!(
                 target: TARGET,
                 url = %url,
@@ -151,8 +165,8 @@ impl ShardStore {
                 error = %failure,
                 "download interrupted; resuming"
             );
-            if report.bytes == before {
-                tokio::time::sleep(policy.backoff(idle)).await;
+            if !progressed {
+                tokio::time::sleep(wait).await;
             }
         }
     }

@@ -10,35 +10,37 @@ use futures_util::StreamExt;
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
 
+use super::retry::Interrupted;
 use super::{ShardStore, block_on};
 use crate::ShardError;
 use crate::url::ShardUrl;
 
 impl ShardStore {
     /// The bytes `range` of one object (a range `GET`, retried whole on a cut body or one that
-    /// delivers no byte for the [`RetryPolicy::stall_timeout`](super::RetryPolicy::stall_timeout)).
+    /// delivers no byte for the [`RetryPolicy::stall_timeout`](super::RetryPolicy::stall_timeout)),
+    /// within the store's [`Timeouts`](super::Timeouts).
     ///
     /// # Errors
     ///
     /// URL errors and [`ShardError::Fetch`] (a range past the end included).
     pub async fn get_range_async(&self, url: &str, range: Range<u64>) -> Result<Bytes, ShardError> {
         let u = ShardUrl::parse(url)?;
-        let (store, path) = self.client(&u)?;
+        let (client, path) = self.located(&u)?;
         let want = range.end.saturating_sub(range.start);
         if want == 0 {
             return Ok(Bytes::new());
         }
         let stall = self.retry_policy().stall_timeout;
-        self.retrying("get", &u, || {
-            let (store, path, range) = (Arc::clone(&store), path.clone(), range.clone());
+        let store = &client.store;
+        self.retrying("get", &u, client.endpoint.as_deref(), || {
+            let (store, path, range) = (Arc::clone(store), path.clone(), range.clone());
             async move {
                 let bytes = read_range(&*store, &path, range, stall).await?;
                 if bytes.len() as u64 != want {
-                    return Err(object_store::Error::Generic {
-                        store: "longshore",
-                        source: format!("range read returned {} of {want} bytes", bytes.len())
-                            .into(),
-                    });
+                    return Err(Interrupted::error(format!(
+                        "range read returned {} of {want} bytes",
+                        bytes.len()
+                    )));
                 }
                 Ok(bytes)
             }
@@ -73,11 +75,9 @@ async fn read_range(
         match tokio::time::timeout(stall, body.next()).await {
             Err(_) => {
                 let got: usize = chunks.iter().map(Bytes::len).sum();
-                return Err(object_store::Error::Generic {
-                    store: "longshore",
-                    source: format!("no byte for {stall:?} after {got} bytes of a range read")
-                        .into(),
-                });
+                return Err(Interrupted::error(format!(
+                    "the body stalled: no byte for {stall:?} after {got} bytes of a range read"
+                )));
             }
             Ok(Some(chunk)) => chunks.push(chunk?),
             Ok(None) => break,
