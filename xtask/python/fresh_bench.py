@@ -9,7 +9,7 @@ RandomHorizontalFlip, ToTensor, Normalize) over the same generated JPEG folder, 
 * ``first_batch_s``: from ``iter(loader)`` to the first batch on the device;
 * ``images_per_s``: steady state, whole epochs after one warm-up epoch (synchronised);
 * ``peak_pss``: the peak proportional set size of the whole process tree (the child and every
-  descendant: workers, fork server), from ``/proc/PID/smaps_rollup`` sampled every 0.2 s by
+  descendant: workers, fork server), from ``/proc/PID/smaps_rollup`` sampled every second by
   this (parent) process.
 
 torch is tuned as an expert would: 16 workers, ``pin_memory=True``, persistent workers,
@@ -120,13 +120,23 @@ def measure(cfg):
     peak = [0]
 
     def sample():
+        # Every second: reading smaps_rollup walks each process's page tables under its
+        # mmap lock, which a faster sampling would make the measured processes wait for.
         while proc.poll() is None:
             peak[0] = max(peak[0], pss(tree(proc.pid)))
-            time.sleep(0.2)
+            time.sleep(1.0)
 
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    out, _ = proc.communicate(timeout=900)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        for pid in tree(proc.pid):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        raise SystemExit(f"{cfg['loader']} ({cfg['method']}) ran past 300 s")
     t.join()
     if proc.returncode != 0:
         raise SystemExit(f"{cfg} failed with exit {proc.returncode}")
@@ -134,6 +144,7 @@ def measure(cfg):
     row.pop("data")
     row.update(json.loads(out.strip().splitlines()[-1]))
     row["peak_pss_gb"] = peak[0] / 1e9
+    print(f"  {row}", file=sys.stderr, flush=True)
     return row
 
 
