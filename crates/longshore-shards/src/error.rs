@@ -45,6 +45,20 @@ pub enum ShardError {
         /// What is wrong.
         reason: String,
     },
+    /// A shard found damaged when the dataset was resolved (see
+    /// [`DatasetSpec::damaged`](crate::dataset::DatasetSpec::damaged)), refused by a dataset
+    /// that raises on samples it cannot read.
+    #[error("damaged shard {shard:?}: {reason} (member {member:?}, at byte {offset})")]
+    Damaged {
+        /// The shard's URL.
+        shard: String,
+        /// The tar member at fault, when known.
+        member: Option<String>,
+        /// Byte offset in the shard where the damage starts.
+        offset: u64,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// A WebDataset sample that breaks the format's rules: a field twice, a field that is
     /// required but missing, a field that does not decode as asked.
     #[error("webdataset shard {shard:?}, sample {key:?} (at byte {offset}): {reason}")]

@@ -94,10 +94,17 @@
 //! download that failed for good, a damaged tar, a field required with
 //! [`require`](ShardedDatasetBuilder::require) that is missing) is an `Err(DataError)` item
 //! whose cause is the [`ShardError`] naming the shard, member and byte offset; the loader's
-//! `on_sample_error` policy handles it. The loader pulls a worker's items `batch_size` at a
-//! time, so after such an error that worker's later batches are regrouped: `Skip` delivers
-//! one sample fewer, `FailBatch` drops the failed batch's other samples. A resume state
-//! counts batches as planned, so resume from a state taken before the error.
+//! `on_sample_error` policy handles it, and the dataset must be told the same
+//! ([`on_sample_error`](ShardedDatasetBuilder::on_sample_error)): under
+//! [`OnSampleError::Skip`] each failed sample is counted and logged ([`ShardedDataset::stats`])
+//! and made up for by a padding repeat at the end of its worker's stream, so every rank yields
+//! exactly [`num_batches`](ShardedDataset::num_batches) batches whatever is skipped (ranks of
+//! a DDP job stay equal). Damage is never a smaller dataset: a shard whose size disagrees with
+//! its index keeps the index's count (the samples it lacks fail when read), and a damaged
+//! shard no index counts is recorded in the spec ([`DatasetSpec::damaged`]), which
+//! [`OnSampleError::Raise`] refuses at build with [`ShardError::Damaged`]. Under `FailBatch`
+//! the failed batch's other samples are dropped with it. A resume state counts batches as
+//! planned, so resume from a state taken before an error.
 //!
 //! # Cache and prefetch
 //!
@@ -144,10 +151,12 @@ mod leases;
 mod reader;
 mod sample;
 mod spec;
+mod stats;
 
 pub use decoded::Decoded;
 pub use sample::ShardSample;
-pub use spec::{CountSource, DatasetSpec, ShardFormat};
+pub use spec::{CountSource, DatasetSpec, ShardDamage, ShardFormat};
+pub use stats::ShardStats;
 
 use reader::WorkerReader;
 use spec::Source;
@@ -156,6 +165,25 @@ const TARGET: &str = "longshore::shards";
 
 /// The default cache budget's cap: 16 GiB.
 pub const DEFAULT_CACHE_BUDGET: u64 = 16 << 30;
+
+/// What the loader does with a sample that cannot be read: the dataset must know it, since it
+/// decides how damage is reported and how each rank keeps its count (the loader's
+/// `on_sample_error`; give the dataset the same).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnSampleError {
+    /// A failed sample is an error item, which the loader raises (default). A dataset whose
+    /// spec records damaged shards ([`DatasetSpec::damaged`]) is refused at build with
+    /// [`ShardError::Damaged`] naming the shard, member and byte offset.
+    #[default]
+    Raise,
+    /// The loader skips failed samples: each is counted ([`ShardedDataset::stats`]) and
+    /// logged (a warning per shard), and made up for at the end of its worker's stream by a
+    /// padding repeat of a sample that read (marked [`ShardSample::pad`]), so that every rank
+    /// still yields its planned number of batches (a DDP job's ranks stay equal). Damaged
+    /// shards of the spec are warned about and counted, and their readable samples read.
+    Skip,
+}
 
 /// Builds a [`ShardedDataset`]; see the [module docs](self).
 #[derive(Debug, Clone)]
@@ -173,6 +201,7 @@ pub struct ShardedDatasetBuilder {
     job: Option<String>,
     prefetch_shards: usize,
     required: Vec<String>,
+    on_sample_error: OnSampleError,
 }
 
 impl ShardedDatasetBuilder {
@@ -191,7 +220,16 @@ impl ShardedDatasetBuilder {
             job: None,
             prefetch_shards: 2,
             required: Vec::new(),
+            on_sample_error: OnSampleError::Raise,
         }
+    }
+
+    /// What the loader does with a sample that cannot be read (default
+    /// [`OnSampleError::Raise`]): use the loader's policy.
+    #[must_use]
+    pub fn on_sample_error(mut self, policy: OnSampleError) -> Self {
+        self.on_sample_error = policy;
+        self
     }
 
     /// The store the shards are read from (default [`ShardStore::from_env`]).
@@ -342,6 +380,27 @@ impl ShardedDatasetBuilder {
         }
         let store = self.store.unwrap_or_else(ShardStore::from_env);
         let spec = spec::resolve(&store, &self.source)?;
+        let stats = stats::Counters::default();
+        for d in &spec.damaged {
+            match self.on_sample_error {
+                OnSampleError::Raise => {
+                    return Err(ShardError::Damaged {
+                        shard: d.url.clone(),
+                        member: d.member.clone(),
+                        offset: d.offset,
+                        reason: format!(
+                            "{} (skip the samples that cannot be read with \
+                             on_sample_error=\"skip\", or repair the shard)",
+                            d.reason
+                        ),
+                    });
+                }
+                OnSampleError::Skip => {
+                    tracing::warn!(target: TARGET, damage = %d, "damaged shard: its readable samples are read, the others skipped and counted");
+                    stats.damaged(d.shard);
+                }
+            }
+        }
         let columns = spec
             .mds
             .iter()
@@ -387,6 +446,8 @@ impl ShardedDatasetBuilder {
                 num_workers: self.num_workers,
                 prefetch_shards: self.prefetch_shards,
                 required: self.required,
+                on_sample_error: self.on_sample_error,
+                stats,
                 epoch: AtomicU64::new(0),
                 epoch_set: AtomicBool::new(false),
                 warned_epoch: AtomicBool::new(false),
@@ -426,6 +487,9 @@ struct Inner {
     num_workers: Option<usize>,
     prefetch_shards: usize,
     required: Vec<String>,
+    on_sample_error: OnSampleError,
+    /// Failed reads, padding made up for them, damaged shards.
+    stats: stats::Counters,
     epoch: AtomicU64,
     epoch_set: AtomicBool,
     warned_epoch: AtomicBool,
@@ -557,6 +621,17 @@ impl ShardedDataset {
         self.len() == 0
     }
 
+    /// What became of the samples that could not be read, since the dataset was built: the
+    /// failed reads by reason, the padding repeats that made up for them, damaged shards.
+    pub fn stats(&self) -> ShardStats {
+        self.inner.stats.snapshot()
+    }
+
+    /// The policy for samples that cannot be read.
+    pub fn on_sample_error(&self) -> OnSampleError {
+        self.inner.on_sample_error
+    }
+
     /// The order's options.
     pub fn order_config(&self) -> OrderConfig {
         self.inner.config
@@ -678,14 +753,16 @@ impl IterableDataset for ShardedDataset {
                 .workers = Some(workers);
             let plan = inner.plan_for(workers)?;
             let epoch = plan.order().epoch();
-            Ok((epoch, plan.rank(inner.rank)?.worker(worker.id)?))
+            let order = Arc::clone(plan.order());
+            Ok((epoch, plan.rank(inner.rank)?.worker(worker.id)?, order))
         })();
         match stream {
-            Ok((epoch, stream)) => Box::new(WorkerReader::new(
+            Ok((epoch, stream, order)) => Box::new(WorkerReader::new(
                 Arc::clone(inner),
                 worker.id,
                 epoch,
                 stream,
+                order,
             )),
             Err(e) => Box::new(std::iter::once(Err(DataError::custom(
                 format!("starting worker {} of a sharded dataset", worker.id),

@@ -10,11 +10,11 @@ use std::time::SystemTime;
 use longshore_data::DataError;
 
 use super::leases::{Held, lock};
-use super::{Inner, ShardFormat, ShardSample, TARGET};
+use super::{Inner, OnSampleError, ShardFormat, ShardSample, TARGET};
 use crate::ShardError;
 use crate::cache::CachedShard;
 use crate::mds::{Columns, MdsSample, header_len, sample_count, sample_range};
-use crate::order::{Slot, WorkerStream, sample_seed};
+use crate::order::{EpochOrder, Slot, WorkerStream, sample_seed};
 use crate::webdataset::{Sample, SampleSpan, ShardReader};
 
 /// The most slots a worker looks ahead (to find the next shards to prefetch): 64 Ki slots,
@@ -26,6 +26,14 @@ const MAX_WINDOW: usize = 1 << 16;
 /// again (a lease costs a few system calls; a process's first of a shard, a write of the
 /// cache's index).
 const MIN_WINDOW: usize = 256;
+
+/// The most slots of samples that read a worker keeps, to repeat in place of samples that
+/// failed ([`OnSampleError::Skip`]).
+const MAX_GOOD: usize = 4096;
+
+/// The most failed repeats a worker tries (other samples in turn) before it gives up making
+/// up for its failed samples.
+const MAX_PROBES: u64 = 64;
 
 /// The most samples whose layouts [`SharedLayouts`] keeps (~60 MiB of tar spans).
 const MAX_SHARED_SAMPLES: usize = 1 << 20;
@@ -141,10 +149,29 @@ pub(super) struct WorkerReader {
     /// What this worker last asked to prefetch.
     prefetching: Vec<usize>,
     started: bool,
+    /// Slots of samples that read (the first [`MAX_GOOD`]), repeated in place of failed ones.
+    good: Vec<Slot>,
+    /// Failed samples not yet made up for ([`OnSampleError::Skip`]).
+    owed: u64,
+    /// The repeats made so far (which of `good`, or which position of the epoch's order,
+    /// comes next).
+    repeats: u64,
+    /// Repeats that failed too (at most [`MAX_PROBES`] are tried again).
+    probes: u64,
+    /// The stream ended and the window holds a repeat.
+    making_up: bool,
+    /// The epoch's order: where repeats come from when no sample of this worker read.
+    order: Arc<EpochOrder>,
 }
 
 impl WorkerReader {
-    pub(super) fn new(ds: Arc<Inner>, worker: usize, epoch: u64, stream: WorkerStream) -> Self {
+    pub(super) fn new(
+        ds: Arc<Inner>,
+        worker: usize,
+        epoch: u64,
+        stream: WorkerStream,
+        order: Arc<EpochOrder>,
+    ) -> Self {
         tracing::debug!(target: TARGET, worker, epoch, slots = stream.remaining(), "worker stream");
         let leases = ds.leases.register();
         WorkerReader {
@@ -159,7 +186,73 @@ impl WorkerReader {
             layouts: HashMap::new(),
             prefetching: Vec::new(),
             started: false,
+            good: Vec::new(),
+            owed: 0,
+            repeats: 0,
+            probes: 0,
+            making_up: false,
+            order,
         }
+    }
+
+    /// At the end of the stream, the next padding repeat for a failed sample: a sample of this
+    /// worker that read (in turn), else one of the epoch's order (from its start), marked
+    /// `pad`, so that this worker yields its planned number of samples.
+    fn make_up(&mut self) {
+        self.making_up = true;
+        self.owed -= 1;
+        let k = self.repeats;
+        self.repeats += 1;
+        let mut slot = if self.good.is_empty() {
+            let len = self.order.len().max(1);
+            let position = k % len;
+            match self.order.at(position) {
+                Some(sample) => Slot {
+                    sample,
+                    position,
+                    pad: true,
+                },
+                None => {
+                    self.short(None);
+                    return;
+                }
+            }
+        } else {
+            self.good[(k % self.good.len() as u64) as usize]
+        };
+        slot.pad = true;
+        *self.pending.entry(slot.sample.shard).or_default() += 1;
+        self.window.push_back(slot);
+    }
+
+    /// A failed sample this worker cannot make up for.
+    fn short(&mut self, e: Option<&ShardError>) {
+        self.ds.stats.unpadded();
+        tracing::error!(target: TARGET, worker = self.worker, epoch = self.epoch, error = ?e.map(ToString::to_string), "no sample could be read to make up for a failed one: this rank yields one sample fewer than planned");
+    }
+
+    /// Counts (and logs) the failed read of `slot`, and owes a repeat for it under
+    /// [`OnSampleError::Skip`].
+    fn failed(&mut self, slot: &Slot, e: &ShardError) {
+        let shard = slot.sample.shard;
+        if self.making_up {
+            // A repeat that fails is not a sample of the epoch lost: another is tried.
+            tracing::debug!(target: TARGET, worker = self.worker, error = %e, "a padding repeat failed; trying another sample");
+        } else if self.ds.stats.failed(shard, e) {
+            let url = &self.ds.spec.shards.shards[shard].url;
+            tracing::warn!(target: TARGET, shard = %url, error = %e, "damaged shard: its samples that cannot be read are skipped and counted");
+        }
+        if self.ds.on_sample_error != OnSampleError::Skip {
+            return;
+        }
+        if self.making_up && self.probes >= MAX_PROBES {
+            self.short(Some(e));
+            return;
+        }
+        if self.making_up {
+            self.probes += 1;
+        }
+        self.owed += 1;
     }
 
     /// Reads ahead until the window holds a batch and the shards to prefetch (or the end).
@@ -459,6 +552,9 @@ impl Iterator for WorkerReader {
     fn next(&mut self) -> Option<Result<ShardSample, DataError>> {
         self.warn_if_epoch_unset();
         self.refill();
+        while self.window.is_empty() && self.stream_done && self.owed > 0 {
+            self.make_up();
+        }
         let slot = self.window.pop_front()?;
         let shard = slot.sample.shard;
         let left = self.pending.get_mut(&shard).map_or(0, |n| {
@@ -469,13 +565,22 @@ impl Iterator for WorkerReader {
         let held = Arc::clone(&self.leases);
         let mut leases = lock(&held);
         let result = self.read(&slot, &mut leases);
+        match &result {
+            Ok(_) if self.making_up => self.ds.stats.padded(),
+            Ok(_) => {
+                if self.good.len() < MAX_GOOD {
+                    self.good.push(slot);
+                }
+            }
+            Err(e) => self.failed(&slot, e),
+        }
         if left == 0 {
             // The window holds no more of this shard: release it (it may be evicted now).
             self.pending.remove(&shard);
             leases.remove(&shard);
             self.layouts.remove(&shard);
         }
-        if self.window.is_empty() && self.stream_done {
+        if self.window.is_empty() && self.stream_done && self.owed == 0 {
             leases.clear();
             self.ds.publish_prefetch(self.worker, Vec::new());
         }
@@ -494,8 +599,9 @@ impl Iterator for WorkerReader {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let n = self.window.len() + self.stream.size_hint().0;
-        (n, Some(n))
+        let owed = usize::try_from(self.owed).unwrap_or(usize::MAX);
+        let n = self.window.len() + self.stream.size_hint().0 + owed;
+        (n, None)
     }
 }
 

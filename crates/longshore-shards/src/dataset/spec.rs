@@ -60,6 +60,42 @@ pub struct DatasetSpec {
     /// WebDataset.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mds: Vec<MdsShardInfo>,
+    /// Damage found while resolving (empty when every shard is whole): a shard whose scan
+    /// stopped early (only its whole samples before the damage are counted) or whose size
+    /// disagrees with its index (the index's count is kept; the samples the file lacks fail
+    /// when read). A dataset built from such a spec is refused unless it skips failed samples
+    /// (see [`OnSampleError`](super::OnSampleError)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<ShardDamage>,
+}
+
+/// A damaged shard found while resolving a dataset (see [`DatasetSpec::damaged`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardDamage {
+    /// The shard's place in [`DatasetSpec::shards`].
+    pub shard: usize,
+    /// Its URL.
+    pub url: String,
+    /// The tar member at fault, when known.
+    pub member: Option<String>,
+    /// Byte offset in the shard where the damage starts.
+    pub offset: u64,
+    /// What is wrong, and what it costs.
+    pub reason: String,
+}
+
+impl std::fmt::Display for ShardDamage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "shard {}: {} (at byte {}",
+            self.url, self.reason, self.offset
+        )?;
+        if let Some(m) = &self.member {
+            write!(f, ", member {m:?}")?;
+        }
+        write!(f, ")")
+    }
 }
 
 impl DatasetSpec {
@@ -108,6 +144,12 @@ impl DatasetSpec {
                     self.counted_by.len(),
                     self.mds.len()
                 ),
+            });
+        }
+        if let Some(d) = self.damaged.iter().find(|d| d.shard >= n) {
+            return Err(ShardError::Order {
+                option: "spec",
+                reason: format!("damage recorded for shard {} of {n}", d.shard),
             });
         }
         for info in &self.mds {
@@ -323,17 +365,37 @@ async fn webdataset(
     }
     let mut counts = Vec::with_capacity(shards.len());
     let mut counted_by = Vec::with_capacity(shards.len());
-    for s in &shards.shards {
+    let mut damaged = Vec::new();
+    for (i, s) in shards.shards.iter().enumerate() {
         match known.get(&s.url) {
-            Some((n, size, from)) if size.is_none_or(|size| size == s.size) => {
+            Some((n, size, from)) => {
+                if let Some(size) = size.filter(|&size| size != s.size) {
+                    // The index's count stays the dataset's: a shard cut short is damage (the
+                    // samples it lacks fail when read), never a smaller dataset.
+                    tracing::warn!(target: TARGET, shard = %s.url, index = %from, index_size = size, size = s.size, "the shard's size disagrees with its index");
+                    damaged.push(ShardDamage {
+                        shard: i,
+                        url: s.url.clone(),
+                        member: None,
+                        offset: size.min(s.size),
+                        reason: format!(
+                            "the shard holds {} bytes, its index ({from}) says {size}: the \
+                             samples past byte {} cannot be read as indexed",
+                            s.size,
+                            size.min(s.size)
+                        ),
+                    });
+                }
                 counts.push(*n);
                 counted_by.push(CountSource::WidsIndex(from.clone()));
             }
-            other => {
-                if let Some((_, size, from)) = other {
-                    tracing::warn!(target: TARGET, shard = %s.url, index = %from, index_size = ?size, size = s.size, "the shard index names another size; scanning the shard");
+            None => {
+                let (n, damage) = scan(store, s).await?;
+                if let Some(mut d) = damage {
+                    d.shard = i;
+                    damaged.push(d);
                 }
-                counts.push(scan(store, s).await?);
+                counts.push(n);
                 counted_by.push(CountSource::Scan);
             }
         }
@@ -344,14 +406,18 @@ async fn webdataset(
         counts,
         counted_by,
         mds: Vec::new(),
+        damaged,
     })
 }
 
 static SCAN_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Counts a tar shard's samples: downloads it to a temporary file and scans its headers. A
-/// damaged shard counts the samples before the damage (with a warning).
-async fn scan(store: &ShardStore, shard: &ShardInfo) -> Result<u64, ShardError> {
+/// damaged shard counts the whole samples before the damage, and says where the damage is.
+async fn scan(
+    store: &ShardStore,
+    shard: &ShardInfo,
+) -> Result<(u64, Option<ShardDamage>), ShardError> {
     let n = SCAN_COUNTER.fetch_add(1, Ordering::Relaxed);
     let path: PathBuf = std::env::temp_dir().join(format!(
         "longshore-scan-{}-{n}-{}",
@@ -362,10 +428,36 @@ async fn scan(store: &ShardStore, shard: &ShardInfo) -> Result<u64, ShardError> 
     let result = async {
         store.download_async(shard, &path).await?;
         let (spans, error) = ShardReader::open(&path)?.scan_partial();
-        if let Some(e) = error {
-            tracing::warn!(target: TARGET, shard = %shard.url, error = %e, samples = spans.len(), "damaged shard: only the samples before the damage are counted");
-        }
-        Ok(spans.len() as u64)
+        let damage = error.map(|e| {
+            tracing::warn!(target: TARGET, shard = %shard.url, error = %e, samples = spans.len(), "damaged shard: its samples past the damage cannot be read");
+            let (member, offset, reason) = match e {
+                ShardError::Tar {
+                    member,
+                    offset,
+                    reason,
+                    ..
+                } => (member, offset, reason),
+                ShardError::Sample {
+                    key,
+                    offset,
+                    reason,
+                    ..
+                } => (Some(key), offset, reason),
+                other => (None, 0, other.to_string()),
+            };
+            ShardDamage {
+                shard: 0,
+                url: shard.url.clone(),
+                member,
+                offset,
+                reason: format!(
+                    "{reason}; no index counts this shard, so its samples past the damage are \
+                     unknown: {} whole samples before it are counted",
+                    spans.len()
+                ),
+            }
+        });
+        Ok((spans.len() as u64, damage))
     }
     .await;
     let _ = std::fs::remove_file(&path);
@@ -389,6 +481,7 @@ async fn parquet(store: &ShardStore, patterns: &[String]) -> Result<DatasetSpec,
         counts,
         counted_by: vec![CountSource::ParquetFooter; n],
         mds: Vec::new(),
+        damaged: Vec::new(),
     })
 }
 
@@ -399,6 +492,7 @@ async fn mds(store: &ShardStore, roots: &[String]) -> Result<DatasetSpec, ShardE
         counts: Vec::new(),
         counted_by: Vec::new(),
         mds: Vec::new(),
+        damaged: Vec::new(),
     };
     for root in roots {
         let root = root.trim_end_matches('/');

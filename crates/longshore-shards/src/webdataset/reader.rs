@@ -107,6 +107,7 @@ impl<R: Read> ShardReader<R> {
             read,
             entries,
             prev_end: 0,
+            last: None,
         })
     }
 
@@ -174,6 +175,7 @@ impl ShardReader<BufReader<&File>> {
                     read: &reader.read,
                     entries,
                     prev_end: 0,
+                    last: None,
                 };
                 scan_members(&mut members)
             });
@@ -280,6 +282,8 @@ struct Members<'a, R: Read> {
     read: &'a AtomicU64,
     entries: tar::Entries<'a, Counting<R>>,
     prev_end: u64,
+    /// The name of the last member read.
+    last: Option<String>,
 }
 
 impl<R: Read> Members<'_, R> {
@@ -287,9 +291,11 @@ impl<R: Read> Members<'_, R> {
         let entry = match self.entries.next()? {
             Ok(entry) => entry,
             Err(e) => {
+                // The header after the last member read is at fault (or that member's data
+                // runs past the end): name that member.
                 return Some(Err(ShardError::Tar {
                     shard: self.shard.to_owned(),
-                    member: None,
+                    member: self.last.as_ref().map(|m| format!("after {m}")),
                     offset: self.read.load(Ordering::Relaxed),
                     reason: format!("corrupt or truncated tar: {e}"),
                 }));
@@ -297,6 +303,7 @@ impl<R: Read> Members<'_, R> {
         };
         let mut entry = entry;
         let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        self.last = Some(name.clone());
         let header = entry.raw_header_position();
         let size = entry.size();
         let end = entry

@@ -1,0 +1,99 @@
+//! What became of the samples a dataset could not read: [`ShardStats`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+use crate::ShardError;
+
+/// What became of the samples a [`ShardedDataset`](super::ShardedDataset) could not read,
+/// since it was built (every worker of this process; each process counts its own).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardStats {
+    /// Samples whose read failed, by reason (`"damaged shard"`, `"bad sample"`, `"missing
+    /// field"`, `"unreachable shard"`).
+    pub failed_by_reason: BTreeMap<String, u64>,
+    /// Padding repeats read to make up for failed samples
+    /// ([`OnSampleError::Skip`](super::OnSampleError::Skip)).
+    pub padded: u64,
+    /// Failed samples that could not be made up for (no sample of the worker's stream could
+    /// be read to repeat): each leaves its rank one sample short, and is logged as an error.
+    pub unpadded: u64,
+    /// Shards found damaged (in the spec, or while reading).
+    pub damaged_shards: u64,
+}
+
+impl ShardStats {
+    /// Samples whose read failed, all reasons together.
+    pub fn failed(&self) -> u64 {
+        self.failed_by_reason.values().sum()
+    }
+}
+
+/// The live counters behind [`ShardStats`].
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    inner: Mutex<(ShardStats, BTreeSet<usize>)>,
+}
+
+impl Counters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (ShardStats, BTreeSet<usize>)> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Shard `shard` is damaged; returns whether it was news (to log it once).
+    pub(super) fn damaged(&self, shard: usize) -> bool {
+        let mut g = self.lock();
+        let (stats, shards) = &mut *g;
+        let new = shards.insert(shard);
+        stats.damaged_shards = shards.len() as u64;
+        new
+    }
+
+    /// A read of shard `shard` failed with `e`; returns whether the shard is newly known to
+    /// be damaged.
+    pub(super) fn failed(&self, shard: usize, e: &ShardError) -> bool {
+        let reason = reason(e);
+        *self
+            .lock()
+            .0
+            .failed_by_reason
+            .entry(reason.to_owned())
+            .or_default() += 1;
+        reason == DAMAGED && self.damaged(shard)
+    }
+
+    pub(super) fn padded(&self) {
+        self.lock().0.padded += 1;
+    }
+
+    pub(super) fn unpadded(&self) {
+        self.lock().0.unpadded += 1;
+    }
+
+    pub(super) fn snapshot(&self) -> ShardStats {
+        self.lock().0.clone()
+    }
+}
+
+const DAMAGED: &str = "damaged shard";
+
+/// The reason a read failed, as [`ShardStats::failed_by_reason`] counts it.
+fn reason(e: &ShardError) -> &'static str {
+    match e {
+        ShardError::Mds { reason, .. } | ShardError::Parquet { reason, .. }
+            if reason.starts_with("missing required field") =>
+        {
+            "missing field"
+        }
+        ShardError::Tar { .. }
+        | ShardError::Mds { .. }
+        | ShardError::Parquet { .. }
+        | ShardError::Damaged { .. } => DAMAGED,
+        ShardError::Sample { reason, .. } if reason.starts_with("missing required field") => {
+            "missing field"
+        }
+        ShardError::Sample { .. } => "bad sample",
+        _ => "unreachable shard",
+    }
+}

@@ -1,0 +1,265 @@
+//! Damaged shards are an error or a counted skip, never a smaller dataset, and under
+//! `OnSampleError::Skip` every rank still yields exactly its planned number of batches:
+//! truncated shards with and without an index, a broken tar header, over ranks x workers x
+//! `drop_last` (a property test with random damage).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use longshore_loader::SampleErrorPolicy;
+use longshore_shards::ShardError;
+use longshore_shards::dataset::{OnSampleError, ShardedDataset, ShardedDatasetBuilder};
+use longshore_shards::webdataset::ShardReader;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use support::data::{Seen, pattern, run_rank, write_shards};
+
+const COUNTS: [u64; 6] = [9, 4, 13, 7, 1, 11]; // 45 samples
+
+fn builder(dir: &Path, n: usize, batch_size: usize) -> ShardedDatasetBuilder {
+    ShardedDataset::webdataset([pattern(&dir.display().to_string(), n)])
+        .cache_dir(dir.join("cache"))
+        .batch_size(batch_size)
+        .seed(5)
+        .shuffle_block(8)
+}
+
+/// The byte spans of shard `i`'s samples.
+fn spans(dir: &Path, i: usize) -> Vec<longshore_shards::webdataset::SampleSpan> {
+    let bytes = std::fs::read(dir.join(format!("shard-{i:06}.tar"))).unwrap();
+    ShardReader::new("x", bytes.as_slice()).scan().unwrap()
+}
+
+/// Cuts shard `i` in the middle of sample `sample`'s data.
+fn truncate(dir: &Path, i: usize, sample: usize) {
+    let path = dir.join(format!("shard-{i:06}.tar"));
+    let s = &spans(dir, i)[sample];
+    let cut = s.offset + 512 + (s.end - s.offset - 512) / 2;
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..cut as usize]).unwrap();
+}
+
+/// Breaks the checksum of sample `sample`'s first header in shard `i` (its size unchanged).
+fn break_header(dir: &Path, i: usize, sample: usize) {
+    let path = dir.join(format!("shard-{i:06}.tar"));
+    let at = spans(dir, i)[sample].offset as usize;
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[at + 148..at + 156].copy_from_slice(b"0000000\0");
+    std::fs::write(&path, &bytes).unwrap();
+}
+
+fn samples(batches: &[Result<Vec<Seen>, String>]) -> Vec<Seen> {
+    batches
+        .iter()
+        .flat_map(|b| b.as_ref().unwrap().iter().copied())
+        .collect()
+}
+
+#[test]
+fn a_truncated_shard_with_an_index_keeps_its_count_and_every_rank_its_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &COUNTS);
+    truncate(dir.path(), 2, 6); // shard 2: 13 samples, cut in sample 6
+    // Raise (the default): refused at build, naming the shard and where it ends.
+    let err = builder(dir.path(), COUNTS.len(), 4).build().unwrap_err();
+    let ShardError::Damaged { shard, offset, .. } = &err else {
+        panic!("{err}");
+    };
+    assert!(shard.ends_with("shard-000002.tar"), "{err}");
+    assert!(
+        *offset > 0 && err.to_string().contains("its index"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("on_sample_error"), "{err}");
+    // Skip: the index's count stands; every rank yields its planned batches.
+    for drop_last in [false, true] {
+        let mut all = Vec::new();
+        let mut failed = 0;
+        for rank in 0..3 {
+            let ds = builder(dir.path(), COUNTS.len(), 4)
+                .rank(rank)
+                .world_size(3)
+                .drop_last(drop_last)
+                .on_sample_error(OnSampleError::Skip)
+                .build()
+                .unwrap();
+            assert_eq!(ds.len(), 45, "damage never shrinks the dataset");
+            let planned = ds.num_batches().unwrap() as usize;
+            let batches = run_rank(&ds, 2, None, SampleErrorPolicy::Skip);
+            assert_eq!(batches.len(), planned, "rank {rank}, drop_last {drop_last}");
+            let stats = ds.stats();
+            assert_eq!(stats.padded, stats.failed(), "{stats:?}");
+            assert_eq!(stats.unpadded, 0);
+            failed += stats.failed();
+            all.extend(samples(&batches));
+        }
+        let real: Vec<u64> = all.iter().filter(|s| !s.pad).map(|s| s.global).collect();
+        let distinct: BTreeSet<u64> = real.iter().copied().collect();
+        assert_eq!(
+            real.len(),
+            distinct.len(),
+            "no sample twice outside padding"
+        );
+        // Shard 2 holds globals 13..26: from sample 6 on they are lost (5 before the cut may
+        // also be distrusted), counted in the stats; every other sample arrives.
+        if !drop_last {
+            assert!(failed >= 7, "{failed}");
+            let lost: Vec<u64> = (0..45).filter(|g| !distinct.contains(g)).collect();
+            assert!(lost.iter().all(|g| (13 + 5..26).contains(g)), "{lost:?}");
+            assert_eq!(lost.len() as u64, failed);
+        }
+    }
+}
+
+#[test]
+fn a_truncated_shard_without_an_index_is_an_error_or_a_counted_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &COUNTS);
+    std::fs::remove_file(dir.path().join("shard-index.json")).unwrap();
+    truncate(dir.path(), 2, 6);
+    let err = builder(dir.path(), COUNTS.len(), 4).build().unwrap_err();
+    let ShardError::Damaged { shard, member, .. } = &err else {
+        panic!("{err}");
+    };
+    assert!(shard.ends_with("shard-000002.tar"), "{err}");
+    assert!(member.is_some(), "{err}");
+    assert!(err.to_string().contains("whole samples before it"), "{err}");
+    let ds = builder(dir.path(), COUNTS.len(), 4)
+        .rank(0)
+        .world_size(1)
+        .on_sample_error(OnSampleError::Skip)
+        .build()
+        .unwrap();
+    // Only the whole samples before the cut are known: a counted, logged skip.
+    assert_eq!(ds.spec().damaged.len(), 1);
+    assert_eq!(ds.spec().damaged[0].shard, 2);
+    assert_eq!(ds.stats().damaged_shards, 1);
+    let planned = ds.num_batches().unwrap() as usize;
+    let batches = run_rank(&ds, 2, None, SampleErrorPolicy::Skip);
+    assert_eq!(batches.len(), planned);
+    assert_eq!(samples(&batches).len() as u64, ds.len());
+}
+
+#[test]
+fn a_broken_header_with_an_index_is_made_up_for_on_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &COUNTS);
+    break_header(dir.path(), 2, 3);
+    for workers in [1, 3] {
+        let mut counts = Vec::new();
+        for rank in 0..2 {
+            let ds = builder(dir.path(), COUNTS.len(), 3)
+                .rank(rank)
+                .world_size(2)
+                .on_sample_error(OnSampleError::Skip)
+                .build()
+                .unwrap();
+            let planned = ds.num_batches().unwrap() as usize;
+            let batches = run_rank(&ds, workers, None, SampleErrorPolicy::Skip);
+            assert_eq!(batches.len(), planned, "rank {rank}, {workers} workers");
+            counts.push(samples(&batches).len());
+            let s = ds.stats();
+            assert_eq!(s.padded, s.failed(), "{s:?}");
+            assert_eq!(
+                s.failed_by_reason.keys().collect::<Vec<_>>(),
+                if s.failed() > 0 {
+                    vec!["damaged shard"]
+                } else {
+                    vec![]
+                }
+            );
+        }
+        assert_eq!(counts[0], counts[1], "{counts:?}");
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Damage {
+    None,
+    Truncate { shard: usize, at: usize },
+    Header { shard: usize, at: usize },
+}
+
+#[test]
+fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
+    let strategy = (
+        prop::collection::vec(1u64..9, 2..6),
+        prop::collection::vec((0u8..3, any::<usize>(), any::<usize>()), 0..3),
+        any::<bool>(),
+        1usize..4,
+        1usize..4,
+        1usize..5,
+        any::<bool>(),
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 40,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &strategy,
+            |(counts, damages, with_index, world, workers, batch_size, drop_last)| {
+                let dir = tempfile::tempdir().unwrap();
+                write_shards(dir.path(), &counts);
+                let mut applied = Vec::new();
+                for (kind, s, a) in damages {
+                    let shard = s % counts.len();
+                    let at = a % counts[shard] as usize;
+                    if applied.iter().any(|d| matches!(d, Damage::Truncate { shard: t, .. } | Damage::Header { shard: t, .. } if *t == shard)) {
+                        continue;
+                    }
+                    let d = match kind {
+                        0 => Damage::None,
+                        1 => Damage::Truncate { shard, at },
+                        _ => Damage::Header { shard, at },
+                    };
+                    match d {
+                        Damage::Truncate { shard, at } => truncate(dir.path(), shard, at),
+                        Damage::Header { shard, at } => break_header(dir.path(), shard, at),
+                        Damage::None => {}
+                    }
+                    applied.push(d);
+                }
+                if !with_index {
+                    std::fs::remove_file(dir.path().join("shard-index.json")).unwrap();
+                }
+                let mut per_rank = Vec::new();
+                let mut real = Vec::new();
+                for rank in 0..world {
+                    let ds = builder(dir.path(), counts.len(), batch_size)
+                        .rank(rank)
+                        .world_size(world)
+                        .drop_last(drop_last)
+                        .on_sample_error(OnSampleError::Skip)
+                        .build()
+                        .unwrap();
+                    let planned = ds.num_batches().unwrap() as usize;
+                    let batches = run_rank(&ds, workers, None, SampleErrorPolicy::Skip);
+                    let stats = ds.stats();
+                    prop_assert_eq!(
+                        batches.len(),
+                        planned,
+                        "rank {} of {}, {} workers, damage {:?}, {:?}",
+                        rank,
+                        world,
+                        workers,
+                        &applied,
+                        &stats
+                    );
+                    prop_assert_eq!(stats.unpadded, 0);
+                    prop_assert_eq!(stats.padded, stats.failed());
+                    let got = samples(&batches);
+                    per_rank.push(got.len());
+                    real.extend(got.iter().filter(|s| !s.pad).map(|s| s.global));
+                }
+                prop_assert!(per_rank.iter().all(|&n| n == per_rank[0]), "{:?}", per_rank);
+                let distinct: BTreeSet<u64> = real.iter().copied().collect();
+                prop_assert_eq!(real.len(), distinct.len(), "a sample twice outside padding");
+                Ok(())
+            },
+        )
+        .unwrap();
+}
