@@ -33,7 +33,7 @@ import weakref as _weakref
 import numpy as _np
 
 from . import _longshore, data, datasets, transforms  # noqa: F401  (submodules)
-from . import _workers
+from . import _logs, _workers
 from . import data as _data
 from ._workers import get_worker_info  # noqa: F401  (re-exported, as torch.utils.data has it)
 from ._longshore import (  # noqa: F401  (re-exported)
@@ -465,6 +465,8 @@ class DataLoader:
         on_sample_error="raise",
         worker_mode=None,
     ):
+        # The Rust side's warnings (a skipped sample, a damaged shard) reach `logging`.
+        _logs.ensure_started()
         # PyTorch's checks, in its order, with its messages.
         if num_workers < 0:
             raise ValueError(

@@ -21,7 +21,7 @@ without class folders or a class folder without images is an error unless
 """
 import numpy as _np
 
-from . import _longshore
+from . import _logs, _longshore
 from .transforms import Compose as _Compose
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "WebDataset", "StreamingDataset", "ParquetDataset",
@@ -171,6 +171,7 @@ class _ImageShards:
         self.transform = transform
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
+        _logs.ensure_started()  # what resolving finds (a damaged shard) reaches logging
         self._native = _longshore._Shards(
             self._format, [str(u) for u in urls], steps, output, spec=spec, index=index,
             image_key=image_key, label_key=label_key, seed=self.seed, shuffle=self.shuffle,

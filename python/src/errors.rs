@@ -139,9 +139,11 @@ pub(crate) fn shard_err(e: longshore::shards::ShardError) -> PyErr {
         | E::StoreConfig { .. }
         | E::BudgetTooSmall { .. }
         | E::MdsCompression { .. } => PyValueError::new_err(msg),
-        E::Fetch { .. } | E::MissingShard { .. } | E::Io { .. } | E::CacheFull { .. } => {
-            PyOSError::new_err(msg)
-        }
+        E::Fetch { .. }
+        | E::MissingShard { .. }
+        | E::Io { .. }
+        | E::CacheFull { .. }
+        | E::Damaged { .. } => PyOSError::new_err(msg),
         _ => LoaderFailure::new_err(msg),
     }
 }

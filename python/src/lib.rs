@@ -9,6 +9,7 @@ mod dataset;
 mod epoch;
 mod errors;
 mod loader;
+mod logs;
 mod nvjpeg;
 mod pydata;
 mod sampler;
@@ -52,6 +53,8 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shards::write_image_shards, m)?)?;
     m.add_class::<pydata::PyProcessSource>()?;
     m.add_function(wrap_pyfunction!(pydata::_at_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(logs::_next_logs, m)?)?;
+    logs::install();
     m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
     m.add("SampleError", py.get_type::<errors::SampleError>())?;

@@ -14,6 +14,7 @@ use longshore::loader::{
     LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
 };
 use longshore::nvjpeg::{EncodedCollate, NvjpegDecoder};
+use longshore::shards::dataset::OnSampleError;
 use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -443,7 +444,11 @@ impl PyLoader {
         let sharded = sharded
             .map(|s| {
                 let s = s.get();
-                py.detach(|| s.for_loader(batch_size, drop_last, num_workers))
+                let policy = match on_sample_error {
+                    SampleErrorPolicy::Skip => OnSampleError::Skip,
+                    _ => OnSampleError::Raise,
+                };
+                py.detach(|| s.for_loader(batch_size, drop_last, num_workers, policy))
             })
             .transpose()
             .map_err(crate::errors::shard_err)?;
@@ -655,6 +660,10 @@ impl PyLoader {
         d.set_item("pinned_wait_fraction", s.pinned_wait_fraction())?;
         d.set_item("reloaded", s.reloaded)?;
         d.set_item("worker_restarts", s.worker_restarts)?;
+        d.set_item("skipped_samples", s.skipped_samples)?;
+        if let Some(shards) = &self.shards {
+            d.set_item("shards", crate::shards::stats_dict(py, &shards.0.stats())?)?;
+        }
         d.set_item("pool", pool_dict(py, &s.pool)?)?;
         Ok(d)
     }

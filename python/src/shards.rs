@@ -10,7 +10,9 @@ use std::path::PathBuf;
 
 use longshore::data::{DType, IterableDataset, Tensor, WorkerInfo};
 use longshore::shards::ShardError;
-use longshore::shards::dataset::{DatasetSpec, ShardedDataset, ShardedDatasetBuilder};
+use longshore::shards::dataset::{
+    DatasetSpec, OnSampleError, ShardStats, ShardedDataset, ShardedDatasetBuilder,
+};
 use longshore::shards::order::ResumeState;
 use longshore::shards::store::ShardStore;
 use longshore::shards::vision::ImageShards;
@@ -80,17 +82,21 @@ pub(crate) struct PyShards {
 
 impl PyShards {
     /// This dataset as a loader of `batch_size` with `num_workers` reads it: the shards (kept
-    /// by the loader for `set_epoch` and resume) and the decoded images.
+    /// by the loader for `set_epoch` and resume) and the decoded images. `on_sample_error`:
+    /// the loader's policy (a damaged shard refuses the loader under `Raise`; under `Skip`,
+    /// failed samples are counted and made up for, so ranks stay equal).
     pub(crate) fn for_loader(
         &self,
         batch_size: usize,
         drop_last: bool,
         num_workers: usize,
+        on_sample_error: OnSampleError,
     ) -> Result<(ShardedDataset, ImageShards), ShardError> {
         let b = ShardedDataset::from_spec(self.resolved.spec().clone())
             .store(self.resolved.store().clone())
             .rank(self.resolved.rank())
-            .world_size(self.resolved.world_size());
+            .world_size(self.resolved.world_size())
+            .on_sample_error(on_sample_error);
         let shards = self
             .options
             .apply(b)
@@ -189,7 +195,11 @@ impl PyShards {
                 .fold(ShardStore::builder(), |b, (k, v)| b.option(k, v));
             builder = builder.store(store.build());
         }
-        let resolved = py.detach(|| builder.build()).map_err(shard_err)?;
+        // Resolved without the loader's policy: damage found here is recorded in the spec and
+        // judged by each loader's `on_sample_error` (an error under "raise").
+        let resolved = py
+            .detach(|| builder.on_sample_error(OnSampleError::Skip).build())
+            .map_err(shard_err)?;
         Ok(PyShards {
             resolved,
             options,
@@ -236,7 +246,7 @@ impl PyShards {
     /// samples ahead.
     fn iter_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<PyShardIter> {
         let (shards, images) = py
-            .detach(|| self.for_loader(1, false, 1))
+            .detach(|| self.for_loader(1, false, 1, OnSampleError::Raise))
             .map_err(shard_err)?;
         shards.set_epoch(epoch);
         let (tx, rx) = crossbeam_channel::bounded(4);
@@ -252,6 +262,21 @@ impl PyShards {
             .map_err(|e| PyValueError::new_err(format!("cannot start a reader thread: {e}")))?;
         Ok(PyShardIter { rx })
     }
+}
+
+/// A sharded dataset's [`ShardStats`] as a dict: `failed` (samples whose read failed),
+/// `failed_by_reason`, `padded` (repeats that made up for them), `unpadded`, `damaged_shards`.
+pub(crate) fn stats_dict<'py>(
+    py: Python<'py>,
+    s: &ShardStats,
+) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("failed", s.failed())?;
+    d.set_item("failed_by_reason", s.failed_by_reason.clone())?;
+    d.set_item("padded", s.padded)?;
+    d.set_item("unpadded", s.unpadded)?;
+    d.set_item("damaged_shards", s.damaged_shards)?;
+    Ok(d)
 }
 
 /// What `_Shards.iter_epoch` returns.

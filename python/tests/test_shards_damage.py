@@ -1,0 +1,138 @@
+"""Damaged shards from Python (issue 36): an error naming the shard, member and byte offset
+under on_sample_error="raise", a counted skip that reaches `loader.stats` and Python's
+`logging` under "skip", with and without a shard index; `len()` never shrinks because of
+damage, and every rank yields exactly `len(loader)` batches whatever is skipped."""
+import io
+import logging
+import os
+import shutil
+import tarfile
+
+import numpy as np
+import pytest
+
+import longshore
+from longshore import _logs
+from longshore import transforms as T
+
+N = 60
+
+
+def tf():
+    return T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """N PNG-free JPEG samples in 6 tar shards (label = index), with the writer's index."""
+    root = tmp_path_factory.mktemp("damage")
+    longshore.datasets.write_synthetic_folder(root / "img", classes=3, per_class=N // 3)
+    folder = longshore.datasets.ImageFolder(root / "img", transform=tf())
+    samples = [(open(p, "rb").read(), i) for i, (p, _) in enumerate(folder.samples)]
+    urls = longshore.datasets.write_shards(root / "wds", samples, shard_size=16_000)
+    assert len(urls) >= 4, urls
+    return root
+
+
+def copy(shards, tmp_path, index=True):
+    out = tmp_path / "wds"
+    shutil.copytree(shards / "wds", out)
+    if not index:
+        for name in os.listdir(out):
+            if name.endswith(".json"):
+                os.remove(out / name)
+    names = sorted(n for n in os.listdir(out) if n.endswith(".tar"))
+    return out, names
+
+
+def truncate(path):
+    """Cuts a shard in the middle of one of its later members' data."""
+    with tarfile.open(path) as t:
+        members = t.getmembers()
+    m = members[len(members) * 2 // 3]
+    cut = m.offset_data + m.size // 2
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+    return cut
+
+
+def dataset(out, names, tmp_path, **kw):
+    pattern = str(out) + "/shard-{000000..%06d}.tar" % (len(names) - 1)
+    return longshore.datasets.WebDataset(pattern, transform=tf(), cache_dir=tmp_path / "c",
+                                         **kw)
+
+
+@pytest.mark.parametrize("index", [True, False])
+def test_a_truncated_shard_raises_naming_it_by_default(shards, tmp_path, index):
+    out, names = copy(shards, tmp_path, index)
+    truncate(out / names[1])
+    ds = dataset(out, names, tmp_path)
+    if index:
+        assert len(ds) == N  # the index's count stands
+    with pytest.raises(OSError) as e:
+        longshore.DataLoader(ds, batch_size=4, num_workers=2, framework="numpy")
+    msg = str(e.value)
+    assert names[1] in msg and "at byte" in msg and "member" in msg, msg
+    assert "on_sample_error" in msg, msg
+
+
+@pytest.mark.parametrize("index", [True, False])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipped_samples_are_counted_logged_and_ranks_stay_equal(shards, tmp_path, index,
+                                                                 workers, caplog):
+    out, names = copy(shards, tmp_path, index)
+    truncate(out / names[1])
+    batches, labels, stats = [], [], []
+    with caplog.at_level(logging.WARNING, logger="longshore"):
+        for rank in range(3):
+            ds = dataset(out, names, tmp_path, rank=rank, world_size=3)
+            dl = longshore.DataLoader(ds, batch_size=4, num_workers=workers,
+                                      framework="numpy", on_sample_error="skip")
+            got = list(dl)
+            batches.append((len(got), len(dl)))
+            labels += [int(v) for _, y in got for v in y]
+            stats.append(dl.stats)
+        _logs.flush()
+    # Every rank yields exactly len(loader) batches (a DDP job's ranks stay equal).
+    assert all(n == want for n, want in batches), batches
+    assert len({n for n, _ in batches}) == 1, batches
+    failed = sum(s["shards"]["failed"] for s in stats)
+    damaged = sum(s["shards"]["damaged_shards"] for s in stats)
+    assert damaged >= 1, stats
+    if index:
+        # The lost samples are counted and made up for by padding repeats.
+        assert failed > 0 and failed == sum(s["shards"]["padded"] for s in stats), stats
+        assert sum(s["skipped_samples"] for s in stats) == failed, stats
+    missing = set(range(N)) - set(labels)
+    assert missing, "a truncated shard loses samples"
+    if index:
+        assert len(missing) == failed, (missing, stats)
+    # The damage reached Python's logging, naming the shard.
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("longshore"))
+    assert "damaged shard" in text and names[1] in text, text
+
+
+def test_a_broken_header_under_raise_names_the_offset_and_the_epoch_goes_on(shards, tmp_path):
+    out, names = copy(shards, tmp_path, True)
+    path = out / names[2]
+    with tarfile.open(path) as t:
+        members = t.getmembers()
+        m = members[len(members) // 2]
+    data = bytearray(path.read_bytes())
+    data[m.offset + 148:m.offset + 156] = b"0000000\0"
+    path.write_bytes(bytes(data))
+    ds = dataset(out, names, tmp_path)
+    dl = longshore.DataLoader(ds, batch_size=4, framework="numpy")  # size unchanged: builds
+    errors, good = [], 0
+    it = iter(dl)
+    while True:
+        try:
+            x, y = next(it)
+            good += len(y)
+        except StopIteration:
+            break
+        except longshore.SampleError as e:
+            errors.append(str(e))
+    assert errors and all(names[2] in e for e in errors), errors
+    assert "at byte" in errors[0] and "checksum" in errors[0], errors[0]
+    assert good + 4 * len(errors) >= N - 4
