@@ -86,7 +86,10 @@ impl<S: Subscriber> Layer<S> for ToPython {
         event.record(&mut text);
         let logger = meta.target().replace("::", ".");
         let q = queue();
-        if q.tx.try_send((level, logger, text.message + &text.fields)).is_err() {
+        if q.tx
+            .try_send((level, logger, text.message + &text.fields))
+            .is_err()
+        {
             q.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
