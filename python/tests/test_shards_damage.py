@@ -136,3 +136,48 @@ def test_a_broken_header_under_raise_names_the_offset_and_the_epoch_goes_on(shar
     assert errors and all(names[2] in e for e in errors), errors
     assert "at byte" in errors[0] and "checksum" in errors[0], errors[0]
     assert good + 4 * len(errors) >= N - 4
+
+
+def test_an_endpoint_that_never_answers_fails_within_the_timeout(tmp_path):
+    """A server that accepts connections and never answers (it held the constructor for
+    907 s): with storage_options={"timeout": "1s"} the dataset's constructor fails within
+    seconds, naming the operation and the endpoint."""
+    import socket
+    import threading
+    import time
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    port = srv.getsockname()[1]
+    held, stop = [], threading.Event()
+
+    def accept():  # accepts, reads nothing, answers nothing
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    opts = {"aws_endpoint": f"http://127.0.0.1:{port}", "aws_access_key_id": "x",
+            "aws_secret_access_key": "x", "aws_region": "us-east-1", "aws_allow_http": True,
+            "timeout": "1s"}
+    start = time.monotonic()
+    try:
+        with pytest.raises(OSError) as e:
+            longshore.datasets.WebDataset("s3://train/shard-{000000..000003}.tar",
+                                          transform=tf(), cache_dir=tmp_path / "c",
+                                          storage_options=opts)
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        srv.close()
+    took = time.monotonic() - start
+    msg = str(e.value)
+    assert f"127.0.0.1:{port}" in msg and "list" in msg, msg
+    assert took < 90, took  # the retry budget (60 s) bounds it; without a timeout: 907 s
