@@ -37,12 +37,18 @@ class ImageFolder:
     ``target_transform``, ``loader`` and ``is_valid_file`` are Python callables, which the Rust
     workers cannot run: anything but ``None`` is refused. ``max_pixels`` is the decompression
     bomb limit (default PIL's ``Image.MAX_IMAGE_PIXELS``; ``max_pixels=0`` disables it).
+    ``random``: where random steps draw from: ``"sample"`` (default) gives each sample a
+    generator of its own, a pure function of (the loader's seed, epoch, sample), so the crops
+    do not depend on the number of workers and a resumed epoch (``load_state_dict``) yields
+    the uninterrupted epoch's batches, pixels included, with ``decode="cpu"`` and
+    ``"nvjpeg"`` alike; ``"worker"`` draws from each worker's generator, as torch's
+    transforms draw from the worker's torch generator.
     JPEG and PNG files are decoded (other extensions are listed, as torchvision lists them,
     but fail to decode).
     """
 
     def __init__(self, root, transform=None, target_transform=None, loader=None,
-                 is_valid_file=None, allow_empty=False, *, max_pixels=None):
+                 is_valid_file=None, allow_empty=False, *, max_pixels=None, random="sample"):
         for name, value in (("target_transform", target_transform), ("loader", loader),
                             ("is_valid_file", is_valid_file)):
             if value is not None:
@@ -57,7 +63,7 @@ class ImageFolder:
         steps, output = transform._plan() if transform is not None else (None, None)
         self._native = _longshore._ImageFolder(
             self.root, steps, output, allow_empty=bool(allow_empty),
-            max_pixels=max_pixels or None, no_pixel_limit=max_pixels == 0,
+            max_pixels=max_pixels or None, no_pixel_limit=max_pixels == 0, random=random,
         )
         self.classes = self._native.classes
         self.class_to_idx = dict(self._native.class_to_idx)

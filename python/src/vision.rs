@@ -13,7 +13,8 @@ use longshore::vision::transforms::{
     CenterCrop, Interpolation, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
 use longshore::vision::{
-    Compose, DecodeOptions, ImageDataset, ImageFolder, ImageFolderOptions, Output, Step,
+    Compose, DecodeOptions, ImageDataset, ImageFolder, ImageFolderOptions, Output, RandomSource,
+    Step,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -143,6 +144,8 @@ pub(crate) fn decode_options(max_pixels: Option<u64>, no_pixel_limit: bool) -> D
 pub(crate) struct PyImageFolder {
     folder: ImageFolder,
     compose: Option<Compose>,
+    /// Where random steps draw from (`random=`).
+    random: RandomSource,
     pub(crate) source: Option<Source>,
     output_shape: Option<Vec<usize>>,
 }
@@ -156,7 +159,9 @@ impl PyImageFolder {
                 "decode=\"nvjpeg\" needs an ImageFolder with a transform ending in ToTensor()",
             )
         })?;
-        EncodedImages::new(self.folder.clone(), compose).map_err(data_err)
+        EncodedImages::new(self.folder.clone(), compose)
+            .map(|e| e.random_source(self.random))
+            .map_err(data_err)
     }
 }
 
@@ -166,7 +171,11 @@ impl PyImageFolder {
     /// the Rust pipeline cannot express it, for example an output size that depends on the
     /// image).
     #[new]
-    #[pyo3(signature = (root, steps = None, output = None, *, allow_empty = false, max_pixels = None, no_pixel_limit = false))]
+    /// `random`: `"sample"` (each sample's own generator, keyed by the loader's seed: exact
+    /// resume, any number of workers) or `"worker"` (each worker's generator, as torch's
+    /// transforms draw).
+    #[pyo3(signature = (root, steps = None, output = None, *, allow_empty = false, max_pixels = None, no_pixel_limit = false, random = "sample"))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         root: PathBuf,
@@ -175,7 +184,17 @@ impl PyImageFolder {
         allow_empty: bool,
         max_pixels: Option<u64>,
         no_pixel_limit: bool,
+        random: &str,
     ) -> PyResult<Self> {
+        let random = match random {
+            "sample" => RandomSource::Sample,
+            "worker" => RandomSource::Worker,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "random must be 'sample' or 'worker', not {other:?}"
+                )));
+            }
+        };
         let compose = compose_of(steps, output)?;
         let decode = decode_options(max_pixels, no_pixel_limit);
         let options = ImageFolderOptions::default()
@@ -186,12 +205,15 @@ impl PyImageFolder {
             .map_err(data_err)?;
         let output_shape = compose.as_ref().map(|c| c.field().shape.dims().to_vec());
         let source = compose.clone().map(|c| Source {
-            dataset: Arc::new(Fields(ImageDataset::new(folder.clone(), c))),
+            dataset: Arc::new(Fields(
+                ImageDataset::new(folder.clone(), c).random_source(random),
+            )),
             collate: DirectCollate::new().with_names(["image", "label"]),
         });
         Ok(Self {
             folder,
             compose,
+            random,
             source,
             output_shape,
         })

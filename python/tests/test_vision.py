@@ -157,6 +157,52 @@ def test_train_pipeline_on_jpegs_is_deterministic_with_a_seed(tmp_path):
     assert lo - 1e-5 <= a.min() and a.max() <= hi + 1e-5 and abs(float(a.mean())) < 1.5
 
 
+@pytest.mark.parametrize("workers_after", [2, 1, 0])
+def test_a_resumed_epoch_draws_the_crops_of_the_uninterrupted_one(tmp_path, workers_after):
+    """Exact resume includes the augmentations: by default each sample draws its crop and
+    flip from a generator of its own (the loader's seed, the epoch, the sample), so the
+    batches after load_state_dict equal the uninterrupted epoch's, pixels included, on
+    another number of workers too (random="worker" draws from each worker's generator, as
+    torch's transforms do, and differs after a resume)."""
+    longshore.datasets.write_synthetic_folder(tmp_path / "r", classes=4, per_class=8)
+    pipeline = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ToTensor(),
+                          T.Normalize(MEAN, STD)])
+
+    def run(ds, workers, state=None, take=None):
+        dl = longshore.DataLoader(ds, batch_size=2, shuffle=True, seed=3, num_workers=workers,
+                                  framework="numpy")
+        if state is not None:
+            dl.load_state_dict(state)
+        out, it = [], iter(dl)
+        for x, y in it:
+            out.append((x.copy(), y.copy()))
+            if take is not None and len(out) == take:
+                state = dl.state_dict()
+                it.close()
+                return out, state
+        return out, None
+
+    ds = longshore.datasets.ImageFolder(str(tmp_path / "r"), pipeline)
+    whole, _ = run(ds, 2)
+    assert len(whole) == 16
+    _, state = run(ds, 2, take=7)
+    rest, _ = run(ds, workers_after, state)
+    assert len(rest) == 9
+    for k, ((x, y), (wx, wy)) in enumerate(zip(rest, whole[7:])):
+        np.testing.assert_array_equal(y, wy, err_msg=f"labels of batch {7 + k}")
+        np.testing.assert_array_equal(x, wx, err_msg=f"pixels of batch {7 + k}")
+    # Torch's per-worker streams, explicitly: the same epoch from its start, other crops
+    # after a resume.
+    per_worker = longshore.datasets.ImageFolder(str(tmp_path / "r"), pipeline, random="worker")
+    w_whole, _ = run(per_worker, 2)
+    assert [y.tolist() for _, y in w_whole] == [y.tolist() for _, y in whole]
+    _, w_state = run(per_worker, 2, take=7)
+    w_rest, _ = run(per_worker, 2, w_state)
+    assert any(not np.array_equal(a[0], b[0]) for a, b in zip(w_rest, w_whole[7:]))
+    with pytest.raises(ValueError, match="random must be"):
+        longshore.datasets.ImageFolder(str(tmp_path / "r"), pipeline, random="torch")
+
+
 def test_a_bad_file_is_an_error_naming_it(tmp_path):
     root = png_folder(tmp_path / "bad", {"x": [np.zeros((6, 6, 3), np.uint8)]})
     with open(os.path.join(root, "x", "broken.jpg"), "wb") as f:
@@ -292,9 +338,8 @@ def test_nvjpeg_batches_match_the_cpu_pipeline(tmp_path):
 def test_nvjpeg_resume_after_k_batches_yields_the_rest(tmp_path):
     """On a GPU: the nvJPEG path's state_dict counts the batches Python received (the device
     stage runs ahead of them), so a resumed loader yields exactly the rest, the same samples in
-    the same order; the decoder is kept across epochs. (The crops follow the worker's
-    generator, as in torch, so they differ after a resume when another worker draws them; the
-    Rust API's per-sample randomness makes them equal too: nvjpeg_decode.rs.)"""
+    the same order, the same pixels (each sample draws its own crop); the decoder is kept
+    across epochs."""
     torch = need_cuda()
     longshore.datasets.write_synthetic_folder(tmp_path / "r", classes=3, per_class=10)
     pipeline = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(), T.ToTensor(),
@@ -305,7 +350,8 @@ def test_nvjpeg_resume_after_k_batches_yields_the_rest(tmp_path):
         return longshore.DataLoader(ds, batch_size=4, shuffle=True, seed=3, num_workers=2,
                                     device="cuda", decode="nvjpeg")
 
-    full = [y.cpu().numpy() for _, y in loader()]
+    full_x = [(x.cpu().numpy(), y.cpu().numpy()) for x, y in loader()]
+    full = [y for _, y in full_x]
     assert len(full) == 8
     first = loader()
     it = iter(first)
@@ -318,10 +364,14 @@ def test_nvjpeg_resume_after_k_batches_yields_the_rest(tmp_path):
     del it
     resumed = loader()
     resumed.load_state_dict(state)
-    got += [y.cpu().numpy() for _, y in resumed]
+    rest = [(x.cpu().numpy(), y.cpu().numpy()) for x, y in resumed]
+    got += [y for _, y in rest]
     assert len(got) == len(full)
     for y, fy in zip(got, full):
         np.testing.assert_array_equal(y, fy)
+    # Each sample's crop is its own (random="sample", the default): the pixels too.
+    for (x, _), (fx, _) in zip(rest, full_x[3:]):
+        np.testing.assert_array_equal(x, fx)
     # A second epoch of one loader reuses its decoder and yields a whole epoch again.
     again = loader()
     assert sum(len(y) for _, y in again) == 30

@@ -69,6 +69,7 @@ struct Context {
 
 thread_local! {
     static EPOCH: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    static LOADER_SEED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
     static CONTEXT: RefCell<Option<Context>> = const { RefCell::new(None) };
     static FALLBACK_RNG: RefCell<Option<Rng>> = const { RefCell::new(None) };
 }
@@ -134,6 +135,35 @@ pub fn enter_epoch(epoch: u64) -> EpochGuard {
 /// it (see [`enter_epoch`]).
 pub fn epoch() -> Option<u64> {
     EPOCH.with(std::cell::Cell::get)
+}
+
+/// Restores the previous loader seed of this thread when dropped (see [`enter_seed`]).
+#[derive(Debug)]
+#[must_use = "the seed is unset when the guard is dropped"]
+pub struct SeedGuard {
+    previous: Option<u64>,
+}
+
+impl Drop for SeedGuard {
+    fn drop(&mut self) {
+        let _ = LOADER_SEED.try_with(|s| s.set(self.previous));
+    }
+}
+
+/// Marks this thread as loading for a loader whose seed is `seed` until the guard is dropped.
+/// The loader does it on its workers and on the thread that loads without workers, so that a
+/// sample's random transforms can draw from a generator of its own, a pure function of
+/// (loader seed, epoch, sample) ([`loader_seed`], [`epoch`]): the same draws whichever worker
+/// loads it, in an epoch run whole or resumed.
+pub fn enter_seed(seed: u64) -> SeedGuard {
+    SeedGuard {
+        previous: LOADER_SEED.with(|s| s.replace(Some(seed))),
+    }
+}
+
+/// The seed of the loader loading on this thread, if one is (see [`enter_seed`]).
+pub fn loader_seed() -> Option<u64> {
+    LOADER_SEED.with(std::cell::Cell::get)
 }
 
 /// The text of a caught panic's payload (`std::panic::catch_unwind`'s error): the message

@@ -475,6 +475,7 @@ impl<F: Fetch> LoaderIter<F> {
         };
         let _guard = longshore_data::worker::enter(info);
         let _epoch = longshore_data::worker::enter_epoch(self.epoch);
+        let _seed = longshore_data::worker::enter_seed(self.config.seed);
         let task = Task {
             generation: 0,
             epoch: self.epoch,

@@ -54,6 +54,9 @@ pub(crate) fn worker_body<F: Fetch>(
         let mut init_failed: Option<String> = None;
         let mut stream_broken = false;
         let mut thread = WorkerThread::start(setup.clone(), id);
+        // Per-sample random streams are keyed by the loader's seed (see
+        // `longshore_data::worker::loader_seed`).
+        let _seed = longshore_data::worker::enter_seed(seed);
         while let Some(task) = ctx.next_task() {
             thread.refresh();
             if run != Some((task.epoch, task.lineage)) {

@@ -306,7 +306,7 @@ impl EncodedImages {
         Ok(EncodedImages {
             folder,
             transform: Arc::new(transform),
-            random: RandomSource::Worker,
+            random: RandomSource::default(),
             epoch: Arc::new(AtomicU64::new(0)),
             cpu_share: Arc::new(AtomicU32::new(0)),
         })

@@ -19,10 +19,17 @@ use crate::folder::ImageFolder;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RandomSource {
+    /// A generator per sample, a pure function of `(loader seed, epoch, index)` (the default):
+    /// the seed is the loader's ([`longshore_data::worker::loader_seed`]; 0 outside a loader),
+    /// so a sample draws the same crops whichever worker loads it and however many workers
+    /// run, and a resumed epoch yields the batches of the uninterrupted one, pixels included.
+    /// The epoch is as for [`PerSample`](RandomSource::PerSample).
+    #[default]
+    Sample,
     /// The loader worker's seeded generator ([`longshore_data::worker::with_rng`]), as
     /// PyTorch's transforms draw from the worker's torch generator: reproducible for a given
-    /// seed and number of workers when an epoch is run from its start.
-    #[default]
+    /// seed and number of workers when an epoch is run from its start, but not across a
+    /// resume (a resumed worker starts its stream over) or another number of workers.
     Worker,
     /// A generator per sample, a pure function of `(seed, epoch, index)`: the same crops
     /// whatever the number of workers, and a resumed epoch draws the crops the interrupted
@@ -45,6 +52,11 @@ impl RandomSource {
     pub fn draw<R>(self, epoch: u64, index: usize, f: impl FnOnce(&mut Rng) -> R) -> R {
         match self {
             RandomSource::Worker => longshore_data::worker::with_rng(f),
+            RandomSource::Sample => {
+                let seed = longshore_data::worker::loader_seed().unwrap_or(0);
+                let epoch = longshore_data::worker::epoch().unwrap_or(epoch);
+                f(&mut sample_rng(seed, epoch, index))
+            }
             RandomSource::PerSample { seed } => {
                 let epoch = longshore_data::worker::epoch().unwrap_or(epoch);
                 f(&mut sample_rng(seed, epoch, index))
@@ -62,7 +74,8 @@ pub fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The generator of sample `index` in `epoch` under [`RandomSource::PerSample`].
+/// The generator of sample `index` in `epoch` under [`RandomSource::Sample`] and
+/// [`RandomSource::PerSample`].
 pub fn sample_rng(seed: u64, epoch: u64, index: usize) -> Rng {
     let mut rng = Rng::seed_from_u64(mix(seed ^ mix(epoch)));
     rng.set_stream(index as u64);
@@ -94,7 +107,8 @@ impl ImageFolder {
 }
 
 impl ImageDataset {
-    /// `folder` with `transform`, drawing randomness from the worker's generator.
+    /// `folder` with `transform`, each sample drawing its randomness from its own generator
+    /// ([`RandomSource::Sample`]).
     pub fn new(folder: ImageFolder, transform: Compose) -> ImageDataset {
         let fields = [
             transform.field(),
@@ -106,7 +120,7 @@ impl ImageDataset {
         ImageDataset {
             folder,
             transform: Arc::new(transform),
-            random: RandomSource::Worker,
+            random: RandomSource::default(),
             epoch: Arc::new(AtomicU64::new(0)),
             fields,
         }

@@ -109,3 +109,44 @@ fn per_sample_crops_do_not_depend_on_the_number_of_workers() {
     };
     assert_eq!(epoch_bytes(0), epoch_bytes(3));
 }
+
+/// The default: each sample draws from its own generator keyed by the loader's seed, so a
+/// resumed epoch yields the uninterrupted epoch's batches bit for bit (crops and flips
+/// included), on another number of workers too; another loader seed draws other crops.
+#[test]
+fn a_resumed_epoch_yields_the_same_pixels_by_default() {
+    let (_dir, folder) = folder();
+    let train = folder.with_transform(Compose::train(24, Output::U8Chw));
+    let loader = |workers: usize, seed: u64| {
+        DataLoader::builder(train.clone())
+            .collate(DirectCollate::new())
+            .batch_size(2)
+            .shuffle(true)
+            .num_workers(workers)
+            .seed(seed)
+            .build()
+            .unwrap()
+    };
+    let bytes = |b: Batch<_>| b.bytes().to_vec();
+    let whole: Vec<Vec<u8>> = loader(2, 3).iter().map(|b| bytes(b.unwrap())).collect();
+    assert!(whole.len() >= 4, "{}", whole.len());
+    for (workers, k) in [(2, 1), (3, 2), (0, 3)] {
+        let first = loader(2, 3);
+        let mut it = first.iter();
+        for _ in 0..k {
+            it.next().unwrap().unwrap();
+        }
+        let state = first.state_dict().unwrap();
+        drop(it);
+        let resumed = loader(workers, 3);
+        resumed.load_state_dict(&state).unwrap();
+        let rest: Vec<Vec<u8>> = resumed.iter().map(|b| bytes(b.unwrap())).collect();
+        assert_eq!(
+            rest,
+            whole[k..].to_vec(),
+            "{workers} workers, resumed after {k}"
+        );
+    }
+    let other: Vec<Vec<u8>> = loader(2, 4).iter().map(|b| bytes(b.unwrap())).collect();
+    assert_ne!(other, whole);
+}
