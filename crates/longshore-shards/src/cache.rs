@@ -11,10 +11,22 @@
 //!   ([`CachedShard::release_unread`]).
 //! - **Leases.** [`ShardCache::get`] returns a [`CachedShard`], a lease: the shard stays on
 //!   disk until it is dropped (or [`released`](CachedShard::release)), which marks the shard
-//!   consumed. Eviction takes the least recently used unleased shard, consumed ones first.
-//! - **Prefetch.** [`ShardCache::prefetch`] takes the shards the caller will read next, in
-//!   order, and downloads ahead on background threads, evicting only consumed shards, and
-//!   stops at the first shard that does not fit.
+//!   consumed. Only shards no reader leases are ever evicted.
+//! - **Eviction by the schedule.** A dataset's sample order is a pure function of (seed, epoch,
+//!   shards, ranks, workers), so each reader knows what it will read and when: readers register
+//!   it ([`ShardCache::schedule_reader`]), and the cache evicts by Belady's rule, the shard whose
+//!   next read on the node is furthest ahead first (one never read again this epoch before any).
+//!   See [Eviction by the schedule](#eviction-by-the-schedule). Without a registered schedule it
+//!   evicts the least recently used unleased shard, consumed ones first.
+//! - **Prefetch.** [`ShardCache::prefetch`] takes the shards the caller will read next and
+//!   downloads ahead on background threads, in need order (the shard read soonest first) and
+//!   within the budget, and stops at the first shard that does not fit. With a schedule a
+//!   prefetch never evicts a shard that any reader still needs and only takes room the
+//!   schedule leaves free until the shard's first read, so it never adds a download; without
+//!   one it evicts only consumed shards.
+//! - **Stats.** [`ShardCache::stats`] counts hits, downloads, re-downloads, evictions, waits and
+//!   bytes; [`ShardCache::epoch_stats`] the downloads, re-downloads, evictions (and those of a
+//!   shard still needed) and bytes of each epoch.
 //! - **Concurrency.** At most [`CacheConfig::max_concurrent_downloads`] downloads run at once
 //!   on the node (slot lock files). A shard is downloaded once: a process that wants a shard
 //!   another is downloading waits for it.
@@ -29,6 +41,52 @@
 //! download runs (a waiter blocks on a shared lock of it; a successful `try_lock_shared` means
 //! its writer died). The locks are `std::fs::File::lock` (`flock` on Unix), so the directory
 //! should be on a local file system.
+//!
+//! # Eviction by the schedule
+//!
+//! Each reader registers its reads as `(tick, shard)` pairs; a `ShardedDataset` reader does it
+//! at its first read (sample `i` of worker `w` of `W` is read at tick `i W + w`) and reports
+//! its progress at each read. The node's next read of a shard is the earliest among this
+//! process's readers (counted from each reader's own progress) and the tables other processes
+//! publish: each process sharing the directory writes `plans/<pid>.<n>.json` (each shard's next
+//! tick and its first and last tick of the epoch) when a reader registers or goes and at most
+//! every 100 ms while its readers read, beside a lock file it holds while it lives (a table
+//! whose writer died is deleted). Another process's ticks are compared with this process's
+//! progress: the ranks of a job walk their equal streams in step, so one rank's tick is
+//! another's. That is the approximation across processes: a table up to 100 ms old shows a
+//! shard as needed sooner than it is (kept, never evicted early), and a process of another
+//! epoch is not seen (at an epoch's turn the last tables of the old one are ignored).
+//!
+//! The *working set* is the most bytes of shards live at once on the node, a shard being live
+//! from its first read in the epoch to its last ([`ShardCache::working_set`]; offline,
+//! [`working_set_bytes`]). A budget that holds it downloads each shard once per epoch (fewer
+//! when shards stay from the last epoch). A smaller budget downloads some shards again: the
+//! first eviction of a shard still needed warns once (`longshore::shards`, naming the working
+//! set as the budget that would suffice), and Belady's rule keeps the re-downloads near the
+//! fewest possible, which [`belady_downloads`] computes offline from the same order. Under
+//! such a budget ([`ShardCache::below_working_set`]) a reader keeps a lease only on the shard
+//! it reads, so that no idle lease keeps Belady's choice from being evicted.
+//!
+//! Downloads per epoch as a function of the budget and the shuffle block: 20 shards of 100
+//! samples read by 2 workers (batches of 8), the second epoch (`cache-bench`; docs/benchmarks.md
+//! has every row), against Belady's bound over the loader's delivery order:
+//!
+//! | shuffle block | working set | budget 3 shards | 4 | 8 | 12 | 20 |
+//! | --- | --- | --- | --- | --- | --- | --- |
+//! | 0 (shard order) | 2 shards | 18 | 17 | 13 | 9 | 0 |
+//! | 250 samples (2.5 shards) | 9 shards | 732 (Belady 528) | 375 (311) | 17 (21) | 14 | 0 |
+//! | 1,000 samples (10 shards) | 20 shards | 1,482 (1,293) | 1,249 (1,134) | 715 (675) | 376 (371) | 0 |
+//! | the whole epoch (the default 2^18) | 20 shards | 1,448 (1,303) | 1,203 (1,135) | 679 (676) | 366 (379) | 0 |
+//!
+//! Least recently used makes 1,689, 1,593, 1,220 and 853 in the last row. A budget that holds
+//! the working set downloads each shard at most once (fewer than 20 where shards stay from the
+//! last epoch). Below it, every read that finds its shard evicted is a download: with a full
+//! permutation, Belady's rule makes about half of LRU's at 8 shards of 20 and a third at 12.
+//! With one
+//! worker per process the cache makes Belady's count exactly (1,310 of 1,310 at 3 shards, the
+//! whole epoch one block); workers that read at once interleave their reads finer than the
+//! delivery order, which costs 0-12% at budgets of 4 shards and more (21% for blocks of 2.5
+//! shards at 4) and up to 62% at 2-3 shards, where each worker reads a block of its own.
 //!
 //! Readers get a path and an open [`File`]; this crate has no `unsafe`, so it hands out no
 //! memory map (map the file yourself if you want one).
@@ -64,9 +122,12 @@ use crate::store::{ShardInfo, ShardList, ShardStore};
 
 mod index;
 mod lease;
+mod schedule;
 
 pub use lease::CachedShard;
 use lease::{Known, Waiter};
+pub use schedule::{EpochCacheStats, ReaderSchedule, belady_downloads, working_set_bytes};
+use schedule::{Schedules, View};
 
 use index::{Entry, Index, Locked, key_for, writer_gone};
 
@@ -112,6 +173,9 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Times a `get` waited (for room, or for another's download of the same shard).
     pub waits: u64,
+    /// Downloads of a shard this handle had on disk earlier in the same epoch (see
+    /// [`ShardCache::epoch_stats`] for the counts of each epoch).
+    pub redownloads: u64,
 }
 
 /// The node-wide state of a cache directory.
@@ -147,6 +211,9 @@ struct Inner {
     downloaded_bytes: AtomicU64,
     evictions: AtomicU64,
     waits: AtomicU64,
+    redownloads: AtomicU64,
+    /// The readers' schedules, which eviction and prefetch follow.
+    schedule: Schedules,
     /// The shards this process leased through the index, by key: which file it was, and
     /// whether this process marked it consumed. A later lease of the same file skips the
     /// index (see [`Inner::lease_known`]).
@@ -158,6 +225,7 @@ impl Drop for Inner {
         let (state, cond) = &*self.prefetch;
         state.lock().unwrap_or_else(|p| p.into_inner()).shutdown = true;
         cond.notify_all();
+        self.schedule.withdraw();
     }
 }
 
@@ -202,7 +270,7 @@ impl ShardCache {
                 shard_size: largest.size,
             });
         }
-        for sub in ["data", "tmp", "slots", "waiters"] {
+        for sub in ["data", "tmp", "slots", "waiters", "plans"] {
             let d = config.dir.join(sub);
             fs::create_dir_all(&d).map_err(|e| io("create", &d, e))?;
         }
@@ -219,6 +287,8 @@ impl ShardCache {
                 downloaded_bytes: AtomicU64::new(0),
                 evictions: AtomicU64::new(0),
                 waits: AtomicU64::new(0),
+                redownloads: AtomicU64::new(0),
+                schedule: Schedules::new(shards),
                 known: Mutex::default(),
             }),
         };
@@ -240,6 +310,7 @@ impl ShardCache {
             downloaded_bytes: i.downloaded_bytes.load(Ordering::Relaxed),
             evictions: i.evictions.load(Ordering::Relaxed),
             waits: i.waits.load(Ordering::Relaxed),
+            redownloads: i.redownloads.load(Ordering::Relaxed),
         }
     }
 
@@ -317,7 +388,7 @@ impl ShardCache {
                     }
                 }
                 None => {
-                    if let Some(reserved) = inner.reserve(&mut l, &key, shard, false)? {
+                    if let Some(reserved) = inner.reserve(&mut l, &key, shard, Need::Now)? {
                         drop(l);
                         return inner
                             .download(reserved, shard, true)
@@ -368,9 +439,22 @@ impl ShardCache {
     /// prefetch order; call it again as reading moves on. Errors are logged (a later `get`
     /// of the shard reports them).
     pub fn prefetch(&self, upcoming: &[ShardInfo]) {
+        let mut queue: Vec<ShardInfo> = upcoming.to_vec();
+        let keys: Vec<String> = queue.iter().map(|s| key_for(&s.url)).collect();
+        if let Some(next) = self.inner.schedule.own_next_uses(&keys) {
+            // Need order: the shard read soonest first (a stable sort keeps the caller's
+            // order among equals), those no reader of this process reads again last.
+            let mut keyed: Vec<(u64, ShardInfo)> = next
+                .into_iter()
+                .map(|t| t.unwrap_or(u64::MAX))
+                .zip(queue)
+                .collect();
+            keyed.sort_by_key(|(t, _)| *t);
+            queue = keyed.into_iter().map(|(_, s)| s).collect();
+        }
         let (state, cond) = &*self.inner.prefetch;
         let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-        s.queue = upcoming.iter().cloned().collect();
+        s.queue = queue.into();
         let pid = std::process::id();
         if s.threads_pid != Some(pid) {
             s.threads_pid = Some(pid);
@@ -426,6 +510,13 @@ fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
     }
 }
 
+/// Why room is reserved: a shard needed now (a `get`), or one fetched ahead (prefetch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    Now,
+    Ahead,
+}
+
 /// A reservation: the temporary file, locked exclusively while the download runs.
 struct Reserved {
     key: String,
@@ -475,36 +566,38 @@ impl Inner {
             tracing::debug!(target: TARGET, url = %e.url, bytes = e.size, "evicted");
         }
         self.evictions.fetch_add(1, Ordering::Relaxed);
+        self.schedule.count(|e| e.evictions += 1);
         self.save(l)?;
         Ok(true)
     }
 
-    /// Evicts unleased shards (consumed first, then least recently used; only consumed ones
-    /// if `only_done`) until `need` more bytes fit, and reserves them with a new locked
-    /// temporary file. `None` if they do not fit.
+    /// Makes room for `shard` and reserves it with a new locked temporary file; `None` if it
+    /// does not fit. With a schedule (see [`View`]), by Belady's rule: the unleased shards read
+    /// furthest ahead on the node are evicted first (those never read again this epoch before
+    /// any), and a shard fetched ahead evicts only shards read later than it; when the budget
+    /// holds the schedule's working set it evicts only shards no reader needs again, and takes
+    /// free room only where the schedule leaves it free until the shard's first read. Without
+    /// a schedule: unleased shards, consumed first, then least recently used (a shard fetched
+    /// ahead evicts only consumed ones).
     fn reserve(
         &self,
         l: &mut Locked,
         key: &str,
         shard: &ShardInfo,
-        only_done: bool,
+        need: Need,
     ) -> Result<Option<Reserved>, ShardError> {
         let budget = self.config.budget_bytes;
-        if l.index.used() + shard.size > budget {
-            let mut victims: Vec<(bool, u64, String)> = l
-                .index
-                .entries
-                .iter()
-                .filter(|(_, e)| e.downloading.is_none() && (e.done || !only_done))
-                .map(|(k, e)| (!e.done, e.last_used, k.clone()))
-                .collect();
-            victims.sort();
-            for (_, _, victim) in victims {
-                if l.index.used() + shard.size <= budget {
-                    break;
-                }
-                self.try_evict(l, &victim)?;
+        let over = l.index.used() + shard.size > budget;
+        let view = (over || need == Need::Ahead)
+            .then(|| self.schedule.view(&self.config.dir))
+            .filter(View::active);
+        match &view {
+            None if over => self.evict_without_schedule(l, shard, need == Need::Ahead)?,
+            None => {}
+            Some(view) if !self.evict_by_schedule(l, key, shard, need, view, over)? => {
+                return Ok(None);
             }
+            Some(_) => {}
         }
         if l.index.used() + shard.size > budget {
             return Ok(None);
@@ -532,6 +625,114 @@ impl Inner {
             temp,
             file,
         }))
+    }
+
+    /// Evicts unleased shards, consumed first, then least recently used (only consumed ones if
+    /// `only_done`), until `shard` fits.
+    fn evict_without_schedule(
+        &self,
+        l: &mut Locked,
+        shard: &ShardInfo,
+        only_done: bool,
+    ) -> Result<(), ShardError> {
+        let budget = self.config.budget_bytes;
+        let mut victims: Vec<(bool, u64, String)> = l
+            .index
+            .entries
+            .iter()
+            .filter(|(_, e)| e.downloading.is_none() && (e.done || !only_done))
+            .map(|(k, e)| (!e.done, e.last_used, k.clone()))
+            .collect();
+        victims.sort();
+        for (_, _, victim) in victims {
+            if l.index.used() + shard.size <= budget {
+                break;
+            }
+            self.try_evict(l, &victim)?;
+        }
+        Ok(())
+    }
+
+    /// Belady's rule (see [`reserve`](Self::reserve)); `false` when a shard fetched ahead
+    /// must wait (the schedule needs the room before its first read).
+    fn evict_by_schedule(
+        &self,
+        l: &mut Locked,
+        key: &str,
+        shard: &ShardInfo,
+        need: Need,
+        view: &View,
+        over: bool,
+    ) -> Result<bool, ShardError> {
+        let budget = self.config.budget_bytes;
+        let next_of = |k: &str| self.schedule.shard_of(k).and_then(|s| view.next_use(s));
+        // How far ahead the shard asked for is read: now for a `get`.
+        let at = match need {
+            Need::Now => 0,
+            Need::Ahead => match next_of(key) {
+                Some(t) => t,
+                None => return Ok(false), // no reader needs it
+            },
+        };
+        let mut working_set = None;
+        let mut sufficient = || {
+            let ws = *working_set.get_or_insert_with(|| view.working_set());
+            (ws.0 <= budget, ws)
+        };
+        if need == Need::Ahead {
+            // Room the schedule keeps live before the shard's read, or that shards fetched
+            // ahead hold, is not its to take: taking it would have a shard still needed
+            // evicted and downloaded again (more downloads than Belady's rule makes).
+            let cached = l
+                .index
+                .entries
+                .keys()
+                .filter_map(|k| self.schedule.shard_of(k));
+            if view.needed_until(at, cached) + shard.size > budget {
+                return Ok(false);
+            }
+        }
+        if !over {
+            return Ok(true);
+        }
+        let mut victims: Vec<(u64, bool, u64, String)> = l
+            .index
+            .entries
+            .iter()
+            .filter(|(_, e)| e.downloading.is_none())
+            .filter_map(|(k, e)| {
+                let next = next_of(k).unwrap_or(u64::MAX);
+                // A shard fetched ahead displaces only shards no reader needs again.
+                let eligible = need == Need::Now || next == u64::MAX;
+                eligible.then(|| (next, !e.done, e.last_used, k.clone()))
+            })
+            .collect();
+        // Furthest next read first; among shards never read again, consumed first, then least
+        // recently used.
+        victims.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (a.1, a.2).cmp(&(b.1, b.2))));
+        for (next, _, _, victim) in victims {
+            if l.index.used() + shard.size <= budget {
+                break;
+            }
+            if self.try_evict(l, &victim)? && next != u64::MAX {
+                self.schedule.count(|e| e.forced_evictions += 1);
+                let (enough, (ws, shards)) = sufficient();
+                if !enough && self.schedule.first_warning() {
+                    tracing::warn!(
+                        target: TARGET,
+                        budget,
+                        working_set = ws,
+                        working_set_shards = shards,
+                        "the shard cache's budget of {budget} bytes is smaller than the working \
+                         set of the node's readers ({ws} bytes: {shards} shards live at once), \
+                         so shards are downloaded again within the epoch (the fewest Belady's \
+                         rule allows); a budget of {ws} bytes would download each shard once \
+                         per epoch"
+                    );
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Runs a reserved download (within a download slot) and publishes the shard; with
@@ -568,6 +769,15 @@ impl Inner {
         self.downloads.fetch_add(1, Ordering::Relaxed);
         self.downloaded_bytes
             .fetch_add(report.bytes, Ordering::Relaxed);
+        let again = self.schedule.saw(&r.key);
+        if again {
+            self.redownloads.fetch_add(1, Ordering::Relaxed);
+        }
+        self.schedule.count(|e| {
+            e.downloads += 1;
+            e.redownloads += u64::from(again);
+            e.downloaded_bytes += report.bytes;
+        });
         if lease {
             return self.lease(&mut l, &r.key, shard);
         }
@@ -589,7 +799,7 @@ impl Inner {
         if l.index.entries.contains_key(&key) {
             return Ok(Some(None));
         }
-        Ok(self.reserve(&mut l, &key, shard, true)?.map(Some))
+        Ok(self.reserve(&mut l, &key, shard, Need::Ahead)?.map(Some))
     }
 
     /// Deletes a download's reservation whose writer died.

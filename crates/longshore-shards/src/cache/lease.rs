@@ -192,6 +192,7 @@ impl Inner {
             consumed = e.done;
         }
         self.save(l)?;
+        self.schedule.saw(key);
         let id = file.metadata().ok().as_ref().and_then(file_id);
         if let Some(file_id) = id {
             self.known.lock().unwrap_or_else(|p| p.into_inner()).insert(
@@ -231,6 +232,7 @@ impl Inner {
             return None;
         }
         self.hits.fetch_add(1, Ordering::Relaxed);
+        self.schedule.saw(key);
         Some(self.leased(key, path, file, shard, Some(id)))
     }
 

@@ -9,13 +9,23 @@
 //! a reader waits, takes the leases of every reader that is not reading
 //! ([`CachedShard::release_unread`]): the reader leases the shard again when it reads it
 //! next.
+//!
+//! The board also keeps each reader's schedule ([`LeaseBoard::follow`]): the reads left in its
+//! stream, registered with the cache ([`ShardCache::schedule_reader`]) so that it evicts by
+//! Belady's rule and prefetches in need order. Sample `i` of worker `w`'s stream (of `W`
+//! workers) is read at tick `i W + w`: the workers read at once, at one pace, as the loader
+//! keeps them (each is at most `prefetch_factor` batches ahead of the batch delivered), and
+//! the ranks of a job walk their equal streams in step, so it is also the time axis the
+//! node's processes share. (Ticks of the loader's exact delivery order, `((i / B) W + w) B +
+//! i mod B` for batches of `B`, made 1-4% more downloads under small budgets: the workers do
+//! not take turns, they read concurrently.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
-use super::TARGET;
-use crate::cache::{CachedShard, ShardCache};
+use super::{Inner, TARGET};
+use crate::cache::{CachedShard, ReaderSchedule, ShardCache};
 
 /// How often the keeper looks for waiters.
 const POLL: Duration = Duration::from_millis(20);
@@ -28,6 +38,26 @@ pub(super) type Held = Arc<Mutex<HashMap<usize, CachedShard>>>;
 pub(super) struct LeaseBoard {
     cache: ShardCache,
     state: Mutex<BoardState>,
+    /// Each reader's schedule, by the address of its leases (`None`: its stream is not the
+    /// plan's, so it has none).
+    schedules: Mutex<HashMap<usize, Followed>>,
+}
+
+/// A reader's registered schedule.
+#[derive(Debug)]
+struct Followed {
+    reader: Weak<Mutex<HashMap<usize, CachedShard>>>,
+    schedule: Option<ReaderSchedule>,
+    /// Slots in the reader's stream; the worker and workers per rank of its ticks.
+    total: u64,
+    worker: u64,
+    workers: u64,
+}
+
+impl Followed {
+    fn tick(&self, i: u64) -> u64 {
+        i * self.workers + self.worker
+    }
 }
 
 #[derive(Debug, Default)]
@@ -47,7 +77,74 @@ impl LeaseBoard {
         Arc::new(Self {
             cache,
             state: Mutex::default(),
+            schedules: Mutex::default(),
         })
+    }
+
+    /// Registers the schedule of the reader holding `held` at its first call (worker `worker`'s
+    /// stream of `epoch`, from the dataset's plan), and tells it how far the reader got:
+    /// `left` slots of its stream are still to read (0 once it only makes up for failed reads).
+    pub(super) fn follow(&self, ds: &Inner, held: &Held, worker: usize, epoch: u64, left: u64) {
+        let addr = Arc::as_ptr(held) as usize;
+        {
+            let map = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(f) = map.get(&addr)
+                && f.reader.strong_count() > 0
+            {
+                if let Some(s) = &f.schedule {
+                    s.advance(f.tick(f.total.saturating_sub(left)));
+                }
+                return;
+            }
+        }
+        let followed = self.schedule_of(ds, held, worker, epoch, left);
+        let mut map = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, f| f.reader.strong_count() > 0);
+        map.insert(addr, followed);
+    }
+
+    /// Worker `worker`'s stream of the dataset's plan, as a schedule: if it is the reader's
+    /// (same epoch, at least `left` slots), its reads from the first on.
+    fn schedule_of(
+        &self,
+        ds: &Inner,
+        held: &Held,
+        worker: usize,
+        epoch: u64,
+        left: u64,
+    ) -> Followed {
+        let workers = ds.workers();
+        let mut followed = Followed {
+            reader: Arc::downgrade(held),
+            schedule: None,
+            total: 0,
+            worker: worker as u64,
+            workers: workers as u64,
+        };
+        let stream = ds
+            .plan_for(workers)
+            .ok()
+            .filter(|plan| plan.order().epoch() == epoch)
+            .and_then(|plan| plan.rank(ds.rank).ok()?.worker(worker).ok());
+        let Some(stream) = stream.filter(|s| s.remaining() >= left) else {
+            tracing::debug!(target: TARGET, worker, epoch, "no schedule for this reader: the cache evicts without it");
+            return followed;
+        };
+        followed.total = stream.remaining();
+        let uses: Vec<(u64, usize)> = stream
+            .enumerate()
+            .map(|(i, slot)| (followed.tick(i as u64), slot.sample.shard))
+            .collect();
+        let schedule = self.cache.schedule_reader(epoch, uses);
+        schedule.advance(followed.tick(followed.total - left));
+        followed.schedule = Some(schedule);
+        followed
+    }
+
+    /// Drops the schedules of readers that are gone.
+    fn forget_gone(&self) {
+        let mut map = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, f| f.reader.strong_count() > 0);
     }
 
     /// A new reader's (empty) leases, watched by this process's keeper (started if needed).
@@ -100,6 +197,7 @@ fn keeper(board: &Weak<LeaseBoard>) {
     loop {
         std::thread::sleep(POLL);
         let Some(board) = board.upgrade() else { return };
+        board.forget_gone();
         let Some(readers) = board.readers() else {
             return;
         };

@@ -257,6 +257,16 @@ impl WorkerReader {
 
     /// Reads ahead until the window holds a batch and the shards to prefetch (or the end).
     fn refill(&mut self) {
+        // The reads left in the stream, for the cache's schedule (a repeat that makes up for a
+        // failed read is none of them).
+        let left = if self.making_up {
+            0
+        } else {
+            self.stream.remaining() + self.window.len() as u64
+        };
+        self.ds
+            .leases
+            .follow(&self.ds, &self.leases, self.worker, self.epoch, left);
         let want_shards = self.ds.prefetch_shards + 1;
         while !self.stream_done
             && (self.window.len() < self.ds.batch_size.max(MIN_WINDOW)
@@ -300,6 +310,13 @@ impl WorkerReader {
     ) -> Result<(), ShardError> {
         if !leases.contains_key(&shard) {
             let info = &self.ds.spec.shards.shards[shard];
+            if self.ds.cache.below_working_set() {
+                // A budget below the working set: a shard this reader holds but does not read
+                // now is one Belady's rule could not evict for another reader's.
+                for (_, held) in leases.drain() {
+                    held.release_unread();
+                }
+            }
             let lease = match self.ds.cache.get_cached(info)? {
                 Some(lease) => lease,
                 None => {
