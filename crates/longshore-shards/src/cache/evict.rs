@@ -1,0 +1,205 @@
+//! Making room in the cache: reservations, and eviction by the node's schedule (Belady's
+//! rule) or, without one, by the index's order.
+
+use super::*;
+
+/// Why room is reserved: a shard needed now (a `get`), or one fetched ahead (prefetch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Need {
+    Now,
+    Ahead,
+}
+
+/// A reservation: the temporary file, locked exclusively while the download runs.
+pub(super) struct Reserved {
+    pub(super) key: String,
+    pub(super) temp: PathBuf,
+    pub(super) file: File,
+}
+
+impl Inner {
+    /// Evicts one shard if no reader holds it; `true` if it is gone.
+    pub(super) fn try_evict(&self, l: &mut Locked, key: &str) -> Result<bool, ShardError> {
+        let path = self.data_path(key);
+        match File::open(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("open", &path, e)),
+            Ok(f) => match f.try_lock() {
+                Ok(()) => fs::remove_file(&path).map_err(|e| io("remove", &path, e))?,
+                Err(TryLockError::WouldBlock) => return Ok(false),
+                Err(TryLockError::Error(e)) => return Err(io("lock", &path, e)),
+            },
+        }
+        if let Some(e) = l.index.entries.remove(key) {
+            tracing::debug!(target: TARGET, url = %e.url, bytes = e.size, "evicted");
+        }
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        self.schedule.count(|e| e.evictions += 1);
+        self.save(l)?;
+        Ok(true)
+    }
+
+    /// Makes room for `shard` and reserves it with a new locked temporary file; `None` if it
+    /// does not fit. With a schedule (see [`View`]), by Belady's rule: the unleased shards read
+    /// furthest ahead on the node are evicted first (those never read again this epoch before
+    /// any), and a shard fetched ahead evicts only shards read later than it; when the budget
+    /// holds the schedule's working set it evicts only shards no reader needs again, and takes
+    /// free room only where the schedule leaves it free until the shard's first read. Without
+    /// a schedule: unleased shards, consumed first, then least recently used (a shard fetched
+    /// ahead evicts only consumed ones).
+    pub(super) fn reserve(
+        &self,
+        l: &mut Locked,
+        key: &str,
+        shard: &ShardInfo,
+        need: Need,
+    ) -> Result<Option<Reserved>, ShardError> {
+        let budget = self.config.budget_bytes;
+        let over = l.index.used() + shard.size > budget;
+        let view = (over || need == Need::Ahead)
+            .then(|| self.schedule.view(&self.config.dir))
+            .filter(View::active);
+        match &view {
+            None if over => self.evict_without_schedule(l, shard, need == Need::Ahead)?,
+            None => {}
+            Some(view) if !self.evict_by_schedule(l, key, shard, need, view, over)? => {
+                return Ok(None);
+            }
+            Some(_) => {}
+        }
+        if l.index.used() + shard.size > budget {
+            return Ok(None);
+        }
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{key}.{}.{n}.part", std::process::id());
+        let temp = self.config.dir.join("tmp").join(&name);
+        let file = File::create_new(&temp).map_err(|e| io("create", &temp, e))?;
+        file.lock().map_err(|e| io("lock", &temp, e))?;
+        let last_used = l.index.tick();
+        l.index.entries.insert(
+            key.to_owned(),
+            Entry {
+                url: shard.url.clone(),
+                size: shard.size,
+                etag: shard.etag.clone(),
+                last_used,
+                done: false,
+                downloading: Some(name),
+            },
+        );
+        self.save(l)?;
+        Ok(Some(Reserved {
+            key: key.to_owned(),
+            temp,
+            file,
+        }))
+    }
+
+    /// Evicts unleased shards, consumed first, then least recently used (only consumed ones if
+    /// `only_done`), until `shard` fits.
+    pub(super) fn evict_without_schedule(
+        &self,
+        l: &mut Locked,
+        shard: &ShardInfo,
+        only_done: bool,
+    ) -> Result<(), ShardError> {
+        let budget = self.config.budget_bytes;
+        let mut victims: Vec<(bool, u64, String)> = l
+            .index
+            .entries
+            .iter()
+            .filter(|(_, e)| e.downloading.is_none() && (e.done || !only_done))
+            .map(|(k, e)| (!e.done, e.last_used, k.clone()))
+            .collect();
+        victims.sort();
+        for (_, _, victim) in victims {
+            if l.index.used() + shard.size <= budget {
+                break;
+            }
+            self.try_evict(l, &victim)?;
+        }
+        Ok(())
+    }
+
+    /// Belady's rule (see [`reserve`](Self::reserve)); `false` when a shard fetched ahead
+    /// must wait (the schedule needs the room before its first read).
+    pub(super) fn evict_by_schedule(
+        &self,
+        l: &mut Locked,
+        key: &str,
+        shard: &ShardInfo,
+        need: Need,
+        view: &View,
+        over: bool,
+    ) -> Result<bool, ShardError> {
+        let budget = self.config.budget_bytes;
+        let next_of = |k: &str| self.schedule.shard_of(k).and_then(|s| view.next_use(s));
+        // How far ahead the shard asked for is read: now for a `get`.
+        let at = match need {
+            Need::Now => 0,
+            Need::Ahead => match next_of(key) {
+                Some(t) => t,
+                None => return Ok(false), // no reader needs it
+            },
+        };
+        let mut working_set = None;
+        let mut sufficient = || {
+            let ws = *working_set.get_or_insert_with(|| view.working_set());
+            (ws.0 <= budget, ws)
+        };
+        if need == Need::Ahead {
+            // Room the schedule keeps live before the shard's read, or that shards fetched
+            // ahead hold, is not its to take: taking it would have a shard still needed
+            // evicted and downloaded again (more downloads than Belady's rule makes).
+            let cached = l
+                .index
+                .entries
+                .keys()
+                .filter_map(|k| self.schedule.shard_of(k));
+            if view.needed_until(at, cached) + shard.size > budget {
+                return Ok(false);
+            }
+        }
+        if !over {
+            return Ok(true);
+        }
+        let mut victims: Vec<(u64, bool, u64, String)> = l
+            .index
+            .entries
+            .iter()
+            .filter(|(_, e)| e.downloading.is_none())
+            .filter_map(|(k, e)| {
+                let next = next_of(k).unwrap_or(u64::MAX);
+                // A shard fetched ahead displaces only shards no reader needs again.
+                let eligible = need == Need::Now || next == u64::MAX;
+                eligible.then(|| (next, !e.done, e.last_used, k.clone()))
+            })
+            .collect();
+        // Furthest next read first; among shards never read again, consumed first, then least
+        // recently used.
+        victims.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (a.1, a.2).cmp(&(b.1, b.2))));
+        for (next, _, _, victim) in victims {
+            if l.index.used() + shard.size <= budget {
+                break;
+            }
+            if self.try_evict(l, &victim)? && next != u64::MAX {
+                self.schedule.count(|e| e.forced_evictions += 1);
+                let (enough, (ws, shards)) = sufficient();
+                if !enough && self.schedule.first_warning() {
+                    tracing::warn!(
+                        target: TARGET,
+                        budget,
+                        working_set = ws,
+                        working_set_shards = shards,
+                        "the shard cache's budget of {budget} bytes is smaller than the working \
+                         set of the node's readers ({ws} bytes: {shards} shards live at once), \
+                         so shards are downloaded again within the epoch (the fewest Belady's \
+                         rule allows); a budget of {ws} bytes would download each shard once \
+                         per epoch"
+                    );
+                }
+            }
+        }
+        Ok(true)
+    }
+}
