@@ -176,7 +176,8 @@ fn worker_streams_are_reproducible_from_the_worker_seed() {
     write_folder(dir.path(), &FolderSpec::tiny()).unwrap();
     let train = ImageFolder::new(dir.path())
         .unwrap()
-        .with_transform(Compose::train(16, Output::U8Hwc));
+        .with_transform(Compose::train(16, Output::U8Hwc))
+        .random_source(RandomSource::Worker);
     let run = |seed| {
         let info = longshore_data::WorkerInfo::new(0, 1, seed).unwrap();
         let _guard = longshore_data::worker::enter(info);
@@ -186,6 +187,27 @@ fn worker_streams_are_reproducible_from_the_worker_seed() {
     };
     assert_eq!(run(5), run(5));
     assert_ne!(run(5), run(6));
+}
+
+#[test]
+fn sample_streams_follow_the_loader_seed_not_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    write_folder(dir.path(), &FolderSpec::tiny()).unwrap();
+    // The default: each sample's own stream, keyed by the loader's seed.
+    let train = ImageFolder::new(dir.path())
+        .unwrap()
+        .with_transform(Compose::train(16, Output::U8Hwc));
+    let run = |loader_seed, worker_seed, id, workers| {
+        let info = longshore_data::WorkerInfo::new(id, workers, worker_seed).unwrap();
+        let _guard = longshore_data::worker::enter(info);
+        let _seed = longshore_data::worker::enter_seed(loader_seed);
+        (0..train.len())
+            .map(|i| train.get(i).unwrap().0.bytes().to_vec())
+            .collect::<Vec<_>>()
+    };
+    // Whichever worker (and its seed) loads a sample, it draws the same crop.
+    assert_eq!(run(5, 1, 0, 1), run(5, 99, 2, 3));
+    assert_ne!(run(5, 1, 0, 1), run(6, 1, 0, 1));
 }
 
 proptest! {
