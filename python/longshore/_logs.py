@@ -1,15 +1,20 @@
 """The Rust crates' warnings (and info) in Python's ``logging``: a daemon thread takes the
-records the Rust side queues (``_longshore._next_logs``, waiting with the GIL released) and
-emits each on ``logging.getLogger(name)``: ``longshore.shards`` (a damaged shard, a skipped
+records the Rust side queues (``_longshore._next_logs``) every 0.2 s and emits each on
+``logging.getLogger(name)``: ``longshore.shards`` (a damaged shard, a skipped
 sample), ``longshore.loader`` (a skipped sample, an epoch ended by an error), and so on, all
 children of ``logging.getLogger("longshore")``.
 
 The thread starts when the first loader or dataset is made (``ensure_started``), and again in
-a forked child that makes one (a fork keeps only the forking thread)."""
+a forked child that makes one (a fork keeps only the forking thread). It waits in
+``time.sleep``, never inside Rust with the GIL released: a daemon thread that takes the GIL back
+from Rust while the interpreter finalizes is ended by CPython in a way that must not cross Rust
+frames. What is still queued at exit is emitted by an ``atexit`` handler."""
 
+import atexit
 import logging
 import os
 import threading
+import time
 
 from . import _longshore
 
@@ -19,12 +24,11 @@ _started_in = None  # the pid whose thread runs
 
 def _run():
     while True:
+        time.sleep(0.2)
         try:
-            records = _longshore._next_logs(0.5)
+            flush()
         except Exception:  # the interpreter is going away
             return
-        for level, name, message in records:
-            logging.getLogger(name).log(level, message)
 
 
 def ensure_started():
@@ -44,3 +48,6 @@ def flush():
     """Emits the records queued now, on this thread (for tests and before a report)."""
     for level, name, message in _longshore._next_logs(0.0):
         logging.getLogger(name).log(level, message)
+
+
+atexit.register(flush)

@@ -3,7 +3,7 @@
 //! drain it, the newest are dropped and counted) and handed to `longshore/_logs.py`, whose
 //! thread emits each on `logging.getLogger(target)` with `::` read as `.`
 //! (`longshore::shards` -> `longshore.shards`, a child of `longshore`). No Rust thread takes
-//! the GIL to log: the Python thread waits for records with the GIL released.
+//! the GIL to log: the Python thread takes the queued records every 0.2 s.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
@@ -104,12 +104,19 @@ pub(crate) fn install() {
 
 /// `_next_logs(timeout)`: the records queued, waiting up to `timeout` seconds (the GIL
 /// released) for the first; an empty list when none came. A record saying how many were
-/// dropped comes first when the queue overflowed.
+/// dropped comes first when the queue overflowed. With `timeout <= 0` it takes what is
+/// queued without waiting and without releasing the GIL: what `_logs.py`'s thread calls, so
+/// that it never has to take the GIL back from Rust while the interpreter finalizes (a daemon
+/// thread doing so is ended by CPython with `pthread_exit`, which must not unwind Rust frames).
 #[pyfunction]
 pub(crate) fn _next_logs(py: Python<'_>, timeout: f64) -> Vec<Record> {
     let q = queue();
-    let wait = Duration::from_secs_f64(timeout.clamp(0.0, 3600.0));
-    let first = py.detach(|| q.rx.recv_timeout(wait).ok());
+    let first = if timeout > 0.0 {
+        let wait = Duration::from_secs_f64(timeout.min(3600.0));
+        py.detach(|| q.rx.recv_timeout(wait).ok())
+    } else {
+        None
+    };
     let mut out = Vec::new();
     let dropped = q.dropped.swap(0, Ordering::Relaxed);
     if dropped > 0 {
