@@ -34,6 +34,9 @@ import numpy as np
 _U64_MAX = 2**64 - 1
 # A meta that names a batch kept in this process (``Handler.kept``); a pickle never starts so.
 _KEPT = b"\0"
+# The kept batches' tokens, one count for the process: unique across the handlers of worker
+# threads, whose batches are looked up by token in every handler.
+_TOKENS = itertools.count(1)
 FD_ADVICE = ("too many open files: the DataLoader's workers can no longer reach the loader. "
              "Raise the limit with `ulimit -n` in the shell (or resource.setrlimit"
              "(resource.RLIMIT_NOFILE, ...)), or use fewer workers")
@@ -373,7 +376,6 @@ class Handler:
         # single-process loader hands them over as they are.
         self.in_process = main_pid == os.getpid()
         self.kept = {}
-        self.tokens = itertools.count(1)
         # A failure before the first request (worker_init_fn, the dataset's set-up): every
         # request is answered with it, so it reaches the user with its type and traceback.
         self.failed = None
@@ -460,7 +462,7 @@ class Handler:
             tree = _flatten(self.collate_fn(samples), leaves, objects)
         built = (tree, objects, [leaf.torch_dtype for leaf in leaves])
         if self.in_process:
-            token = next(self.tokens)
+            token = next(_TOKENS)
             self.kept[token] = built
             meta = _KEPT + struct.pack("<Q", token)
         else:

@@ -656,3 +656,23 @@ def test_torchvision_imagefolder_in_a_fresh_process_delivers(tmp_path):
             print(f"first batch after {{first:.2f}} s")
         """, timeout=240)
         assert "first batch after" in out, out
+
+
+class Named:
+    def __len__(self):
+        return 30
+
+    def __getitem__(self, i):
+        time.sleep(0.02 if i // 2 % 3 == 0 else 0.0)  # worker 0's batches come late
+        return {"name": f"s{i}", "i": i}
+
+
+def test_worker_threads_keep_each_batch_with_its_own_values():
+    """Batches made in this process keep their non-tensor values by token: one count for all
+    worker threads, so no batch is rebuilt with another thread's values."""
+    need_torch()
+    for _ in range(5):
+        dl = longshore.DataLoader(Named(), batch_size=2, num_workers=3, worker_mode="thread",
+                                  in_order=False)
+        for b in dl:
+            assert b["name"] == [f"s{i}" for i in b["i"].tolist()], b
