@@ -131,6 +131,18 @@ pub enum DataError {
     /// only; use [`DataError::custom`] to keep a cause.
     #[error("{0}")]
     Other(String),
+    /// A failure that no skip can absorb: the dataset cannot yield what it promised (an
+    /// iterable dataset with no readable sample left to pad a rank's stream with). The loader
+    /// fails the batch under every sample-error policy of `longshore-loader`,
+    /// `Skip` included; built by [`DataError::unskippable`].
+    #[error("{context}")]
+    Unskippable {
+        /// What cannot be done (`"rank 0 worker 1 cannot pad its stream"`).
+        context: String,
+        /// The last underlying error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
 }
 
 impl DataError {
@@ -154,6 +166,30 @@ impl DataError {
             context: context.into(),
             source: source.into(),
         }
+    }
+
+    /// A failure no skip absorbs ([`DataError::Unskippable`]).
+    ///
+    /// ```
+    /// use longshore_data::DataError;
+    ///
+    /// let err = DataError::unskippable("no readable sample left to pad with", "every read failed");
+    /// assert!(err.is_unskippable());
+    /// assert!(!DataError::Other("one bad sample".into()).is_unskippable());
+    /// ```
+    pub fn unskippable(
+        context: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        DataError::Unskippable {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+
+    /// Whether this failure must fail its batch under every sample-error policy.
+    pub fn is_unskippable(&self) -> bool {
+        matches!(self, DataError::Unskippable { .. })
     }
 
     /// Builds an [`DataError::InvalidArgument`].

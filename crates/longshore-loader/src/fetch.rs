@@ -76,7 +76,8 @@ pub struct MapFetch<D, C> {
 }
 
 /// What `policy` makes of sample `index`'s failure in batch `seq`: the batch's error
-/// (`FailBatch`), or `None` once it is logged as skipped (`Skip`; `stage` says where it failed:
+/// (`FailBatch`, or any policy for an [unskippable](longshore_data::DataError::is_unskippable)
+/// failure), or `None` once it is logged as skipped (`Skip`; `stage` says where it failed:
 /// "load" or "collate").
 fn sample_failed(
     policy: SampleErrorPolicy,
@@ -86,6 +87,11 @@ fn sample_failed(
     stage: &str,
 ) -> Option<LoaderError> {
     match policy {
+        _ if source.is_unskippable() => Some(LoaderError::Sample {
+            index,
+            batch: seq,
+            source,
+        }),
         SampleErrorPolicy::FailBatch => Some(LoaderError::Sample {
             index,
             batch: seq,

@@ -228,6 +228,7 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
                 }
                 let mut per_rank = Vec::new();
                 let mut real = Vec::new();
+                let mut gave_up = false;
                 for rank in 0..world {
                     let ds = builder(dir.path(), counts.len(), batch_size)
                         .rank(rank)
@@ -239,6 +240,18 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
                     let planned = ds.num_batches().unwrap() as usize;
                     let batches = run_rank(&ds, workers, None, SampleErrorPolicy::Skip);
                     let stats = ds.stats();
+                    let errors: Vec<&String> =
+                        batches.iter().filter_map(|b| b.as_ref().err()).collect();
+                    if !errors.is_empty() {
+                        // Only when no sample at all can be read in place of a failed one
+                        // (checked below): an error, never a short rank.
+                        for e in &errors {
+                            prop_assert!(e.contains("cannot be made up for"), "{}", e);
+                        }
+                        prop_assert!(stats.unpadded > 0, "{:?}", &stats);
+                        gave_up = true;
+                        continue;
+                    }
                     prop_assert_eq!(
                         batches.len(),
                         planned,
@@ -255,6 +268,11 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
                     per_rank.push(got.len());
                     real.extend(got.iter().filter(|s| !s.pad).map(|s| s.global));
                 }
+                if gave_up {
+                    // Fewer than 64 samples in these datasets: every one was tried.
+                    prop_assert!(real.is_empty(), "a rank gave up while {:?} read", &real);
+                    return Ok(());
+                }
                 prop_assert!(per_rank.iter().all(|&n| n == per_rank[0]), "{:?}", per_rank);
                 let distinct: BTreeSet<u64> = real.iter().copied().collect();
                 prop_assert_eq!(real.len(), distinct.len(), "a sample twice outside padding");
@@ -262,4 +280,97 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
             },
         )
         .unwrap();
+}
+
+/// The same damage served by a real S3 server (s3s-fs on 127.0.0.1, signatures checked),
+/// with and without an index: the error names the `s3://` shard, and a counted skip keeps
+/// every rank's batches over 2 ranks x 2 workers.
+#[test]
+fn damage_read_through_an_s3_server_is_named_or_counted() {
+    for with_index in [true, false] {
+        let server = support::s3::start();
+        let dir = tempfile::tempdir().unwrap();
+        write_shards(dir.path(), &COUNTS);
+        truncate(dir.path(), 2, 6);
+        break_header(dir.path(), 4, 0);
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_string();
+            if name.starts_with('.') || (!with_index && name == "shard-index.json") {
+                continue;
+            }
+            server.put(&format!("d/{name}"), &std::fs::read(&path).unwrap());
+        }
+        let s3 = |cache: &str| {
+            ShardedDataset::webdataset([pattern(&server.url("d"), COUNTS.len())])
+                .store(server.store_builder().build())
+                .cache_dir(dir.path().join(cache))
+                .batch_size(4)
+                .seed(5)
+                .shuffle_block(8)
+        };
+        let err = s3("c-raise").build().unwrap_err();
+        let ShardError::Damaged { shard, .. } = &err else {
+            panic!("index {with_index}: {err}");
+        };
+        assert!(
+            shard.starts_with("s3://") && shard.ends_with("shard-000002.tar"),
+            "index {with_index}: {err}"
+        );
+        let mut per_rank = Vec::new();
+        let mut real = BTreeSet::new();
+        let mut failed = 0;
+        for rank in 0..2 {
+            let ds = s3(&format!("c-{rank}"))
+                .rank(rank)
+                .world_size(2)
+                .on_sample_error(OnSampleError::Skip)
+                .build()
+                .unwrap();
+            let planned = ds.num_batches().unwrap() as usize;
+            let batches = run_rank(&ds, 2, None, SampleErrorPolicy::Skip);
+            assert_eq!(batches.len(), planned, "index {with_index}, rank {rank}");
+            let stats = ds.stats();
+            assert_eq!(stats.padded, stats.failed(), "{stats:?}");
+            failed += stats.failed() + stats.damaged_shards;
+            let got = samples(&batches);
+            per_rank.push(got.len());
+            for s in got.iter().filter(|s| !s.pad) {
+                assert!(real.insert(s.global), "sample {} twice", s.global);
+            }
+        }
+        assert_eq!(per_rank[0], per_rank[1], "index {with_index}: {per_rank:?}");
+        // Every sample before the damage arrives; what does not is counted.
+        assert!(failed > 0, "index {with_index}");
+        assert!((0..13).all(|g| real.contains(&g)), "index {with_index}");
+    }
+}
+
+/// Every sample damaged (the case the property test found: 2 shards, both cut at their first
+/// sample): no sample can pad the rank, so it yields an error under `Skip`, never fewer
+/// batches than planned without a word.
+#[test]
+fn a_rank_with_nothing_readable_fails_instead_of_coming_up_short() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &[1, 3]);
+    truncate(dir.path(), 0, 0);
+    truncate(dir.path(), 1, 0);
+    for workers in [1, 2] {
+        let ds = builder(dir.path(), 2, 1)
+            .rank(0)
+            .world_size(1)
+            .on_sample_error(OnSampleError::Skip)
+            .build()
+            .unwrap();
+        let batches = run_rank(&ds, workers, None, SampleErrorPolicy::Skip);
+        let errors: Vec<&String> = batches.iter().filter_map(|b| b.as_ref().err()).collect();
+        assert!(!errors.is_empty(), "{workers} workers: {batches:?}");
+        assert!(
+            errors[0].contains("cannot be made up for") && errors[0].contains("rank 0"),
+            "{}",
+            errors[0]
+        );
+        assert!(batches.iter().all(|b| b.is_err()), "{batches:?}");
+        assert_eq!(ds.stats().unpadded, 4, "{:?}", ds.stats());
+    }
 }

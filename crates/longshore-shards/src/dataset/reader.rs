@@ -160,6 +160,8 @@ pub(super) struct WorkerReader {
     probes: u64,
     /// The stream ended and the window holds a repeat.
     making_up: bool,
+    /// No sample could be read to make up for a failed one: the error to yield (once).
+    gave_up: Option<String>,
     /// The epoch's order: where repeats come from when no sample of this worker read.
     order: Arc<EpochOrder>,
 }
@@ -191,6 +193,7 @@ impl WorkerReader {
             repeats: 0,
             probes: 0,
             making_up: false,
+            gave_up: None,
             order,
         }
     }
@@ -225,10 +228,29 @@ impl WorkerReader {
         self.window.push_back(slot);
     }
 
-    /// A failed sample this worker cannot make up for.
+    /// Failed samples this worker cannot make up for: counted, and an unskippable error is
+    /// yielded in their place (a rank short of its planned batches would hang a distributed
+    /// job at its next collective; an error ends it with the reason).
     fn short(&mut self, e: Option<&ShardError>) {
-        self.ds.stats.unpadded();
-        tracing::error!(target: TARGET, worker = self.worker, epoch = self.epoch, error = ?e.map(ToString::to_string), "no sample could be read to make up for a failed one: this rank yields one sample fewer than planned");
+        let owed = self.owed + 1;
+        for _ in 0..owed {
+            self.ds.stats.unpadded();
+        }
+        self.owed = 0;
+        self.window.clear();
+        self.pending.clear();
+        let last = e.map_or_else(
+            || "the epoch's order is empty".to_string(),
+            ToString::to_string,
+        );
+        let msg = format!(
+            "worker {} of rank {} (epoch {}): {owed} failed sample(s) cannot be made up for, \
+             as no sample of the epoch's order could be read in their place ({} tried; last: \
+             {last}); the rank cannot yield its planned batches",
+            self.worker, self.ds.rank, self.epoch, self.probes
+        );
+        tracing::error!(target: TARGET, worker = self.worker, epoch = self.epoch, "{msg}");
+        self.gave_up = Some(msg);
     }
 
     /// Counts (and logs) the failed read of `slot`, and owes a repeat for it under
@@ -571,6 +593,12 @@ impl Iterator for WorkerReader {
         self.refill();
         while self.window.is_empty() && self.stream_done && self.owed > 0 {
             self.make_up();
+        }
+        if let Some(msg) = self.gave_up.take() {
+            return Some(Err(DataError::unskippable(
+                msg,
+                "on_sample_error=skip pads a rank with samples that read; none did",
+            )));
         }
         let slot = self.window.pop_front()?;
         let shard = slot.sample.shard;
