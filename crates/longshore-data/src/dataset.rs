@@ -8,7 +8,14 @@ use crate::DataError;
 use crate::field::{DirectPlan, DirectSource, FieldSpec};
 use crate::rng::{epoch_rng, permutation};
 use crate::transform::Transform;
-use crate::worker::{self, WorkerInfo};
+use crate::worker;
+
+mod iterable;
+
+pub use iterable::{
+    Chain, EpochLayout, FromFn, ItemIter, IterMap, IterableDataset, IterableExt, Sharded,
+    StreamPosition,
+};
 
 /// A map-style dataset: `len` items addressed by index, like PyTorch's `Dataset`.
 ///
@@ -114,36 +121,6 @@ impl<D: DirectDataset + ?Sized> DirectSource for D {
     }
     fn lend_field(&self, index: usize, field: usize) -> Result<Option<&[u8]>, DataError> {
         self.field_bytes(index, field)
-    }
-}
-
-/// An iterable (stream) dataset, like PyTorch's `IterableDataset`.
-///
-/// Each worker calls [`IterableDataset::iter`] with its [`WorkerInfo`] and must yield
-/// only its own share (see [`WorkerInfo::shard`]); otherwise every worker yields
-/// every item, as in PyTorch.
-pub trait IterableDataset: Send + Sync {
-    /// What the stream yields.
-    type Item: Send;
-
-    /// This worker's stream of items.
-    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, Self::Item>;
-}
-
-/// The iterator an [`IterableDataset`] returns.
-pub type ItemIter<'a, T> = Box<dyn Iterator<Item = Result<T, DataError>> + Send + 'a>;
-
-impl<D: IterableDataset + ?Sized> IterableDataset for Arc<D> {
-    type Item = D::Item;
-    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, D::Item> {
-        (**self).iter(worker)
-    }
-}
-
-impl<D: IterableDataset + ?Sized> IterableDataset for Box<D> {
-    type Item = D::Item;
-    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, D::Item> {
-        (**self).iter(worker)
     }
 }
 
@@ -604,130 +581,6 @@ pub fn random_split_fractions<D: Dataset + ?Sized>(
 ) -> Result<Vec<Subset<Arc<D>>>, DataError> {
     let lengths = split_lengths(dataset.len(), fractions)?;
     random_split(dataset, &lengths, seed)
-}
-
-/// Combinators for every [`IterableDataset`].
-pub trait IterableExt: IterableDataset + Sized {
-    /// This stream followed by `other`, like PyTorch's `ChainDataset`.
-    fn chain<B: IterableDataset<Item = Self::Item>>(self, other: B) -> Chain<Self, B> {
-        Chain { a: self, b: other }
-    }
-
-    /// Applies `f` to every item.
-    fn map<U, F>(self, f: F) -> IterMap<Self, F>
-    where
-        F: Fn(Self::Item) -> U + Send + Sync,
-        U: Send,
-    {
-        IterMap { dataset: self, f }
-    }
-}
-
-impl<D: IterableDataset> IterableExt for D {}
-
-/// Two iterable datasets one after the other; see [`IterableExt::chain`].
-#[derive(Debug, Clone)]
-pub struct Chain<A, B> {
-    a: A,
-    b: B,
-}
-
-impl<A, B> IterableDataset for Chain<A, B>
-where
-    A: IterableDataset,
-    B: IterableDataset<Item = A::Item>,
-{
-    type Item = A::Item;
-    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, A::Item> {
-        Box::new(self.a.iter(worker).chain(self.b.iter(worker)))
-    }
-}
-
-/// An iterable dataset with `f` applied to each item; see [`IterableExt::map`].
-#[derive(Clone)]
-pub struct IterMap<D, F> {
-    dataset: D,
-    f: F,
-}
-
-impl<D: fmt::Debug, F> fmt::Debug for IterMap<D, F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IterMap")
-            .field("dataset", &self.dataset)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<D, F, U> IterableDataset for IterMap<D, F>
-where
-    D: IterableDataset,
-    F: Fn(D::Item) -> U + Send + Sync,
-    U: Send,
-{
-    type Item = U;
-    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, U> {
-        Box::new(self.dataset.iter(worker).map(move |r| r.map(&self.f)))
-    }
-}
-
-/// A map-style dataset read as a stream, dealt round-robin over workers
-/// ([`WorkerInfo::shard`]): each item is yielded by exactly one worker.
-#[derive(Debug, Clone)]
-pub struct Sharded<D> {
-    dataset: D,
-}
-
-impl<D: Dataset> Sharded<D> {
-    /// Streams `dataset` in index order, split between workers.
-    pub fn new(dataset: D) -> Sharded<D> {
-        Sharded { dataset }
-    }
-}
-
-impl<D: Dataset> IterableDataset for Sharded<D> {
-    type Item = D::Item;
-    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, D::Item> {
-        Box::new(
-            worker
-                .shard(self.dataset.len())
-                .map(move |i| self.dataset.get(i)),
-        )
-    }
-}
-
-/// An iterable dataset from a function that builds each worker's iterator.
-pub struct FromFn<F> {
-    f: F,
-}
-
-impl<F> fmt::Debug for FromFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FromFn").finish_non_exhaustive()
-    }
-}
-
-impl<F> FromFn<F> {
-    /// Wraps `f`, called once per worker with its [`WorkerInfo`].
-    pub fn new<I, T>(f: F) -> FromFn<F>
-    where
-        F: Fn(WorkerInfo) -> I + Send + Sync,
-        I: Iterator<Item = Result<T, DataError>> + Send,
-        T: Send,
-    {
-        FromFn { f }
-    }
-}
-
-impl<F, I, T> IterableDataset for FromFn<F>
-where
-    F: Fn(WorkerInfo) -> I + Send + Sync,
-    I: Iterator<Item = Result<T, DataError>> + Send + 'static,
-    T: Send,
-{
-    type Item = T;
-    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, T> {
-        Box::new((self.f)(worker))
-    }
 }
 
 /// A map-style dataset over an in-memory `Vec` (handy for tests and small data).

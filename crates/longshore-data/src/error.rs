@@ -114,6 +114,11 @@ pub enum DataError {
     /// Sampler state from a checkpoint does not fit this sampler.
     #[error("cannot restore sampler state: {0}")]
     StateMismatch(String),
+    /// A stream position (an [`IterableDataset`](crate::IterableDataset)'s resume point, in a
+    /// loader's checkpoint) does not fit this dataset, epoch or layout: the message names
+    /// what differs.
+    #[error("cannot resume the dataset's stream: {0}")]
+    StreamPosition(String),
     /// An I/O error with no file to name, such as one returned with `?` by user code.
     #[error("i/o error")]
     UnnamedIo(#[from] std::io::Error),

@@ -38,7 +38,8 @@
 //! # Map of the crate
 //!
 //! - Datasets ([`dataset`]): [`Dataset`] (map-style), [`IterableDataset`] (streams,
-//!   sharded by [`WorkerInfo`]), [`DirectDataset`] (writes samples straight into a
+//!   sharded by [`WorkerInfo`], driven by the loader through [`EpochLayout`] and resumed from
+//!   a [`StreamPosition`]), [`DirectDataset`] (writes samples straight into a
 //!   batch); combinators [`DatasetExt::map`], [`DatasetExt::transform`], [`Subset`],
 //!   [`ConcatDataset`], [`Zip`], [`random_split`], [`IterableExt::chain`].
 //! - Samplers ([`sampler`]): the [`Sampler`] and [`BatchSampling`] traits with resumable
@@ -109,9 +110,9 @@ pub use collate::{
     StagedItems,
 };
 pub use dataset::{
-    Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, FromFn, ItemIter, IterMap,
-    IterableDataset, IterableExt, Map, Sharded, Subset, Transformed, TryMap, VecDataset, Zip,
-    random_split, random_split_fractions, split_lengths,
+    Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, EpochLayout, FromFn, ItemIter,
+    IterMap, IterableDataset, IterableExt, Map, Sharded, StreamPosition, Subset, Transformed,
+    TryMap, VecDataset, Zip, random_split, random_split_fractions, split_lengths,
 };
 pub use dist::{DistEnv, Launcher};
 pub use dtype::{ByteOrder, DType, Element};

@@ -22,6 +22,12 @@ pub struct WorkerInfo {
     pub num_workers: usize,
     /// This worker's seed (PyTorch: `base_seed + id`).
     pub seed: u64,
+    /// The loader epoch this worker's stream is opened for (0 outside a loader): an
+    /// [`IterableDataset`](crate::IterableDataset) selects the stream of this epoch with it,
+    /// rather than with state set on the dataset, which a next epoch started ahead would
+    /// change under a stream still being read.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl WorkerInfo {
@@ -43,6 +49,7 @@ impl WorkerInfo {
             id,
             num_workers,
             seed,
+            epoch: 0,
         })
     }
 
@@ -52,7 +59,15 @@ impl WorkerInfo {
             id: 0,
             num_workers: 1,
             seed,
+            epoch: 0,
         }
+    }
+
+    /// The same worker, opening its stream for the loader's epoch `epoch`.
+    #[must_use]
+    pub fn with_epoch(mut self, epoch: u64) -> WorkerInfo {
+        self.epoch = epoch;
+        self
     }
 
     /// The indices of `0..len` this worker owns when items are dealt round-robin:

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use longshore_data::WorkerInfo;
+use longshore_data::{DataError, EpochLayout, StreamPosition, WorkerInfo};
 
 use crate::engine::{Outcome, Task};
 use crate::fetch::sealed::Sealed;
@@ -21,6 +21,17 @@ trait ErasedFetch<T>: Send + Sync + 'static {
     fn output_samples(&self, out: &T) -> usize;
     fn output_bytes(&self, out: &T) -> usize;
     fn output_pinned_wait(&self, out: &T) -> Duration;
+    fn stream_batching(&self) -> Option<(usize, bool)>;
+    fn begin_epoch(
+        &self,
+        layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
+    ) -> Result<Option<u64>, DataError>;
+    fn position(
+        &self,
+        layout: &EpochLayout,
+        batches: u64,
+    ) -> Result<Option<StreamPosition>, DataError>;
     fn worker<'a>(&'a self, info: WorkerInfo) -> Box<dyn ErasedWorker<T> + 'a>;
     fn describe(&self) -> &'static str;
 }
@@ -56,6 +67,23 @@ impl<F: Sealed> ErasedFetch<F::Out> for F {
     }
     fn output_pinned_wait(&self, out: &F::Out) -> Duration {
         Sealed::output_pinned_wait(self, out)
+    }
+    fn stream_batching(&self) -> Option<(usize, bool)> {
+        Sealed::stream_batching(self)
+    }
+    fn begin_epoch(
+        &self,
+        layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
+    ) -> Result<Option<u64>, DataError> {
+        Sealed::begin_epoch(self, layout, resume)
+    }
+    fn position(
+        &self,
+        layout: &EpochLayout,
+        batches: u64,
+    ) -> Result<Option<StreamPosition>, DataError> {
+        Sealed::position(self, layout, batches)
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> Box<dyn ErasedWorker<F::Out> + 'a> {
         Box::new(Bound {
@@ -113,6 +141,23 @@ impl<T: Send + 'static> Sealed for BoxedFetch<T> {
     }
     fn output_pinned_wait(&self, out: &T) -> Duration {
         self.inner.output_pinned_wait(out)
+    }
+    fn stream_batching(&self) -> Option<(usize, bool)> {
+        self.inner.stream_batching()
+    }
+    fn begin_epoch(
+        &self,
+        layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
+    ) -> Result<Option<u64>, DataError> {
+        self.inner.begin_epoch(layout, resume)
+    }
+    fn position(
+        &self,
+        layout: &EpochLayout,
+        batches: u64,
+    ) -> Result<Option<StreamPosition>, DataError> {
+        self.inner.position(layout, batches)
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a> {
         BoxedWorker(self.inner.worker(info))

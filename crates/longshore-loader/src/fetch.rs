@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use longshore_data::{
-    Batch, BatchLayout, Dataset, DatasetCollate, ItemIter, IterableDataset, WorkerInfo,
+    Batch, BatchLayout, DataError, Dataset, DatasetCollate, EpochLayout, ItemIter, IterableDataset,
+    StreamPosition, WorkerInfo,
 };
 use longshore_host::{PinnedPool, PoolBuffer};
 
@@ -37,6 +38,27 @@ pub(crate) mod sealed {
         /// How long the request for the output's pool memory waited for the budget.
         fn output_pinned_wait(&self, _out: &Self::Out) -> Duration {
             Duration::ZERO
+        }
+        /// Iterable datasets: the batch size and `drop_last` each worker batches its stream
+        /// with (`None` for indexed datasets).
+        fn stream_batching(&self) -> Option<(usize, bool)> {
+            None
+        }
+        /// Iterable datasets: prepares an epoch (see `IterableDataset::begin_epoch`).
+        fn begin_epoch(
+            &self,
+            _layout: &EpochLayout,
+            _resume: Option<&StreamPosition>,
+        ) -> Result<Option<u64>, DataError> {
+            Ok(None)
+        }
+        /// Iterable datasets: the dataset's position (see `IterableDataset::position`).
+        fn position(
+            &self,
+            _layout: &EpochLayout,
+            _batches: u64,
+        ) -> Result<Option<StreamPosition>, DataError> {
+            Ok(None)
         }
         /// The state of worker `info` for a new epoch.
         fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a>;
@@ -314,6 +336,23 @@ where
     }
     fn output_pinned_wait(&self, out: &Self::Out) -> Duration {
         out.storage().waited()
+    }
+    fn stream_batching(&self) -> Option<(usize, bool)> {
+        Some((self.batch_size, self.drop_last))
+    }
+    fn begin_epoch(
+        &self,
+        layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
+    ) -> Result<Option<u64>, DataError> {
+        self.dataset.begin_epoch(layout, resume)
+    }
+    fn position(
+        &self,
+        layout: &EpochLayout,
+        batches: u64,
+    ) -> Result<Option<StreamPosition>, DataError> {
+        self.dataset.position(layout, batches)
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> StreamState<'a, D::Item> {
         StreamState {

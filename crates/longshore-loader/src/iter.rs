@@ -24,6 +24,10 @@ use crate::worker::{worker_body, worker_seed};
 
 mod ahead;
 mod budget;
+mod marks;
+mod stream;
+
+pub(crate) use marks::Marker;
 
 pub(crate) use budget::UNKNOWN_BLOCK;
 
@@ -38,6 +42,8 @@ struct Pending {
     adopted: u64,
     /// Batches started ahead for the next epoch and discarded.
     discarded: u64,
+    /// Batches of a resumed epoch replayed and discarded.
+    replayed: u64,
     /// The part of the consumer's wait spent on pinned memory.
     consumer_pinned: Duration,
     /// The in-flight bound in force (0: not set yet).
@@ -60,6 +66,7 @@ impl Pending {
         s.peak_reorder = s.peak_reorder.max(p.peak_reorder);
         s.speculative_batches += p.adopted;
         s.speculative_discarded += p.discarded;
+        s.replayed_batches += p.replayed;
     }
 }
 
@@ -104,6 +111,10 @@ pub struct LoaderIter<F: Fetch> {
     /// Iterable mode: workers whose stream has not ended, and the next position to assign.
     active: Vec<bool>,
     next_seq: u64,
+    /// Iterable mode: the epoch's position of the next batch delivered, and the batches below
+    /// which are replayed and discarded (a resume without a stream position).
+    stream_pos: u64,
+    replay_until: u64,
     finished: bool,
     broken: bool,
     /// The epoch ended because a worker did not answer (timeout, dead worker): it may be
@@ -187,10 +198,24 @@ impl<F: Fetch> LoaderIter<F> {
             }
             (plan.config.clone(), epoch, restored, parked)
         };
+        // An iterable dataset lays out its epoch (or resumes it) before its streams open.
+        let mut stream_failed = None;
+        let stream = if indexed {
+            None
+        } else {
+            let (begun, error) = stream::begin(&*inner.fetch, &config, epoch, restored.as_ref());
+            stream_failed = error;
+            num_batches = begun.num_batches;
+            Some(begun)
+        };
         let run = NEXT_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         {
             let mut p = restored.unwrap_or_else(|| Progress::new(epoch, num_batches));
             p.owner = run;
+            if let Some(b) = &stream {
+                p.num_batches = num_batches;
+                p.stream = Some(b.progress.clone());
+            }
             *lock(&inner.progress) = p;
         }
         let discarded_batches = discarded.as_ref().map_or(0, |a| a.len() as u64);
@@ -232,6 +257,8 @@ impl<F: Fetch> LoaderIter<F> {
             rr: 0,
             active: vec![true; threads],
             next_seq: 0,
+            stream_pos: stream.as_ref().map_or(0, |b| b.progress.base),
+            replay_until: stream.as_ref().map_or(0, |b| b.replay_until),
             finished: false,
             broken: false,
             unresponsive: false,
@@ -239,7 +266,9 @@ impl<F: Fetch> LoaderIter<F> {
             last_yield: Instant::now(),
             pending: Pending::default(),
         };
-        if threads > 0 {
+        if let Some(e) = stream_failed {
+            it.fail_at_start(e);
+        } else if threads > 0 {
             let engine = match parked {
                 Some(p) => Ok(p.engine),
                 None => Engine::start(
@@ -268,21 +297,24 @@ impl<F: Fetch> LoaderIter<F> {
                     }
                     it.engine = Some(e);
                 }
-                Err(e) => {
-                    it.finished = true;
-                    it.batches = None;
-                    it.slots.push_back(Slot {
-                        seq: 0,
-                        worker: 0,
-                        state: SlotState::Done(Outcome::Failed(e)),
-                        indices: Vec::new(),
-                    });
-                    it.ready = 1;
-                    it.in_flight = 1;
-                }
+                Err(e) => it.fail_at_start(e),
             }
         }
         it
+    }
+
+    /// Ends the epoch before it starts: its only item is `e`.
+    fn fail_at_start(&mut self, e: LoaderError) {
+        self.finished = true;
+        self.batches = None;
+        self.slots.push_back(Slot {
+            seq: 0,
+            worker: 0,
+            state: SlotState::Done(Outcome::Failed(e)),
+            indices: Vec::new(),
+        });
+        self.ready = 1;
+        self.in_flight = 1;
     }
 
     /// The slot of the batch at position `seq`, if it is sent and not delivered.
@@ -468,11 +500,8 @@ impl<F: Fetch> LoaderIter<F> {
     /// Loads the next batch on the calling thread (`num_workers == 0`).
     fn next_sync(&mut self) -> Option<(u64, Outcome<F::Output>)> {
         let (seq, indices) = self.batches.as_mut()?.pull()?;
-        let info = WorkerInfo {
-            id: 0,
-            num_workers: 1,
-            seed: worker_seed(self.config.seed, self.epoch, 0),
-        };
+        let info =
+            WorkerInfo::single(worker_seed(self.config.seed, self.epoch, 0)).with_epoch(self.epoch);
         let _guard = longshore_data::worker::enter(info);
         let _epoch = longshore_data::worker::enter_epoch(self.epoch);
         let _seed = longshore_data::worker::enter_seed(self.config.seed);
@@ -620,61 +649,6 @@ impl<F: Fetch> LoaderIter<F> {
     }
 }
 
-impl<F: Fetch> LoaderIter<F> {
-    /// From now on, batches are marked delivered (for [`state_dict`]) only through the
-    /// returned [`Marker`], by the stage that hands them to the user: a prefetching stage
-    /// (`to_device`) takes batches before the training loop sees them, and a checkpoint must
-    /// not count those.
-    ///
-    /// [`state_dict`]: crate::DataLoader::state_dict
-    pub(crate) fn defer_marks(&mut self) -> Marker<F> {
-        self.defer_marks = true;
-        Marker {
-            inner: self.inner.clone(),
-            run: self.run,
-        }
-    }
-
-    /// The epoch this iterator runs.
-    pub(crate) fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// The task that loads batch `seq` (its sample `indices`) in this epoch's generation,
-    /// ranked by its place in the delivery order.
-    pub(crate) fn task(&self, seq: u64, indices: Vec<usize>) -> Task {
-        Task {
-            generation: self.generation,
-            epoch: self.epoch,
-            lineage: self.lineage,
-            seq,
-            indices,
-            rank: rank(self.epoch, seq),
-        }
-    }
-
-    /// The position of the item `next` yielded last, and whether it counts as delivered.
-    pub(crate) fn last_yielded(&self) -> Option<(u64, bool)> {
-        self.last
-    }
-}
-
-/// Marks batches of one epoch iterator delivered when a later stage hands them out (see
-/// [`LoaderIter::defer_marks`]).
-pub(crate) struct Marker<F: Fetch> {
-    inner: Arc<Inner<F>>,
-    run: u64,
-}
-
-impl<F: Fetch> Marker<F> {
-    /// Batch `seq` reached the user.
-    pub(crate) fn mark(&self, seq: u64) {
-        if self.inner.fetch.indexed() {
-            lock(&self.inner.progress).mark(self.run, seq);
-        }
-    }
-}
-
 impl<F: Fetch> Iterator for LoaderIter<F> {
     type Item = Result<F::Output, LoaderError>;
 
@@ -693,6 +667,9 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
             let next = self.next_outcome();
             let Some((seq, outcome)) = next else {
                 self.end_epoch(false);
+                if !self.inner.fetch.indexed() {
+                    stream::ended(&self.inner.progress, self.run);
+                }
                 return None;
             };
             let end = Instant::now();
@@ -714,8 +691,25 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
                 Outcome::Empty | Outcome::Exhausted => None,
                 Outcome::Failed(e) => Some(Err(e)),
             };
+            // A batch's position in the epoch: its index batch's, or for streams the count of
+            // batches delivered before it (a stream's end holds no position).
+            let seq = if self.inner.fetch.indexed() {
+                seq
+            } else if item.is_some() {
+                self.stream_pos += 1;
+                self.stream_pos - 1
+            } else {
+                continue;
+            };
+            // A replayed batch was delivered before the checkpoint: discarded (a fatal error
+            // still ends the epoch).
+            if seq < self.replay_until && item.as_ref().is_some_and(|i| !is_fatal(i, &self.config))
+            {
+                self.pending.replayed += 1;
+                continue;
+            }
             // Nothing to hand over (every sample skipped) counts at once, deferred or not.
-            if delivered && self.inner.fetch.indexed() && (!self.defer_marks || item.is_none()) {
+            if delivered && (!self.defer_marks || item.is_none()) {
                 lock(&self.inner.progress).mark(self.run, seq);
             }
             let Some(item) = item else { continue };
@@ -732,27 +726,34 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
                 self.pending.flush(&mut s);
             }
             self.last_yield = end;
-            if let Err(e) = &item {
-                let fatal = match e {
-                    LoaderError::WorkerPanicked { .. } => {
-                        self.config.on_worker_panic == WorkerPanicPolicy::Fail
-                    }
-                    LoaderError::Timeout { .. }
-                    | LoaderError::WorkerGone { .. }
-                    | LoaderError::Spawn { .. } => true,
-                    _ => false,
-                };
-                if fatal {
-                    self.unresponsive = matches!(
-                        e,
-                        LoaderError::Timeout { .. } | LoaderError::WorkerGone { .. }
-                    );
-                    tracing::error!(target: "longshore::loader", error = %crate::error::chain(e), epoch = self.epoch, "ending the epoch");
-                    self.end_epoch(true);
-                }
+            if let Err(e) = &item
+                && is_fatal(&item, &self.config)
+            {
+                self.unresponsive = matches!(
+                    e,
+                    LoaderError::Timeout { .. } | LoaderError::WorkerGone { .. }
+                );
+                tracing::error!(target: "longshore::loader", error = %crate::error::chain(e), epoch = self.epoch, "ending the epoch");
+                self.end_epoch(true);
             }
             return Some(item);
         }
+    }
+}
+
+/// Whether `item` ends its epoch: a panic under [`WorkerPanicPolicy::Fail`], a timeout, a
+/// worker gone or not started.
+fn is_fatal<T>(item: &Result<T, LoaderError>, config: &LoaderConfig) -> bool {
+    match item {
+        Err(LoaderError::WorkerPanicked { .. }) => {
+            config.on_worker_panic == WorkerPanicPolicy::Fail
+        }
+        Err(
+            LoaderError::Timeout { .. }
+            | LoaderError::WorkerGone { .. }
+            | LoaderError::Spawn { .. },
+        ) => true,
+        _ => false,
     }
 }
 

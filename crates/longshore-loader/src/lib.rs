@@ -121,7 +121,7 @@ pub use loader::{
 };
 pub use options::LoaderOptions;
 pub use placement::{BACKGROUND_NICE, Placement, WorkerPlacement, WorkerPriority};
-pub use state::LoaderState;
+pub use state::{LoaderState, StreamState};
 pub use stats::LoaderStats;
 #[cfg(feature = "stream")]
 pub use stream::LoaderStream;

@@ -16,8 +16,8 @@ use crate::error::LoaderError;
 use crate::fetch::{Fetch, ItemFetch, IterableFetch, MapFetch};
 use crate::iter::LoaderIter;
 use crate::placement::{Placement, ThreadSetup, WorkerPlacement, resolve};
-use crate::shared::{Inner, Parts, PlacementState, Plan, SamplerSource};
-use crate::state::{LoaderState, Progress};
+use crate::shared::{Inner, Parts, PlacementState, Plan, SamplerSource, stream_layout};
+use crate::state::{LoaderState, Progress, STATE_VERSION, StreamProgress, StreamState};
 use crate::stats::LoaderStats;
 use crate::sync::lock;
 
@@ -242,19 +242,44 @@ impl<F: Fetch> DataLoader<F> {
         &self.inner.pool
     }
 
-    /// Batches per epoch (`None` for iterable datasets, whose length is unknown).
+    /// Batches per epoch. For an iterable dataset, what the dataset says its next epoch yields
+    /// ([`IterableDataset::begin_epoch`](longshore_data::IterableDataset::begin_epoch), for
+    /// the loader's batch size, `drop_last` and workers; a resumed epoch counts its batches
+    /// delivered before the checkpoint), or `None` when it does not know.
     pub fn len(&self) -> Option<usize> {
-        lock(&self.inner.plan).sampler.len()
+        if self.inner.fetch.indexed() {
+            return lock(&self.inner.plan).sampler.len();
+        }
+        let (layout, base, resume) = {
+            let plan = lock(&self.inner.plan);
+            match plan.restored.as_ref().and_then(|r| r.stream.as_ref()) {
+                Some(s) => (Some(s.layout), s.base, s.resume.clone()),
+                None => (
+                    stream_layout(&*self.inner.fetch, &plan.config, plan.next_epoch),
+                    0,
+                    None,
+                ),
+            }
+        };
+        match self.inner.fetch.begin_epoch(&layout?, resume.as_ref()) {
+            Ok(n) => n.map(|n| (base + n) as usize),
+            Err(e) => {
+                tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&e), "the dataset cannot lay out its next epoch");
+                None
+            }
+        }
     }
 
-    /// Whether an epoch yields no batch (`None` for iterable datasets).
+    /// Whether an epoch yields no batch (`None` when [`len`](DataLoader::len) is).
     pub fn is_empty(&self) -> Option<bool> {
         self.len().map(|n| n == 0)
     }
 
     /// Sets the epoch the next iteration runs (reaches the sampler's `set_epoch`, as
-    /// `DistributedSampler.set_epoch` in PyTorch). Without it, each iteration runs the epoch
-    /// after the previous one, starting from 0.
+    /// `DistributedSampler.set_epoch` in PyTorch, and an iterable dataset's
+    /// [`begin_epoch`](longshore_data::IterableDataset::begin_epoch) and workers'
+    /// [`WorkerInfo::epoch`](longshore_data::WorkerInfo::epoch)). Without it, each iteration
+    /// runs the epoch after the previous one, starting from 0.
     ///
     /// The next epoch's first batches may already be loading
     /// ([`prefetch_next_epoch`](crate::DataLoaderBuilder::prefetch_next_epoch)): they were
@@ -280,52 +305,106 @@ impl<F: Fetch> DataLoader<F> {
     }
 
     /// Where the loader stands: the epoch in progress and which of its batches were
-    /// delivered. Serialise it with serde in a checkpoint.
+    /// delivered (for an iterable dataset, also the epoch's layout and the dataset's position,
+    /// see [`LoaderState`]). Serialise it with serde in a checkpoint.
+    ///
+    /// # Errors
+    /// [`LoaderError::Data`] when an iterable dataset cannot say where it stands.
     pub fn state_dict(&self) -> Result<LoaderState, LoaderError> {
-        if !self.inner.fetch.indexed() {
-            return Err(LoaderError::State(
-                "iterable datasets have no resumable position".into(),
-            ));
-        }
-        let (next_epoch, pending, seed, num_batches) = {
-            let mut plan = lock(&self.inner.plan);
-            let n = plan.sampler.len().unwrap_or(0) as u64;
-            (plan.next_epoch, plan.restored.clone(), plan.config.seed, n)
+        let (next_epoch, pending, config) = {
+            let plan = lock(&self.inner.plan);
+            (plan.next_epoch, plan.restored.clone(), plan.config.clone())
         };
         let p = lock(&self.inner.progress).clone();
         // Mid-epoch: the progress. Between epochs: the next epoch, with what a restore left.
-        let (epoch, prefix, extra) =
-            if p.num_batches > 0 && !p.complete() && p.epoch + 1 == next_epoch {
-                (p.epoch, p.prefix, p.extra.iter().copied().collect())
-            } else if let Some(r) = pending {
-                (r.epoch, r.prefix, r.extra.iter().copied().collect())
-            } else {
-                (next_epoch, 0, Vec::new())
-            };
+        let mid = p.num_batches > 0 && !p.complete() && p.epoch + 1 == next_epoch;
+        let current = if mid { Some(p) } else { pending };
+        let (epoch, prefix, extra, num_batches, stream) = match &current {
+            Some(r) => (
+                r.epoch,
+                r.prefix,
+                r.extra.iter().copied().collect(),
+                r.num_batches,
+                r.stream.clone(),
+            ),
+            None => (next_epoch, 0, Vec::new(), 0, None),
+        };
+        let stream = match (stream, self.inner.fetch.indexed()) {
+            (_, true) => None,
+            // The epoch under way: where the dataset stands after what was delivered.
+            (Some(s), false) if mid => Some(StreamState {
+                layout: s.layout,
+                position: self
+                    .inner
+                    .fetch
+                    .position(&s.layout, prefix.saturating_sub(s.base))?,
+            }),
+            // Restored, not yet run: the restored position.
+            (Some(s), false) => Some(StreamState {
+                layout: s.layout,
+                position: s.resume,
+            }),
+            (None, false) => {
+                stream_layout(&*self.inner.fetch, &config, epoch).map(|layout| StreamState {
+                    layout,
+                    position: None,
+                })
+            }
+        };
+        let num_batches = match (&current, self.inner.fetch.indexed()) {
+            (_, true) => lock(&self.inner.plan).sampler.len().unwrap_or(0) as u64,
+            (Some(_), false) => num_batches,
+            (None, false) => self.len().map_or(u64::MAX, |n| n as u64),
+        };
         Ok(LoaderState {
-            version: 1,
+            version: STATE_VERSION,
             epoch,
-            seed,
+            seed: config.seed,
             dataset_len: self.inner.fetch.dataset_len(),
             num_batches,
             done_prefix: prefix,
             done_extra: extra,
+            stream,
         })
     }
 
     /// Restores a position saved by [`state_dict`](DataLoader::state_dict): the next
     /// iteration runs the saved epoch and yields exactly the batches not delivered then.
+    ///
+    /// An iterable dataset resumes from its position (on another number of workers too, when
+    /// the dataset supports it); one without a position is replayed up to the checkpoint,
+    /// which needs the checkpoint's batch size, `drop_last` and workers.
+    ///
+    /// # Errors
+    /// [`LoaderError::State`] naming what differs: a state of another version, of a map-style
+    /// dataset given to a loader of an iterable one (or the reverse), of another dataset
+    /// length or batch count, or a position the dataset refuses. A refused state leaves the
+    /// loader as it was.
     pub fn load_state_dict(&self, state: &LoaderState) -> Result<(), LoaderError> {
-        if !self.inner.fetch.indexed() {
-            return Err(LoaderError::State(
-                "iterable datasets have no resumable position".into(),
-            ));
-        }
-        if state.version != 1 {
+        if state.version == 0 || state.version > STATE_VERSION {
             return Err(LoaderError::State(format!(
-                "unknown state version {}",
+                "unknown state version {} (this loader reads 1 to {STATE_VERSION})",
                 state.version
             )));
+        }
+        let indexed = self.inner.fetch.indexed();
+        match (&state.stream, indexed) {
+            (Some(_), true) => {
+                return Err(LoaderError::State(
+                    "the state was taken on a loader of an iterable dataset, this loader's \
+                     dataset is map-style"
+                        .into(),
+                ));
+            }
+            (None, false) => {
+                return Err(LoaderError::State(
+                    "the state was taken on a loader of a map-style dataset, this loader's \
+                     dataset is iterable"
+                        .into(),
+                ));
+            }
+            (Some(stream), false) => return self.load_stream_state(state, stream),
+            (None, true) => {}
         }
         let len = self.inner.fetch.dataset_len();
         if state.dataset_len != len {
@@ -383,6 +462,80 @@ impl<F: Fetch> DataLoader<F> {
             .copied()
             .filter(|&s| s >= p.prefix && s < state.num_batches)
             .collect();
+        // Lock order: plan (held) -> progress.
+        *lock(&self.inner.progress) = p.clone();
+        plan.next_epoch = state.epoch;
+        plan.restored = Some(p);
+        Ok(())
+    }
+
+    /// [`load_state_dict`](DataLoader::load_state_dict) of an iterable dataset's state.
+    fn load_stream_state(
+        &self,
+        state: &LoaderState,
+        stream: &StreamState,
+    ) -> Result<(), LoaderError> {
+        let mut config = lock(&self.inner.plan).config.clone();
+        config.seed = state.seed;
+        let Some(layout) = stream_layout(&*self.inner.fetch, &config, state.epoch) else {
+            return Err(LoaderError::State(
+                "this loader's dataset has no streams".into(),
+            ));
+        };
+        let saved = stream.layout;
+        if saved.epoch != state.epoch {
+            return Err(LoaderError::State(format!(
+                "the state is of epoch {} but its stream layout of epoch {}",
+                state.epoch, saved.epoch
+            )));
+        }
+        if stream.position.is_none() {
+            // A replay yields the same batches only from the same streams.
+            let differs = [
+                ("batch_size", saved.batch_size, layout.batch_size),
+                ("num_workers", saved.num_workers, layout.num_workers),
+                (
+                    "drop_last",
+                    usize::from(saved.drop_last),
+                    usize::from(layout.drop_last),
+                ),
+            ]
+            .into_iter()
+            .find(|(_, a, b)| a != b);
+            if let Some((option, a, b)) = differs {
+                return Err(LoaderError::State(format!(
+                    "the dataset has no stream position, so its epoch is resumed by replay, \
+                     which needs the checkpoint's {option}: the state has {a}, this loader {b}"
+                )));
+            }
+        }
+        // The dataset checks its position (another dataset, epoch, seed or option is refused)
+        // before anything changes here.
+        let resume = stream.position.clone();
+        let n = self
+            .inner
+            .fetch
+            .begin_epoch(&layout, resume.as_ref())
+            .map_err(|e| LoaderError::State(crate::error::chain(&e)))?;
+        let base = if resume.is_some() {
+            state.done_prefix
+        } else {
+            0
+        };
+        let mut p = Progress::new(state.epoch, n.map_or(u64::MAX, |n| base + n));
+        p.prefix = state.done_prefix;
+        p.stream = Some(StreamProgress {
+            layout,
+            base,
+            resume,
+            ended: false,
+        });
+        let mut plan = lock(&self.inner.plan);
+        if plan.config.seed != state.seed {
+            tracing::info!(target: "longshore::loader", from = plan.config.seed, to = state.seed, "the restored state sets the loader's seed");
+        }
+        plan.config.seed = state.seed;
+        plan.revision += 1;
         // Lock order: plan (held) -> progress.
         *lock(&self.inner.progress) = p.clone();
         plan.next_epoch = state.epoch;

@@ -23,7 +23,7 @@
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
-use longshore_data::{BatchSampler, BatchSampling, RandomSampler, SequentialSampler};
+use longshore_data::{BatchSampler, BatchSampling, EpochLayout, RandomSampler, SequentialSampler};
 use longshore_host::PinnedPool;
 use longshore_transfer::GpuTopology;
 
@@ -152,6 +152,23 @@ pub(crate) struct Inner<F: Fetch> {
     ///
     /// [`UNKNOWN_BLOCK`]: crate::iter::UNKNOWN_BLOCK
     pub(crate) block_bytes: AtomicUsize,
+}
+
+/// The layout of epoch `epoch` of an iterable dataset as a loader with `config` reads it
+/// (`None` for an indexed dataset): the loader's seed, batch size, `drop_last` and streams.
+pub(crate) fn stream_layout<F: Fetch>(
+    fetch: &F,
+    config: &LoaderConfig,
+    epoch: u64,
+) -> Option<EpochLayout> {
+    let (batch_size, drop_last) = fetch.stream_batching()?;
+    Some(EpochLayout::new(
+        epoch,
+        config.seed,
+        batch_size,
+        drop_last,
+        config.num_workers.max(1),
+    ))
 }
 
 /// The GPU the loader places its workers for, and the settled placement.

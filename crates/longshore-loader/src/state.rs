@@ -2,7 +2,12 @@
 
 use std::collections::BTreeSet;
 
+use longshore_data::{EpochLayout, StreamPosition};
 use serde::{Deserialize, Serialize};
+
+/// The version [`DataLoader::state_dict`](crate::DataLoader::state_dict) writes. Version 1
+/// (map-style datasets only, no [`LoaderState::stream`]) is still read.
+pub(crate) const STATE_VERSION: u32 = 2;
 
 /// A serialisable checkpoint of a loader's position (torchdata's `StatefulDataLoader`).
 ///
@@ -10,7 +15,14 @@ use serde::{Deserialize, Serialize};
 /// with [`DataLoader::load_state_dict`](crate::DataLoader::load_state_dict) on a loader built
 /// with the same dataset and options: the next epoch it runs yields exactly the batches the
 /// checkpointed run had not yet delivered, in the same order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// For an iterable dataset it also holds [`stream`](LoaderState::stream): the epoch's layout
+/// and the dataset's own position after the delivered batches
+/// ([`IterableDataset::position`](longshore_data::IterableDataset::position)), from which the
+/// dataset resumes (on another worker count too, when the dataset supports it); a dataset
+/// without a position is resumed by replaying the epoch and discarding the `done_prefix`
+/// batches delivered before ([`LoaderStats::replayed_batches`](crate::LoaderStats::replayed_batches)).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoaderState {
     /// Format version.
     pub version: u32,
@@ -18,14 +30,41 @@ pub struct LoaderState {
     pub epoch: u64,
     /// The base seed (shuffling and worker generators).
     pub seed: u64,
-    /// Samples in the dataset, checked on restore.
+    /// Samples in the dataset, checked on restore (0 for iterable datasets).
     pub dataset_len: usize,
-    /// Batches per epoch, checked on restore.
+    /// Batches per epoch, checked on restore of a map-style dataset (iterable datasets: the
+    /// epoch's batches when the dataset knows them, else `u64::MAX`).
     pub num_batches: u64,
     /// Every batch position below this was delivered.
     pub done_prefix: u64,
     /// Positions at or above `done_prefix` also delivered (out-of-order delivery).
     pub done_extra: Vec<u64>,
+    /// Iterable datasets: how the epoch's streams are laid out and where the dataset stands
+    /// (`None` for map-style datasets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamState>,
+}
+
+/// The part of a [`LoaderState`] that an iterable dataset's epoch adds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamState {
+    /// The layout the epoch was read with (batch size, `drop_last`, workers).
+    pub layout: EpochLayout,
+    /// The dataset's position after the `done_prefix` delivered batches; `None` when the
+    /// dataset has none (the loader then replays the epoch, which needs the same layout).
+    pub position: Option<StreamPosition>,
+}
+
+/// An iterable dataset's epoch as the loader reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamProgress {
+    pub(crate) layout: EpochLayout,
+    /// Batches of the epoch delivered before these streams began (a resume from a position).
+    pub(crate) base: u64,
+    /// The position the streams began from.
+    pub(crate) resume: Option<StreamPosition>,
+    /// The epoch's iterator reached its end.
+    pub(crate) ended: bool,
 }
 
 /// Delivered positions of the current epoch.
@@ -39,6 +78,8 @@ pub(crate) struct Progress {
     pub(crate) num_batches: u64,
     pub(crate) prefix: u64,
     pub(crate) extra: BTreeSet<u64>,
+    /// Iterable datasets: the layout and where the streams began.
+    pub(crate) stream: Option<StreamProgress>,
 }
 
 impl Progress {
@@ -49,6 +90,7 @@ impl Progress {
             num_batches,
             prefix: 0,
             extra: BTreeSet::new(),
+            stream: None,
         }
     }
 
@@ -68,6 +110,6 @@ impl Progress {
     }
 
     pub(crate) fn complete(&self) -> bool {
-        self.prefix >= self.num_batches
+        self.prefix >= self.num_batches || self.stream.as_ref().is_some_and(|s| s.ended)
     }
 }

@@ -47,6 +47,10 @@ pub struct LoaderStats {
     /// another epoch, `load_state_dict`, an epoch dropped or ended by an error, a starved
     /// pool): discarded, never delivered.
     pub speculative_discarded: u64,
+    /// Batches of a resumed epoch loaded again and discarded: an iterable dataset without a
+    /// stream position is resumed by replaying its epoch up to the checkpoint (see
+    /// [`LoaderState`](crate::LoaderState)).
+    pub replayed_batches: u64,
     /// Time workers waited for pinned memory (the pool's budget), summed over workers.
     pub pinned_wait: Duration,
     /// The part of [`consumer_wait`](LoaderStats::consumer_wait) spent on pinned memory: for

@@ -67,7 +67,7 @@ pub(crate) fn worker_body<F: Fetch>(
                 let info = WorkerInfo {
                     id,
                     num_workers,
-                    seed: worker_seed(seed, task.epoch, id),
+                    ..WorkerInfo::single(worker_seed(seed, task.epoch, id)).with_epoch(task.epoch)
                 };
                 drop(guard.take());
                 guard = Some(longshore_data::worker::enter(info));

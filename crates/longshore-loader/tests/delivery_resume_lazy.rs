@@ -61,6 +61,7 @@ proptest! {
             num_batches: n,
             done_prefix: prefix,
             done_extra: extra,
+            stream: None,
         };
         let resumed = loader(len, batch_size, workers, true, shuffle);
         resumed.load_state_dict(&state).unwrap();
