@@ -171,7 +171,6 @@ fn main() -> Result<()> {
     // Rank and world size from torchrun / srun / mpirun, else rank 0 of 1.
     let shards = ShardedDataset::webdataset(urls)
         .seed(0)
-        .batch_size(args.batch_size)
         .shuffle_block(256)
         .require(["cls"])
         .build()?;
@@ -193,13 +192,12 @@ fn main() -> Result<()> {
     let collate = train.collate();
     let loader = DataLoader::iterable(train)
         .collate(collate)
-        .batch_size(shards.batch_size())
-        .drop_last(shards.drop_last())
+        .batch_size(args.batch_size)
         .num_workers(args.workers)
         .build()?;
     let mut model = Linear::new(3 * args.size * args.size, args.classes);
     for epoch in 0..args.epochs {
-        shards.set_epoch(epoch);
+        loader.set_epoch(epoch); // reaches the dataset, as DistributedSampler.set_epoch
         loader.reset_stats();
         let (t, mut seen, mut loss, mut correct) = (Instant::now(), 0, 0.0, 0);
         for batch in loader.iter() {
@@ -223,17 +221,17 @@ fn main() -> Result<()> {
             cache.evictions,
         );
     }
-    // A checkpoint in the middle of the next epoch: the dataset's state resumes on any
-    // number of ranks and workers.
-    shards.set_epoch(args.epochs);
-    let taken = loader.iter().take(2).count() as u64;
-    let state = serde_json::to_string(&shards.state_dict(taken)?)?;
-    shards.load_state_dict(&serde_json::from_str(&state)?)?;
+    // A checkpoint in the middle of the next epoch: the loader's state holds the dataset's
+    // position, which resumes on any number of ranks and workers.
+    loader.set_epoch(args.epochs);
+    let taken = loader.iter().take(2).count();
+    let state = serde_json::to_string(&loader.state_dict()?)?;
+    loader.load_state_dict(&serde_json::from_str(&state)?)?;
     println!(
         "resume state after {taken} batches of epoch {}: {} bytes of JSON, {} batches left",
         args.epochs,
         state.len(),
-        shards.num_batches()?
+        loader.len().unwrap_or(0) - taken
     );
     Ok(())
 }

@@ -636,10 +636,10 @@ class DataLoader:
         self._order = None if builtin else _longshore._EpochOrder(
             len(dataset), _len_or_zero(batches))
         self._iterated = False
-        # A sharded dataset's epochs: the next one to read, and the one under way
-        # ([epoch, batches received, finished]).
-        self._shard_next = 0
-        self._shard_run = None
+        # A sharded dataset's resumed epoch: its batches left (what len() says until the next
+        # epoch starts), and whether it is under way.
+        self._resumed_len = None
+        self._resumed_running = False
         # Exact resume when PyTorch's generator decides: the generator's state after the
         # epoch's base-seed draw (before the sampler's draws) and the workers' base seed, of
         # the epoch now running / of the epoch to resume (load_state_dict).
@@ -805,13 +805,13 @@ class DataLoader:
                 torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
         self._iterated = True
         if self._sharded:
-            # The next epoch, unless set_epoch chose one; a loaded resume state of that epoch
-            # stays (the dataset drops it only for another epoch).
-            epoch = self._shard_next
-            self._loader.set_epoch(epoch)
-            self._shard_next = epoch + 1
-            self._shard_run = run = [epoch, 0, False]
-            return _ShardEpoch(self._epoch(restore), run)
+            # The loader runs the next epoch (or the one set_epoch chose, or a restored one)
+            # and lays it out on the dataset; its position counts the batches received.
+            if self._resumed_len is not None:
+                if self._resumed_running:
+                    self._resumed_len = None
+                self._resumed_running = True
+            return self._epoch(restore)
         if torch is not None and not (self._python is not None and self._python.iterable):
             # (An iterable dataset's loader has no resumable position.)
             gen = self.generator if self.generator is not None else torch.default_generator
@@ -870,7 +870,11 @@ class DataLoader:
     def __len__(self):
         """Batches per epoch, as torch counts them: the batch sampler's length (following a
         dataset that grows); for an iterable Python dataset, ``len(dataset)`` in batches (a
-        ``TypeError`` when it has no ``__len__``, which ``list(loader)`` passes over)."""
+        ``TypeError`` when it has no ``__len__``, which ``list(loader)`` passes over). Over a
+        sharded dataset, the batches each rank yields per epoch (of a resumed epoch, those
+        left)."""
+        if self._sharded and self._resumed_len is not None:
+            return self._resumed_len
         if self._python is not None and self._python.iterable:
             length = len(self.dataset)
             if self.batch_size is not None:
@@ -893,8 +897,7 @@ class DataLoader:
         workers' seeds) and the sampler's ``set_epoch`` (a :class:`data.DistributedSampler`'s,
         PyTorch's), where it has one."""
         self._loader.set_epoch(int(epoch))
-        if self._sharded:
-            self._shard_next = int(epoch)
+        self._resumed_len = None
         for s in (self.sampler, self.batch_sampler):
             if callable(getattr(s, "set_epoch", None)):
                 s.set_epoch(epoch)
@@ -911,15 +914,10 @@ class DataLoader:
         dataset's resume state after the batches received so far (``"sharded"``), which a
         loader with another number of ranks or workers resumes too; after a whole epoch, the
         start of the next."""
-        if self._sharded:
-            run = self._shard_run
-            if run is not None and not run[2]:
-                epoch, taken = run[0], run[1]
-            else:
-                epoch, taken = self._shard_next, 0
-            return {"epoch": epoch,
-                    "sharded": _json.loads(self._loader.shards_state_json(epoch, taken))}
         state = _json.loads(self._loader.state_dict_json())
+        if self._sharded:
+            # The loader's state, holding the dataset's position.
+            return {"epoch": state["epoch"], "sharded": state}
         if self._epoch_rng is not None and self._epoch_rng[1] == state["epoch"]:
             # An epoch under way (a finished one's successor draws afresh from the generator).
             import base64
@@ -940,8 +938,9 @@ class DataLoader:
             if "sharded" not in state:
                 raise ValueError("this state is not a sharded dataset's loader state (it has "
                                  "no 'sharded' entry)")
-            self._shard_next = self._loader.shards_load_json(_json.dumps(state["sharded"]))
-            self._shard_run = None
+            self._loader.load_state_dict_json(_json.dumps(state["sharded"]))
+            self._resumed_len = max(0, len(self._loader) - int(state["sharded"]["done_prefix"]))
+            self._resumed_running = False
             return
         if "sharded" in state:
             raise ValueError("this state is a sharded dataset's loader state; this loader "
@@ -972,32 +971,6 @@ class DataLoader:
 
     def reset_stats(self):
         self._loader.reset_stats()
-
-
-class _ShardEpoch:
-    """A sharded dataset's epoch: the loader's epoch, counting the batches received (the
-    position ``state_dict`` saves) and whether it ended."""
-
-    def __init__(self, epoch, run):
-        self._epoch = epoch
-        self._run = run
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        try:
-            batch = next(self._epoch)
-        except StopIteration:
-            self._run[2] = True
-            raise
-        self._run[1] += 1
-        return batch
-
-    def close(self):
-        close = getattr(self._epoch, "close", None)
-        if close is not None:
-            close()
 
 
 def _len_or_zero(sampler):

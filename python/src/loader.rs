@@ -14,7 +14,7 @@ use longshore::loader::{
     LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
 };
 use longshore::nvjpeg::{EncodedCollate, NvjpegDecoder};
-use longshore::shards::dataset::OnSampleError;
+use longshore::shards::dataset::{OnSampleError, ShardedDataset};
 use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -25,7 +25,7 @@ use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::pydata::{Parts, PyProcessSource};
 use crate::sampler::{EpochOrder, PyEpochOrder};
-use crate::shards::{LoaderShards, PyShards};
+use crate::shards::PyShards;
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
 
@@ -246,16 +246,9 @@ pub(crate) struct PyLoader {
     export: ExportOptions,
     position: Arc<Position>,
     num_workers: usize,
-    /// A sharded dataset's loader: its shards (epoch, resume state).
-    shards: Option<LoaderShards>,
-}
-
-impl PyLoader {
-    fn sharded(&self) -> PyResult<&LoaderShards> {
-        self.shards
-            .as_ref()
-            .ok_or_else(|| PyValueError::new_err("this loader does not read a sharded dataset"))
-    }
+    /// A sharded dataset's loader: its shards (for their stats; the loader drives their epochs
+    /// and resume state).
+    shards: Option<ShardedDataset>,
 }
 
 #[pymethods]
@@ -440,7 +433,8 @@ impl PyLoader {
                  resume state counts; leave in_order=True",
             ));
         }
-        // The loader's own dataset of the shards: laid out for its batch size and workers.
+        // The loader's own dataset of the shards (the loader lays out each epoch for its batch
+        // size, drop_last and workers).
         let sharded = sharded
             .map(|s| {
                 let s = s.get();
@@ -448,11 +442,11 @@ impl PyLoader {
                     SampleErrorPolicy::Skip => OnSampleError::Skip,
                     _ => OnSampleError::Raise,
                 };
-                py.detach(|| s.for_loader(batch_size, drop_last, num_workers, policy))
+                py.detach(|| s.for_loader(policy))
             })
             .transpose()
             .map_err(crate::errors::shard_err)?;
-        let shards = sharded.as_ref().map(|(s, _)| LoaderShards(s.clone()));
+        let shards = sharded.as_ref().map(|(s, _)| s.clone());
         let inner = py
             .detach(|| match (nvjpeg_files, device.as_ref(), process, source) {
                 // Each worker reads its planned stream; no batch of an epoch is made before
@@ -569,12 +563,6 @@ impl PyLoader {
     }
 
     fn __len__(&self) -> PyResult<usize> {
-        if let Some(s) = &self.shards {
-            // What each rank's loader yields in the dataset's current epoch (after a resume:
-            // what is left of it).
-            let n = s.0.num_batches().map_err(crate::errors::shard_err)?;
-            return Ok(usize::try_from(n).unwrap_or(usize::MAX));
-        }
         self.inner
             .loader()
             .len()
@@ -588,24 +576,7 @@ impl PyLoader {
         if self.position.get().is_some_and(|s| s.epoch + 1 != epoch) {
             self.position.clear();
         }
-        if let Some(s) = &self.shards {
-            s.0.set_epoch(epoch);
-        }
         self.inner.loader().set_epoch(epoch)
-    }
-
-    /// A sharded dataset's resume state after `taken` batches of `epoch` (JSON).
-    fn shards_state_json(&self, py: Python<'_>, epoch: u64, taken: u64) -> PyResult<String> {
-        let s = self.sharded()?;
-        py.detach(|| s.state_json(epoch, taken))
-    }
-
-    /// Loads a sharded dataset's resume state; returns its epoch.
-    fn shards_load_json(&self, py: Python<'_>, json: &str) -> PyResult<u64> {
-        let s = self.sharded()?;
-        let epoch = py.detach(|| s.load_json(json))?;
-        self.inner.loader().set_epoch(epoch);
-        Ok(epoch)
     }
 
     /// Whether this loader reads a sharded dataset.
@@ -662,7 +633,7 @@ impl PyLoader {
         d.set_item("worker_restarts", s.worker_restarts)?;
         d.set_item("skipped_samples", s.skipped_samples)?;
         if let Some(shards) = &self.shards {
-            d.set_item("shards", crate::shards::stats_dict(py, &shards.0.stats())?)?;
+            d.set_item("shards", crate::shards::stats_dict(py, &shards.stats())?)?;
         }
         d.set_item("pool", pool_dict(py, &s.pool)?)?;
         Ok(d)

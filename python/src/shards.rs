@@ -1,9 +1,10 @@
 //! `longshore._Shards`: image shards in object storage (WebDataset tar shards, an MDS
 //! dataset or Parquet files, read by `longshore::shards`), for `longshore.datasets.WebDataset`,
 //! `StreamingDataset` and `ParquetDataset`. The shards are resolved once, when the dataset is made (one listing,
-//! one index read): a loader builds its own [`ShardedDataset`] from that spec with its batch
-//! size, `drop_last` and number of workers (the order is laid out in whole batches per worker),
-//! and its Rust workers read, decode and transform the images ([`ImageShards`]).
+//! one index read): a loader builds its own [`ShardedDataset`] from that spec, lays out each
+//! epoch for its batch size, `drop_last` and number of workers, and owns the epochs and resume
+//! state (the Rust loader's `set_epoch`, `state_dict`); its Rust workers read, decode and
+//! transform the images ([`ImageShards`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,7 +14,6 @@ use longshore::shards::ShardError;
 use longshore::shards::dataset::{
     DatasetSpec, OnSampleError, ShardStats, ShardedDataset, ShardedDatasetBuilder,
 };
-use longshore::shards::order::ResumeState;
 use longshore::shards::store::ShardStore;
 use longshore::shards::vision::ImageShards;
 use longshore::vision::{Compose, DecodeOptions};
@@ -70,7 +70,7 @@ impl Options {
 /// Image shards with a transform pipeline; see the module docs.
 #[pyclass(name = "_Shards", module = "longshore", frozen)]
 pub(crate) struct PyShards {
-    /// Resolved when made (batch size 1): its spec, store, rank and world size are what the
+    /// Resolved when made: its spec, store, rank and world size are what the
     /// loaders' datasets are built from.
     resolved: ShardedDataset,
     options: Options,
@@ -81,15 +81,11 @@ pub(crate) struct PyShards {
 }
 
 impl PyShards {
-    /// This dataset as a loader of `batch_size` with `num_workers` reads it: the shards (kept
-    /// by the loader for `set_epoch` and resume) and the decoded images. `on_sample_error`:
-    /// the loader's policy (a damaged shard refuses the loader under `Raise`; under `Skip`,
-    /// failed samples are counted and made up for, so ranks stay equal).
+    /// This dataset for a loader: the shards (for their stats) and the decoded images.
+    /// `on_sample_error`: the loader's policy (a damaged shard refuses the loader under
+    /// `Raise`; under `Skip`, failed samples are counted and made up for, so ranks stay equal).
     pub(crate) fn for_loader(
         &self,
-        batch_size: usize,
-        drop_last: bool,
-        num_workers: usize,
         on_sample_error: OnSampleError,
     ) -> Result<(ShardedDataset, ImageShards), ShardError> {
         let b = ShardedDataset::from_spec(self.resolved.spec().clone())
@@ -97,13 +93,7 @@ impl PyShards {
             .rank(self.resolved.rank())
             .world_size(self.resolved.world_size())
             .on_sample_error(on_sample_error);
-        let shards = self
-            .options
-            .apply(b)
-            .batch_size(batch_size)
-            .drop_last(drop_last)
-            .num_workers(num_workers.max(1))
-            .build()?;
+        let shards = self.options.apply(b).build()?;
         Ok((shards.clone(), self.images(shards)))
     }
 
@@ -246,14 +236,14 @@ impl PyShards {
     /// samples ahead.
     fn iter_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<PyShardIter> {
         let (shards, images) = py
-            .detach(|| self.for_loader(1, false, 1, OnSampleError::Raise))
+            .detach(|| self.for_loader(OnSampleError::Raise))
             .map_err(shard_err)?;
-        shards.set_epoch(epoch);
+        drop(shards);
         let (tx, rx) = crossbeam_channel::bounded(4);
         std::thread::Builder::new()
             .name("longshore-shards-iter".into())
             .spawn(move || {
-                for item in images.iter(WorkerInfo::single(0)) {
+                for item in images.iter(WorkerInfo::single(0).with_epoch(epoch)) {
                     if tx.send(item).is_err() {
                         break;
                     }
@@ -304,31 +294,6 @@ impl PyShardIter {
             Ok(Err(e)) => Err(data_err(e)),
             Err(_) => Err(PyStopIteration::new_err(())),
         }
-    }
-}
-
-/// A loader's shards: what `set_epoch`, `state_dict` and `load_state_dict` act on.
-#[derive(Debug, Clone)]
-pub(crate) struct LoaderShards(pub(crate) ShardedDataset);
-
-impl LoaderShards {
-    /// The resume state after `taken` batches of `epoch`'s iteration (the epoch selected
-    /// first if the dataset is at another one), as JSON.
-    pub(crate) fn state_json(&self, epoch: u64, taken: u64) -> PyResult<String> {
-        if self.0.epoch() != epoch {
-            self.0.set_epoch(epoch);
-        }
-        let state = self.0.state_dict(taken).map_err(shard_err)?;
-        serde_json::to_string(&state).map_err(|e| PyValueError::new_err(e.to_string()))
-    }
-
-    /// Loads a state saved by [`state_json`](Self::state_json); returns its epoch.
-    pub(crate) fn load_json(&self, json: &str) -> PyResult<u64> {
-        let state: ResumeState = serde_json::from_str(json).map_err(|e| {
-            PyValueError::new_err(format!("not a sharded dataset's resume state: {e}"))
-        })?;
-        self.0.load_state_dict(&state).map_err(shard_err)?;
-        Ok(state.epoch())
     }
 }
 

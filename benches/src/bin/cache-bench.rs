@@ -107,13 +107,13 @@ fn lru_downloads(refs: &[usize], sizes: &[u64], budget: u64) -> u64 {
 
 /// The node's reads if the workers take turns sample by sample: the order concurrent workers
 /// read in when each read takes as long as another's.
-fn fine_refs(ds: &ShardedDataset, epoch: u64, workers: usize) -> Result<Vec<usize>> {
+fn fine_refs(ds: &ShardedDataset, epoch: u64, workers: usize, batch: usize) -> Result<Vec<usize>> {
     let order = Arc::new(EpochOrder::new(
         &ds.spec().counts,
         ds.order_config(),
         epoch,
     )?);
-    let plan = EpochPlan::new(order, Layout::new(1, workers, ds.batch_size())?);
+    let plan = EpochPlan::new(order, Layout::new(1, workers, batch)?);
     let streams = (0..workers)
         .map(|w| Ok(plan.rank(0)?.worker(w)?.map(|s| s.sample.shard).collect()))
         .collect::<Result<Vec<Vec<usize>>>>()?;
@@ -124,13 +124,13 @@ fn fine_refs(ds: &ShardedDataset, epoch: u64, workers: usize) -> Result<Vec<usiz
 }
 
 /// The node's reads in delivery order (the loader's round-robin over the workers).
-fn refs(ds: &ShardedDataset, epoch: u64, workers: usize) -> Result<Vec<usize>> {
+fn refs(ds: &ShardedDataset, epoch: u64, workers: usize, batch: usize) -> Result<Vec<usize>> {
     let order = Arc::new(EpochOrder::new(
         &ds.spec().counts,
         ds.order_config(),
         epoch,
     )?);
-    let plan = EpochPlan::new(order, Layout::new(1, workers, ds.batch_size())?);
+    let plan = EpochPlan::new(order, Layout::new(1, workers, batch)?);
     Ok(plan
         .rank(0)?
         .batches()
@@ -166,17 +166,14 @@ fn build(
         .store(store)
         .seed(3)
         .shuffle_block(block)
-        .batch_size(args.batch)
         .rank(0)
         .world_size(1)
-        .num_workers(args.workers)
         .cache_config(CacheConfig::new(cache, budget))
         .build()?)
 }
 
 /// Reads epoch `epoch` through the loader, `work` of CPU per sample; returns samples/s.
 fn run_epoch(ds: &ShardedDataset, args: &Args, epoch: u64, work: Duration) -> Result<f64> {
-    ds.set_epoch(epoch);
     let loader = DataLoader::iterable(ds.clone().map(move |s: ShardSample| {
         let t = Instant::now();
         let mut sum = 0i64;
@@ -187,9 +184,9 @@ fn run_epoch(ds: &ShardedDataset, args: &Args, epoch: u64, work: Duration) -> Re
     }))
     .batch_size(args.batch)
     .num_workers(args.workers)
-    .drop_last(ds.drop_last())
     .collate(StackCollate::new())
     .build()?;
+    loader.set_epoch(epoch);
     let t = Instant::now();
     let mut n = 0usize;
     for b in loader.iter() {
@@ -233,7 +230,7 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
             let st = ds.cache().epoch_stats();
             let d = st.iter().find(|s| s.epoch == e).map_or(0, |s| s.downloads);
             ours.push(d.to_string());
-            let r = refs(&ds, e, args.workers)?;
+            let r = refs(&ds, e, args.workers, args.batch)?;
             bound.push(belady_downloads(r, &sizes, args.mds_budget).to_string());
         }
         println!("{};{}", ours.join(", "), bound.join(", "));
@@ -271,7 +268,7 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                 let mut fine = Vec::new();
                 for e in 0..=args.epochs {
                     run_epoch(&ds, args, e, Duration::ZERO)?;
-                    let r = refs(&ds, e, args.workers)?;
+                    let r = refs(&ds, e, args.workers, args.batch)?;
                     if e == 0 {
                         ws = working_set_bytes(r.iter().copied(), &sizes) as f64 / largest as f64;
                         continue;
@@ -284,7 +281,7 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                     online.push(d.to_string());
                     bel.push(belady_downloads(r.iter().copied(), &sizes, budget).to_string());
                     lru.push(lru_downloads(&r, &sizes, budget).to_string());
-                    let f = fine_refs(&ds, e, args.workers)?;
+                    let f = fine_refs(&ds, e, args.workers, args.batch)?;
                     fine.push(belady_downloads(f, &sizes, budget).to_string());
                 }
                 println!(

@@ -316,8 +316,10 @@ impl<F: Fetch> DataLoader<F> {
             (plan.next_epoch, plan.restored.clone(), plan.config.clone())
         };
         let p = lock(&self.inner.progress).clone();
-        // Mid-epoch: the progress. Between epochs: the next epoch, with what a restore left.
-        let mid = p.num_batches > 0 && !p.complete() && p.epoch + 1 == next_epoch;
+        // Mid-epoch: the progress of an iterator (owner 0 is a restore not yet run, which
+        // `set_epoch` may have dropped). Between epochs: the next epoch, with what a restore
+        // left.
+        let mid = p.owner != 0 && p.num_batches > 0 && !p.complete() && p.epoch + 1 == next_epoch;
         let current = if mid { Some(p) } else { pending };
         let (epoch, prefix, extra, num_batches, stream) = match &current {
             Some(r) => (
@@ -354,7 +356,8 @@ impl<F: Fetch> DataLoader<F> {
         let num_batches = match (&current, self.inner.fetch.indexed()) {
             (_, true) => lock(&self.inner.plan).sampler.len().unwrap_or(0) as u64,
             (Some(_), false) => num_batches,
-            (None, false) => self.len().map_or(u64::MAX, |n| n as u64),
+            // A fresh epoch's count is not asked of the dataset here (`len()` does).
+            (None, false) => u64::MAX,
         };
         Ok(LoaderState {
             version: STATE_VERSION,

@@ -33,7 +33,7 @@ pub struct LoaderState {
     /// Samples in the dataset, checked on restore (0 for iterable datasets).
     pub dataset_len: usize,
     /// Batches per epoch, checked on restore of a map-style dataset (iterable datasets: the
-    /// epoch's batches when the dataset knows them, else `u64::MAX`).
+    /// batches of an epoch under way or restored when the dataset knows them, else `u64::MAX`).
     pub num_batches: u64,
     /// Every batch position below this was delivered.
     pub done_prefix: u64,

@@ -105,7 +105,7 @@ impl ImageShards {
         self
     }
 
-    /// The shards (for `set_epoch`, `state_dict`, ...).
+    /// The shards.
     pub fn dataset(&self) -> &ShardedDataset {
         &self.dataset
     }
@@ -161,6 +161,8 @@ impl ImageShards {
 impl IterableDataset for ImageShards {
     type Item = (Tensor, i64);
 
+    crate::dataset::forward_epochs!(dataset);
+
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, (Tensor, i64)> {
         Box::new(
             self.dataset
@@ -184,10 +186,9 @@ impl IterableDataset for ImageShards {
 ///
 /// let encoded = train.encoded()?;
 /// let decoder = encoded.decoder(device)?;
-/// let batch_size = encoded.dataset().batch_size();
 /// let loader = DataLoader::iterable(encoded)
 ///     .collate(EncodedCollate)
-///     .batch_size(batch_size)
+///     .batch_size(256)
 ///     .num_workers(4)
 ///     .build()?
 ///     .with_stage(decoder);
@@ -217,7 +218,7 @@ impl ImageShards {
 
 #[cfg(feature = "nvjpeg")]
 impl EncodedShards {
-    /// The shards (for `set_epoch`, `state_dict`, ...).
+    /// The shards.
     pub fn dataset(&self) -> &ShardedDataset {
         &self.images.dataset
     }
@@ -298,6 +299,8 @@ impl EncodedShards {
 #[cfg(feature = "nvjpeg")]
 impl IterableDataset for EncodedShards {
     type Item = longshore_nvjpeg::PlannedSample;
+
+    crate::dataset::forward_epochs!(images.dataset);
 
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, longshore_nvjpeg::PlannedSample> {
         Box::new(

@@ -20,18 +20,17 @@ use longshore_loader::SampleErrorPolicy;
 use longshore_shards::cache::{CacheConfig, ShardCache};
 use longshore_shards::dataset::ShardedDataset;
 use longshore_shards::store::ShardStore;
-use support::data::{pattern, run_rank, write_shards};
+use support::data::{Read, pattern, run_rank, write_shards};
 use support::{local_list, write_local_shards};
 
 const SHARDS: usize = 20;
 
-/// 20 shards of 100 samples in `src`, batches of 8, `workers` workers, a cache of
-/// `budget_shards` times the largest shard.
+/// 20 shards of 100 samples in `src`, a cache of `budget_shards` times the largest shard (the
+/// loaders read batches of [`schedule::BATCH`]).
 fn dataset(
     src: &Path,
     cache: &Path,
     block: u64,
-    workers: usize,
     budget_shards: f64,
     prefetch: usize,
 ) -> (ShardedDataset, u64) {
@@ -47,10 +46,8 @@ fn dataset(
     let ds = ShardedDataset::webdataset([pattern(&src.display().to_string(), SHARDS)])
         .seed(1)
         .shuffle_block(block)
-        .batch_size(8)
         .rank(0)
         .world_size(1)
-        .num_workers(workers)
         .prefetch_shards(prefetch)
         .cache_config(CacheConfig::new(cache, budget))
         .build()
@@ -61,8 +58,10 @@ fn dataset(
 /// Runs epoch `epoch` through a loader, checks every sample came exactly once, and returns the
 /// cache's downloads in it and Belady's bound for the same order and budget.
 fn epoch(ds: &ShardedDataset, epoch: u64, workers: usize, budget: u64) -> (u64, u64) {
-    ds.set_epoch(epoch);
-    let batches = run_rank(ds, workers, None, SampleErrorPolicy::default());
+    let read = Read::new(schedule::BATCH, workers)
+        .epoch(epoch)
+        .policy(SampleErrorPolicy::default());
+    let batches = run_rank(ds, read, None);
     let mut seen: Vec<u64> = batches
         .into_iter()
         .flat_map(|b| b.unwrap())
@@ -90,7 +89,7 @@ fn one_reader_under_a_small_budget_downloads_what_belady_does() {
     for prefetch in [0, 2] {
         let cache = tempfile::tempdir().unwrap();
         // The default shuffle: one block of the 20 shards, a working set of ~17 shards.
-        let (ds, budget) = dataset(src.path(), cache.path(), u64::MAX, 1, 3.0, prefetch);
+        let (ds, budget) = dataset(src.path(), cache.path(), u64::MAX, 3.0, prefetch);
         for e in 0..2 {
             let (downloads, belady) = epoch(&ds, e, 1, budget);
             eprintln!("prefetch {prefetch}, epoch {e}: {downloads} downloads, Belady {belady}");
@@ -131,7 +130,7 @@ fn two_workers_under_a_small_budget_stay_near_belady() {
     let src = tempfile::tempdir().unwrap();
     write_shards(src.path(), &[100; SHARDS]);
     let cache = tempfile::tempdir().unwrap();
-    let (ds, budget) = dataset(src.path(), cache.path(), u64::MAX, 2, 8.0, 2);
+    let (ds, budget) = dataset(src.path(), cache.path(), u64::MAX, 8.0, 2);
     for e in 0..2 {
         let (downloads, belady) = epoch(&ds, e, 2, budget);
         eprintln!("epoch {e}: {downloads} downloads, Belady {belady}");
@@ -148,7 +147,7 @@ fn a_budget_that_holds_the_working_set_downloads_each_shard_once() {
     write_shards(src.path(), &[100; SHARDS]);
     // Blocks of 3 shards: each worker reads one block at a time.
     let probe = tempfile::tempdir().unwrap();
-    let (ds, _) = dataset(src.path(), probe.path(), 250, 2, 20.0, 2);
+    let (ds, _) = dataset(src.path(), probe.path(), 250, 20.0, 2);
     let sizes = schedule::sizes(&ds);
     let refs = schedule::node_refs(&ds, 0, &[0], 2);
     let ws = longshore_shards::cache::working_set_bytes(refs.iter().copied(), &sizes);
@@ -157,7 +156,7 @@ fn a_budget_that_holds_the_working_set_downloads_each_shard_once() {
     for room in [0, 2] {
         let cache = tempfile::tempdir().unwrap();
         let shards = (ws + room * largest) as f64 / largest as f64;
-        let (ds, budget) = dataset(src.path(), cache.path(), 250, 2, shards, 2);
+        let (ds, budget) = dataset(src.path(), cache.path(), 250, shards, 2);
         for e in 0..3 {
             let (downloads, belady) = epoch(&ds, e, 2, budget);
             eprintln!("room {room}, epoch {e}: {downloads} downloads, Belady {belady}");
@@ -240,10 +239,9 @@ fn a_budget_below_the_working_set_is_warned_about_once_naming_what_would_suffice
     let (ds, budget, ws) = tracing::subscriber::with_default(Capture(Arc::clone(&seen)), || {
         // One reader on this thread, no prefetch: every eviction happens here.
         let cache = tempfile::tempdir().unwrap();
-        let (ds, budget) = dataset(src.path(), cache.path(), u64::MAX, 1, 4.0, 0);
+        let (ds, budget) = dataset(src.path(), cache.path(), u64::MAX, 4.0, 0);
         for e in 0..2 {
-            ds.set_epoch(e);
-            for s in ds.iter(WorkerInfo::single(0)) {
+            for s in ds.iter(WorkerInfo::single(0).with_epoch(e)) {
                 s.unwrap();
             }
         }
@@ -281,11 +279,9 @@ fn a_budget_below_the_working_set_is_warned_about_once_naming_what_would_suffice
             src.path(),
             cache.path(),
             u64::MAX,
-            1,
             named as f64 / largest as f64 + 0.01,
             0,
         );
-        ds.set_epoch(0);
         for s in ds.iter(WorkerInfo::single(0)) {
             s.unwrap();
         }

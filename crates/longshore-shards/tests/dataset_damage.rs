@@ -14,14 +14,13 @@ use longshore_shards::dataset::{OnSampleError, ShardedDataset, ShardedDatasetBui
 use longshore_shards::webdataset::ShardReader;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use support::data::{Seen, pattern, run_rank, write_shards};
+use support::data::{Read, Seen, pattern, planned, run_rank, write_shards};
 
 const COUNTS: [u64; 6] = [9, 4, 13, 7, 1, 11]; // 45 samples
 
-fn builder(dir: &Path, n: usize, batch_size: usize) -> ShardedDatasetBuilder {
+fn builder(dir: &Path, n: usize) -> ShardedDatasetBuilder {
     ShardedDataset::webdataset([pattern(&dir.display().to_string(), n)])
         .cache_dir(dir.join("cache"))
-        .batch_size(batch_size)
         .seed(5)
         .shuffle_block(8)
 }
@@ -63,7 +62,7 @@ fn a_truncated_shard_with_an_index_keeps_its_count_and_every_rank_its_batches() 
     write_shards(dir.path(), &COUNTS);
     truncate(dir.path(), 2, 6); // shard 2: 13 samples, cut in sample 6
     // Raise (the default): refused at build, naming the shard and where it ends.
-    let err = builder(dir.path(), COUNTS.len(), 4).build().unwrap_err();
+    let err = builder(dir.path(), COUNTS.len()).build().unwrap_err();
     let ShardError::Damaged { shard, offset, .. } = &err else {
         panic!("{err}");
     };
@@ -78,16 +77,18 @@ fn a_truncated_shard_with_an_index_keeps_its_count_and_every_rank_its_batches() 
         let mut all = Vec::new();
         let mut failed = 0;
         for rank in 0..3 {
-            let ds = builder(dir.path(), COUNTS.len(), 4)
+            let ds = builder(dir.path(), COUNTS.len())
                 .rank(rank)
                 .world_size(3)
-                .drop_last(drop_last)
                 .on_sample_error(OnSampleError::Skip)
                 .build()
                 .unwrap();
             assert_eq!(ds.len(), 45, "damage never shrinks the dataset");
-            let planned = ds.num_batches().unwrap() as usize;
-            let batches = run_rank(&ds, 2, None, SampleErrorPolicy::Skip);
+            let read = Read::new(4, 2)
+                .drop_last(drop_last)
+                .policy(SampleErrorPolicy::Skip);
+            let planned = planned(&ds, read);
+            let batches = run_rank(&ds, read, None);
             assert_eq!(batches.len(), planned, "rank {rank}, drop_last {drop_last}");
             let stats = ds.stats();
             assert_eq!(stats.padded, stats.failed(), "{stats:?}");
@@ -119,14 +120,14 @@ fn a_truncated_shard_without_an_index_is_an_error_or_a_counted_skip() {
     write_shards(dir.path(), &COUNTS);
     std::fs::remove_file(dir.path().join("shard-index.json")).unwrap();
     truncate(dir.path(), 2, 6);
-    let err = builder(dir.path(), COUNTS.len(), 4).build().unwrap_err();
+    let err = builder(dir.path(), COUNTS.len()).build().unwrap_err();
     let ShardError::Damaged { shard, member, .. } = &err else {
         panic!("{err}");
     };
     assert!(shard.ends_with("shard-000002.tar"), "{err}");
     assert!(member.is_some(), "{err}");
     assert!(err.to_string().contains("whole samples before it"), "{err}");
-    let ds = builder(dir.path(), COUNTS.len(), 4)
+    let ds = builder(dir.path(), COUNTS.len())
         .rank(0)
         .world_size(1)
         .on_sample_error(OnSampleError::Skip)
@@ -136,8 +137,9 @@ fn a_truncated_shard_without_an_index_is_an_error_or_a_counted_skip() {
     assert_eq!(ds.spec().damaged.len(), 1);
     assert_eq!(ds.spec().damaged[0].shard, 2);
     assert_eq!(ds.stats().damaged_shards, 1);
-    let planned = ds.num_batches().unwrap() as usize;
-    let batches = run_rank(&ds, 2, None, SampleErrorPolicy::Skip);
+    let read = Read::new(4, 2).policy(SampleErrorPolicy::Skip);
+    let planned = planned(&ds, read);
+    let batches = run_rank(&ds, read, None);
     assert_eq!(batches.len(), planned);
     assert_eq!(samples(&batches).len() as u64, ds.len());
 }
@@ -150,14 +152,15 @@ fn a_broken_header_with_an_index_is_made_up_for_on_every_rank() {
     for workers in [1, 3] {
         let mut counts = Vec::new();
         for rank in 0..2 {
-            let ds = builder(dir.path(), COUNTS.len(), 3)
+            let ds = builder(dir.path(), COUNTS.len())
                 .rank(rank)
                 .world_size(2)
                 .on_sample_error(OnSampleError::Skip)
                 .build()
                 .unwrap();
-            let planned = ds.num_batches().unwrap() as usize;
-            let batches = run_rank(&ds, workers, None, SampleErrorPolicy::Skip);
+            let read = Read::new(3, workers).policy(SampleErrorPolicy::Skip);
+            let planned = planned(&ds, read);
+            let batches = run_rank(&ds, read, None);
             assert_eq!(batches.len(), planned, "rank {rank}, {workers} workers");
             counts.push(samples(&batches).len());
             let s = ds.stats();
@@ -230,15 +233,17 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
                 let mut real = Vec::new();
                 let mut gave_up = false;
                 for rank in 0..world {
-                    let ds = builder(dir.path(), counts.len(), batch_size)
+                    let ds = builder(dir.path(), counts.len())
                         .rank(rank)
                         .world_size(world)
-                        .drop_last(drop_last)
                         .on_sample_error(OnSampleError::Skip)
                         .build()
                         .unwrap();
-                    let planned = ds.num_batches().unwrap() as usize;
-                    let batches = run_rank(&ds, workers, None, SampleErrorPolicy::Skip);
+                    let read = Read::new(batch_size, workers)
+                        .drop_last(drop_last)
+                        .policy(SampleErrorPolicy::Skip);
+                    let planned = planned(&ds, read);
+                    let batches = run_rank(&ds, read, None);
                     let stats = ds.stats();
                     let errors: Vec<&String> =
                         batches.iter().filter_map(|b| b.as_ref().err()).collect();
@@ -305,7 +310,6 @@ fn damage_read_through_an_s3_server_is_named_or_counted() {
             ShardedDataset::webdataset([pattern(&server.url("d"), COUNTS.len())])
                 .store(server.store_builder().build())
                 .cache_dir(dir.path().join(cache))
-                .batch_size(4)
                 .seed(5)
                 .shuffle_block(8)
         };
@@ -327,8 +331,9 @@ fn damage_read_through_an_s3_server_is_named_or_counted() {
                 .on_sample_error(OnSampleError::Skip)
                 .build()
                 .unwrap();
-            let planned = ds.num_batches().unwrap() as usize;
-            let batches = run_rank(&ds, 2, None, SampleErrorPolicy::Skip);
+            let read = Read::new(4, 2).policy(SampleErrorPolicy::Skip);
+            let planned = planned(&ds, read);
+            let batches = run_rank(&ds, read, None);
             assert_eq!(batches.len(), planned, "index {with_index}, rank {rank}");
             let stats = ds.stats();
             assert_eq!(stats.padded, stats.failed(), "{stats:?}");
@@ -356,13 +361,17 @@ fn a_rank_with_nothing_readable_fails_instead_of_coming_up_short() {
     truncate(dir.path(), 0, 0);
     truncate(dir.path(), 1, 0);
     for workers in [1, 2] {
-        let ds = builder(dir.path(), 2, 1)
+        let ds = builder(dir.path(), 2)
             .rank(0)
             .world_size(1)
             .on_sample_error(OnSampleError::Skip)
             .build()
             .unwrap();
-        let batches = run_rank(&ds, workers, None, SampleErrorPolicy::Skip);
+        let batches = run_rank(
+            &ds,
+            Read::new(1, workers).policy(SampleErrorPolicy::Skip),
+            None,
+        );
         let errors: Vec<&String> = batches.iter().filter_map(|b| b.as_ref().err()).collect();
         assert!(!errors.is_empty(), "{workers} workers: {batches:?}");
         assert!(

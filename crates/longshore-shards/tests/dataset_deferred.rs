@@ -16,7 +16,7 @@ use longshore_vision::synth::{FolderSpec, write_folder};
 use longshore_vision::{Compose, Output};
 
 /// A tiny folder (4 classes x 3 images) packed into several shards.
-fn packed(root: &Path, batch_size: usize) -> ShardedDataset {
+fn packed(root: &Path) -> ShardedDataset {
     let folder = root.join("folder");
     write_folder(&folder, &FolderSpec::tiny()).unwrap();
     let out = root.join("shards");
@@ -29,7 +29,6 @@ fn packed(root: &Path, batch_size: usize) -> ShardedDataset {
         n - 1
     )])
     .cache_dir(root.join("cache"))
-    .batch_size(batch_size)
     .seed(5)
     .rank(0)
     .world_size(1)
@@ -59,7 +58,7 @@ fn collect<
 #[test]
 fn decoding_into_the_batch_gives_the_stacked_batches() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = packed(dir.path(), 5);
+    let ds = packed(dir.path());
     for (compose, dtype_bytes) in [
         (Compose::train(24, Output::imagenet()), 4),
         (Compose::val(30, 24, Output::U8Chw), 1),
@@ -67,13 +66,13 @@ fn decoding_into_the_batch_gives_the_stacked_batches() {
         let images = ImageShards::new(ds.clone(), compose);
         for workers in [0, 1, 3] {
             for epoch in 0..2 {
-                ds.set_epoch(epoch);
                 let stacked = DataLoader::iterable(images.clone())
                     .collate(StackCollate::new())
                     .batch_size(5)
                     .num_workers(workers)
                     .build()
                     .unwrap();
+                stacked.set_epoch(epoch);
                 let deferred = images.clone().deferred();
                 let collate = deferred.collate();
                 let direct = DataLoader::iterable(deferred)
@@ -82,6 +81,7 @@ fn decoding_into_the_batch_gives_the_stacked_batches() {
                     .num_workers(workers)
                     .build()
                     .unwrap();
+                direct.set_epoch(epoch);
                 let (want, got) = (collect(&stacked), collect(&direct));
                 assert_eq!(want.len(), 3, "12 images in batches of 5");
                 assert_eq!(got[0].0, vec![vec![5, 3, 24, 24], vec![5]]);
@@ -100,7 +100,7 @@ fn decoding_into_the_batch_gives_the_stacked_batches() {
 #[test]
 fn names_and_layout_match_stack_collate_with_names() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = packed(dir.path(), 4);
+    let ds = packed(dir.path());
     let images = ImageShards::new(ds, Compose::train(16, Output::imagenet()));
     let deferred = images.clone().deferred();
     let items: Vec<_> = deferred
@@ -137,7 +137,7 @@ fn names_and_layout_match_stack_collate_with_names() {
 
 /// Shards of 9 images of which the one keyed `bad` is a JPEG cut in half: its header reads, its
 /// data does not decode.
-fn with_a_broken_image(root: &Path, batch_size: usize) -> ShardedDataset {
+fn with_a_broken_image(root: &Path) -> ShardedDataset {
     let folder = root.join("folder");
     write_folder(&folder, &FolderSpec::tiny()).unwrap();
     let mut files: Vec<_> = walk(&folder)
@@ -166,7 +166,6 @@ fn with_a_broken_image(root: &Path, batch_size: usize) -> ShardedDataset {
     w.finish().unwrap();
     ShardedDataset::webdataset([format!("{}/shard-000000.tar", out.display())])
         .cache_dir(root.join("cache"))
-        .batch_size(batch_size)
         .shuffle(false)
         .rank(0)
         .world_size(1)
@@ -190,7 +189,7 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 #[test]
 fn a_broken_image_in_a_batch_is_named_or_skipped_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = with_a_broken_image(dir.path(), 4);
+    let ds = with_a_broken_image(dir.path());
     let deferred = ImageShards::new(ds, Compose::train(16, Output::imagenet())).deferred();
     // The header passes in the worker: the failure comes from the collation.
     let items: Vec<_> = deferred.iter(WorkerInfo::single(0)).collect();

@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use longshore_loader::SampleErrorPolicy;
+use longshore_loader::LoaderState;
 use longshore_shards::cache::CacheConfig;
 use longshore_shards::dataset::{CountSource, ShardedDataset};
-use longshore_shards::order::{EpochOrder, EpochPlan, Layout, ResumeState};
+use longshore_shards::order::{EpochOrder, EpochPlan, Layout, OrderConfig};
 use longshore_shards::store::{Fault, FaultyStore, RetryPolicy, ShardStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use support::data::{Seen, pattern, run_rank, write_shards};
+use support::data::{RankLoader, Read, Seen, pattern, rank_loader, take_batches, write_shards};
 use support::s3::S3Server;
 
 const WORLD: usize = 4;
@@ -176,11 +176,11 @@ impl Faulty {
 }
 
 /// Every rank's delivered samples (`take` batches each, or all), run concurrently.
-fn run_ranks(datasets: &[ShardedDataset], workers: usize, take: Option<usize>) -> Vec<Vec<Seen>> {
+fn run_ranks(loaders: &[RankLoader], take: Option<usize>) -> Vec<Vec<Seen>> {
     std::thread::scope(|s| {
-        let runs: Vec<_> = datasets
+        let runs: Vec<_> = loaders
             .iter()
-            .map(|ds| s.spawn(move || run_rank(ds, workers, take, SampleErrorPolicy::FailBatch)))
+            .map(|l| s.spawn(move || take_batches(l, take)))
             .collect();
         runs.into_iter()
             .map(|r| {
@@ -235,7 +235,7 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
     let cache_dir = local.path().join("node-cache");
     let faulty = Faulty::new(c.faults);
     let url = pattern(&server.url(&prefix), c.counts.len());
-    let make = |spec: Option<&ShardedDataset>, rank: usize, world: usize, workers: usize| {
+    let make = |spec: Option<&ShardedDataset>, rank: usize, world: usize| {
         let b = match spec {
             None => ShardedDataset::webdataset([url.clone()]),
             Some(ds) => ShardedDataset::from_spec(ds.spec().clone()),
@@ -243,11 +243,8 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
         b.store(faulty.store(server))
             .seed(c.seed)
             .shuffle_block(c.shuffle_block)
-            .batch_size(c.batch_size)
-            .drop_last(c.drop_last)
             .rank(rank)
             .world_size(world)
-            .num_workers(workers)
             .prefetch_shards(c.prefetch)
             .cache_config(CacheConfig {
                 // A reader starved of room fails the case instead of stalling the suite.
@@ -271,7 +268,7 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
         });
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // A cold start: rank 0 resolves, the others get its spec.
-            let first = make(None, 0, WORLD, WORKERS);
+            let first = make(None, 0, WORLD);
             let counted = first.spec().counted_by.iter().all(|s| match s {
                 CountSource::WidsIndex(u) => u.ends_with("shard-index.json"),
                 CountSource::Scan => !c.with_index,
@@ -281,12 +278,16 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
             assert_eq!(first.spec().counts, c.counts);
             let mut ranks = vec![first];
             for r in 1..WORLD {
-                ranks.push(make(Some(&ranks[0]), r, WORLD, WORKERS));
+                ranks.push(make(Some(&ranks[0]), r, WORLD));
             }
+            let read = Read::new(c.batch_size, WORKERS).drop_last(c.drop_last);
+            let loaders = |datasets: &[ShardedDataset], read: Read| -> Vec<RankLoader> {
+                datasets.iter().map(|ds| rank_loader(ds, read)).collect()
+            };
 
             // Epoch 0, whole.
-            let seen = run_ranks(&ranks, WORKERS, None);
-            let plan = ranks[0].plan().unwrap();
+            let seen = run_ranks(&loaders(&ranks, read), None);
+            let plan = ranks[0].plan(0).unwrap();
             let per_rank = plan.samples_per_rank() as usize;
             assert!(seen.iter().all(|r| r.len() == per_rank), "equal ranks");
             let all: Vec<Seen> = seen.into_iter().flatten().collect();
@@ -304,27 +305,28 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
             check_once(&all, &want, plan.padding(), "epoch 0");
             assert_eq!(faulty.lists(), 1, "one listing per job");
 
-            // Epoch 1: k batches on 4 ranks, then the rest on world2 ranks.
-            for ds in &ranks {
-                ds.set_epoch(1);
-            }
-            let batches = ranks[0].num_batches().unwrap();
+            // Epoch 1: k batches on 4 ranks, then the rest on world2 ranks, from the loaders'
+            // checkpoint.
+            let first = loaders(&ranks, read.epoch(1));
+            let batches = first[0].len().unwrap() as u64;
             let k = batches * c.k_percent / 100;
-            let taken = run_ranks(&ranks, WORKERS, Some(k as usize));
-            let state = ranks[0].state_dict(k).unwrap();
-            for ds in &ranks[1..] {
-                assert_eq!(ds.state_dict(k).unwrap(), state);
+            let taken = run_ranks(&first, Some(k as usize));
+            let state = first[0].state_dict().unwrap();
+            assert_eq!(state.done_prefix, k);
+            for l in &first[1..] {
+                assert_eq!(l.state_dict().unwrap(), state);
             }
-            let state: ResumeState =
+            let state: LoaderState =
                 serde_json::from_str(&serde_json::to_string(&state).unwrap()).unwrap();
             let resumed: Vec<ShardedDataset> = (0..c.world2)
-                .map(|r| make(Some(&ranks[0]), r, c.world2, c.workers2))
+                .map(|r| make(Some(&ranks[0]), r, c.world2))
                 .collect();
-            for ds in &resumed {
-                ds.load_state_dict(&state).unwrap();
+            let second = loaders(&resumed, read.workers(c.workers2));
+            for l in &second {
+                l.load_state_dict(&state).unwrap();
             }
-            let rest = run_ranks(&resumed, c.workers2, None);
-            let rest_plan = resumed[0].plan().unwrap();
+            let rest = run_ranks(&second, None);
+            let rest_plan = resumed[0].plan(1).unwrap();
             let rest_per_rank = rest_plan.samples_per_rank() as usize;
             assert!(
                 rest.iter().all(|r| r.len() == rest_per_rank),
@@ -332,7 +334,11 @@ fn run_case(server: &S3Server, n: u64, c: &Case) {
             );
             // What should have been delivered: the uninterrupted plan's first k batches per
             // rank, then the resumed plan's samples.
-            let order = Arc::new(EpochOrder::new(&c.counts, ranks[0].order_config(), 1).unwrap());
+            let config = OrderConfig {
+                drop_last: c.drop_last,
+                ..ranks[0].order_config()
+            };
+            let order = Arc::new(EpochOrder::new(&c.counts, config, 1).unwrap());
             let full = EpochPlan::new(order, Layout::new(WORLD, WORKERS, c.batch_size).unwrap());
             let mut first_pads = 0;
             for (rank, got) in taken.iter().enumerate() {

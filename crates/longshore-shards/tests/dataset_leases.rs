@@ -31,10 +31,8 @@ fn dataset(src: &Path, cache: &Path) -> ShardedDataset {
     config.wait_timeout = Duration::from_secs(5);
     ShardedDataset::webdataset([pattern(&src.display().to_string(), COUNTS.len())])
         .shuffle(false)
-        .batch_size(1)
         .rank(0)
         .world_size(1)
-        .num_workers(2)
         .cache_config(config)
         .build()
         .unwrap()
@@ -58,7 +56,6 @@ fn readers_taking_turns_under_a_one_shard_budget_read_everything() {
     let src = tempfile::tempdir().unwrap();
     write_shards(src.path(), &COUNTS);
     let ds = dataset(src.path(), &src.path().join("cache"));
-    ds.set_epoch(0);
     let mut a = ds.iter(WorkerInfo::new(0, 2, 0).unwrap());
     let mut b = ds.iter(WorkerInfo::new(1, 2, 0).unwrap());
     let mut seen = Vec::new();
@@ -100,7 +97,6 @@ fn child_holds_an_idle_reader() {
     };
     let signals = PathBuf::from(signals);
     let ds = dataset(Path::new(&src), Path::new(&cache));
-    ds.set_epoch(0);
     let mut a = ds.iter(WorkerInfo::new(0, 2, 0).unwrap());
     let mut seen = vec![take(&mut a).unwrap().0];
     std::fs::write(signals.join("ready"), "").unwrap();
@@ -145,7 +141,6 @@ fn a_reader_idle_in_another_process_lets_its_lease_go() {
     }
     // Worker 1 here needs room the child's idle reader holds.
     let ds = dataset(src.path(), &cache);
-    ds.set_epoch(0);
     let mut b = ds.iter(WorkerInfo::new(1, 2, 0).unwrap());
     let mut seen = Vec::new();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -7,19 +7,21 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use longshore_data::{IterableDataset, WorkerInfo};
+use longshore_data::{EpochLayout, IterableDataset, WorkerInfo};
+use longshore_loader::LoaderState;
 use longshore_loader::SampleErrorPolicy;
 use longshore_shards::dataset::{CountSource, DatasetSpec, ShardedDataset, ShardedDatasetBuilder};
 use longshore_shards::mds::{MdsWriter, Value};
-use longshore_shards::order::{EpochPlan, ResumeState, sample_seed};
-use support::data::{Seen, pattern, run_rank, write_shards};
+use longshore_shards::order::sample_seed;
+use support::data::{
+    Read, Seen, pattern, planned, rank_loader, run_rank, take_batches, write_shards,
+};
 
 const COUNTS: [u64; 7] = [9, 4, 0, 13, 7, 1, 11]; // 45 samples
 
 fn builder(dir: &Path, n: usize) -> ShardedDatasetBuilder {
     ShardedDataset::webdataset([pattern(&dir.display().to_string(), n)])
         .cache_dir(dir.join("cache"))
-        .batch_size(4)
         .seed(11)
         .shuffle_block(10)
 }
@@ -45,8 +47,9 @@ fn every_sample_once_through_a_loader_with_workers() {
             .all(|c| matches!(c, CountSource::WidsIndex(u) if u.ends_with("shard-index.json")))
     );
     for workers in [1, 3] {
-        let batches = run_rank(&ds, workers, None, SampleErrorPolicy::FailBatch);
-        assert_eq!(batches.len() as u64, ds.num_batches().unwrap());
+        let read = Read::new(4, workers);
+        let batches = run_rank(&ds, read, None);
+        assert_eq!(batches.len(), planned(&ds, read));
         let seen = flat(batches);
         let mut ids: Vec<u64> = seen.iter().map(|s| s.global).collect();
         ids.sort_unstable();
@@ -57,7 +60,7 @@ fn every_sample_once_through_a_loader_with_workers() {
             assert!(!s.pad);
         }
         // The loader's order is the plan's.
-        let plan = ds.plan().unwrap();
+        let plan = ds.plan(0).unwrap();
         let planned: Vec<u64> = plan
             .rank(0)
             .unwrap()
@@ -81,10 +84,9 @@ fn ranks_get_equal_counts_and_padding_is_marked() {
             let ds = builder(dir.path(), COUNTS.len())
                 .rank(rank)
                 .world_size(4)
-                .drop_last(drop_last)
                 .build()
                 .unwrap();
-            let seen = flat(run_rank(&ds, 2, None, SampleErrorPolicy::FailBatch));
+            let seen = flat(run_rank(&ds, Read::new(4, 2).drop_last(drop_last), None));
             per_rank.push(seen.len());
             all.extend(seen);
         }
@@ -119,7 +121,7 @@ fn counts_come_from_a_scan_without_an_index() {
         .unwrap();
     assert_eq!(ds.spec().counts, COUNTS);
     assert!(ds.spec().counted_by.iter().all(|c| *c == CountSource::Scan));
-    let seen = flat(run_rank(&ds, 2, None, SampleErrorPolicy::FailBatch));
+    let seen = flat(run_rank(&ds, Read::new(4, 2), None));
     assert_eq!(seen.len(), 45);
 }
 
@@ -136,25 +138,23 @@ fn the_spec_travels_as_json_and_epochs_reshuffle() {
     assert_eq!(&spec, a.spec());
     let b = ShardedDataset::from_spec(spec)
         .cache_dir(dir.path().join("cache"))
-        .batch_size(4)
         .seed(11)
         .shuffle_block(10)
         .rank(0)
         .world_size(1)
         .build()
         .unwrap();
-    let order = |ds: &ShardedDataset| -> Vec<(u64, u64)> {
-        ds.iter(WorkerInfo::single(0))
+    let order = |ds: &ShardedDataset, epoch| -> Vec<(u64, u64)> {
+        ds.iter(WorkerInfo::single(0).with_epoch(epoch))
             .map(|s| {
                 let s = s.unwrap();
                 (s.id.global, s.seed)
             })
             .collect()
     };
-    assert_eq!(order(&a), order(&b));
-    let e0 = order(&a);
-    a.set_epoch(1);
-    let e1 = order(&a);
+    assert_eq!(order(&a, 0), order(&b, 0));
+    let e0 = order(&a, 0);
+    let e1 = order(&a, 1);
     assert_ne!(e0, e1, "another epoch, another order and other seeds");
     assert!(e1.iter().all(|&(g, s)| s == sample_seed(11, 1, g)));
 }
@@ -163,42 +163,39 @@ fn the_spec_travels_as_json_and_epochs_reshuffle() {
 fn resume_on_the_same_and_other_layouts() {
     let dir = tempfile::tempdir().unwrap();
     write_shards(dir.path(), &COUNTS);
-    let make = |rank, world, workers| {
+    let make = |rank, world| {
         builder(dir.path(), COUNTS.len())
             .rank(rank)
             .world_size(world)
-            .num_workers(workers)
             .build()
             .unwrap()
     };
     for (world2, workers2) in [(2, 3), (3, 1), (1, 2)] {
-        // Two ranks of 3 workers take 2 batches each, then the job resumes elsewhere.
+        // Two ranks' loaders of 3 workers deliver 2 batches each, then the job resumes
+        // elsewhere from the loaders' checkpoint.
         let mut delivered: Vec<Seen> = Vec::new();
-        let mut state: Option<ResumeState> = None;
+        let mut state: Option<LoaderState> = None;
         for rank in 0..2 {
-            let ds = make(rank, 2, 3);
-            ds.set_epoch(2);
-            delivered.extend(flat(run_rank(
-                &ds,
-                3,
-                Some(2),
-                SampleErrorPolicy::FailBatch,
-            )));
-            let s = ds.state_dict(2).unwrap();
+            let ds = make(rank, 2);
+            let loader = rank_loader(&ds, Read::new(4, 3).epoch(2));
+            delivered.extend(flat(take_batches(&loader, Some(2))));
+            let s = loader.state_dict().unwrap();
+            assert_eq!((s.epoch, s.done_prefix), (2, 2));
+            assert!(s.stream.as_ref().unwrap().position.is_some());
             assert!(
                 state.as_ref().is_none_or(|t| *t == s),
-                "every rank's state is the same"
+                "every rank's state is the same: {state:?} vs {s:?}"
             );
             state = Some(s);
         }
-        let state: ResumeState =
+        let state: LoaderState =
             serde_json::from_str(&serde_json::to_string(&state.unwrap()).unwrap()).unwrap();
-        let mut pads = 0;
+        let (mut pads, mut padding) = (0, 0);
         for rank in 0..world2 {
-            let ds = make(rank, world2, workers2);
-            ds.load_state_dict(&state).unwrap();
-            assert_eq!(ds.epoch(), 2);
-            let rest = flat(run_rank(&ds, workers2, None, SampleErrorPolicy::FailBatch));
+            let ds = make(rank, world2);
+            let loader = rank_loader(&ds, Read::new(4, workers2));
+            loader.load_state_dict(&state).unwrap();
+            let rest = flat(take_batches(&loader, None));
             pads += rest.iter().filter(|s| s.pad).count() as u64;
             delivered.extend(rest);
             // The resumed epoch's samples keep their epoch's seeds.
@@ -207,7 +204,9 @@ fn resume_on_the_same_and_other_layouts() {
                     .iter()
                     .all(|s| s.seed == sample_seed(11, 2, s.global))
             );
+            padding = ds.plan(2).unwrap().padding();
         }
+        assert_eq!(pads, padding);
         let mut real: Vec<u64> = delivered
             .iter()
             .filter(|s| !s.pad)
@@ -219,19 +218,16 @@ fn resume_on_the_same_and_other_layouts() {
             (0..45).collect::<Vec<_>>(),
             "to {world2} ranks x {workers2}"
         );
-        let ds = make(0, world2, workers2);
-        ds.load_state_dict(&state).unwrap();
-        assert_eq!(pads, ds.plan().unwrap().padding());
-        // set_epoch to another epoch drops the resume.
-        ds.set_epoch(3);
+        // set_epoch to another epoch drops the restored position.
+        let ds = make(0, world2);
+        let loader = rank_loader(&ds, Read::new(4, workers2));
+        loader.load_state_dict(&state).unwrap();
+        loader.set_epoch(3);
         assert_eq!(
-            ds.num_batches().unwrap(),
-            EpochPlan::new(
-                ds.plan().unwrap().order().clone(),
-                ds.plan().unwrap().layout()
-            )
-            .batches_per_rank()
+            loader.len(),
+            Some(ds.plan(3).unwrap().batches_per_rank() as usize)
         );
+        assert_eq!(loader.state_dict().unwrap().done_prefix, 0);
     }
 }
 
@@ -255,7 +251,11 @@ fn a_damaged_shard_names_the_shard_the_member_and_the_offset() {
         .unwrap();
     // Skip: every other sample arrives. Of shard 3, samples 5.. lie after the damage, and
     // sample 4, whose last member might continue past it, is not trusted either.
-    let seen = flat(run_rank(&ds, 2, None, SampleErrorPolicy::Skip));
+    let seen = flat(run_rank(
+        &ds,
+        Read::new(4, 2).policy(SampleErrorPolicy::Skip),
+        None,
+    ));
     let first = COUNTS[..3].iter().sum::<u64>();
     let mut ids: Vec<u64> = seen.iter().map(|s| s.global).collect();
     ids.sort_unstable();
@@ -264,7 +264,7 @@ fn a_damaged_shard_names_the_shard_the_member_and_the_offset() {
         .collect();
     assert_eq!(ids, want);
     // FailBatch: the error names the shard and the byte offset of the damage.
-    let batches = run_rank(&ds, 1, None, SampleErrorPolicy::FailBatch);
+    let batches = run_rank(&ds, Read::new(4, 1), None);
     let errors: Vec<&String> = batches.iter().filter_map(|b| b.as_ref().err()).collect();
     assert!(!errors.is_empty());
     let e = errors[0];
@@ -300,24 +300,35 @@ fn a_missing_required_field_is_an_error_item() {
 }
 
 #[test]
-fn a_loader_with_other_workers_than_built_for_is_refused() {
+fn an_epoch_is_split_by_the_layout_a_loader_begins_it_with() {
     let dir = tempfile::tempdir().unwrap();
     write_shards(dir.path(), &COUNTS[..2]);
     let ds = builder(dir.path(), 2)
         .rank(0)
         .world_size(1)
-        .num_workers(3)
         .build()
         .unwrap();
-    let batches = run_rank(&ds, 2, None, SampleErrorPolicy::FailBatch);
-    assert!(!batches.is_empty());
-    for b in batches {
-        let e = b.unwrap_err();
-        assert!(
-            e.contains("the loader runs 2 workers, the dataset was built for 3"),
-            "{e}"
-        );
-    }
+    // 13 samples over 3 workers in batches of 4: 4 batches (2, 1, 1).
+    let layout = EpochLayout::new(0, 0, 4, false, 3);
+    assert_eq!(ds.begin_epoch(&layout, None).unwrap(), Some(4));
+    let stream = |id, workers| -> Vec<u64> {
+        ds.iter(WorkerInfo::new(id, workers, 0).unwrap())
+            .map(|s| s.unwrap().id.global)
+            .collect()
+    };
+    let lens: Vec<usize> = (0..3).map(|w| stream(w, 3).len()).collect();
+    assert_eq!(lens, [8, 4, 1]);
+    // drop_last drops the short batch.
+    let dropping = EpochLayout::new(1, 0, 4, true, 3);
+    assert_eq!(ds.begin_epoch(&dropping, None).unwrap(), Some(3));
+    // A read of another worker count outside a loader reads the epoch whole.
+    let mut all: Vec<u64> = (0..2).flat_map(|w| stream(w, 2)).collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..13).collect::<Vec<_>>());
+    // A position is the dataset's: another kind of state is refused, naming it.
+    let bad = longshore_data::StreamPosition::new(&[1, 2, 3]).unwrap();
+    let e = ds.begin_epoch(&layout, Some(&bad)).unwrap_err().to_string();
+    assert!(e.contains("cannot resume the dataset's stream"), "{e}");
 }
 
 #[test]
@@ -341,7 +352,6 @@ fn mds_samples_by_column() {
             .cache_dir(dir.path().join("cache"))
             .rank(rank)
             .world_size(2)
-            .batch_size(3)
             .build()
             .unwrap();
         assert!(
@@ -404,9 +414,9 @@ fn a_loader_without_workers_reads_the_rank_once() {
         .world_size(2)
         .build()
         .unwrap();
-    let seen = flat(run_rank(&ds, 0, None, SampleErrorPolicy::FailBatch));
+    let seen = flat(run_rank(&ds, Read::new(4, 0), None));
     let planned: Vec<u64> = ds
-        .plan()
+        .plan(0)
         .unwrap()
         .rank(1)
         .unwrap()

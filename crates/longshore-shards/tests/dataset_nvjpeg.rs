@@ -24,7 +24,7 @@ use longshore_vision::{Compose, Output};
 const IMAGES: usize = 24;
 
 /// 24 photo-like JPEGs (3 classes) packed into shards of about 150 KB; the dataset over them.
-fn shards(dir: &Path, batch_size: usize) -> ShardedDataset {
+fn shards(dir: &Path) -> ShardedDataset {
     let folder = dir.join("folder");
     let spec = FolderSpec {
         classes: 3,
@@ -49,7 +49,6 @@ fn shards(dir: &Path, batch_size: usize) -> ShardedDataset {
     ShardedDataset::webdataset([pattern])
         .seed(3)
         .shuffle_block(8)
-        .batch_size(batch_size)
         .rank(0)
         .world_size(1)
         .cache_dir(dir.join("cache"))
@@ -57,11 +56,14 @@ fn shards(dir: &Path, batch_size: usize) -> ShardedDataset {
         .unwrap()
 }
 
-/// Every sample of the current epoch by global id: its image bytes, label and the CPU
-/// pipeline's output.
-fn reference(images: &ImageShards) -> BTreeMap<usize, (Vec<u8>, i64, Tensor)> {
+/// Every sample of epoch `epoch` by global id: its image bytes, label and the CPU pipeline's
+/// output.
+fn reference(images: &ImageShards, epoch: u64) -> BTreeMap<usize, (Vec<u8>, i64, Tensor)> {
     let mut out = BTreeMap::new();
-    for s in images.dataset().iter(WorkerInfo::single(0)) {
+    for s in images
+        .dataset()
+        .iter(WorkerInfo::single(0).with_epoch(epoch))
+    {
         let s = s.unwrap();
         let (tensor, label) = images.decode(&s).unwrap();
         let bytes = s.sample.image().unwrap().1.to_vec();
@@ -73,11 +75,10 @@ fn reference(images: &ImageShards) -> BTreeMap<usize, (Vec<u8>, i64, Tensor)> {
 #[test]
 fn host_batches_carry_each_sample_once_with_its_bytes_label_and_crop() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = shards(dir.path(), 5);
-    ds.set_epoch(1);
+    let ds = shards(dir.path());
     let compose = Compose::train(48, Output::imagenet());
     let images = ImageShards::new(ds.clone(), compose.clone());
-    let want = reference(&images);
+    let want = reference(&images, 1);
     assert_eq!(want.len(), IMAGES);
     let encoded = images.encoded().unwrap();
     let loader = DataLoader::iterable(encoded.clone())
@@ -86,6 +87,7 @@ fn host_batches_carry_each_sample_once_with_its_bytes_label_and_crop() {
         .num_workers(2)
         .build()
         .unwrap();
+    loader.set_epoch(1);
     let (mut seen, mut as_jpeg) = (Vec::new(), 0);
     for batch in loader.iter() {
         let batch = batch.unwrap();
@@ -135,7 +137,7 @@ fn host_batches_carry_each_sample_once_with_its_bytes_label_and_crop() {
 #[test]
 fn a_pipeline_the_device_cannot_run_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let ds = shards(dir.path(), 4);
+    let ds = shards(dir.path());
     assert!(
         ImageShards::new(ds.clone(), Compose::val(40, 32, Output::U8Chw))
             .encoded()
@@ -168,10 +170,9 @@ fn gpu() -> Option<Device> {
 
 fn check_on_gpu(dev: &Device, compose: Compose, what: &str, max_mean: f32) {
     let dir = tempfile::tempdir().unwrap();
-    let ds = shards(dir.path(), 6);
-    ds.set_epoch(2);
+    let ds = shards(dir.path());
     let images = ImageShards::new(ds.clone(), compose.clone());
-    let want = reference(&images);
+    let want = reference(&images, 2);
     let encoded = images.encoded().unwrap();
     let decoder = encoded.decoder(dev).unwrap();
     let stream = decoder.stream().clone();
@@ -184,6 +185,7 @@ fn check_on_gpu(dev: &Device, compose: Compose, what: &str, max_mean: f32) {
         .unwrap()
         .with_stage(decoder)
         .depth(2);
+    loader.loader().set_epoch(2);
     let Output::Normalized(norm) = compose.output() else {
         unreachable!("normalised pipelines")
     };

@@ -177,13 +177,11 @@ fn every_row_once_over_ranks_and_workers_with_faults_on_the_footers() {
             .store(server.store_builder().build())
             .seed(9)
             .shuffle_block(20)
-            .batch_size(3)
             .rank(rank)
             .world_size(2)
             .cache_dir(cache.path().join("c"))
             .build()
             .unwrap();
-        ds.set_epoch(1);
         let loader = DataLoader::iterable(
             ds.clone()
                 .decode_with(|s| Ok((check_fields(s) as i64, u8::from(s.pad)))),
@@ -192,6 +190,7 @@ fn every_row_once_over_ranks_and_workers_with_faults_on_the_footers() {
         .num_workers(2)
         .build()
         .unwrap();
+        loader.set_epoch(1);
         let mut n = 0;
         for batch in loader.iter() {
             let batch = batch.unwrap();

@@ -88,7 +88,6 @@ fn shards_paths_resolve() {
     let ds: ShardedDataset =
         ShardedDataset::webdataset([format!("{}/shard-000000.tar", dir.path().display())])
             .store(ShardStore::from_env())
-            .batch_size(2)
             .rank(0)
             .world_size(1)
             .cache_dir(dir.path().join("cache"))
@@ -99,7 +98,7 @@ fn shards_paths_resolve() {
         ds.clone()
             .map(|s: ShardSample| (s.sample.int("cls").unwrap(), sample_seed(0, 0, s.id.global))),
     )
-    .batch_size(ds.batch_size())
+    .batch_size(2)
     .num_workers(2)
     .build()
     .unwrap();
@@ -109,7 +108,11 @@ fn shards_paths_resolve() {
     }
     labels.sort_unstable();
     assert_eq!(labels, (0..6).collect::<Vec<i64>>());
-    let _: ResumeState = ds.state_dict(3).unwrap();
+    // A checkpoint mid-epoch carries the dataset's position: a ResumeState.
+    assert_eq!(loader.iter().take(1).count(), 1);
+    let state = loader.state_dict().unwrap();
+    let position = state.stream.unwrap().position.unwrap();
+    let _: ResumeState = position.decode().unwrap();
     #[cfg(feature = "vision")]
     {
         let _: Option<longshore::shards::vision::ImageShards> = None;

@@ -23,7 +23,7 @@ impl<F> std::fmt::Debug for Decoded<F> {
 }
 
 impl<F> Decoded<F> {
-    /// The shards (for `set_epoch`, `state_dict`, ...; or keep a clone of the dataset).
+    /// The shards.
     pub fn dataset(&self) -> &ShardedDataset {
         &self.dataset
     }
@@ -58,6 +58,8 @@ where
     T: Send,
 {
     type Item = T;
+
+    crate::dataset::forward_epochs!(dataset);
 
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, T> {
         Box::new(self.dataset.iter(worker).map(move |item| {

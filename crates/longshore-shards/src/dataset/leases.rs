@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use super::{Inner, TARGET};
 use crate::cache::{CachedShard, ReaderSchedule, ShardCache};
+use crate::order::EpochPlan;
 
 /// How often the keeper looks for waiters.
 const POLL: Duration = Duration::from_millis(20);
@@ -84,7 +85,14 @@ impl LeaseBoard {
     /// Registers the schedule of the reader holding `held` at its first call (worker `worker`'s
     /// stream of `epoch`, from the dataset's plan), and tells it how far the reader got:
     /// `left` slots of its stream are still to read (0 once it only makes up for failed reads).
-    pub(super) fn follow(&self, ds: &Inner, held: &Held, worker: usize, epoch: u64, left: u64) {
+    pub(super) fn follow(
+        &self,
+        ds: &Inner,
+        held: &Held,
+        plan: &EpochPlan,
+        worker: usize,
+        left: u64,
+    ) {
         let addr = Arc::as_ptr(held) as usize;
         {
             let map = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
@@ -97,7 +105,7 @@ impl LeaseBoard {
                 return;
             }
         }
-        let followed = self.schedule_of(ds, held, worker, epoch, left);
+        let followed = self.schedule_of(ds, held, plan, worker, left);
         let mut map = self.schedules.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, f| f.reader.strong_count() > 0);
         map.insert(addr, followed);
@@ -109,11 +117,12 @@ impl LeaseBoard {
         &self,
         ds: &Inner,
         held: &Held,
+        plan: &EpochPlan,
         worker: usize,
-        epoch: u64,
         left: u64,
     ) -> Followed {
-        let workers = ds.workers();
+        let workers = plan.layout().num_workers();
+        let epoch = plan.order().epoch();
         let mut followed = Followed {
             reader: Arc::downgrade(held),
             schedule: None,
@@ -121,11 +130,7 @@ impl LeaseBoard {
             worker: worker as u64,
             workers: workers as u64,
         };
-        let stream = ds
-            .plan_for(workers)
-            .ok()
-            .filter(|plan| plan.order().epoch() == epoch)
-            .and_then(|plan| plan.rank(ds.rank).ok()?.worker(worker).ok());
+        let stream = plan.rank(ds.rank).ok().and_then(|r| r.worker(worker).ok());
         let Some(stream) = stream.filter(|s| s.remaining() >= left) else {
             tracing::debug!(target: TARGET, worker, epoch, "no schedule for this reader: the cache evicts without it");
             return followed;

@@ -3,7 +3,7 @@
 //! [`ShardCache`], exactly resumable on the same or another number of ranks.
 //!
 //! ```
-//! use longshore_data::{IterableDataset, WorkerInfo};
+//! use longshore_loader::DataLoader;
 //! use longshore_shards::dataset::ShardedDataset;
 //! use longshore_shards::webdataset::ShardWriter;
 //!
@@ -18,19 +18,22 @@
 //! let pattern = format!("{}/shard-{{000000..{:06}}}.tar", dir.path().display(), shards - 1);
 //! let dataset = ShardedDataset::webdataset([pattern])
 //!     .seed(7)
-//!     .batch_size(4)
 //!     .rank(0)
 //!     .world_size(1)
 //!     .cache_dir(dir.path().join("cache"))
 //!     .build()?;
-//! dataset.set_epoch(0);
-//! let mut labels = 0;
-//! for sample in dataset.iter(WorkerInfo::single(0)) {
-//!     let sample = sample?;
-//!     labels += sample.sample.int("cls")?;
-//!     assert!(!sample.pad);
+//! let labels = dataset.decode_with(|s| Ok(([s.sample.int("cls")?],)));
+//! // The loader owns batch size, epochs and checkpoints.
+//! let loader = DataLoader::iterable(labels).batch_size(4).num_workers(2).build()?;
+//! assert_eq!(loader.len(), Some(10));
+//! loader.set_epoch(0);
+//! let mut sum = 0;
+//! for batch in &loader {
+//!     sum += batch?.tensor::<i64>(0)?.iter().sum::<i64>();
 //! }
-//! assert_eq!(labels, (0..40).map(|i| i % 3).sum::<i64>());
+//! assert_eq!(sum, (0..40).map(|i| i % 3).sum::<i64>());
+//! let checkpoint = loader.state_dict()?; // serde: the epoch, and the dataset's position
+//! assert_eq!(checkpoint.epoch, 1);
 //! # Ok(())
 //! # }
 //! ```
@@ -59,30 +62,29 @@
 //!
 //! # Options and the loader
 //!
-//! `seed`, `shuffle`, `shuffle_block` and `drop_last` are [`OrderConfig`]'s: see
-//! [`crate::order`] for the order, shuffle blocks and their quality numbers, and
-//! [`EpochPlan`] for the equal split over ranks and workers and its padding rule. `rank` and
-//! `world_size` default to the launcher's environment ([`Layout::from_env`]).
+//! `seed`, `shuffle` and `shuffle_block` are [`OrderConfig`]'s: see [`crate::order`] for the
+//! order, shuffle blocks and their quality numbers, and [`EpochPlan`] for the equal split over
+//! ranks and workers and its padding rule. `rank` and `world_size` default to the launcher's
+//! environment ([`Layout::from_env`]).
 //!
-//! **`batch_size` must be the loader's** (and `drop_last` should be too): each worker's
-//! stream is laid out in whole batches of `batch_size`, which the loader's round-robin over
-//! workers delivers in the planned order only if it batches by the same size. The dataset
-//! cannot see the loader's batch size; build the loader from the dataset's
-//! ([`batch_size`](ShardedDataset::batch_size), [`drop_last`](ShardedDataset::drop_last)).
-//! The number of workers is taken from the loader ([`WorkerInfo::num_workers`]); when
-//! [`num_workers`](ShardedDatasetBuilder::num_workers) is given, a loader with another count
-//! is refused (an error item). [`num_batches`](ShardedDataset::num_batches) is what each
-//! rank's loader yields per epoch.
+//! The loader owns the rest, through the [`IterableDataset`] seam: before it opens an epoch's
+//! streams it calls [`begin_epoch`](IterableDataset::begin_epoch) with its
+//! [`EpochLayout`](longshore_data::EpochLayout), and the dataset splits the epoch by the
+//! loader's batch size, `drop_last` (pad or drop the ranks' uneven ends, `OrderConfig`'s
+//! `drop_last`) and number of workers; `loader.len()` is the batches each rank's loader
+//! yields. The plans are kept by epoch, and each worker reads the epoch its
+//! [`WorkerInfo::epoch`](longshore_data::WorkerInfo::epoch) names, so the loader's next epoch
+//! may be begun while the current one drains.
 //!
 //! # Epochs and resume
 //!
-//! [`set_epoch`](ShardedDataset::set_epoch) selects the epoch the next iteration reads, as
-//! `DistributedSampler.set_epoch` does (without it every epoch reads epoch 0's order; a
-//! warning says so). [`state_dict`](ShardedDataset::state_dict)`(k)`, after every rank took
-//! `k` batches of this iteration, is a [`ResumeState`] (serde); a dataset given it with
-//! [`load_state_dict`](ShardedDataset::load_state_dict) — on the same or another number of
-//! ranks or workers — reads exactly the samples not yet delivered, each once (see
-//! [`EpochPlan`]), until `set_epoch` moves to another epoch.
+//! `loader.set_epoch(e)` selects the epoch (as `DistributedSampler.set_epoch` does; without it
+//! each iteration reads the next). `loader.state_dict()` holds this dataset's position
+//! ([`IterableDataset::position`]: a [`ResumeState`](crate::order::ResumeState), every rank
+//! computes the same); a loader given it with `load_state_dict` — on the same or another
+//! number of ranks or workers — reads exactly the samples not yet delivered, each once (see
+//! [`EpochPlan`]). Outside a loader, [`iter`](IterableDataset::iter) reads an epoch that was
+//! not begun whole, in batches of one.
 //!
 //! # Items and errors
 //!
@@ -98,7 +100,7 @@
 //! ([`on_sample_error`](ShardedDatasetBuilder::on_sample_error)): under
 //! [`OnSampleError::Skip`] each failed sample is counted and logged ([`ShardedDataset::stats`])
 //! and made up for by a padding repeat at the end of its worker's stream, so every rank yields
-//! exactly [`num_batches`](ShardedDataset::num_batches) batches whatever is skipped (ranks of
+//! exactly its planned batches (`loader.len()`) whatever is skipped (ranks of
 //! a DDP job stay equal). Damage is never a smaller dataset: a shard whose size disagrees with
 //! its index keeps the index's count (the samples it lacks fail when read), and a damaged
 //! shard no index counts is recorded in the spec ([`DatasetSpec::damaged`]), which
@@ -130,23 +132,42 @@
 //! runtime holder ([`crate::store::runtime`]): one per process, rebuilt in a process forked
 //! after it existed; the store's clients and the cache's prefetch threads are likewise per
 //! process. So a dataset may be built before a loader forks or spawns its workers.
-//! `ShardedDataset` is `Send + Sync` and cheap to clone (clones share the epoch and resume
-//! state): give the loader a clone and keep one for `set_epoch` and `state_dict`.
+//! `ShardedDataset` is `Send + Sync` and cheap to clone (clones share the epochs begun).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-use longshore_data::{DataError, ItemIter, IterableDataset, WorkerInfo};
 
 use crate::ShardError;
 use crate::cache::{CacheConfig, ShardCache};
 use crate::mds::Columns;
-use crate::order::{EpochOrder, EpochPlan, Layout, OrderConfig, ResumeState};
+use crate::order::{EpochPlan, Layout, OrderConfig};
 use crate::store::ShardStore;
 
+/// The epoch seam of an [`IterableDataset`] wrapping a [`ShardedDataset`] (at `self.$($field).+`):
+/// `begin_epoch` and `position` forwarded to it.
+macro_rules! forward_epochs {
+    ($($field:ident).+) => {
+        fn begin_epoch(
+            &self,
+            layout: &longshore_data::EpochLayout,
+            resume: Option<&longshore_data::StreamPosition>,
+        ) -> Result<Option<u64>, longshore_data::DataError> {
+            longshore_data::IterableDataset::begin_epoch(&self.$($field).+, layout, resume)
+        }
+        fn position(
+            &self,
+            layout: &longshore_data::EpochLayout,
+            batches: u64,
+        ) -> Result<Option<longshore_data::StreamPosition>, longshore_data::DataError> {
+            longshore_data::IterableDataset::position(&self.$($field).+, layout, batches)
+        }
+    };
+}
+pub(crate) use forward_epochs;
+
 mod decoded;
+mod epochs;
 mod leases;
 mod reader;
 mod sample;
@@ -158,7 +179,6 @@ pub use sample::ShardSample;
 pub use spec::{CountSource, DatasetSpec, ShardDamage, ShardFormat};
 pub use stats::ShardStats;
 
-use reader::WorkerReader;
 use spec::Source;
 
 const TARGET: &str = "longshore::shards";
@@ -191,10 +211,8 @@ pub struct ShardedDatasetBuilder {
     source: Source,
     store: Option<ShardStore>,
     config: OrderConfig,
-    batch_size: usize,
     rank: Option<usize>,
     world_size: Option<usize>,
-    num_workers: Option<usize>,
     cache_dir: Option<PathBuf>,
     cache_budget: Option<u64>,
     cache_config: Option<CacheConfig>,
@@ -210,10 +228,8 @@ impl ShardedDatasetBuilder {
             source,
             store: None,
             config: OrderConfig::default(),
-            batch_size: 1,
             rank: None,
             world_size: None,
-            num_workers: None,
             cache_dir: None,
             cache_budget: None,
             cache_config: None,
@@ -261,21 +277,6 @@ impl ShardedDatasetBuilder {
         self
     }
 
-    /// Drop the samples that do not fill every rank's last batch instead of padding
-    /// (default `false`); see [`EpochPlan`]. Use the same value for the loader.
-    #[must_use]
-    pub fn drop_last(mut self, drop_last: bool) -> Self {
-        self.config.drop_last = drop_last;
-        self
-    }
-
-    /// The loader's batch size (default 1): it **must** be the loader's.
-    #[must_use]
-    pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
-        self
-    }
-
     /// This process's rank (default: from the launcher's environment, else 0).
     #[must_use]
     pub fn rank(mut self, rank: usize) -> Self {
@@ -287,14 +288,6 @@ impl ShardedDatasetBuilder {
     #[must_use]
     pub fn world_size(mut self, world_size: usize) -> Self {
         self.world_size = Some(world_size);
-        self
-    }
-
-    /// The loader's number of workers, checked when a worker starts (default: whatever the
-    /// loader runs; `0` counts as 1).
-    #[must_use]
-    pub fn num_workers(mut self, num_workers: usize) -> Self {
-        self.num_workers = Some(num_workers.max(1));
         self
     }
 
@@ -366,12 +359,12 @@ impl ShardedDatasetBuilder {
     /// [`ShardError::Runtime`] when called inside an async runtime.
     pub fn build(self) -> Result<ShardedDataset, ShardError> {
         let (env, env_rank) = match (self.rank, self.world_size) {
-            (Some(r), Some(w)) => (Layout::new(w, 1, self.batch_size)?, r),
-            _ => Layout::from_env(1, self.batch_size)?,
+            (Some(r), Some(w)) => (Layout::new(w, 1, 1)?, r),
+            _ => Layout::from_env(1, 1)?,
         };
         let world_size = self.world_size.unwrap_or(env.world_size());
         let rank = self.rank.unwrap_or(env_rank);
-        let layout = Layout::new(world_size, 1, self.batch_size)?;
+        let layout = Layout::new(world_size, 1, 1)?;
         if rank >= layout.world_size() {
             return Err(ShardError::Order {
                 option: "rank",
@@ -425,7 +418,6 @@ impl ShardedDatasetBuilder {
             target: TARGET,
             rank,
             world_size,
-            batch_size = self.batch_size,
             cache = %cache.dir.display(),
             budget = cache.budget_bytes,
             "sharded dataset"
@@ -440,34 +432,17 @@ impl ShardedDatasetBuilder {
                 layouts: reader::SharedLayouts::default(),
                 cache,
                 config: self.config,
-                batch_size: self.batch_size,
                 rank,
                 world_size,
-                num_workers: self.num_workers,
                 prefetch_shards: self.prefetch_shards,
                 required: self.required,
                 on_sample_error: self.on_sample_error,
                 stats,
-                epoch: AtomicU64::new(0),
-                epoch_set: AtomicBool::new(false),
-                warned_epoch: AtomicBool::new(false),
-                state: Mutex::default(),
+                epochs: Mutex::default(),
                 prefetch: Mutex::default(),
             }),
         })
     }
-}
-
-/// The plan of the epoch being read, and a resume state to apply.
-#[derive(Debug, Default)]
-struct EpochState {
-    /// A loaded resume state and its generation (bumped by each load).
-    resume: Option<(u64, ResumeState)>,
-    generation: u64,
-    /// The workers the last loader ran.
-    workers: Option<usize>,
-    /// (epoch, workers, resume generation) -> plan.
-    plan: Option<((u64, usize, u64), Arc<EpochPlan>)>,
 }
 
 #[derive(Debug)]
@@ -481,19 +456,15 @@ struct Inner {
     /// The cached shards' sample layouts, shared by the readers.
     layouts: reader::SharedLayouts,
     config: OrderConfig,
-    batch_size: usize,
     rank: usize,
     world_size: usize,
-    num_workers: Option<usize>,
     prefetch_shards: usize,
     required: Vec<String>,
     on_sample_error: OnSampleError,
     /// Failed reads, padding made up for them, damaged shards.
     stats: stats::Counters,
-    epoch: AtomicU64,
-    epoch_set: AtomicBool,
-    warned_epoch: AtomicBool,
-    state: Mutex<EpochState>,
+    /// The plans of the epochs the loader began, by epoch.
+    epochs: Mutex<epochs::Begun>,
     /// Each worker's next shards, merged into the cache's prefetch order.
     prefetch: Mutex<BTreeMap<usize, Vec<usize>>>,
 }
@@ -526,32 +497,6 @@ impl Inner {
             .collect();
         drop(board);
         self.cache.prefetch(&infos);
-    }
-
-    /// The plan of the current epoch for `workers` workers per rank.
-    fn plan_for(&self, workers: usize) -> Result<Arc<EpochPlan>, ShardError> {
-        let epoch = self.epoch.load(Ordering::SeqCst);
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let resume = st.resume.as_ref().filter(|(_, r)| r.epoch() == epoch);
-        let key = (epoch, workers, resume.map_or(0, |(g, _)| *g));
-        if let Some((k, plan)) = &st.plan
-            && *k == key
-        {
-            return Ok(Arc::clone(plan));
-        }
-        let order = Arc::new(EpochOrder::new(&self.spec.counts, self.config, epoch)?);
-        let layout = Layout::new(self.world_size, workers, self.batch_size)?;
-        let plan = Arc::new(match resume {
-            Some((_, state)) => EpochPlan::resume(order, state, layout)?,
-            None => EpochPlan::new(order, layout),
-        });
-        st.plan = Some((key, Arc::clone(&plan)));
-        Ok(plan)
-    }
-
-    fn workers(&self) -> usize {
-        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        self.num_workers.or(st.workers).unwrap_or(1)
     }
 }
 
@@ -632,19 +577,10 @@ impl ShardedDataset {
         self.inner.on_sample_error
     }
 
-    /// The order's options.
+    /// The order's options (their `drop_last` is each epoch's loader's, see
+    /// [`plan`](Self::plan)).
     pub fn order_config(&self) -> OrderConfig {
         self.inner.config
-    }
-
-    /// The batch size the loader must use.
-    pub fn batch_size(&self) -> usize {
-        self.inner.batch_size
-    }
-
-    /// Whether ranks drop their uneven ends (the loader should use the same value).
-    pub fn drop_last(&self) -> bool {
-        self.inner.config.drop_last
     }
 
     /// This process's rank.
@@ -657,117 +593,10 @@ impl ShardedDataset {
         self.inner.world_size
     }
 
-    /// Sets the epoch the next iteration reads (shared by clones), like
-    /// `DistributedSampler.set_epoch`. A loaded resume state of another epoch is dropped.
-    pub fn set_epoch(&self, epoch: u64) {
-        let inner = &self.inner;
-        inner.epoch.store(epoch, Ordering::SeqCst);
-        inner.epoch_set.store(true, Ordering::Relaxed);
-        let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.resume.as_ref().is_some_and(|(_, r)| r.epoch() != epoch) {
-            st.resume = None;
-        }
-    }
-
-    /// The epoch the next iteration reads.
-    pub fn epoch(&self) -> u64 {
-        self.inner.epoch.load(Ordering::SeqCst)
-    }
-
-    /// The current epoch's plan (after a resume: what is left of it), for the loader's number
-    /// of workers (the one last seen, or [`num_workers`](ShardedDatasetBuilder::num_workers),
-    /// or 1).
-    ///
-    /// # Errors
-    /// [`ShardError::Order`] or [`ShardError::Resume`] when the plan cannot be made.
-    pub fn plan(&self) -> Result<Arc<EpochPlan>, ShardError> {
-        self.inner.plan_for(self.inner.workers())
-    }
-
-    /// Batches each rank's loader yields in the current epoch (after a resume: what is left).
-    ///
-    /// # Errors
-    /// As [`plan`](Self::plan).
-    pub fn num_batches(&self) -> Result<u64, ShardError> {
-        Ok(self.plan()?.remaining_batches())
-    }
-
-    /// Where the epoch stands after every rank took `batches_taken` batches from its loader in
-    /// this iteration (count what the training loop received, not what workers prefetched).
-    /// Every rank computes the same state; save one.
-    ///
-    /// # Errors
-    /// [`ShardError::Resume`] when that is more batches than the iteration has.
-    pub fn state_dict(&self, batches_taken: u64) -> Result<ResumeState, ShardError> {
-        self.plan()?.state_after(batches_taken)
-    }
-
-    /// Resumes from `state` (of this dataset, any layout): the epoch becomes the state's, and
-    /// its iterations read exactly the samples not delivered before the state was taken,
-    /// until [`set_epoch`](Self::set_epoch) selects another epoch.
-    ///
-    /// # Errors
-    /// [`ShardError::Resume`] when the state is of another dataset, seed or option.
-    pub fn load_state_dict(&self, state: &ResumeState) -> Result<(), ShardError> {
-        let inner = &self.inner;
-        let order = Arc::new(EpochOrder::new(
-            &inner.spec.counts,
-            inner.config,
-            state.epoch(),
-        )?);
-        let layout = Layout::new(inner.world_size, inner.workers(), inner.batch_size)?;
-        EpochPlan::resume(order, state, layout)?;
-        let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.generation += 1;
-        st.resume = Some((st.generation, state.clone()));
-        inner.epoch.store(state.epoch(), Ordering::SeqCst);
-        inner.epoch_set.store(true, Ordering::Relaxed);
-        tracing::info!(target: TARGET, epoch = state.epoch(), batches = state.batches(), "resume state loaded");
-        Ok(())
-    }
-}
-
-impl IterableDataset for ShardedDataset {
-    type Item = ShardSample;
-
-    /// Worker `worker.id`'s stream of this rank's part of the epoch, in order (an error item
-    /// if the plan cannot be made).
-    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, ShardSample> {
-        let inner = &self.inner;
-        let workers = worker.num_workers.max(1);
-        let stream = (|| {
-            if let Some(n) = inner.num_workers
-                && n != workers
-            {
-                return Err(ShardError::Order {
-                    option: "num_workers",
-                    reason: format!(
-                        "the loader runs {workers} workers, the dataset was built for {n}"
-                    ),
-                });
-            }
-            inner
-                .state
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .workers = Some(workers);
-            let plan = inner.plan_for(workers)?;
-            let epoch = plan.order().epoch();
-            let order = Arc::clone(plan.order());
-            Ok((epoch, plan.rank(inner.rank)?.worker(worker.id)?, order))
-        })();
-        match stream {
-            Ok((epoch, stream, order)) => Box::new(WorkerReader::new(
-                Arc::clone(inner),
-                worker.id,
-                epoch,
-                stream,
-                order,
-            )),
-            Err(e) => Box::new(std::iter::once(Err(DataError::custom(
-                format!("starting worker {} of a sharded dataset", worker.id),
-                e,
-            )))),
-        }
+    /// The plan the loader's epoch `epoch` reads (after a resume: what is left of it), as the
+    /// loader last began it ([`IterableDataset::begin_epoch`]); `None` when no loader began
+    /// that epoch.
+    pub fn plan(&self, epoch: u64) -> Option<Arc<EpochPlan>> {
+        self.inner.begun(epoch, None).map(|b| b.plan)
     }
 }

@@ -3,7 +3,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Seek, SeekFrom};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -14,7 +13,7 @@ use super::{Inner, OnSampleError, ShardFormat, ShardSample, TARGET};
 use crate::ShardError;
 use crate::cache::CachedShard;
 use crate::mds::{Columns, MdsSample, header_len, sample_count, sample_range};
-use crate::order::{EpochOrder, Slot, WorkerStream, sample_seed};
+use crate::order::{EpochOrder, EpochPlan, Slot, WorkerStream, sample_seed};
 use crate::webdataset::{Sample, SampleSpan, ShardReader};
 
 /// The most slots a worker looks ahead (to find the next shards to prefetch): 64 Ki slots,
@@ -148,7 +147,6 @@ pub(super) struct WorkerReader {
     layouts: HashMap<usize, Arc<Layout>>,
     /// What this worker last asked to prefetch.
     prefetching: Vec<usize>,
-    started: bool,
     /// Slots of samples that read (the first [`MAX_GOOD`]), repeated in place of failed ones.
     good: Vec<Slot>,
     /// Failed samples not yet made up for ([`OnSampleError::Skip`]).
@@ -164,16 +162,22 @@ pub(super) struct WorkerReader {
     gave_up: Option<String>,
     /// The epoch's order: where repeats come from when no sample of this worker read.
     order: Arc<EpochOrder>,
+    /// The epoch's plan (the cache's schedule follows this worker's stream of it).
+    plan: Arc<EpochPlan>,
+    /// The loader's batch size: the window reads at least a batch ahead.
+    batch_size: usize,
 }
 
 impl WorkerReader {
     pub(super) fn new(
         ds: Arc<Inner>,
         worker: usize,
-        epoch: u64,
         stream: WorkerStream,
-        order: Arc<EpochOrder>,
+        plan: Arc<EpochPlan>,
     ) -> Self {
+        let order = Arc::clone(plan.order());
+        let epoch = order.epoch();
+        let batch_size = plan.layout().batch_size();
         tracing::debug!(target: TARGET, worker, epoch, slots = stream.remaining(), "worker stream");
         let leases = ds.leases.register();
         WorkerReader {
@@ -187,7 +191,6 @@ impl WorkerReader {
             leases,
             layouts: HashMap::new(),
             prefetching: Vec::new(),
-            started: false,
             good: Vec::new(),
             owed: 0,
             repeats: 0,
@@ -195,6 +198,8 @@ impl WorkerReader {
             making_up: false,
             gave_up: None,
             order,
+            plan,
+            batch_size,
         }
     }
 
@@ -288,10 +293,10 @@ impl WorkerReader {
         };
         self.ds
             .leases
-            .follow(&self.ds, &self.leases, self.worker, self.epoch, left);
+            .follow(&self.ds, &self.leases, &self.plan, self.worker, left);
         let want_shards = self.ds.prefetch_shards + 1;
         while !self.stream_done
-            && (self.window.len() < self.ds.batch_size.max(MIN_WINDOW)
+            && (self.window.len() < self.batch_size.max(MIN_WINDOW)
                 || (self.pending.len() < want_shards && self.window.len() < MAX_WINDOW))
         {
             match self.stream.next() {
@@ -563,33 +568,12 @@ impl WorkerReader {
             columns,
         })
     }
-
-    fn warn_if_epoch_unset(&mut self) {
-        if std::mem::replace(&mut self.started, true) {
-            return;
-        }
-        if let Some(loader_epoch) = longshore_data::worker::epoch()
-            && loader_epoch != self.epoch
-            && !self.ds.epoch_set.load(Ordering::Relaxed)
-            && !self.ds.warned_epoch.swap(true, Ordering::Relaxed)
-        {
-            tracing::warn!(
-                target: TARGET,
-                loader_epoch,
-                dataset_epoch = self.epoch,
-                "the loader runs another epoch than the dataset's: call set_epoch(epoch) on the \
-                 dataset before each epoch (as with DistributedSampler), or every epoch reads \
-                 the same order"
-            );
-        }
-    }
 }
 
 impl Iterator for WorkerReader {
     type Item = Result<ShardSample, DataError>;
 
     fn next(&mut self) -> Option<Result<ShardSample, DataError>> {
-        self.warn_if_epoch_unset();
         self.refill();
         while self.window.is_empty() && self.stream_done && self.owed > 0 {
             self.make_up();

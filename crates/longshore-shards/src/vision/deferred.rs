@@ -81,7 +81,6 @@ impl DeferredImage {
 /// # longshore_vision::synth::write_folder(&folder, &longshore_vision::synth::FolderSpec::tiny())?;
 /// # longshore_shards::webdataset::pack_image_folder(&folder, dir.path(), 1 << 20, Some(0))?;
 /// let shards = ShardedDataset::webdataset([format!("{}/shard-000000.tar", dir.path().display())])
-///     .batch_size(4)
 ///     .rank(0)
 ///     .world_size(1)
 ///     .cache_dir(dir.path().join("cache"))
@@ -89,7 +88,7 @@ impl DeferredImage {
 /// let train = ImageShards::new(shards.clone(), Compose::train(32, Output::imagenet())).deferred();
 /// let loader = DataLoader::iterable(train.clone())
 ///     .collate(train.collate().with_names("image", "label"))
-///     .batch_size(shards.batch_size())
+///     .batch_size(4)
 ///     .num_workers(2)
 ///     .build()?;
 /// for batch in loader.iter() {
@@ -114,7 +113,7 @@ impl ImageShards {
 }
 
 impl DeferredShards {
-    /// The shards (for `set_epoch`, `state_dict`, ...).
+    /// The shards.
     pub fn dataset(&self) -> &ShardedDataset {
         &self.images.dataset
     }
@@ -172,6 +171,8 @@ impl DeferredShards {
 
 impl IterableDataset for DeferredShards {
     type Item = DeferredImage;
+
+    crate::dataset::forward_epochs!(images.dataset);
 
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, DeferredImage> {
         Box::new(

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use longshore_data::{IterableExt, StackCollate};
-use longshore_loader::{DataLoader, SampleErrorPolicy};
+use longshore_data::{IterMap, IterableExt, StackCollate};
+use longshore_loader::{DataLoader, IterableLoader, SampleErrorPolicy};
 use longshore_shards::dataset::{ShardSample, ShardedDataset};
 use longshore_shards::webdataset::{ShardIndex, ShardWriter};
 
@@ -77,27 +77,72 @@ pub fn seen(s: ShardSample) -> (i64, u8, i64, i64) {
     (s.id.global as i64, u8::from(s.pad), s.seed as i64, val)
 }
 
-/// Runs one rank's loader over `dataset` with `workers` workers, taking at most `take`
-/// batches; returns the batches' samples, in delivery order.
-pub fn run_rank(
-    dataset: &ShardedDataset,
-    workers: usize,
-    take: Option<usize>,
-    policy: SampleErrorPolicy,
-) -> Vec<Result<Vec<Seen>, String>> {
-    let loader = DataLoader::iterable(dataset.clone().map(seen))
-        .batch_size(dataset.batch_size())
-        .drop_last(dataset.drop_last())
-        .num_workers(workers)
-        .on_sample_error(policy)
+/// How a rank's loader reads a dataset: the loader's options (the dataset lays its epoch out
+/// by them).
+#[derive(Debug, Clone, Copy)]
+pub struct Read {
+    pub batch_size: usize,
+    pub drop_last: bool,
+    pub workers: usize,
+    /// The epoch the loader runs (`set_epoch`).
+    pub epoch: u64,
+    pub policy: SampleErrorPolicy,
+}
+
+impl Read {
+    /// Batches of `batch_size` from `workers` workers, epoch 0, no `drop_last`, failing batches.
+    pub fn new(batch_size: usize, workers: usize) -> Read {
+        Read {
+            batch_size,
+            drop_last: false,
+            workers,
+            epoch: 0,
+            policy: SampleErrorPolicy::FailBatch,
+        }
+    }
+
+    pub fn drop_last(self, drop_last: bool) -> Read {
+        Read { drop_last, ..self }
+    }
+
+    pub fn epoch(self, epoch: u64) -> Read {
+        Read { epoch, ..self }
+    }
+
+    pub fn policy(self, policy: SampleErrorPolicy) -> Read {
+        Read { policy, ..self }
+    }
+
+    pub fn workers(self, workers: usize) -> Read {
+        Read { workers, ..self }
+    }
+}
+
+/// The loader of one rank over `dataset`, reading as `read` says (its epoch set).
+pub fn rank_loader(dataset: &ShardedDataset, read: Read) -> RankLoader {
+    let loader = DataLoader::iterable(dataset.clone().map(seen as SeenFn))
+        .batch_size(read.batch_size)
+        .drop_last(read.drop_last)
+        .num_workers(read.workers)
+        .seed(7)
+        .on_sample_error(read.policy)
         .collate(StackCollate::new())
         .build()
         .unwrap();
+    loader.set_epoch(read.epoch);
+    loader
+}
+
+type SeenFn = fn(ShardSample) -> (i64, u8, i64, i64);
+
+/// The loader [`rank_loader`] builds.
+pub type RankLoader = IterableLoader<IterMap<ShardedDataset, SeenFn>>;
+
+/// One epoch of `loader`, at most `take` batches: the batches' samples, in delivery order.
+pub fn take_batches(loader: &RankLoader, take: Option<usize>) -> Vec<Result<Vec<Seen>, String>> {
     let mut out = Vec::new();
-    for batch in loader.iter() {
-        if take.is_some_and(|t| out.len() >= t) {
-            break;
-        }
+    // `take` stops before pulling one more: a batch the iterator yields counts as delivered.
+    for batch in loader.iter().take(take.unwrap_or(usize::MAX)) {
         out.push(batch.map_err(|e| chain(&e)).map(|b| {
             let g = b.tensor::<i64>(0).unwrap();
             let p = b.tensor::<u8>(1).unwrap();
@@ -116,11 +161,27 @@ pub fn run_rank(
     out
 }
 
+/// Runs one rank's loader over `dataset` as `read` says, taking at most `take` batches; returns
+/// the batches' samples, in delivery order.
+pub fn run_rank(
+    dataset: &ShardedDataset,
+    read: Read,
+    take: Option<usize>,
+) -> Vec<Result<Vec<Seen>, String>> {
+    take_batches(&rank_loader(dataset, read), take)
+}
+
+/// The batches a rank's loader yields per epoch, as the dataset plans them for `read`.
+pub fn planned(dataset: &ShardedDataset, read: Read) -> usize {
+    rank_loader(dataset, read)
+        .len()
+        .expect("a sharded dataset knows its batches")
+}
+
 /// Epoch 0 of `dataset` read by one worker outside a loader: the samples' global ids, sorted,
 /// each checked against its `val` field.
 pub fn read_epoch_sorted(dataset: &ShardedDataset) -> Vec<u64> {
     use longshore_data::{IterableDataset, WorkerInfo};
-    dataset.set_epoch(0);
     let mut seen: Vec<u64> = dataset
         .iter(WorkerInfo::single(0))
         .map(|s| {

@@ -9,12 +9,15 @@ use longshore_shards::cache::{belady_downloads, working_set_bytes};
 use longshore_shards::dataset::ShardedDataset;
 use longshore_shards::order::{EpochOrder, EpochPlan, Layout};
 
+/// The batch size the schedule tests' loaders read with.
+pub const BATCH: usize = 8;
+
 /// The shards the node reads in epoch `epoch`, in delivery order: each of `ranks` ranks'
-/// batches as its loader delivers them (round-robin over `workers` workers), the ranks in step
-/// (batch `k` of rank 0, of rank 1, ..., then batch `k + 1`).
+/// batches as its loader delivers them (round-robin over `workers` workers, batches of
+/// [`BATCH`]), the ranks in step (batch `k` of rank 0, of rank 1, ..., then batch `k + 1`).
 pub fn node_refs(ds: &ShardedDataset, epoch: u64, ranks: &[usize], workers: usize) -> Vec<usize> {
     let order = Arc::new(EpochOrder::new(&ds.spec().counts, ds.order_config(), epoch).unwrap());
-    let layout = Layout::new(ds.world_size(), workers, ds.batch_size()).unwrap();
+    let layout = Layout::new(ds.world_size(), workers, BATCH).unwrap();
     let plan = EpochPlan::new(order, layout);
     let mut per_rank: Vec<Vec<Vec<usize>>> = ranks
         .iter()
@@ -62,7 +65,7 @@ pub fn interleaved_refs(
     workers: usize,
 ) -> Vec<usize> {
     let order = Arc::new(EpochOrder::new(&ds.spec().counts, ds.order_config(), epoch).unwrap());
-    let layout = Layout::new(ds.world_size(), workers, ds.batch_size()).unwrap();
+    let layout = Layout::new(ds.world_size(), workers, BATCH).unwrap();
     let plan = EpochPlan::new(order, layout);
     let streams: Vec<Vec<usize>> = (0..workers)
         .map(|w| {

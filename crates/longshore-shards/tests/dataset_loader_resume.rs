@@ -1,0 +1,210 @@
+//! `ShardedDataset` through the loader's own API only (`set_epoch`, `len`, `state_dict`,
+//! `load_state_dict`), property-tested over shard counts, ranks, workers, batch sizes,
+//! `drop_last` and resume points: an epoch delivers every sample exactly once (plus the planned
+//! padding) in `len()` batches per rank; a checkpoint taken after `k` batches, through JSON,
+//! resumes in a new loader of the same layout with exactly the uninterrupted run's remaining
+//! batches, and in loaders of another worker count with every sample not yet delivered exactly
+//! once.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use longshore_loader::LoaderState;
+use longshore_shards::dataset::ShardedDataset;
+use proptest::prelude::*;
+use support::data::{Read, Seen, pattern, rank_loader, take_batches, write_shards};
+
+#[derive(Debug, Clone)]
+struct Case {
+    counts: Vec<u64>,
+    world: usize,
+    workers: usize,
+    workers2: usize,
+    batch_size: usize,
+    drop_last: bool,
+    seed: u64,
+    shuffle_block: u64,
+    epoch: u64,
+    cut: f64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        prop::collection::vec(0u64..12, 1..6)
+            .prop_filter("some samples", |c| c.iter().sum::<u64>() > 0),
+        1usize..3,
+        0usize..4,
+        0usize..4,
+        1usize..6,
+        any::<bool>(),
+        any::<u64>(),
+        prop_oneof![Just(0u64), Just(5), Just(u64::MAX)],
+        0u64..3,
+        0.0f64..1.0,
+    )
+        .prop_map(
+            |(
+                counts,
+                world,
+                workers,
+                workers2,
+                batch_size,
+                drop_last,
+                seed,
+                shuffle_block,
+                epoch,
+                cut,
+            )| Case {
+                counts,
+                world,
+                workers,
+                workers2,
+                batch_size,
+                drop_last,
+                seed,
+                shuffle_block,
+                epoch,
+                cut,
+            },
+        )
+}
+
+fn batches(got: Vec<Result<Vec<Seen>, String>>) -> Vec<Vec<Seen>> {
+    got.into_iter()
+        .map(|b| b.unwrap_or_else(|e| panic!("a batch failed: {e}")))
+        .collect()
+}
+
+fn run(c: &Case) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &c.counts);
+    let total: u64 = c.counts.iter().sum();
+    let url = pattern(&dir.path().display().to_string(), c.counts.len());
+    let ranks = |world: usize| -> Vec<ShardedDataset> {
+        (0..world)
+            .map(|rank| {
+                ShardedDataset::webdataset([url.clone()])
+                    .seed(c.seed)
+                    .shuffle_block(c.shuffle_block)
+                    .rank(rank)
+                    .world_size(world)
+                    .cache_dir(dir.path().join("cache"))
+                    .build()
+                    .unwrap()
+            })
+            .collect()
+    };
+    let read = Read::new(c.batch_size, c.workers)
+        .drop_last(c.drop_last)
+        .epoch(c.epoch);
+
+    // The uninterrupted epoch, per rank.
+    let datasets = ranks(c.world);
+    let mut full = Vec::new();
+    for ds in &datasets {
+        let loader = rank_loader(ds, read);
+        let len = loader.len();
+        let got = batches(take_batches(&loader, None));
+        prop_assert_eq!(len, Some(got.len()), "len() is what an epoch yields");
+        full.push(got);
+    }
+    let n = full[0].len();
+    prop_assert!(full.iter().all(|f| f.len() == n), "equal ranks");
+    let plan = datasets[0].plan(c.epoch).unwrap();
+    let all: Vec<Seen> = full.iter().flatten().flatten().copied().collect();
+    prop_assert!(
+        all.iter().all(|s| s.val == s.global),
+        "the samples read are the planned"
+    );
+    let real: Vec<u64> = all.iter().filter(|s| !s.pad).map(|s| s.global).collect();
+    let distinct: BTreeSet<u64> = real.iter().copied().collect();
+    prop_assert_eq!(distinct.len(), real.len(), "no sample twice");
+    prop_assert_eq!(real.len() as u64, total - plan.dropped());
+    prop_assert_eq!(all.iter().filter(|s| s.pad).count() as u64, plan.padding());
+    if !c.drop_last {
+        prop_assert_eq!(distinct, (0..total).collect::<BTreeSet<_>>());
+    }
+
+    // Interrupted after k batches: every rank's checkpoint is the same.
+    let k = ((n as f64) * c.cut) as usize;
+    let mut state: Option<LoaderState> = None;
+    for (rank, ds) in ranks(c.world).iter().enumerate() {
+        let loader = rank_loader(ds, read);
+        let got = batches(take_batches(&loader, Some(k)));
+        prop_assert_eq!(&got[..], &full[rank][..k]);
+        let s = loader.state_dict().unwrap();
+        prop_assert_eq!((s.epoch, s.done_prefix), (c.epoch, k as u64));
+        prop_assert!(
+            state.as_ref().is_none_or(|t| *t == s),
+            "the ranks' states differ"
+        );
+        state = Some(s);
+    }
+    let json = serde_json::to_string(&state.unwrap()).unwrap();
+    let state: LoaderState = serde_json::from_str(&json).unwrap();
+
+    // The same layout: exactly the rest of the uninterrupted run.
+    for (rank, ds) in ranks(c.world).iter().enumerate() {
+        let loader = rank_loader(ds, read.epoch(0));
+        loader.load_state_dict(&state).unwrap();
+        prop_assert_eq!(loader.len(), Some(n));
+        let rest = batches(take_batches(&loader, None));
+        prop_assert_eq!(&rest[..], &full[rank][k..], "rank {}'s rest", rank);
+        prop_assert_eq!(
+            loader.stats().replayed_batches,
+            0,
+            "resumed from the position"
+        );
+    }
+
+    // Another worker count: every sample not yet delivered, exactly once.
+    let mut delivered: Vec<Seen> = full
+        .iter()
+        .flat_map(|f| f[..k].iter().flatten().copied())
+        .collect();
+    let mut lens = Vec::new();
+    for ds in &ranks(c.world) {
+        let loader = rank_loader(ds, read.workers(c.workers2).epoch(0));
+        loader.load_state_dict(&state).unwrap();
+        let rest = batches(take_batches(&loader, None));
+        lens.push(rest.len());
+        delivered.extend(rest.into_iter().flatten());
+    }
+    prop_assert!(
+        lens.iter().all(|&l| l == lens[0]),
+        "equal ranks after the resume"
+    );
+    let real: Vec<u64> = delivered
+        .iter()
+        .filter(|s| !s.pad)
+        .map(|s| s.global)
+        .collect();
+    let distinct: BTreeSet<u64> = real.iter().copied().collect();
+    prop_assert_eq!(
+        distinct.len(),
+        real.len(),
+        "no sample twice across the resume"
+    );
+    if !c.drop_last {
+        prop_assert_eq!(distinct, (0..total).collect::<BTreeSet<_>>());
+    } else {
+        // Only what drop_last leaves out (at most a batch per rank, per segment) is missing.
+        let missing = total - real.len() as u64;
+        prop_assert!(
+            missing < 2 * (c.world * c.batch_size) as u64,
+            "{} missing",
+            missing
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn epochs_and_resume_through_the_loader(c in case()) {
+        run(&c)?;
+    }
+}
