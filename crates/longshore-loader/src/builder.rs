@@ -226,7 +226,12 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// - **State and errors**: they are not delivered until the next epoch yields them
     ///   ([`DataLoader::state_dict`](crate::DataLoader::state_dict) is unchanged); a failing
     ///   sample or a panic in one surfaces when that epoch reaches the batch.
-    /// - **Datasets**: map-style datasets only (iterable datasets never start early). State you
+    /// - **Datasets**: map-style and iterable. An iterable dataset's next epoch starts once
+    ///   every worker's stream of the current one has ended: the loader lays it out first
+    ///   ([`IterableDataset::begin_epoch`](longshore_data::IterableDataset::begin_epoch)), and
+    ///   each worker opens its stream for that epoch
+    ///   ([`WorkerInfo::epoch`](longshore_data::WorkerInfo::epoch)), so a dataset that keys
+    ///   its streams by epoch is read right. State you
     ///   change between epochs *outside* the loader is not seen by these batches: an epoch
     ///   set on the dataset itself (`ImageDataset::set_epoch` for per-sample randomness in
     ///   longshore-vision) is set after they were loaded. Turn this option off for such

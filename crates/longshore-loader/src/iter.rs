@@ -175,11 +175,7 @@ impl<F: Fetch> LoaderIter<F> {
                 num_batches = s.len() as u64;
                 if let Some(a) = adopted.as_mut() {
                     // The rest of the epoch, from where the start ahead stopped.
-                    let rest = std::mem::replace(
-                        &mut a.batches,
-                        Batches::new(Box::new(std::iter::empty()), 0, None),
-                    );
-                    batches = Some(rest);
+                    batches = a.batches.take();
                 } else {
                     // Batches below the restored prefix were delivered: the sampler skips them.
                     let from = restored.as_ref().map_or(0, |r| r.prefix.min(num_batches));
@@ -193,7 +189,7 @@ impl<F: Fetch> LoaderIter<F> {
                 if prepares {
                     plan.prepared = Prepared::spawn(&mut **s, epoch + 1, seed);
                 }
-            } else if let Some(a) = adopted.take() {
+            } else if indexed && let Some(a) = adopted.take() {
                 discarded = Some(a);
             }
             (plan.config.clone(), epoch, restored, parked)
@@ -236,7 +232,7 @@ impl<F: Fetch> LoaderIter<F> {
         let n = config.num_workers;
         let threads = if n == 0 && indexed { 0 } else { n.max(1) };
         let may_start_ahead =
-            config.prefetch_next_epoch && config.persistent_workers && indexed && threads > 0;
+            config.prefetch_next_epoch && config.persistent_workers && threads > 0;
         let mut it = Self {
             inner: inner.clone(),
             engine: None,
@@ -376,10 +372,13 @@ impl<F: Fetch> LoaderIter<F> {
                 indices: Vec::new(),
             });
         }
-        if self.may_start_ahead
-            && self.in_flight + ahead < capacity
-            && self.batches.as_ref().is_some_and(|b| b.ended)
-        {
+        // Dealt to the end: the sampler's last batch, or every stream exhausted.
+        let dealt = if indexed {
+            self.batches.as_ref().is_some_and(|b| b.ended)
+        } else {
+            !self.active.iter().any(|a| *a)
+        };
+        if self.may_start_ahead && self.in_flight + ahead < capacity && dealt {
             self.start_ahead(capacity)?;
         }
         let total = self.in_flight + self.ahead.as_ref().map_or(0, Ahead::len);

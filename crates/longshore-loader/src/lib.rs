@@ -37,7 +37,10 @@
 //! * [`IntoCollate`]: what `.collate(..)` accepts (a `Collate` of the items, or a
 //!   `DatasetCollate` of the dataset).
 //! * [`SampleErrorPolicy`], [`WorkerPanicPolicy`]: what faults do.
-//! * [`LoaderState`]: `state_dict()` / `load_state_dict()` for mid-epoch resume.
+//! * [`LoaderState`]: `state_dict()` / `load_state_dict()` for mid-epoch resume, iterable
+//!   datasets included: the loader lays out their epochs with its batch size, `drop_last` and
+//!   workers ([`IterableDataset::begin_epoch`](longshore_data::IterableDataset::begin_epoch))
+//!   and keeps their position in [`StreamState`] (or resumes by replay when they have none).
 //! * [`Placement`], [`WorkerPriority`], [`WorkerPlacement`]: workers on the CPUs nearest
 //!   the GPU (on by default where the host has several NUMA nodes) and their scheduling class.
 //! * [`LoaderStats`]: who is the bottleneck (`wait_fraction`); [`Tuner`] picks `num_workers`

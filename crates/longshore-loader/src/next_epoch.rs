@@ -125,8 +125,9 @@ pub(crate) struct Ahead<O> {
     pub(crate) generation: u64,
     /// The lineage its tasks carry; the adopting iterator's tasks carry it too.
     pub(crate) lineage: u64,
-    /// The rest of the epoch, from the first batch not sent.
-    pub(crate) batches: Batches,
+    /// The rest of the epoch, from the first batch not sent (`None` for streams: positions
+    /// are dealt round-robin, as many as the in-flight bound allows).
+    pub(crate) batches: Option<Batches>,
     /// Batches sent, in position order.
     pub(crate) slots: VecDeque<Slot<O>>,
     /// Tasks of this start queued or running on each worker.
@@ -142,7 +143,7 @@ impl<O> Ahead<O> {
         key: AheadKey,
         generation: u64,
         lineage: u64,
-        batches: Batches,
+        batches: Option<Batches>,
         workers: usize,
     ) -> Self {
         Self {
@@ -166,7 +167,11 @@ impl<O> Ahead<O> {
     /// epoch has no more.
     pub(crate) fn next_task(&mut self) -> Option<(u64, usize, Vec<usize>)> {
         let n = self.outstanding.len();
-        let (seq, indices) = self.batches.pull()?;
+        let (seq, indices) = match &mut self.batches {
+            Some(b) => b.pull()?,
+            // A stream's next position: every worker's stream is open at the epoch's start.
+            None => (self.slots.len() as u64, Vec::new()),
+        };
         Some((seq, (seq % n as u64) as usize, indices))
     }
 

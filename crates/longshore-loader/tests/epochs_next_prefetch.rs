@@ -371,34 +371,62 @@ fn errors_of_early_batches_surface_when_their_epoch_reaches_them() {
     assert!(s.speculative_batches > 0);
 }
 
-/// A stream of `n` numbers per worker.
+/// A stream of `n` numbers per worker, of the epoch its worker opens it for.
 #[derive(Debug)]
 struct Stream(u64);
 
 impl IterableDataset for Stream {
     type Item = ([u64; 1],);
     fn iter(&self, w: WorkerInfo) -> ItemIter<'_, Self::Item> {
-        let id = w.id as u64;
-        Box::new((0..self.0).map(move |i| Ok(([id * 1000 + i],))))
+        let base = w.epoch * 1_000_000 + w.id as u64 * 1000;
+        Box::new((0..self.0).map(move |i| Ok(([base + i],))))
     }
 }
 
 #[test]
-fn iterable_datasets_never_start_early() {
-    let loader = DataLoader::iterable(Stream(10))
-        .batch_size(3)
-        .num_workers(2)
-        .persistent_workers(true)
-        .build()
-        .unwrap();
-    for _ in 0..3 {
-        let n: usize = loader.iter().map(|b| b.unwrap().batch_size()).sum();
-        assert_eq!(n, 20);
+fn iterable_datasets_start_their_next_epoch_ahead() {
+    watchdog(60, "iterable ahead", iterable_ahead);
+}
+
+fn iterable_ahead() {
+    let make = |ahead: bool| {
+        DataLoader::iterable(Stream(10))
+            .batch_size(3)
+            .num_workers(2)
+            .persistent_workers(true)
+            .prefetch_next_epoch(ahead)
+            .build()
+            .unwrap()
+    };
+    let epoch = |l: &longshore_loader::IterableLoader<Stream>| -> Vec<Vec<u64>> {
+        l.iter()
+            .map(|b| b.unwrap().tensor::<u64>(0).unwrap().to_vec())
+            .collect()
+    };
+    let (ahead, plain) = (make(true), make(false));
+    for e in 0..3u64 {
+        let got = epoch(&ahead);
+        assert_eq!(
+            got,
+            epoch(&plain),
+            "epoch {e}: the same batches as without it"
+        );
+        assert_eq!(got.concat().len(), 20);
+        assert!(
+            got.concat().iter().all(|v| v / 1_000_000 == e),
+            "epoch {e}: {got:?}"
+        );
     }
-    assert_eq!(loader.stats().speculative_batches, 0);
-    assert!(eventually(Duration::from_secs(2), || loader
-        .pool()
-        .stats()
-        .bytes_in_use
-        == 0));
+    let s = ahead.stats();
+    assert!(s.speculative_batches > 0, "{s:?}");
+    assert_eq!(plain.stats().speculative_batches, 0);
+    // Another epoch than predicted: what was started for epoch 3 is discarded.
+    ahead.set_epoch(7);
+    plain.set_epoch(7);
+    let got = epoch(&ahead);
+    assert_eq!(got, epoch(&plain));
+    assert!(got.concat().iter().all(|v| v / 1_000_000 == 7), "{got:?}");
+    assert!(ahead.stats().speculative_discarded > 0);
+    drop(plain);
+    drop(ahead);
 }

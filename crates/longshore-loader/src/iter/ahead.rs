@@ -2,6 +2,7 @@
 //! `next_epoch.rs` (starting them, adopting them as the next epoch's own, discarding them).
 
 use super::*;
+use crate::shared::stream_layout;
 
 impl<F: Fetch> LoaderIter<F> {
     /// Takes the next epoch's first batches started ahead (`next_epoch.rs`) as this epoch's
@@ -15,6 +16,14 @@ impl<F: Fetch> LoaderIter<F> {
         self.in_flight = a.slots.len();
         self.ready = a.ready;
         self.rr = a.slots.len() % n;
+        // Streams: dealing goes on after the positions sent ahead, to the workers whose next
+        // epoch's stream has not already ended.
+        self.next_seq = a.slots.len() as u64;
+        for slot in &a.slots {
+            if matches!(slot.state, SlotState::Done(Outcome::Exhausted)) {
+                self.active[slot.worker] = false;
+            }
+        }
         self.pending.adopted += a.slots.len() as u64;
         let counts = a.counts;
         self.pending.replies.worker_busy += counts.worker_busy;
@@ -53,31 +62,41 @@ impl<F: Fetch> LoaderIter<F> {
             if plan.prepared.as_ref().is_some_and(|p| !p.is_ready()) {
                 return Ok(());
             }
-            let prepared = plan.prepared.take();
-            let Some(s) = plan.sampler.get() else {
-                self.may_start_ahead = false;
-                return Ok(());
+            let batches = if self.inner.fetch.indexed() {
+                let prepared = plan.prepared.take();
+                let Some(s) = plan.sampler.get() else {
+                    self.may_start_ahead = false;
+                    return Ok(());
+                };
+                let iter = prepared
+                    .and_then(|p| p.take(key.epoch, key.seed))
+                    .unwrap_or_else(|| {
+                        let current = s.epoch();
+                        s.set_epoch(key.epoch);
+                        let iter = s.iter_owned_from(0);
+                        s.set_epoch(current);
+                        iter
+                    });
+                drop(guard);
+                Some(Batches::new(iter, 0, None))
+            } else {
+                // The dataset lays out the next epoch before its streams open (a refusal is
+                // the next epoch's own first item, not this one's).
+                let layout = stream_layout(&*self.inner.fetch, &plan.config, key.epoch);
+                drop(guard);
+                if let Some(layout) = layout
+                    && let Err(e) = self.inner.fetch.begin_epoch(&layout, None)
+                {
+                    tracing::debug!(target: "longshore::loader", error = %crate::error::chain(&e), next_epoch = key.epoch, "the next epoch cannot be laid out: not started ahead");
+                    self.may_start_ahead = false;
+                    return Ok(());
+                }
+                None
             };
-            let iter = prepared
-                .and_then(|p| p.take(key.epoch, key.seed))
-                .unwrap_or_else(|| {
-                    let current = s.epoch();
-                    s.set_epoch(key.epoch);
-                    let iter = s.iter_owned_from(0);
-                    s.set_epoch(current);
-                    iter
-                });
-            drop(guard);
             let generation = engine.open_ahead();
             let lineage = NEXT_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::debug!(target: "longshore::loader", epoch = self.epoch, next_epoch = key.epoch, "starting the next epoch's first batches");
-            self.ahead = Some(Ahead::new(
-                key,
-                generation,
-                lineage,
-                Batches::new(iter, 0, None),
-                n,
-            ));
+            self.ahead = Some(Ahead::new(key, generation, lineage, batches, n));
         }
         let Some(a) = self.ahead.as_mut() else {
             return Ok(());
