@@ -812,8 +812,9 @@ class DataLoader:
                     self._resumed_len = None
                 self._resumed_running = True
             return self._epoch(restore)
-        if torch is not None and not (self._python is not None and self._python.iterable):
-            # (An iterable dataset's loader has no resumable position.)
+        if torch is not None:
+            # (An iterable dataset's epoch resumes by replay: the same base seed makes its
+            # workers' streams the same.)
             gen = self.generator if self.generator is not None else torch.default_generator
             epoch = _json.loads(self._loader.state_dict_json())["epoch"]
             self._epoch_rng = (gen.get_state(), epoch)
