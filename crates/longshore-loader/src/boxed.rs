@@ -30,6 +30,7 @@ trait ErasedFetch<T>: Send + Sync + 'static {
     fn position(
         &self,
         layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
         batches: u64,
     ) -> Result<Option<StreamPosition>, DataError>;
     fn worker<'a>(&'a self, info: WorkerInfo) -> Box<dyn ErasedWorker<T> + 'a>;
@@ -81,9 +82,10 @@ impl<F: Sealed> ErasedFetch<F::Out> for F {
     fn position(
         &self,
         layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
         batches: u64,
     ) -> Result<Option<StreamPosition>, DataError> {
-        Sealed::position(self, layout, batches)
+        Sealed::position(self, layout, resume, batches)
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> Box<dyn ErasedWorker<F::Out> + 'a> {
         Box::new(Bound {
@@ -155,9 +157,10 @@ impl<T: Send + 'static> Sealed for BoxedFetch<T> {
     fn position(
         &self,
         layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
         batches: u64,
     ) -> Result<Option<StreamPosition>, DataError> {
-        self.inner.position(layout, batches)
+        self.inner.position(layout, resume, batches)
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a> {
         BoxedWorker(self.inner.worker(info))

@@ -56,6 +56,7 @@ pub(crate) mod sealed {
         fn position(
             &self,
             _layout: &EpochLayout,
+            _resume: Option<&StreamPosition>,
             _batches: u64,
         ) -> Result<Option<StreamPosition>, DataError> {
             Ok(None)
@@ -350,9 +351,10 @@ where
     fn position(
         &self,
         layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
         batches: u64,
     ) -> Result<Option<StreamPosition>, DataError> {
-        self.dataset.position(layout, batches)
+        self.dataset.position(layout, resume, batches)
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> StreamState<'a, D::Item> {
         StreamState {

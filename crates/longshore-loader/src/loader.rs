@@ -336,10 +336,11 @@ impl<F: Fetch> DataLoader<F> {
             // The epoch under way: where the dataset stands after what was delivered.
             (Some(s), false) if mid => Some(StreamState {
                 layout: s.layout,
-                position: self
-                    .inner
-                    .fetch
-                    .position(&s.layout, prefix.saturating_sub(s.base))?,
+                position: self.inner.fetch.position(
+                    &s.layout,
+                    s.resume.as_ref(),
+                    prefix.saturating_sub(s.base),
+                )?,
             }),
             // Restored, not yet run: the restored position.
             (Some(s), false) => Some(StreamState {

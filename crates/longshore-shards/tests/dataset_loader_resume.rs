@@ -259,3 +259,40 @@ fn the_next_epoch_started_ahead_is_that_epochs_data() {
     assert_eq!(epoch(&ahead), epoch(&plain), "epoch 9");
     assert!(ahead.stats().speculative_discarded > 0);
 }
+
+/// A loader's checkpoint names its own epoch's plan, whatever else was begun on the dataset
+/// since: a resumed loader's state, after another loader over the same dataset began the
+/// same epoch afresh, is the uninterrupted run's.
+#[test]
+fn a_checkpoint_is_of_the_loaders_own_epoch_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &[9, 4, 13, 7]);
+    let ds = ShardedDataset::webdataset([pattern(&dir.path().display().to_string(), 4)])
+        .seed(2)
+        .shuffle_block(5)
+        .rank(0)
+        .world_size(1)
+        .cache_dir(dir.path().join("cache"))
+        .build()
+        .unwrap();
+    let read = Read::new(3, 2).epoch(1);
+    let whole = rank_loader(&ds, read);
+    let full = batches(take_batches(&whole, Some(5)));
+    let at5 = whole.state_dict().unwrap();
+    let first = rank_loader(&ds, read);
+    let taken = batches(take_batches(&first, Some(2)));
+    assert_eq!(taken[..], full[..2]);
+    let at2 = first.state_dict().unwrap();
+    let resumed = rank_loader(&ds, read.epoch(0));
+    resumed.load_state_dict(&at2).unwrap();
+    let mut it = resumed.iter();
+    let next: Vec<_> = it.by_ref().take(3).map(Result::unwrap).collect();
+    assert_eq!(next.len(), 3);
+    // Another loader begins epoch 1 afresh, with the same layout.
+    let other = rank_loader(&ds, read);
+    assert_eq!(batches(take_batches(&other, Some(1)))[..], full[..1]);
+    // The resumed loader still stands where the uninterrupted run stood after 5 batches.
+    let at = resumed.state_dict().unwrap();
+    assert_eq!(at.done_prefix, 5);
+    assert_eq!(at.stream.unwrap().position, at5.stream.unwrap().position);
+}

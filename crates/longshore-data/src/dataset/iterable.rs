@@ -137,19 +137,20 @@ pub trait IterableDataset: Send + Sync {
         }
     }
 
-    /// Where epoch `layout.epoch` (as last begun with
-    /// [`begin_epoch`](IterableDataset::begin_epoch)) stands once the loader delivered
-    /// `batches` batches of the streams begun then; `None` (the default) when the dataset has
-    /// no position, and the loader resumes it by replay.
+    /// Where epoch `layout.epoch`, begun with `begin_epoch(layout, resume)`, stands once the
+    /// loader delivered `batches` batches of its streams (a pure function of its arguments:
+    /// the loader may ask after other epochs were begun); `None` (the default) when the
+    /// dataset has no position, and the loader resumes it by replay.
     ///
     /// # Errors
-    /// When `batches` is more than the epoch holds, or the epoch was not begun.
+    /// When `batches` is more than the epoch holds, or `resume` does not fit.
     fn position(
         &self,
         layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
         batches: u64,
     ) -> Result<Option<StreamPosition>, DataError> {
-        let _ = (layout, batches);
+        let _ = (layout, resume, batches);
         Ok(None)
     }
 }
@@ -174,9 +175,10 @@ macro_rules! forward_iterable {
             fn position(
                 &self,
                 layout: &EpochLayout,
+                resume: Option<&StreamPosition>,
                 batches: u64,
             ) -> Result<Option<StreamPosition>, DataError> {
-                (**self).position(layout, batches)
+                (**self).position(layout, resume, batches)
             }
         }
     )*};
@@ -272,9 +274,10 @@ where
     fn position(
         &self,
         layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
         batches: u64,
     ) -> Result<Option<StreamPosition>, DataError> {
-        self.dataset.position(layout, batches)
+        self.dataset.position(layout, resume, batches)
     }
 }
 

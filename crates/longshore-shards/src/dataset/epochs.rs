@@ -47,25 +47,7 @@ impl Inner {
         };
         let epoch = match known {
             Some(e) => e,
-            None => {
-                // The loader's drop_last decides what becomes of the ranks' uneven ends.
-                let config = OrderConfig {
-                    drop_last: layout.drop_last,
-                    ..self.config
-                };
-                let order = Arc::new(EpochOrder::new(&self.spec.counts, config, layout.epoch)?);
-                let split = Layout::new(self.world_size, layout.num_workers, layout.batch_size)?;
-                let plan = match &resume {
-                    Some(state) => EpochPlan::resume(order, state, split)?,
-                    None => EpochPlan::new(order, split),
-                };
-                tracing::debug!(target: TARGET, epoch = layout.epoch, workers = layout.num_workers, batch_size = layout.batch_size, resumed = resume.is_some(), batches = plan.remaining_batches(), "epoch begun");
-                Epoch {
-                    layout: *layout,
-                    resume,
-                    plan: Arc::new(plan),
-                }
-            }
+            None => self.make(layout, resume)?,
         };
         let mut begun = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
         begun.0.push_back(epoch.clone());
@@ -73,6 +55,49 @@ impl Inner {
             begun.0.pop_front();
         }
         Ok(epoch)
+    }
+
+    /// Epoch `layout.epoch` split by `layout`, from its start or from `resume`.
+    fn make(&self, layout: &EpochLayout, resume: Option<ResumeState>) -> Result<Epoch, ShardError> {
+        // The loader's drop_last decides what becomes of the ranks' uneven ends.
+        let config = OrderConfig {
+            drop_last: layout.drop_last,
+            ..self.config
+        };
+        let order = Arc::new(EpochOrder::new(&self.spec.counts, config, layout.epoch)?);
+        let split = Layout::new(self.world_size, layout.num_workers, layout.batch_size)?;
+        let plan = match &resume {
+            Some(state) => EpochPlan::resume(order, state, split)?,
+            None => EpochPlan::new(order, split),
+        };
+        tracing::debug!(target: TARGET, epoch = layout.epoch, workers = layout.num_workers, batch_size = layout.batch_size, resumed = resume.is_some(), batches = plan.remaining_batches(), "epoch planned");
+        Ok(Epoch {
+            layout: *layout,
+            resume,
+            plan: Arc::new(plan),
+        })
+    }
+
+    /// The plan of epoch `layout.epoch` begun from `resume`: the one kept, or made again (not
+    /// kept: it is not what a worker reads).
+    fn plan_of(
+        &self,
+        layout: &EpochLayout,
+        resume: Option<ResumeState>,
+    ) -> Result<Epoch, ShardError> {
+        let kept = {
+            let begun = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+            begun
+                .0
+                .iter()
+                .rev()
+                .find(|e| e.layout == *layout && e.resume == resume)
+                .cloned()
+        };
+        match kept {
+            Some(e) => Ok(e),
+            None => self.make(layout, resume),
+        }
     }
 
     /// Epoch `epoch` as last begun (for `workers` workers, when given).
@@ -149,23 +174,21 @@ impl IterableDataset for ShardedDataset {
         Ok(Some(epoch.plan.remaining_batches()))
     }
 
-    /// The [`ResumeState`] after every rank took `batches` batches of the epoch as begun with
-    /// `layout` (every rank computes the same).
+    /// The [`ResumeState`] after every rank took `batches` batches of the epoch begun with
+    /// `layout` from `resume` (every rank computes the same).
     fn position(
         &self,
         layout: &EpochLayout,
+        resume: Option<&StreamPosition>,
         batches: u64,
     ) -> Result<Option<StreamPosition>, DataError> {
-        let epoch = {
-            let begun = self.inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
-            begun.0.iter().rev().find(|e| e.layout == *layout).cloned()
-        };
-        let Some(epoch) = epoch else {
-            return Err(DataError::StreamPosition(format!(
-                "epoch {} was not begun with the layout {layout:?}",
-                layout.epoch
-            )));
-        };
+        let resume = resume
+            .map(StreamPosition::decode::<ResumeState>)
+            .transpose()?;
+        let epoch = self
+            .inner
+            .plan_of(layout, resume)
+            .map_err(|e| data_err(e, format!("the position in epoch {}", layout.epoch)))?;
         let state = epoch
             .plan
             .state_after(batches)

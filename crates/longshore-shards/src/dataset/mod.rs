@@ -158,9 +158,10 @@ macro_rules! forward_epochs {
         fn position(
             &self,
             layout: &longshore_data::EpochLayout,
+            resume: Option<&longshore_data::StreamPosition>,
             batches: u64,
         ) -> Result<Option<longshore_data::StreamPosition>, longshore_data::DataError> {
-            longshore_data::IterableDataset::position(&self.$($field).+, layout, batches)
+            longshore_data::IterableDataset::position(&self.$($field).+, layout, resume, batches)
         }
     };
 }
