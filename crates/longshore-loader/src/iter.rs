@@ -661,6 +661,11 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
         self.started.get_or_insert(now);
         loop {
             if self.finished && self.engine.is_none() && self.slots.is_empty() {
+                // An epoch that could not start has ended too (a broken one has not: it
+                // resumes where it broke).
+                if !self.broken && !self.inner.fetch.indexed() {
+                    stream::ended(&self.inner.progress, self.run);
+                }
                 return None;
             }
             let next = self.next_outcome();

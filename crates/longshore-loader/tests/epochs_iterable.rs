@@ -136,6 +136,8 @@ fn len_is_the_datasets_count_and_a_refused_epoch_is_its_first_item() {
     assert_eq!(items.len(), 1);
     let e = items[0].as_ref().unwrap_err().to_string();
     assert!(e.contains("epoch 3 cannot be laid out"), "{e}");
+    // That epoch is over: a checkpoint names the next.
+    assert_eq!(l.state_dict().unwrap().epoch, 4);
     // A map-style dataset's sharded stream knows its batches.
     let sharded =
         longshore_data::Sharded::new(VecDataset::new((0..10u8).map(|i| ([i],)).collect()));

@@ -1,5 +1,5 @@
 //! [`ShardedDataset`]: WebDataset, MDS or Parquet shards in object storage as a loader
-//! [`IterableDataset`], in the global order of [`crate::order`], read through the node's
+//! [`IterableDataset`](longshore_data::IterableDataset), in the global order of [`crate::order`], read through the node's
 //! [`ShardCache`], exactly resumable on the same or another number of ranks.
 //!
 //! ```
@@ -67,8 +67,8 @@
 //! ranks and workers and its padding rule. `rank` and `world_size` default to the launcher's
 //! environment ([`Layout::from_env`]).
 //!
-//! The loader owns the rest, through the [`IterableDataset`] seam: before it opens an epoch's
-//! streams it calls [`begin_epoch`](IterableDataset::begin_epoch) with its
+//! The loader owns the rest, through the [`IterableDataset`](longshore_data::IterableDataset) seam: before it opens an epoch's
+//! streams it calls [`begin_epoch`](longshore_data::IterableDataset::begin_epoch) with its
 //! [`EpochLayout`](longshore_data::EpochLayout), and the dataset splits the epoch by the
 //! loader's batch size, `drop_last` (pad or drop the ranks' uneven ends, `OrderConfig`'s
 //! `drop_last`) and number of workers; `loader.len()` is the batches each rank's loader
@@ -80,11 +80,14 @@
 //!
 //! `loader.set_epoch(e)` selects the epoch (as `DistributedSampler.set_epoch` does; without it
 //! each iteration reads the next). `loader.state_dict()` holds this dataset's position
-//! ([`IterableDataset::position`]: a [`ResumeState`](crate::order::ResumeState), every rank
+//! ([`IterableDataset::position`](longshore_data::IterableDataset::position): a [`ResumeState`](crate::order::ResumeState), every rank
 //! computes the same); a loader given it with `load_state_dict` — on the same or another
 //! number of ranks or workers — reads exactly the samples not yet delivered, each once (see
-//! [`EpochPlan`]). Outside a loader, [`iter`](IterableDataset::iter) reads an epoch that was
-//! not begun whole, in batches of one.
+//! [`EpochPlan`]). Outside a loader, [`iter`](longshore_data::IterableDataset::iter) reads an epoch that was
+//! not begun whole, in batches of one. A worker reads its epoch as last begun for its number
+//! of workers: two loaders that read the same epoch of one dataset (or of its clones) at once,
+//! with the same number of workers but another batch size or resume point, each need a
+//! dataset of their own (build the second [`from_spec`](ShardedDataset::from_spec)).
 //!
 //! # Items and errors
 //!
@@ -144,7 +147,7 @@ use crate::mds::Columns;
 use crate::order::{EpochPlan, Layout, OrderConfig};
 use crate::store::ShardStore;
 
-/// The epoch seam of an [`IterableDataset`] wrapping a [`ShardedDataset`] (at `self.$($field).+`):
+/// The epoch seam of an [`IterableDataset`](longshore_data::IterableDataset) wrapping a [`ShardedDataset`] (at `self.$($field).+`):
 /// `begin_epoch` and `position` forwarded to it.
 macro_rules! forward_epochs {
     ($($field:ident).+) => {
@@ -501,7 +504,7 @@ impl Inner {
     }
 }
 
-/// WebDataset, MDS or Parquet shards as an [`IterableDataset`] of [`ShardSample`]s; see the
+/// WebDataset, MDS or Parquet shards as an [`IterableDataset`](longshore_data::IterableDataset) of [`ShardSample`]s; see the
 /// [module docs](self).
 #[derive(Debug, Clone)]
 pub struct ShardedDataset {
@@ -595,8 +598,9 @@ impl ShardedDataset {
     }
 
     /// The plan the loader's epoch `epoch` reads (after a resume: what is left of it), as the
-    /// loader last began it ([`IterableDataset::begin_epoch`]); `None` when no loader began
-    /// that epoch.
+    /// loader last began it
+    /// ([`begin_epoch`](longshore_data::IterableDataset::begin_epoch)); `None` when no loader
+    /// began that epoch.
     pub fn plan(&self, epoch: u64) -> Option<Arc<EpochPlan>> {
         self.inner.begun(epoch, None).map(|b| b.plan)
     }
