@@ -232,6 +232,49 @@ fn resume_on_the_same_and_other_layouts() {
 }
 
 #[test]
+fn a_checkpoint_of_another_dataset_is_refused_naming_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path(), &COUNTS);
+    let ds = builder(dir.path(), COUNTS.len())
+        .rank(0)
+        .world_size(1)
+        .build()
+        .unwrap();
+    let loader = rank_loader(&ds, Read::new(4, 2).epoch(1));
+    assert_eq!(take_batches(&loader, Some(3)).len(), 3);
+    let state = loader.state_dict().unwrap();
+    // Another seed: the order differs.
+    let reseeded = builder(dir.path(), COUNTS.len())
+        .seed(12)
+        .rank(0)
+        .world_size(1)
+        .build()
+        .unwrap();
+    let other = rank_loader(&reseeded, Read::new(4, 2));
+    let e = other.load_state_dict(&state).unwrap_err().to_string();
+    assert!(e.contains("cannot resume") && e.contains("seed: 11"), "{e}");
+    // Other shards.
+    let fewer = builder(dir.path(), 3)
+        .rank(0)
+        .world_size(1)
+        .build()
+        .unwrap();
+    let e = rank_loader(&fewer, Read::new(4, 2))
+        .load_state_dict(&state)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shards"), "{e}");
+    // drop_last is the loader's and part of the order: another one is refused.
+    let e = rank_loader(&ds, Read::new(4, 2).drop_last(true))
+        .load_state_dict(&state)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("drop_last: false"), "{e}");
+    // A refused state changed nothing: the loader runs its own epoch 0.
+    assert_eq!(other.state_dict().unwrap().epoch, 0);
+}
+
+#[test]
 fn a_damaged_shard_names_the_shard_the_member_and_the_offset() {
     let dir = tempfile::tempdir().unwrap();
     write_shards(dir.path(), &COUNTS);
