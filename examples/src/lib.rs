@@ -19,9 +19,44 @@ pub mod train;
 #[doc = include_str!("../../README.md")]
 pub mod readme {}
 
-/// The user guide (`docs/guide.md`), whose examples are compiled and run as doctests.
+/// The user guide: its contents page (`docs/guide.md`) and one module per topic page
+/// (`docs/guide/*.md`), whose examples are compiled and run as doctests.
 #[doc = include_str!("../../docs/guide.md")]
-pub mod guide {}
+pub mod guide {
+    /// `docs/guide/migrating-from-pytorch.md`.
+    #[doc = include_str!("../../docs/guide/migrating-from-pytorch.md")]
+    pub mod migrating_from_pytorch {}
+    /// `docs/guide/python-datasets.md`.
+    #[doc = include_str!("../../docs/guide/python-datasets.md")]
+    pub mod python_datasets {}
+    /// `docs/guide/pinned-memory.md`.
+    #[doc = include_str!("../../docs/guide/pinned-memory.md")]
+    pub mod pinned_memory {}
+    /// `docs/guide/tuning.md`.
+    #[doc = include_str!("../../docs/guide/tuning.md")]
+    pub mod tuning {}
+    /// `docs/guide/device-stages.md`.
+    #[doc = include_str!("../../docs/guide/device-stages.md")]
+    pub mod device_stages {}
+    /// `docs/guide/randomness-and-resume.md`.
+    #[doc = include_str!("../../docs/guide/randomness-and-resume.md")]
+    pub mod randomness_and_resume {}
+    /// `docs/guide/several-gpus.md`.
+    #[doc = include_str!("../../docs/guide/several-gpus.md")]
+    pub mod several_gpus {}
+    /// `docs/guide/object-storage.md`.
+    #[doc = include_str!("../../docs/guide/object-storage.md")]
+    pub mod object_storage {}
+    /// `docs/guide/images.md`.
+    #[doc = include_str!("../../docs/guide/images.md")]
+    pub mod images {}
+    /// `docs/guide/interop.md`.
+    #[doc = include_str!("../../docs/guide/interop.md")]
+    pub mod interop {}
+    /// `docs/guide/errors.md`.
+    #[doc = include_str!("../../docs/guide/errors.md")]
+    pub mod errors {}
+}
 
 /// The architecture notes (`docs/architecture.md`).
 #[doc = include_str!("../../docs/architecture.md")]

@@ -307,8 +307,8 @@ def test_cuda_batches(data, tmp_path):
 
 
 def test_guide_example():
-    """The Python example of docs/guide.md's "Datasets in object storage" runs as written."""
-    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide.md")
+    """The Python example of docs/guide/object-storage.md runs as written."""
+    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide", "object-storage.md")
     text = open(guide).read()
     section = text[text.index("## Datasets in object storage"):]
     section = section[:section.index("\n## ", 1)]
