@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow};
@@ -172,9 +172,18 @@ fn build(
         .build()?)
 }
 
-/// Reads epoch `epoch` through the loader, `work` of CPU per sample; returns samples/s.
-fn run_epoch(ds: &ShardedDataset, args: &Args, epoch: u64, work: Duration) -> Result<f64> {
+/// Reads epoch `epoch` through the loader, `work` of CPU per sample; returns samples/s and
+/// the node's reads as they happened (each sample's shard, in the order the workers read them).
+fn run_epoch(
+    ds: &ShardedDataset,
+    args: &Args,
+    epoch: u64,
+    work: Duration,
+) -> Result<(f64, Vec<usize>)> {
+    let trace = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&trace);
     let loader = DataLoader::iterable(ds.clone().map(move |s: ShardSample| {
+        seen.lock().unwrap().push(s.id.shard);
         let t = Instant::now();
         let mut sum = 0i64;
         while t.elapsed() < work {
@@ -192,7 +201,10 @@ fn run_epoch(ds: &ShardedDataset, args: &Args, epoch: u64, work: Duration) -> Re
     for b in loader.iter() {
         n += b.map_err(|e| anyhow!("{e}"))?.tensor::<i64>(0)?.len();
     }
-    Ok(n as f64 / t.elapsed().as_secs_f64())
+    let rate = n as f64 / t.elapsed().as_secs_f64();
+    drop(loader);
+    let trace = std::mem::take(&mut *trace.lock().unwrap());
+    Ok((rate, trace))
 }
 
 /// A fresh directory under the bench's root.
@@ -251,9 +263,9 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
             args.shards, args.workers, args.batch
         );
         println!(
-            "| shuffle block | budget (shards) | working set (shards) | downloads (epochs 1..) | Belady | Belady, workers interleaved | LRU |"
+            "| shuffle block | budget (shards) | working set (shards) | downloads (epochs 1..) | Belady, as read | as read, one shard less | Belady, delivery order | Belady, workers interleaved | LRU |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for &(block, label) in &blocks {
             for budget_shards in [2u64, 3, 4, 8, 12, 20] {
                 let cache = fresh(root, &mut n)?;
@@ -265,9 +277,9 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                 let ds = build(&src, &cache, args, block, budget, Duration::ZERO)?;
                 let mut online = Vec::new();
                 let (mut bel, mut lru, mut ws) = (Vec::new(), Vec::new(), 0.0f64);
-                let mut fine = Vec::new();
+                let (mut fine, mut read, mut less) = (Vec::new(), Vec::new(), Vec::new());
                 for e in 0..=args.epochs {
-                    run_epoch(&ds, args, e, Duration::ZERO)?;
+                    let (_, trace) = run_epoch(&ds, args, e, Duration::ZERO)?;
                     let r = refs(&ds, e, args.workers, args.batch)?;
                     if e == 0 {
                         ws = working_set_bytes(r.iter().copied(), &sizes) as f64 / largest as f64;
@@ -279,14 +291,23 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                         .find(|s| s.epoch == e)
                         .map_or(0, |s| s.downloads);
                     online.push(d.to_string());
+                    read.push(belady_downloads(trace.iter().copied(), &sizes, budget).to_string());
+                    // The room one download in flight reserves: what another worker's
+                    // concurrent miss leaves the rest of the node.
+                    less.push(
+                        belady_downloads(trace, &sizes, budget.saturating_sub(largest).max(1))
+                            .to_string(),
+                    );
                     bel.push(belady_downloads(r.iter().copied(), &sizes, budget).to_string());
                     lru.push(lru_downloads(&r, &sizes, budget).to_string());
                     let f = fine_refs(&ds, e, args.workers, args.batch)?;
                     fine.push(belady_downloads(f, &sizes, budget).to_string());
                 }
                 println!(
-                    "| {label} | {budget_shards} | {ws:.1} | {} | {} | {} | {} |",
+                    "| {label} | {budget_shards} | {ws:.1} | {} | {} | {} | {} | {} | {} |",
                     online.join(", "),
+                    read.join(", "),
+                    less.join(", "),
                     bel.join(", "),
                     fine.join(", "),
                     lru.join(", ")
@@ -326,7 +347,7 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                 run_epoch(&ds, args, 0, work)?; // warm-up: the unbounded cache fills here
                 let mut best = 0.0f64;
                 for e in 1..=args.epochs {
-                    best = best.max(run_epoch(&ds, args, e, work)?);
+                    best = best.max(run_epoch(&ds, args, e, work)?.0);
                 }
                 if bounded {
                     let st = ds.cache().epoch_stats();
