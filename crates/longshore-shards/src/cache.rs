@@ -84,9 +84,11 @@
 //! permutation, Belady's rule makes about half of LRU's at 8 shards of 20 and a third at 12.
 //! With one
 //! worker per process the cache makes Belady's count exactly (1,310 of 1,310 at 3 shards, the
-//! whole epoch one block); workers that read at once interleave their reads finer than the
-//! delivery order, which costs 0-12% at budgets of 4 shards and more (21% for blocks of 2.5
-//! shards at 4) and up to 62% at 2-3 shards, where each worker reads a block of its own.
+//! whole epoch one block). With two workers reading at once it makes 10-17% more than Belady's
+//! bound over their reads as they happened (37-55% with blocks of 2.5 shards at 2-4 shards of
+//! budget), and never more than the bound of the same reads with one shard less of budget:
+//! each worker's lease on the shard it reads and the room of its download in flight hold a
+//! shard that an offline bound does not need.
 //!
 //! Readers get a path and an open [`File`]; this crate has no `unsafe`, so it hands out no
 //! memory map (map the file yourself if you want one).
