@@ -181,3 +181,27 @@ def test_an_endpoint_that_never_answers_fails_within_the_timeout(tmp_path):
     msg = str(e.value)
     assert f"127.0.0.1:{port}" in msg and "list" in msg, msg
     assert took < 90, took  # the retry budget (60 s) bounds it; without a timeout: 907 s
+
+
+def test_a_budget_below_the_working_set_warns_once_and_counts_redownloads(shards, tmp_path,
+                                                                          caplog):
+    """A cache budget of two shards under a whole-epoch shuffle: every sample still arrives
+    once, the shards downloaded again are counted in `loader.stats["shards"]` (per epoch too)
+    and the budget that would suffice is named once through logging."""
+    out, names = copy(shards, tmp_path)
+    largest = max(os.path.getsize(out / n) for n in names)
+    ds = dataset(out, names, tmp_path, shuffle=True, shuffle_block=10**9,
+                 cache_budget=2 * largest)
+    loader = longshore.DataLoader(ds, batch_size=4, num_workers=2)
+    with caplog.at_level(logging.WARNING, logger="longshore"):
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            labels = sorted(int(x) for _, y in loader for x in y)
+            assert labels == list(range(N)), epoch
+        _logs.flush()
+    s = loader.stats["shards"]
+    assert [e["epoch"] for e in s["cache_epochs"]] == [0, 1], s
+    assert s["downloads"] == sum(e["downloads"] for e in s["cache_epochs"]) > len(names), s
+    assert s["redownloads"] > 0 and s["forced_evictions"] > 0, s
+    warned = [r for r in caplog.records if "would download each shard once" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]

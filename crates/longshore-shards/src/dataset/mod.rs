@@ -573,7 +573,9 @@ impl ShardedDataset {
     /// What became of the samples that could not be read, since the dataset was built: the
     /// failed reads by reason, the padding repeats that made up for them, damaged shards.
     pub fn stats(&self) -> ShardStats {
-        self.inner.stats.snapshot()
+        let mut s = self.inner.stats.snapshot();
+        s.cache = self.inner.cache.epoch_stats();
+        s
     }
 
     /// The policy for samples that cannot be read.

@@ -16,11 +16,16 @@ pub struct ShardStats {
     /// Padding repeats read to make up for failed samples
     /// ([`OnSampleError::Skip`](super::OnSampleError::Skip)).
     pub padded: u64,
-    /// Failed samples that could not be made up for (no sample of the worker's stream could
-    /// be read to repeat): each leaves its rank one sample short, and is logged as an error.
+    /// Failed samples that could not be made up for (no sample of the epoch's order could be
+    /// read to repeat): the worker yields an unskippable error in their place (a rank short
+    /// of its planned batches would hang a distributed job), logged as an error.
     pub unpadded: u64,
     /// Shards found damaged (in the spec, or while reading).
     pub damaged_shards: u64,
+    /// The shard cache's downloads, re-downloads and evictions per epoch, as this process's
+    /// handle counted them ([`ShardCache::epoch_stats`](crate::cache::ShardCache::epoch_stats)):
+    /// re-downloads are what a budget below the shuffle window's working set costs.
+    pub cache: Vec<crate::cache::EpochCacheStats>,
 }
 
 impl ShardStats {
