@@ -27,36 +27,8 @@ pub const IMAGE_SHAPE: [usize; 3] = [3, 224, 224];
 /// Features per tabular sample.
 pub const TABULAR_FEATURES: usize = 64;
 
-/// A SplitMix64 stream: fast, seedable, good enough for benchmark content.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    /// A stream from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Fills `out` with random bytes.
-    pub fn fill_bytes(&mut self, out: &mut [u8]) {
-        let mut chunks = out.chunks_exact_mut(8);
-        for c in &mut chunks {
-            c.copy_from_slice(&self.next_u64().to_le_bytes());
-        }
-        let rest = chunks.into_remainder();
-        let last = self.next_u64().to_le_bytes();
-        rest.copy_from_slice(&last[..rest.len()]);
-    }
-}
+/// The benchmark content's generator: a fixed-seed SplitMix64 stream.
+pub use longshore::data::seed::SplitMix64;
 
 /// Whether `path` holds an array of `dtype` with rows of `row` and at least `rows` rows.
 fn usable(path: &Path, dtype: DType, row: &[usize], rows: usize) -> bool {

@@ -63,14 +63,15 @@
 //! - Transforms ([`transform`]): the [`Transform`] trait and its combinators; the image
 //!   transforms ([`image`]) [`Normalize`], [`RandomCrop`], [`RandomHorizontalFlip`], defined
 //!   once for the `.npy` image datasets and longshore-vision, with the vectorised kernel in
-//!   [`normalize`]; per-worker seeded randomness in [`worker`] and [`rng`].
+//!   [`normalize`]; per-worker seeded randomness in [`worker`] and [`rng`]; SplitMix64 and
+//!   every seed scheme (worker, per-sample and block seeds) in [`seed`].
 //!
 //! ## Layers
 //!
 //! Modules import only modules of lower layers (checked with `grep 'crate::' src`, comments
 //! aside; a module's own submodules count as the module):
 //!
-//! 1. [`dtype`], [`rng`]
+//! 1. [`dtype`], [`rng`], then [`seed`] (over [`rng`])
 //! 2. `error` ([`DataError`]: names dtypes)
 //! 3. [`shape`], [`worker`]
 //! 4. [`tensor`] (with [`ImageLayout`]), [`batch`], [`field`]
@@ -99,6 +100,7 @@ pub mod image;
 pub mod normalize;
 pub mod rng;
 pub mod sampler;
+pub mod seed;
 pub mod shape;
 pub mod tensor;
 pub mod transform;

@@ -20,7 +20,8 @@ use crate::shared::{Inner, Parked};
 use crate::state::Progress;
 use crate::stats::LoaderStats;
 use crate::sync::lock;
-use crate::worker::{worker_body, worker_seed};
+use crate::worker::worker_body;
+use longshore_data::seed::worker_seed;
 
 mod ahead;
 mod budget;

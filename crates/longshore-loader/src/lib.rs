@@ -122,6 +122,7 @@ pub use iter::LoaderIter;
 pub use loader::{
     BoxedLoader, DataLoader, DirectLoader, IterableLoader, MapLoader, StackLoader, UnbatchedLoader,
 };
+pub use longshore_data::seed::worker_seed;
 pub use options::LoaderOptions;
 pub use placement::{BACKGROUND_NICE, Placement, WorkerPlacement, WorkerPriority};
 pub use state::{LoaderState, StreamState};
@@ -129,4 +130,4 @@ pub use stats::LoaderStats;
 #[cfg(feature = "stream")]
 pub use stream::LoaderStream;
 pub use tuner::{Trial, TuneReport, Tuner};
-pub use worker::{WorkerInit, worker_seed};
+pub use worker::WorkerInit;

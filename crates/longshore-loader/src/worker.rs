@@ -1,10 +1,11 @@
 //! The worker side of a loader: the body each worker thread runs (turning tasks into
-//! batches through the loader's [`Fetch`]), and the per-worker seeds.
+//! batches through the loader's [`Fetch`]), each worker seeded by [`worker_seed`].
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use longshore_data::WorkerInfo;
+use longshore_data::seed::worker_seed;
 use longshore_data::worker::WorkerGuard;
 
 use crate::engine::{Outcome, Reply, WorkerBody, WorkerCtx, guarded};
@@ -15,21 +16,6 @@ use crate::placement::{ThreadSetup, WorkerThread};
 /// A function run once in each worker thread when it starts (and again after a restart),
 /// like PyTorch's `worker_init_fn`.
 pub type WorkerInit = Arc<dyn Fn(&WorkerInfo) + Send + Sync>;
-
-/// SplitMix64 finaliser: decorrelates seeds.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The seed of worker `id` in `epoch`: distinct per worker and per epoch (so workers never
-/// share random streams, pytorch#5059), and a pure function of (seed, epoch, id), so a resumed
-/// run draws the same augmentations.
-pub fn worker_seed(seed: u64, epoch: u64, id: usize) -> u64 {
-    mix(seed ^ mix(epoch ^ 0xA5A5_A5A5) ^ mix((id as u64).wrapping_add(0x5EED)))
-}
 
 /// The body of every worker thread of one engine: takes tasks until the engine shuts down,
 /// keeps the per-epoch worker state (an iterable dataset's stream, the generator seeded

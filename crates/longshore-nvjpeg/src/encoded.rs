@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use longshore_data::seed::mix;
 use longshore_data::{
     Batch, BatchLayout, Collate, DType, DataError, Dataset, DatasetCollate, Storage,
 };
@@ -17,7 +18,7 @@ use longshore_data::{
 use super::header::{JpegHeader, JpegRoute};
 use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
 use longshore_vision::compose::Compose;
-use longshore_vision::dataset::{RandomSource, mix};
+use longshore_vision::dataset::RandomSource;
 use longshore_vision::decode::{DecodeError, DecodeOptions, ImageFormat, decode_rgb, probe};
 use longshore_vision::folder::{ImageFolder, invalid};
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use longshore_data::rng::Rng;
+pub use longshore_data::seed::sample_rng;
 use longshore_data::{
     DType, DataError, Dataset, DirectDataset, DirectPlan, FieldSpec, Shape, Tensor,
 };
-use rand_chacha::rand_core::SeedableRng;
 
 use crate::compose::{Compose, with_scratch};
 use crate::folder::ImageFolder;
@@ -63,23 +63,6 @@ impl RandomSource {
             }
         }
     }
-}
-
-/// SplitMix64's finaliser: a well-mixed 64-bit hash of `z` (the per-sample seeds, and the
-/// nvJPEG stage's fixed choice of which images the CPU decodes).
-pub fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The generator of sample `index` in `epoch` under [`RandomSource::Sample`] and
-/// [`RandomSource::PerSample`].
-pub fn sample_rng(seed: u64, epoch: u64, index: usize) -> Rng {
-    let mut rng = Rng::seed_from_u64(mix(seed ^ mix(epoch)));
-    rng.set_stream(index as u64);
-    rng
 }
 
 /// An image folder with a transform pipeline: torchvision's

@@ -16,7 +16,7 @@
 //!    but the seed, the epoch, the shard counts and `shuffle_block` — never on the number of
 //!    ranks or workers, which is what makes elastic resume possible.
 //! 3. The samples of each block are permuted with their own generator
-//!    (`epoch_rng(s(seed ^ s(block + 1)), epoch)`, `s` as in [`sample_seed`]).
+//!    ([`epoch_rng`]`(`[`block_seed`]`(seed, block), epoch)`).
 //!
 //! `shuffle_block = 0` keeps each shard's samples in file order (shard shuffle only, like
 //! WebDataset without a sample buffer); `shuffle_block = u64::MAX` makes one block, a full
@@ -86,6 +86,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use longshore_data::rng::{epoch_rng, permutation, shuffle};
+use longshore_data::seed::block_seed;
+pub use longshore_data::seed::sample_seed;
 use serde::{Deserialize, Serialize};
 
 use crate::ShardError;
@@ -147,22 +149,6 @@ pub struct Slot {
     pub position: u64,
     /// `true` when this slot repeats a sample to even out the ranks' shares.
     pub pad: bool,
-}
-
-/// SplitMix64's finaliser: a bijective mix of 64 bits.
-fn splitmix(z: u64) -> u64 {
-    let z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The seed for a sample's random augmentation: `s(s(s(seed) ^ epoch) ^ global)`, where `s`
-/// is SplitMix64's step (add `0x9E3779B97F4A7C15`, then its finaliser). It depends only on
-/// (seed, epoch, global sample id), so every rank, worker and resume gives a sample the same
-/// seed; padding repeats get their sample's seed.
-pub fn sample_seed(seed: u64, epoch: u64, global: u64) -> u64 {
-    splitmix(splitmix(splitmix(seed) ^ epoch) ^ global)
 }
 
 /// FNV-1a over the counts' little-endian bytes: identifies a shard list in a [`ResumeState`].
@@ -330,10 +316,7 @@ impl EpochOrder {
         }
         let (a, b) = (self.block_slots[block], self.block_slots[block + 1]);
         let len = self.slot_starts[b] - self.slot_starts[a];
-        let mut rng = epoch_rng(
-            splitmix(self.config.seed ^ splitmix(block as u64 + 1)),
-            self.epoch,
-        );
+        let mut rng = epoch_rng(block_seed(self.config.seed, block as u64), self.epoch);
         Some(permutation(len as usize, &mut rng))
     }
 

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
+use longshore_data::seed::SplitMix64;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
@@ -105,7 +106,7 @@ pub struct FaultStats {
 enum Schedule {
     Plan(VecDeque<Option<Fault>>),
     Always(Fault),
-    Seeded { state: u64, rates: FaultRates },
+    Seeded { rng: SplitMix64, rates: FaultRates },
 }
 
 /// An [`ObjectStore`] that passes every request to `inner`, injecting faults into read
@@ -190,7 +191,13 @@ impl FaultyStore {
     /// Faults drawn per read request at `rates`, from a generator seeded with `seed` (the
     /// same seed and request order give the same faults).
     pub fn seeded(inner: std::sync::Arc<dyn ObjectStore>, seed: u64, rates: FaultRates) -> Self {
-        Self::new(inner, Schedule::Seeded { state: seed, rates })
+        Self::new(
+            inner,
+            Schedule::Seeded {
+                rng: SplitMix64::new(seed),
+                rates,
+            },
+        )
     }
 
     /// Appends entries to the plan (replacing an `always` or seeded schedule by the plan).
@@ -221,8 +228,8 @@ impl FaultyStore {
         let drawn = match &mut *s {
             Schedule::Plan(q) => q.pop_front().flatten().map(|f| (f, None)),
             Schedule::Always(f) => Some((*f, None)),
-            Schedule::Seeded { state, rates } => {
-                let u = unit(splitmix(state));
+            Schedule::Seeded { rng, rates } => {
+                let u = unit(rng.next_u64());
                 let r = *rates;
                 let edges = [
                     r.server_error,
@@ -232,7 +239,7 @@ impl FaultyStore {
                     r.server_error + r.slow_down + r.timeout + r.cut_body + r.stall_body,
                 ];
                 if u < edges[0] {
-                    let f = if splitmix(state) & 1 == 0 {
+                    let f = if rng.next_u64() & 1 == 0 {
                         Fault::InternalError
                     } else {
                         Fault::Unavailable
@@ -243,10 +250,10 @@ impl FaultyStore {
                 } else if u < edges[2] {
                     Some((Fault::Timeout, None))
                 } else if u < edges[3] {
-                    let at = splitmix(state) % 1_000_000;
+                    let at = rng.next_u64() % 1_000_000;
                     Some((Fault::CutBody { after: 0 }, Some(at)))
                 } else if u < edges[4] {
-                    let at = splitmix(state) % 1_000_000;
+                    let at = rng.next_u64() % 1_000_000;
                     Some((Fault::StallBody { after: 0 }, Some(at)))
                 } else {
                     None
@@ -271,14 +278,6 @@ impl FaultyStore {
             }),
         }
     }
-}
-
-fn splitmix(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 fn unit(x: u64) -> f64 {
