@@ -156,18 +156,13 @@ mod tests {
     /// unless `LONGSHORE_REQUIRE_CUDA=1`.
     #[test]
     fn bare_copies_round_trip_on_cuda() {
-        match Device::cuda(0) {
-            Ok(dev) => {
-                round_trip(&dev);
-                let mut buf = dev.new_stream().unwrap().alloc_zeroed(8).unwrap();
-                let cpu = Device::cpu().new_stream().unwrap();
-                let err = bare_htod(&cpu, &[1u8; 8], &mut buf).unwrap_err();
-                assert!(err.to_string().contains("cuda:0"), "{err}");
-            }
-            Err(e) if std::env::var("LONGSHORE_REQUIRE_CUDA").as_deref() == Ok("1") => {
-                panic!("LONGSHORE_REQUIRE_CUDA=1 but no CUDA device: {e}")
-            }
-            Err(e) => eprintln!("skipped: no CUDA device ({e})"),
+        let test = "bare_copies_round_trip_on_cuda";
+        if let Some(dev) = longshore_testing::cuda_or_skip(test, Device::cuda(0)) {
+            round_trip(&dev);
+            let mut buf = dev.new_stream().unwrap().alloc_zeroed(8).unwrap();
+            let cpu = Device::cpu().new_stream().unwrap();
+            let err = bare_htod(&cpu, &[1u8; 8], &mut buf).unwrap_err();
+            assert!(err.to_string().contains("cuda:0"), "{err}");
         }
     }
 }

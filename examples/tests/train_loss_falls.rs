@@ -62,13 +62,7 @@ fn cpu_training_loss_falls() {
 #[test]
 fn cuda_training_loss_falls() {
     let gpu = Device::cuda(0).and_then(|d| ops::available(&d).map(|()| d));
-    match gpu {
-        Ok(d) => check_learns(&d, "cuda"),
-        Err(e) => {
-            if std::env::var("LONGSHORE_REQUIRE_CUDA").as_deref() == Ok("1") {
-                panic!("LONGSHORE_REQUIRE_CUDA=1 but CUDA ops are unavailable: {e}");
-            }
-            eprintln!("skipping cuda_training_loss_falls: {e}");
-        }
+    if let Some(d) = longshore_testing::cuda_or_skip("cuda_training_loss_falls", gpu) {
+        check_learns(&d, "cuda");
     }
 }

@@ -11,15 +11,7 @@ use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
 use longshore_transfer::{Device, upload_new};
 
 fn gpu() -> Option<Device> {
-    let require = std::env::var("LONGSHORE_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) if require => panic!("LONGSHORE_REQUIRE_CUDA=1 but cuda:0 cannot be used: {e}"),
-        Err(e) => {
-            eprintln!("skipping CUDA test: {e}");
-            None
-        }
-    }
+    longshore_testing::cuda_or_skip("CUDA test", Device::cuda(0))
 }
 
 fn pinned_pool() -> PinnedPool {

@@ -13,16 +13,8 @@ use longshore_host::{Fence, HostBuffer, MemoryKind, PinnedPool, PoolConfig};
 use rand::{RngCore, SeedableRng};
 
 fn cuda_or_skip(test: &str) -> bool {
-    match longshore_host::driver_unavailable_reason() {
-        None => true,
-        Some(reason) => {
-            if std::env::var("LONGSHORE_REQUIRE_CUDA").as_deref() == Ok("1") {
-                panic!("{test}: LONGSHORE_REQUIRE_CUDA=1 but CUDA is unavailable: {reason}");
-            }
-            eprintln!("skipping {test}: {reason}");
-            false
-        }
-    }
+    let probe = longshore_host::driver_unavailable_reason().map_or(Ok(()), Err);
+    longshore_testing::cuda_or_skip(test, probe).is_some()
 }
 
 /// A CUDA event as a pool fence (longshore-transfer provides the real one).

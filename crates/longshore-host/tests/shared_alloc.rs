@@ -66,12 +66,9 @@ fn other_allocators_have_no_file() {
 
 #[test]
 fn pinned_shared_memory_is_registered_with_the_driver() {
-    if !longshore_host::driver_available() {
-        assert!(
-            std::env::var("LONGSHORE_REQUIRE_CUDA").as_deref() != Ok("1"),
-            "LONGSHORE_REQUIRE_CUDA=1 but no CUDA driver"
-        );
-        eprintln!("skipped: no CUDA driver");
+    let probe = longshore_host::driver_unavailable_reason().map_or(Ok(()), Err);
+    let test = "pinned_shared_memory_is_registered_with_the_driver";
+    if longshore_testing::cuda_or_skip(test, probe).is_none() {
         return;
     }
     let buf = SharedAllocator::new(true).allocate(1 << 20).unwrap();

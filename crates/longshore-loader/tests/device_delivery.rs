@@ -10,16 +10,7 @@ use longshore_loader::DataLoader;
 use longshore_transfer::Device;
 
 fn cuda_or_skip(test: &str) -> Option<Device> {
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("LONGSHORE_REQUIRE_CUDA").as_deref() == Ok("1") {
-                panic!("{test}: LONGSHORE_REQUIRE_CUDA=1 but CUDA is unavailable: {e}");
-            }
-            eprintln!("skipping {test}: {e}");
-            None
-        }
-    }
+    longshore_testing::cuda_or_skip(test, Device::cuda(0))
 }
 
 fn run_on(device: &Device, pin: bool, workers: usize) {

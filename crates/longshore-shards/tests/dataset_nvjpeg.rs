@@ -157,15 +157,7 @@ fn a_pipeline_the_device_cannot_run_is_refused() {
 }
 
 fn gpu() -> Option<Device> {
-    let require = std::env::var("LONGSHORE_REQUIRE_CUDA").is_ok_and(|v| v == "1");
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) if require => panic!("LONGSHORE_REQUIRE_CUDA=1 but cuda:0 cannot be used: {e}"),
-        Err(e) => {
-            eprintln!("skipping CUDA test: {e}");
-            None
-        }
-    }
+    longshore_testing::cuda_or_skip("CUDA test", Device::cuda(0))
 }
 
 fn check_on_gpu(dev: &Device, compose: Compose, what: &str, max_mean: f32) {

@@ -11,28 +11,10 @@ use longshore_collective::{Communicator, Rendezvous, UniqueId, nccl_available};
 use longshore_ops::ViewMut;
 use longshore_transfer::{Device, TransferError};
 
-fn required() -> bool {
-    std::env::var("LONGSHORE_REQUIRE_CUDA").as_deref() == Ok("1")
-}
-
 /// The number of GPUs to use, or `None` (skip) with the reason printed.
 fn gpus(test: &str) -> Option<usize> {
-    if let Err(e) = Device::cuda(0) {
-        assert!(
-            !required(),
-            "LONGSHORE_REQUIRE_CUDA=1 but no CUDA device: {e}"
-        );
-        eprintln!("skipping {test}: {e}");
-        return None;
-    }
-    if let Err(reason) = nccl_available() {
-        assert!(
-            !required(),
-            "LONGSHORE_REQUIRE_CUDA=1 but NCCL is unavailable: {reason}"
-        );
-        eprintln!("skipping {test}: {reason}");
-        return None;
-    }
+    longshore_testing::cuda_or_skip(test, Device::cuda(0))?;
+    longshore_testing::cuda_or_skip(test, nccl_available())?;
     Some(Device::cuda_count())
 }
 

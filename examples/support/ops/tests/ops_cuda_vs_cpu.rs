@@ -12,16 +12,7 @@ use rand::{Rng, SeedableRng};
 
 fn cuda_or_skip(test: &str) -> Option<Device> {
     let dev = Device::cuda(0).and_then(|d| ops::available(&d).map(|()| d));
-    match dev {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("LONGSHORE_REQUIRE_CUDA").as_deref() == Ok("1") {
-                panic!("{test}: LONGSHORE_REQUIRE_CUDA=1 but CUDA ops are unavailable: {e}");
-            }
-            eprintln!("skipping {test}: {e}");
-            None
-        }
-    }
+    longshore_testing::cuda_or_skip(test, dev)
 }
 
 /// Runs one of each operation on `device` with inputs drawn from `seed`, returns every output.
