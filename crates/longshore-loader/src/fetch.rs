@@ -109,22 +109,15 @@ fn sample_failed(
     source: longshore_data::DataError,
     stage: &str,
 ) -> Option<LoaderError> {
-    match policy {
-        _ if source.is_unskippable() => Some(LoaderError::Sample {
-            index,
-            batch: seq,
-            source,
-        }),
-        SampleErrorPolicy::FailBatch => Some(LoaderError::Sample {
-            index,
-            batch: seq,
-            source,
-        }),
-        SampleErrorPolicy::Skip => {
-            tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = seq, "skipping a sample that failed to {stage}");
-            None
-        }
+    if matches!(policy, SampleErrorPolicy::Skip) && !source.is_unskippable() {
+        tracing::warn!(target: "longshore::loader", error = %crate::error::chain(&source), sample.index = index, batch.seq = seq, "skipping a sample that failed to {stage}");
+        return None;
     }
+    Some(LoaderError::Sample {
+        index,
+        batch: seq,
+        source,
+    })
 }
 
 /// Finds which of `indices` fails to load (the dataset's own error), for error messages and
@@ -138,26 +131,72 @@ fn find_failing<D: Dataset + ?Sized>(
         .find_map(|&i| dataset.get(i).err().map(|e| (i, e)))
 }
 
+/// A batch collated into pool memory: what [`MapFetch`] and [`IterableFetch`] yield.
+type PooledBatch = Batch<PoolBuffer>;
+
+/// Pool bytes a pooled batch holds: 0 for a batch in fallback (non-pool) memory.
+fn pooled_bytes(out: &PooledBatch) -> usize {
+    if out.storage().is_fallback() {
+        0
+    } else {
+        out.storage().capacity()
+    }
+}
+
+/// Leases `bytes` (at least 1) of `pool` for `task`'s batch, ranked by its delivery order.
+fn lease(pool: &PinnedPool, bytes: usize, task: &Task) -> Result<PoolBuffer, LoadErr> {
+    pool.alloc_ranked(bytes.max(1), task.rank)
+        .map_err(|source| {
+            LoadErr::Memory(LoaderError::Memory {
+                batch: task.seq,
+                source,
+            })
+        })
+}
+
+/// Why a pooled batch could not be made: its data (a sample's or the collation's, which the
+/// caller looks into) or its memory (which fails the batch).
+enum LoadErr {
+    Data(longshore_data::DataError),
+    Memory(LoaderError),
+}
+
+impl LoadErr {
+    /// An attempt's outcome: `Ok` with the outcome to return (the batch, or the failure of
+    /// its memory), or `Err` with a data error for the caller to look into.
+    fn settle(attempt: Result<PooledBatch, LoadErr>) -> Result<Outcome<PooledBatch>, DataError> {
+        match attempt {
+            Ok(batch) => Ok(Outcome::Batch(batch)),
+            Err(LoadErr::Memory(e)) => Ok(Outcome::Failed(e)),
+            Err(LoadErr::Data(e)) => Err(e),
+        }
+    }
+}
+
+/// The failure of batch `task` whose collation failed with no sample at fault.
+fn collate_failed(task: &Task, source: DataError) -> Outcome<PooledBatch> {
+    Outcome::Failed(LoaderError::Collate {
+        batch: task.seq,
+        source,
+    })
+}
+
 impl<D, C> MapFetch<D, C>
 where
     D: Dataset + 'static,
     C: DatasetCollate<D> + 'static,
 {
-    fn load(&self, task: &Task, cancelled: &dyn Fn() -> bool) -> (Outcome<Batch<PoolBuffer>>, u64) {
+    fn load(&self, task: &Task, cancelled: &dyn Fn() -> bool) -> (Outcome<PooledBatch>, u64) {
         // Copied only when a sample is skipped.
         let mut indices = Cow::Borrowed(task.indices.as_slice());
         let mut skipped = 0u64;
         loop {
-            if cancelled() {
+            if cancelled() || indices.is_empty() {
                 return (Outcome::Empty, skipped);
             }
-            if indices.is_empty() {
-                return (Outcome::Empty, skipped);
-            }
-            let err = match self.try_load(task, &indices) {
-                Ok(batch) => return (Outcome::Batch(batch), skipped),
-                Err(LoadErr::Memory(e)) => return (Outcome::Failed(e), skipped),
-                Err(LoadErr::Data(e)) => e,
+            let err = match LoadErr::settle(self.try_load(task, &indices)) {
+                Ok(outcome) => return (outcome, skipped),
+                Err(e) => e,
             };
             // Find the sample at fault: name it, or skip it and try again.
             match find_failing(&*self.dataset, &indices) {
@@ -168,33 +207,20 @@ where
                     indices.to_mut().retain(|&i| i != index);
                     skipped += 1;
                 }
-                None => {
-                    return (
-                        Outcome::Failed(LoaderError::Collate {
-                            batch: task.seq,
-                            source: err,
-                        }),
-                        skipped,
-                    );
-                }
+                None => return (collate_failed(task, err), skipped),
             }
         }
     }
 
-    fn try_load(&self, task: &Task, indices: &[usize]) -> Result<Batch<PoolBuffer>, LoadErr> {
-        let seq = task.seq;
+    fn try_load(&self, task: &Task, indices: &[usize]) -> Result<PooledBatch, LoadErr> {
         let staged = self
             .collate
             .stage(&*self.dataset, indices)
             .map_err(LoadErr::Data)?;
         let layout: &BatchLayout = self.collate.staged_layout(&staged);
-        let bytes = layout.total_bytes().max(1);
         // One lease per batch, taken once the samples are staged: a worker never holds a
         // block while it waits for another, and its request ranks by delivery order.
-        let mut lease = self
-            .pool
-            .alloc_ranked(bytes, task.rank)
-            .map_err(|source| LoadErr::Memory(LoaderError::Memory { batch: seq, source }))?;
+        let mut lease = lease(&self.pool, layout.total_bytes(), task)?;
         let _ = lease.set_len(layout.total_bytes().max(1));
         self.collate
             .write(&*self.dataset, staged, lease)
@@ -202,17 +228,12 @@ where
     }
 }
 
-enum LoadErr {
-    Data(longshore_data::DataError),
-    Memory(LoaderError),
-}
-
 impl<D, C> sealed::Sealed for MapFetch<D, C>
 where
     D: Dataset + 'static,
     C: DatasetCollate<D> + 'static,
 {
-    type Out = Batch<PoolBuffer>;
+    type Out = PooledBatch;
     type Worker<'a> = ();
 
     fn indexed(&self) -> bool {
@@ -225,11 +246,7 @@ where
         out.batch_size()
     }
     fn output_bytes(&self, out: &Self::Out) -> usize {
-        if out.storage().is_fallback() {
-            0
-        } else {
-            out.storage().capacity()
-        }
+        pooled_bytes(out)
     }
     fn output_pinned_wait(&self, out: &Self::Out) -> Duration {
         out.storage().waited()
@@ -316,7 +333,7 @@ where
     D::Item: 'static,
     C: longshore_data::Collate<D::Item> + 'static,
 {
-    type Out = Batch<PoolBuffer>;
+    type Out = PooledBatch;
     type Worker<'a> = StreamState<'a, D::Item>;
 
     fn indexed(&self) -> bool {
@@ -329,11 +346,7 @@ where
         out.batch_size()
     }
     fn output_bytes(&self, out: &Self::Out) -> usize {
-        if out.storage().is_fallback() {
-            0
-        } else {
-            out.storage().capacity()
-        }
+        pooled_bytes(out)
     }
     fn output_pinned_wait(&self, out: &Self::Out) -> Duration {
         out.storage().waited()
@@ -410,10 +423,9 @@ where
                     skipped,
                 );
             }
-            let err = match self.collate_batch(&items, task) {
-                Ok(b) => return (Outcome::Batch(b), skipped),
-                Err(LoadErr::Memory(e)) => return (Outcome::Failed(e), skipped),
-                Err(LoadErr::Data(e)) => e,
+            let err = match LoadErr::settle(self.collate_batch(&items, task)) {
+                Ok(outcome) => return (outcome, skipped),
+                Err(e) => e,
             };
             // A collation that does per-item work while it writes the batch (decoding into
             // it) fails for the whole batch: find the item at fault, then name it, or skip it
@@ -423,13 +435,7 @@ where
                 .enumerate()
                 .find_map(|(i, item)| self.collate.check_item(item).err().map(|e| (i, e)));
             let Some((i, source)) = failing else {
-                return (
-                    Outcome::Failed(LoaderError::Collate {
-                        batch: task.seq,
-                        source: err,
-                    }),
-                    skipped,
-                );
+                return (collate_failed(task, err), skipped);
             };
             if let Some(e) = sample_failed(self.on_error, positions[i], task.seq, source, "collate")
             {
@@ -449,17 +455,9 @@ where
     C: longshore_data::Collate<D::Item> + 'static,
 {
     /// Lays out, leases and writes one batch of `items`.
-    fn collate_batch(&self, items: &[D::Item], task: &Task) -> Result<Batch<PoolBuffer>, LoadErr> {
+    fn collate_batch(&self, items: &[D::Item], task: &Task) -> Result<PooledBatch, LoadErr> {
         let layout = self.collate.layout(items).map_err(LoadErr::Data)?;
-        let lease = self
-            .pool
-            .alloc_ranked(layout.total_bytes().max(1), task.rank)
-            .map_err(|source| {
-                LoadErr::Memory(LoaderError::Memory {
-                    batch: task.seq,
-                    source,
-                })
-            })?;
+        let lease = lease(&self.pool, layout.total_bytes(), task)?;
         self.collate
             .collate_into(items, layout, lease)
             .map_err(LoadErr::Data)
