@@ -38,8 +38,8 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use crate::boxed::{Epoch, Handoff, Loader};
 use crate::errors::{LoaderFailure, dlpack_err, loader_err};
-use crate::loader::{Epoch, Handoff, Loader};
 use crate::tensor::PyTensor;
 use crate::torch::PyTorchConverter;
 use crate::upload::Uploader;

@@ -5,6 +5,7 @@
 //! Rust call into torch) or `np.from_dlpack` per tensor, and `longshore.data` (samplers and
 //! dataset helpers), over `_EpochOrder` and `_Native`.
 
+mod boxed;
 mod dataset;
 mod epoch;
 mod errors;
@@ -14,6 +15,7 @@ mod nvjpeg;
 mod pydata;
 mod sampler;
 mod shards;
+mod source;
 mod tensor;
 mod torch;
 mod upload;

@@ -4,93 +4,30 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use longshore::data::Batch;
 use longshore::dlpack::{ExportOptions, PinnedLabel};
 use longshore::host::{
-    BudgetPolicy, MemoryKind, PinnedPool, PoolBuffer, PoolConfig, PoolStats, SharedAllocator,
+    BudgetPolicy, MemoryKind, PinnedPool, PoolConfig, PoolStats, SharedAllocator,
 };
 use longshore::loader::{
-    BoxedFetch, BoxedLoader, DataLoader, DataLoaderBuilder, DeviceBatch, DeviceLoader, LoaderError,
-    LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
+    DataLoader, LoaderError, LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
 };
-use longshore::nvjpeg::{EncodedCollate, NvjpegDecoder};
+use longshore::nvjpeg::EncodedCollate;
 use longshore::shards::dataset::{OnSampleError, ShardedDataset};
 use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::dataset::{Native, Source, native_of};
+use crate::boxed::{Handoff, Loader, Options, configure};
+use crate::dataset::{Native, native_of};
 use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::pydata::{Parts, PyProcessSource};
-use crate::sampler::{EpochOrder, PyEpochOrder};
+use crate::sampler::PyEpochOrder;
 use crate::shards::PyShards;
+use crate::source::Source;
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
-
-/// What an epoch yields before export: a host batch or a prefetched device batch.
-pub(crate) enum Handoff {
-    Host(Batch<PoolBuffer>),
-    /// A host batch still to be copied to the epoch's device (by the epoch thread or by
-    /// `__next__`: see [`crate::upload`]).
-    Staged(Batch<PoolBuffer>),
-    /// A batch on the device, whatever stage made it (an upload, nvJPEG).
-    Device(DeviceBatch),
-}
-
-pub(crate) type Epoch = Box<dyn Iterator<Item = Result<Handoff, LoaderError>> + Send>;
-
-/// The loader behind `longshore.DataLoader`: a [`BoxedLoader`] (the loader's own type
-/// erasure) of any built-in dataset, or with nvJPEG as its device stage.
-pub(crate) enum Loader {
-    /// Host batches, or batches copied to a device by the loader's `Upload` stage.
-    Host(BoxedLoader),
-    /// Encoded images decoded on the GPU: the decoder is made when the loader is built (a
-    /// missing libnvjpeg is an error then, not at the first batch) and kept, with its nvJPEG
-    /// states, across epochs.
-    Nvjpeg(DeviceLoader<BoxedFetch<Batch<PoolBuffer>>, NvjpegDecoder>),
-}
-
-impl Loader {
-    /// The host loader (its options, position, stats).
-    pub(crate) fn loader(&self) -> &BoxedLoader {
-        match self {
-            Loader::Host(l) => l,
-            Loader::Nvjpeg(d) => d.loader(),
-        }
-    }
-
-    /// An epoch's batches; with a device, `staged` asks for host batches ([`Handoff::Staged`])
-    /// where the loader can leave the copies to its caller, else device batches made by the
-    /// loader's device pipeline, `depth` in flight (nvJPEG's depth is set when it is built).
-    pub(crate) fn epoch(
-        &self,
-        device: Option<&Device>,
-        depth: usize,
-        staged: bool,
-    ) -> Result<Epoch, LoaderError> {
-        Ok(match (self, device) {
-            (Loader::Nvjpeg(d), Some(_)) => Box::new(d.iter()?.map(|r| r.map(Handoff::Device))),
-            (Loader::Nvjpeg(_), None) => {
-                return Err(LoaderError::Config {
-                    option: "decode",
-                    reason: "decode=\"nvjpeg\" decodes on a GPU: it needs device=\"cuda\"".into(),
-                });
-            }
-            (Loader::Host(l), None) => Box::new(l.iter().map(|r| r.map(Handoff::Host))),
-            (Loader::Host(l), Some(d)) if staged => {
-                // What `to_device` does before its first batch: the workers move to the
-                // device's CPUs and the pool to its NUMA node.
-                l.place_for(d);
-                Box::new(l.iter().map(|r| r.map(Handoff::Staged)))
-            }
-            (Loader::Host(l), Some(d)) => {
-                Box::new(l.to_device(d, depth)?.map(|r| r.map(Handoff::Device)))
-            }
-        })
-    }
-}
 
 /// Whether `LONGSHORE_UPLOAD_IN_PUMP` (a benchmark switch, read when an epoch starts) asks for
 /// every device copy to be enqueued by the epoch thread, as before `crate::upload`: set to a
@@ -108,27 +45,6 @@ fn choice<T>(name: &str, value: &str, options: [(&str, T); 2]) -> PyResult<T> {
         .into_iter()
         .find_map(|(k, v)| (k == value).then_some(v))
         .ok_or_else(|| PyValueError::new_err(message))
-}
-
-/// The loader's options (PyTorch's, as the loader takes them), the pool to lease from, and
-/// the order Python hands over each epoch (a sampler or batch sampler given in Python).
-pub(crate) struct Options {
-    loader: LoaderOptions,
-    pool: Option<PinnedPool>,
-    order: Option<EpochOrder>,
-}
-
-pub(crate) fn configure<D, C>(b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuilder<D, C> {
-    let mut b = b.options(&o.loader);
-    if let Some(order) = o.order {
-        // The next epoch's order exists only once Python starts that epoch: nothing of it can
-        // be loaded ahead.
-        b = b.batch_sampler(order).prefetch_next_epoch(false);
-    }
-    match o.pool {
-        Some(p) => b.pool(p),
-        None => b,
-    }
 }
 
 fn build(source: Source, o: Options) -> Result<Loader, LoaderError> {

@@ -7,7 +7,7 @@ use longshore::loader::{DataLoader, LoaderError};
 use longshore::nvjpeg::{EncodedCollate, EncodedImages, NvjpegDecoder};
 use longshore::transfer::Device;
 
-use crate::loader::{Loader, Options, configure};
+use crate::boxed::{Loader, Options, configure};
 
 /// The loader of `files` decoding on `device`, `depth` batches in flight.
 pub(crate) fn build(

@@ -20,8 +20,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::dataset::{Fields, IntoFields, Source};
 use crate::errors::data_err;
+use crate::source::{Fields, IntoFields, Source};
 
 impl IntoFields for i64 {
     fn into_fields(self, out: &mut Vec<Tensor>) {

@@ -1,0 +1,89 @@
+//! What the binding's datasets stand for behind the loader: [`Source`], a dataset whose fields
+//! are written straight into the batch, and [`Fields`], the adapter that gives every built-in
+//! dataset (files, records, image folders) the same item type. Below the dataset modules
+//! (`dataset`, `vision`), which both build sources.
+
+use std::sync::Arc;
+
+use longshore::data::{DataError, Dataset, DirectCollate, DirectDataset, FieldSpec, Tensor};
+
+/// What one sample of any built-in dataset turns into when read by index: its fields.
+pub(crate) trait IntoFields {
+    fn into_fields(self, out: &mut Vec<Tensor>);
+}
+
+impl IntoFields for Tensor {
+    fn into_fields(self, out: &mut Vec<Tensor>) {
+        out.push(self)
+    }
+}
+
+impl IntoFields for Vec<Tensor> {
+    fn into_fields(self, out: &mut Vec<Tensor>) {
+        out.extend(self)
+    }
+}
+
+impl<A: IntoFields, B: IntoFields> IntoFields for (A, B) {
+    fn into_fields(self, out: &mut Vec<Tensor>) {
+        self.0.into_fields(out);
+        self.1.into_fields(out);
+    }
+}
+
+/// A direct dataset whose items are read as a list of fields, so that datasets of any shape
+/// (one file, several zipped, records) share one type behind the loader.
+#[derive(Debug)]
+pub(crate) struct Fields<D>(pub(crate) D);
+
+impl<D: DirectDataset> Dataset for Fields<D>
+where
+    D::Item: IntoFields,
+{
+    type Item = Vec<Tensor>;
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn get(&self, index: usize) -> Result<Vec<Tensor>, DataError> {
+        let mut out = Vec::new();
+        self.0.get(index)?.into_fields(&mut out);
+        Ok(out)
+    }
+}
+
+impl<D: DirectDataset> DirectDataset for Fields<D>
+where
+    D::Item: IntoFields,
+{
+    fn fields(&self) -> &[FieldSpec] {
+        self.0.fields()
+    }
+    fn get_field_into(&self, index: usize, field: usize, out: &mut [u8]) -> Result<(), DataError> {
+        self.0.get_field_into(index, field, out)
+    }
+}
+
+/// Any built-in dataset, read field by field straight into a batch.
+pub(crate) type AnyDataset = Arc<dyn DirectDataset<Item = Vec<Tensor>>>;
+
+/// What a Python dataset object stands for: a dataset whose fields are written straight into
+/// the batch by a [`DirectCollate`], with a fused [`Normalize`](longshore::data::Normalize) on the image field when asked.
+#[derive(Clone)]
+pub(crate) struct Source {
+    pub(crate) dataset: AnyDataset,
+    pub(crate) collate: DirectCollate,
+}
+
+impl Source {
+    /// `dataset` collated by a plain [`DirectCollate`].
+    pub(crate) fn direct(dataset: AnyDataset) -> Source {
+        Source {
+            dataset,
+            collate: DirectCollate::new(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.dataset.len()
+    }
+}
