@@ -10,8 +10,8 @@
 //!   operations are retried (see [Timeouts](#timeouts) and [Retries](#retries) below).
 //! - [`block_on`] and [`runtime`]: the process's tokio runtime, created lazily and rebuilt after
 //!   a `fork`, so the loader's synchronous worker threads can call the async stores.
-//! - [`FaultyStore`]: an [`ObjectStore`] wrapper that injects server errors, throttling,
-//!   timeouts and cut bodies, for tests and benchmarks.
+//! - `FaultyStore` (feature `testing`): an [`ObjectStore`] wrapper that injects server errors,
+//!   throttling, timeouts and cut bodies, for tests and benchmarks.
 //!
 //! # Credentials and endpoints
 //!
@@ -102,6 +102,7 @@
 
 mod builder;
 mod download;
+#[cfg(feature = "testing")]
 mod fault;
 mod http;
 mod range;
@@ -111,6 +112,7 @@ mod timeouts;
 
 pub use builder::ShardStoreBuilder;
 pub use download::DownloadReport;
+#[cfg(feature = "testing")]
 pub use fault::{Fault, FaultRates, FaultStats, FaultyStore, InjectedFault};
 pub use retry::RetryPolicy;
 pub use runtime::{block_on, runtime};

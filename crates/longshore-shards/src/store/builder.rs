@@ -176,7 +176,7 @@ impl ShardStoreBuilder {
         self
     }
 
-    /// Wraps every client when it is built (for instance in a [`FaultyStore`](super::FaultyStore)).
+    /// Wraps every client when it is built (for instance in a `FaultyStore`, feature `testing`).
     pub fn wrap_stores(
         mut self,
         wrap: impl Fn(&StoreLocation, Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>

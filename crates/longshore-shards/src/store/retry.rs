@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "testing")]
 use super::fault::InjectedFault;
 use super::http::ServerError;
 
@@ -94,6 +95,8 @@ pub(super) fn verdict(e: &object_store::Error) -> Verdict {
                 retry_after: s.retry_after,
             };
         }
+        // A fault a `FaultyStore` injected, as the server's error it stands for.
+        #[cfg(feature = "testing")]
         if let Some(f) = err.downcast_ref::<InjectedFault>() {
             return match f.status {
                 Some(s) if !retryable_status(s) => Verdict::Permanent,
