@@ -32,6 +32,48 @@ pub fn allocator_for(kind: MemoryKind) -> Box<dyn RawAllocator> {
     }
 }
 
+/// The allocating constructors of [`HostBuffer`], over the allocators of this module.
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes of ordinary pageable memory, page-aligned.
+    pub fn pageable(len: usize) -> Result<Self> {
+        PageableAllocator::default().allocate(len)
+    }
+
+    /// Allocates `len` zeroed bytes of pageable memory with the given alignment (a power of two).
+    pub fn pageable_aligned(len: usize, align: usize) -> Result<Self> {
+        PageableAllocator::with_align(align)?.allocate(len)
+    }
+
+    /// Allocates `len` bytes of page-locked memory from the CUDA driver (`cuMemHostAlloc`).
+    pub fn page_locked(len: usize) -> Result<Self> {
+        PageLockedAllocator::default().allocate(len)
+    }
+
+    /// Allocates `len` bytes, pre-faults them with several threads, and registers them with
+    /// the CUDA driver (`cuMemHostRegister`).
+    pub fn registered(len: usize) -> Result<Self> {
+        RegisteredAllocator::default().allocate(len)
+    }
+
+    /// Allocates `len` bytes locked in RAM by the OS (`mlock`), not registered with any driver.
+    pub fn locked(len: usize) -> Result<Self> {
+        LockedAllocator.allocate(len)
+    }
+
+    /// Allocates `len` bytes of the given kind with each kind's default settings.
+    pub fn alloc(kind: MemoryKind, len: usize) -> Result<Self> {
+        allocator_for(kind).allocate(len)
+    }
+
+    /// Allocates a buffer of `kind` holding a copy of `data`.
+    pub fn from_slice<T: bytemuck::NoUninit>(kind: MemoryKind, data: &[T]) -> Result<Self> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let mut buf = Self::alloc(kind, bytes.len())?;
+        buf.as_bytes_mut().copy_from_slice(bytes);
+        Ok(buf)
+    }
+}
+
 /// The largest single allocation we attempt; anything larger is rejected up front.
 const MAX_ALLOC: usize = isize::MAX as usize / 2;
 

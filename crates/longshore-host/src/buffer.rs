@@ -4,7 +4,6 @@ use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
 
-use crate::alloc::RawAllocator;
 use crate::error::{HostError, Result};
 use crate::fence::SharedFence;
 use crate::kind::MemoryKind;
@@ -104,45 +103,6 @@ impl HostBuffer {
             Release::Shared { fd, id, .. } => Some((fd.as_fd(), *id)),
             _ => None,
         }
-    }
-
-    /// Allocates `len` zeroed bytes of ordinary pageable memory, page-aligned.
-    pub fn pageable(len: usize) -> Result<Self> {
-        crate::alloc::PageableAllocator::default().allocate(len)
-    }
-
-    /// Allocates `len` zeroed bytes of pageable memory with the given alignment (a power of two).
-    pub fn pageable_aligned(len: usize, align: usize) -> Result<Self> {
-        crate::alloc::PageableAllocator::with_align(align)?.allocate(len)
-    }
-
-    /// Allocates `len` bytes of page-locked memory from the CUDA driver (`cuMemHostAlloc`).
-    pub fn page_locked(len: usize) -> Result<Self> {
-        crate::alloc::PageLockedAllocator::default().allocate(len)
-    }
-
-    /// Allocates `len` bytes, pre-faults them with several threads, and registers them with
-    /// the CUDA driver (`cuMemHostRegister`).
-    pub fn registered(len: usize) -> Result<Self> {
-        crate::alloc::RegisteredAllocator::default().allocate(len)
-    }
-
-    /// Allocates `len` bytes locked in RAM by the OS (`mlock`), not registered with any driver.
-    pub fn locked(len: usize) -> Result<Self> {
-        crate::alloc::LockedAllocator.allocate(len)
-    }
-
-    /// Allocates `len` bytes of the given kind with each kind's default settings.
-    pub fn alloc(kind: MemoryKind, len: usize) -> Result<Self> {
-        crate::alloc::allocator_for(kind).allocate(len)
-    }
-
-    /// Allocates a buffer of `kind` holding a copy of `data`.
-    pub fn from_slice<T: bytemuck::NoUninit>(kind: MemoryKind, data: &[T]) -> Result<Self> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        let mut buf = Self::alloc(kind, bytes.len())?;
-        buf.as_bytes_mut().copy_from_slice(bytes);
-        Ok(buf)
     }
 
     /// The kind of memory.
