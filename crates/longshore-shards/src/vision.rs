@@ -161,7 +161,7 @@ impl ImageShards {
 impl IterableDataset for ImageShards {
     type Item = (Tensor, i64);
 
-    crate::dataset::forward_epochs!(dataset);
+    longshore_data::forward_epoch_seam!(dataset);
 
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, (Tensor, i64)> {
         Box::new(
@@ -300,7 +300,7 @@ impl EncodedShards {
 impl IterableDataset for EncodedShards {
     type Item = longshore_nvjpeg::PlannedSample;
 
-    crate::dataset::forward_epochs!(images.dataset);
+    longshore_data::forward_epoch_seam!(images.dataset);
 
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, longshore_nvjpeg::PlannedSample> {
         Box::new(

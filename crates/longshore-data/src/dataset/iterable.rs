@@ -158,6 +158,67 @@ pub trait IterableDataset: Send + Sync {
 /// The iterator an [`IterableDataset`] returns.
 pub type ItemIter<'a, T> = Box<dyn Iterator<Item = Result<T, DataError>> + Send + 'a>;
 
+/// Inside an `impl IterableDataset for Wrapper`, forwards
+/// [`begin_epoch`](IterableDataset::begin_epoch) and [`position`](IterableDataset::position)
+/// to the wrapped dataset: `forward_epoch_seam!(field)` (or `field.inner` for a nested one) for
+/// `self.field`, `forward_epoch_seam!(*)` for `**self` (smart pointers). A wrapper that does not
+/// change which items make a batch keeps its dataset's epochs and positions this way.
+///
+/// ```
+/// use longshore_data::{ItemIter, IterableDataset, WorkerInfo, forward_epoch_seam};
+///
+/// struct Logged<D>(D);
+/// impl<D: IterableDataset> IterableDataset for Logged<D> {
+///     type Item = D::Item;
+///     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, D::Item> {
+///         self.0.iter(worker)
+///     }
+///     forward_epoch_seam!(0);
+/// }
+/// ```
+#[macro_export]
+macro_rules! forward_epoch_seam {
+    ($($how:tt)+) => {
+        fn begin_epoch(
+            &self,
+            layout: &$crate::EpochLayout,
+            resume: ::core::option::Option<&$crate::StreamPosition>,
+        ) -> ::core::result::Result<::core::option::Option<u64>, $crate::DataError> {
+            $crate::IterableDataset::begin_epoch(
+                $crate::__epoch_seam_target!(self, $($how)+),
+                layout,
+                resume,
+            )
+        }
+        fn position(
+            &self,
+            layout: &$crate::EpochLayout,
+            resume: ::core::option::Option<&$crate::StreamPosition>,
+            batches: u64,
+        ) -> ::core::result::Result<::core::option::Option<$crate::StreamPosition>, $crate::DataError>
+        {
+            $crate::IterableDataset::position(
+                $crate::__epoch_seam_target!(self, $($how)+),
+                layout,
+                resume,
+                batches,
+            )
+        }
+    };
+}
+
+/// The dataset [`forward_epoch_seam!`] forwards to (`self` is given by the caller's method).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __epoch_seam_target {
+    ($s:tt, *) => {
+        &**$s
+    };
+    ($s:tt, $($field:tt).+) => {
+        &$s.$($field).+
+    };
+}
+
 macro_rules! forward_iterable {
     ($($ptr:ty),*) => {$(
         impl<D: IterableDataset + ?Sized> IterableDataset for $ptr {
@@ -165,21 +226,7 @@ macro_rules! forward_iterable {
             fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, D::Item> {
                 (**self).iter(worker)
             }
-            fn begin_epoch(
-                &self,
-                layout: &EpochLayout,
-                resume: Option<&StreamPosition>,
-            ) -> Result<Option<u64>, DataError> {
-                (**self).begin_epoch(layout, resume)
-            }
-            fn position(
-                &self,
-                layout: &EpochLayout,
-                resume: Option<&StreamPosition>,
-                batches: u64,
-            ) -> Result<Option<StreamPosition>, DataError> {
-                (**self).position(layout, resume, batches)
-            }
+            forward_epoch_seam!(*);
         }
     )*};
 }
@@ -264,21 +311,7 @@ where
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, U> {
         Box::new(self.dataset.iter(worker).map(move |r| r.map(&self.f)))
     }
-    fn begin_epoch(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-    ) -> Result<Option<u64>, DataError> {
-        self.dataset.begin_epoch(layout, resume)
-    }
-    fn position(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-        batches: u64,
-    ) -> Result<Option<StreamPosition>, DataError> {
-        self.dataset.position(layout, resume, batches)
-    }
+    forward_epoch_seam!(dataset);
 }
 
 /// A map-style dataset read as a stream, dealt round-robin over workers

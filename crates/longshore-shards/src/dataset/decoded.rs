@@ -59,7 +59,7 @@ where
 {
     type Item = T;
 
-    crate::dataset::forward_epochs!(dataset);
+    longshore_data::forward_epoch_seam!(dataset);
 
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, T> {
         Box::new(self.dataset.iter(worker).map(move |item| {

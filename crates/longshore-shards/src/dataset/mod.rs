@@ -147,29 +147,6 @@ use crate::mds::Columns;
 use crate::order::{EpochPlan, Layout, OrderConfig};
 use crate::store::ShardStore;
 
-/// The epoch seam of an [`IterableDataset`](longshore_data::IterableDataset) wrapping a [`ShardedDataset`] (at `self.$($field).+`):
-/// `begin_epoch` and `position` forwarded to it.
-macro_rules! forward_epochs {
-    ($($field:ident).+) => {
-        fn begin_epoch(
-            &self,
-            layout: &longshore_data::EpochLayout,
-            resume: Option<&longshore_data::StreamPosition>,
-        ) -> Result<Option<u64>, longshore_data::DataError> {
-            longshore_data::IterableDataset::begin_epoch(&self.$($field).+, layout, resume)
-        }
-        fn position(
-            &self,
-            layout: &longshore_data::EpochLayout,
-            resume: Option<&longshore_data::StreamPosition>,
-            batches: u64,
-        ) -> Result<Option<longshore_data::StreamPosition>, longshore_data::DataError> {
-            longshore_data::IterableDataset::position(&self.$($field).+, layout, resume, batches)
-        }
-    };
-}
-pub(crate) use forward_epochs;
-
 mod decoded;
 mod epochs;
 mod leases;

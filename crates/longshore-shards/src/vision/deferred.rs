@@ -172,7 +172,7 @@ impl DeferredShards {
 impl IterableDataset for DeferredShards {
     type Item = DeferredImage;
 
-    crate::dataset::forward_epochs!(images.dataset);
+    longshore_data::forward_epoch_seam!(images.dataset);
 
     fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, DeferredImage> {
         Box::new(
