@@ -64,6 +64,7 @@ mod device;
 mod error;
 pub mod event;
 mod id;
+mod lib_search;
 mod pending;
 mod prefetch;
 mod staging;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use crate::cuda_libs::{Candidate, LibraryNotFound, LibrarySpec, NOT_FOUND, search_order};
+use crate::lib_search::{Candidate, LibraryNotFound, LibrarySpec, NOT_FOUND, search_order};
 
 /// A loaded shared library: where it came from, and its symbols.
 #[derive(Debug)]

@@ -7,7 +7,8 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
-use crate::cuda_libs::{self, NVRTC};
+use super::libs;
+use crate::lib_search::NVRTC;
 
 /// `nvrtcProgram`.
 type Program = *mut c_void;
@@ -35,7 +36,7 @@ struct NvrtcApi {
 fn nvrtc_api() -> Result<&'static NvrtcApi, String> {
     static API: OnceLock<Result<NvrtcApi, String>> = OnceLock::new();
     API.get_or_init(|| {
-        let lib = cuda_libs::load(&NVRTC).map_err(|e| e.to_string())?;
+        let lib = libs::load(&NVRTC).map_err(|e| e.to_string())?;
         // SAFETY: each type is the `extern "C"` signature of that function in nvrtc.h.
         unsafe {
             Ok(NvrtcApi {
