@@ -291,32 +291,41 @@ class BatchSampler(Sampler):
         return (len(self.sampler) + self.batch_size - 1) // self.batch_size
 
 
-def _world(num_replicas, rank):
-    """``DistributedSampler``'s defaults: the initialised process group's (as PyTorch), else the
-    launcher's environment (torchrun's ``WORLD_SIZE``/``RANK``, SLURM's, Open MPI's)."""
-    if num_replicas is not None and rank is not None:
-        return num_replicas, rank
+def _dist_world(rank=None, world_size=None):
+    """This process's ``(rank, world_size)``, the one rank resolution of longshore's Python
+    side: each as given, else the initialised torch.distributed process group's (as PyTorch),
+    else the launcher's environment (torchrun's ``RANK``/``WORLD_SIZE``, SLURM's, Open MPI's,
+    read by longshore's ``DistEnv``), else ``None`` for what none of them gives."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
     torch = _torch()
     dist = getattr(torch, "distributed", None) if torch is not None else None
     if dist is not None and dist.is_available() and dist.is_initialized():
-        world = (dist.get_world_size(), dist.get_rank())
+        world = (dist.get_rank(), dist.get_world_size())
     else:
-        env = _longshore._dist_env()
-        if env is not None:
-            world = (env[1], env[0])
-        elif dist is not None and dist.is_available():
-            # PyTorch's own error (no process group).
-            world = (dist.get_world_size(), dist.get_rank())
-        else:
-            raise RuntimeError(
-                "DistributedSampler needs num_replicas and rank, an initialised "
-                "torch.distributed process group, or a launcher's environment (torchrun's "
-                "WORLD_SIZE and RANK)"
-            )
+        world = _longshore._dist_env() or (None, None)
     return (
-        world[0] if num_replicas is None else num_replicas,
-        world[1] if rank is None else rank,
+        world[0] if rank is None else rank,
+        world[1] if world_size is None else world_size,
     )
+
+
+def _world(num_replicas, rank):
+    """``DistributedSampler``'s defaults (``(num_replicas, rank)``): see ``_dist_world``; an
+    error when neither a process group nor a launcher gives what is missing."""
+    rank, num_replicas = _dist_world(rank, num_replicas)
+    if rank is None or num_replicas is None:
+        torch = _torch()
+        dist = getattr(torch, "distributed", None) if torch is not None else None
+        if dist is not None and dist.is_available():
+            # PyTorch's own error (no process group).
+            dist.get_world_size()
+        raise RuntimeError(
+            "DistributedSampler needs num_replicas and rank, an initialised "
+            "torch.distributed process group, or a launcher's environment (torchrun's "
+            "WORLD_SIZE and RANK)"
+        )
+    return num_replicas, rank
 
 
 class DistributedSampler(Sampler):

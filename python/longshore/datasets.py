@@ -22,6 +22,7 @@ without class folders or a class folder without images is an error unless
 import numpy as _np
 
 from . import _logs, _longshore
+from .data import _dist_world
 from .transforms import Compose as _Compose
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "WebDataset", "StreamingDataset", "ParquetDataset",
@@ -100,20 +101,14 @@ def write_synthetic_folder(root, classes=4, per_class=3, mean_area=96 * 80, qual
 
 
 def _dist_layout(rank, world_size):
-    """``(rank, world_size)`` as given, else torch.distributed's when a process group is up;
-    ``None`` leaves them to the launcher's variables (``RANK``/``WORLD_SIZE``, torchrun's, and
-    SLURM's), read in Rust."""
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
+    """``(rank, world_size)``: both as given, or neither (``longshore.data._dist_world``: the
+    process group's, else the launcher's variables), else ``(None, None)``: a single process."""
     if (rank is None) != (world_size is None):
         raise ValueError("give both rank and world_size, or neither")
-    try:
-        import torch.distributed as dist
-    except ImportError:
+    rank, world_size = _dist_world(rank, world_size)
+    if rank is None or world_size is None:
         return None, None
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return None, None
+    return int(rank), int(world_size)
 
 
 def _budget(value, name):
