@@ -4,22 +4,16 @@
 mod common;
 
 use common::gpu;
+use longshore_data::seed::{GAMMA, SplitMix64};
 use longshore_host::{HostBuffer, MemoryKind};
 use longshore_transfer::{Stream, UploadMode};
 
 const SIZES: [usize; 6] = [1, 4095, 4096, (1 << 20) + 7, 16 << 20, 256 << 20];
 
-/// Fast deterministic bytes (splitmix64), so 256 MiB fills quickly even in debug builds.
+/// Fast deterministic bytes (longshore-data's SplitMix64), so 256 MiB fills quickly even in
+/// debug builds.
 fn fill_random(out: &mut [u8], seed: u64) {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for chunk in out.chunks_mut(8) {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
-    }
+    SplitMix64::new(seed.wrapping_mul(GAMMA) | 1).fill_bytes(out);
 }
 
 fn assert_same(got: &[u8], want: &[u8], what: &str) {
