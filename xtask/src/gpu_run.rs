@@ -23,7 +23,7 @@ const SANITIZED: &[&str] = &[
     "cuda_device_lifetime",
     "cuda_host",
     "buffer_kinds",
-    "cuda_prefetch_async",
+    "cuda_async_mismatch",
     "device_errors",
     "ops_cuda_vs_cpu",
     "device_delivery",

@@ -33,8 +33,8 @@
 //! * [`Pending`]: a value (a copy's source or destination) reachable once the copy completes.
 //! * [`UploadMode`], [`Stager`], [`StagingConfig`]: pageable uploads, direct or staged through
 //!   pooled page-locked chunks by several threads.
-//! * [`Prefetcher`], [`Prefetched`], [`ToDevice`], [`HostStorage`], [`DeviceStorage`]: keep N batches
-//!   in flight on a copy stream and hand them to a compute stream.
+//! * [`upload_new`]: a host value into a new device buffer (what the loader's upload stage
+//!   does with each batch; the loader's `DeviceStage` is the one host->device pipeline).
 //! * [`GpuTopology`] ([`Device::topology`]): a GPU's PCI address, NUMA node and nearest CPUs.
 //! * [`TransferError`]: what can fail, with the CUDA error name and what was being done.
 //! * Seams for crates above (decoders, DLPack, the examples' device operations and
@@ -66,10 +66,10 @@ pub mod event;
 mod id;
 mod lib_search;
 mod pending;
-mod prefetch;
 mod staging;
 mod stream;
 pub mod topology;
+mod upload;
 
 pub use backend::cpu::{CpuMemory, CpuMemoryGuard};
 pub use buffer::DeviceBuffer;
@@ -78,7 +78,7 @@ pub use error::{Result, TransferError};
 pub use event::{Event, EventFuture};
 pub use id::DeviceId;
 pub use pending::Pending;
-pub use prefetch::{DeviceStorage, HostStorage, Prefetched, Prefetcher, ToDevice, upload_new};
+pub use upload::upload_new;
 pub use staging::{Stager, StagingConfig, UploadMode};
 pub use stream::Stream;
 pub use topology::{GpuTopology, TopologyError};

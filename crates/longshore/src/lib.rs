@@ -88,5 +88,5 @@ pub mod prelude {
         LoaderConfig, LoaderError, LoaderState, LoaderStats, LoaderWarning, MapLoader, StackLoader,
         UnbatchedLoader, Upload,
     };
-    pub use longshore_transfer::{Device, DeviceBuffer, Event, Pending, Prefetcher, Stream};
+    pub use longshore_transfer::{Device, DeviceBuffer, Event, Pending, Stream};
 }

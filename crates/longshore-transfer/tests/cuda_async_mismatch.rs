@@ -1,62 +1,11 @@
-//! Prefetcher with a compute stream, tokio awaits and device-mismatch errors on a GPU.
+//! Tokio awaits and device-mismatch errors on a GPU.
 //! Skips without a driver unless LONGSHORE_REQUIRE_CUDA=1.
 
 mod common;
 
 use common::gpu;
-use longshore_host::{HostBuffer, MemoryKind, PinnedPool, PoolConfig};
-use longshore_transfer::{Device, HostStorage, Prefetcher, TransferError};
-
-#[test]
-fn prefetcher_feeds_a_compute_stream_and_recycles_leases() {
-    let Some(dev) = gpu() else { return };
-    let (copy, compute) = (dev.new_stream().unwrap(), dev.new_stream().unwrap());
-    let pool = PinnedPool::new(PoolConfig::for_kind(MemoryKind::PageLocked)).unwrap();
-    let p = pool.clone();
-    let batches = (0..64u32).map(move |i| {
-        let mut lease = p.alloc(4 << 20).unwrap();
-        lease
-            .as_mut_slice::<u32>()
-            .unwrap()
-            .iter_mut()
-            .enumerate()
-            .for_each(|(j, x)| *x = i ^ j as u32);
-        HostStorage {
-            storage: lease,
-            meta: i,
-        }
-    });
-    let mut seen = 0u32;
-    for item in Prefetcher::new(batches, copy, 4).unwrap() {
-        let batch = item.unwrap().wait_on(&compute).unwrap();
-        assert_eq!(batch.meta, seen);
-        let mut out = HostBuffer::page_locked(4 << 20).unwrap();
-        out.as_bytes_mut().fill(0x5A);
-        let out = compute
-            .download(&batch.storage, out)
-            .unwrap()
-            .wait()
-            .unwrap();
-        let ok = out
-            .as_slice::<u32>()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .all(|(j, &x)| x == seen ^ j as u32);
-        assert!(ok, "batch {seen} arrived corrupted");
-        seen += 1;
-    }
-    assert_eq!(seen, 64);
-    let stats = pool.stats();
-    assert!(
-        stats.hits > 0,
-        "leases never came back to the pool: {stats:?}"
-    );
-    assert!(
-        stats.blocks_in_use + stats.blocks_cached + stats.blocks_pending <= 8,
-        "{stats:?}"
-    );
-}
+use longshore_host::{HostBuffer, MemoryKind};
+use longshore_transfer::{Device, TransferError};
 
 #[test]
 fn awaits_on_a_tokio_runtime() {
