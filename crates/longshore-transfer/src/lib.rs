@@ -78,7 +78,7 @@ pub use error::{Result, TransferError};
 pub use event::{Event, EventFuture};
 pub use id::DeviceId;
 pub use pending::Pending;
-pub use upload::upload_new;
 pub use staging::{Stager, StagingConfig, UploadMode};
 pub use stream::Stream;
 pub use topology::{GpuTopology, TopologyError};
+pub use upload::upload_new;
