@@ -87,7 +87,7 @@ pub(crate) struct Options {
 
 /// `b` with the options `o`.
 pub(crate) fn configure<D, C>(b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuilder<D, C> {
-    let mut b = b.options(&o.loader);
+    let mut b = b.options(o.loader);
     if let Some(order) = o.order {
         // The next epoch's order exists only once Python starts that epoch: nothing of it can
         // be loaded ahead.

@@ -327,6 +327,7 @@ impl PyLoader {
                 in_order,
                 on_sample_error,
                 worker_priority,
+                ..Default::default()
             },
             pool: match (pool, process.is_some()) {
                 (Some(p), _) => Some(p.pool.clone()),

@@ -16,6 +16,7 @@ use crate::config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicP
 use crate::error::LoaderError;
 use crate::fetch::{ItemFetch, IterableFetch, MapFetch};
 use crate::loader::{BoxedLoader, DataLoader};
+use crate::options::LoaderOptions;
 use crate::placement::{Placement, WorkerPriority};
 use crate::shared::{Parts, SamplerSource};
 use crate::worker::WorkerInit;
@@ -33,18 +34,11 @@ fn random_seed() -> u64 {
 }
 
 /// Everything a builder holds besides its dataset and collate function, in one struct, so
-/// that [`DataLoaderBuilder::collate`] moves it whole and the built loader's
-/// [`LoaderConfig`] is its `config` with the build-time fields settled.
+/// that [`DataLoaderBuilder::collate`] moves it whole: the plain options, and what is not a
+/// plain value.
 struct Options {
-    /// The plain options, as set. `seed`, `prefetch_factor`, `pin_memory_effective`,
-    /// `available_parallelism` and `warnings` are settled by [`Options::settle`].
-    config: LoaderConfig,
-    /// `prefetch_factor` as set: PyTorch refuses it without workers, so "unset" matters.
-    prefetch_factor: Option<usize>,
-    /// The seed as set; a random one is drawn at build time otherwise.
-    seed: Option<u64>,
-    /// Whether `batch_size` was called (an unbatched loader refuses it).
-    batch_size_set: bool,
+    /// The plain options, as set (checked by [`DataLoaderBuilder::validate`] at build time).
+    options: LoaderOptions,
     sampler: Option<Box<dyn Sampler>>,
     batch_sampler: Option<Box<dyn BatchSampling>>,
     worker_init: Option<WorkerInit>,
@@ -53,6 +47,24 @@ struct Options {
     topology: Option<GpuTopology>,
     /// Whether the pool was made by the loader (it may then set the pool's NUMA node).
     own_pool: bool,
+}
+
+/// What a build makes, for [`DataLoaderBuilder::validate`]: the rules differ by kind.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A map-style dataset, batched.
+    Map,
+    /// A map-style dataset, unbatched (PyTorch's `batch_size=None`).
+    Unbatched,
+    /// An iterable dataset.
+    Iterable,
+}
+
+fn config_err(option: &'static str, reason: impl Into<String>) -> LoaderError {
+    LoaderError::Config {
+        option,
+        reason: reason.into(),
+    }
 }
 
 /// Builds a [`DataLoader`]; every option has PyTorch's name and default.
@@ -71,9 +83,7 @@ pub struct DataLoaderBuilder<D, C> {
 impl<D, C> fmt::Debug for DataLoaderBuilder<D, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DataLoaderBuilder")
-            .field("config", &self.opts.config)
-            .field("prefetch_factor", &self.opts.prefetch_factor)
-            .field("seed", &self.opts.seed)
+            .field("options", &self.opts.options)
             .field("sampler", &self.opts.sampler)
             .field("batch_sampler", &self.opts.batch_sampler)
             .finish_non_exhaustive()
@@ -109,10 +119,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
             dataset,
             collate,
             opts: Options {
-                config: LoaderConfig::pytorch_defaults(),
-                prefetch_factor: None,
-                seed: None,
-                batch_size_set: false,
+                options: LoaderOptions::default(),
                 sampler: None,
                 batch_sampler: None,
                 worker_init: None,
@@ -125,14 +132,13 @@ impl<D, C> DataLoaderBuilder<D, C> {
 
     /// Samples per batch (default 1).
     pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.opts.config.batch_size = Some(batch_size);
-        self.opts.batch_size_set = true;
+        self.opts.options.batch_size = batch_size;
         self
     }
 
     /// Shuffle every epoch (a seeded [`RandomSampler`](longshore_data::RandomSampler)).
     pub fn shuffle(mut self, shuffle: bool) -> Self {
-        self.opts.config.shuffle = shuffle;
+        self.opts.options.shuffle = shuffle;
         self
     }
 
@@ -153,7 +159,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// Worker threads (0: load on the calling thread). More than the cores this process may
     /// run on works, with a [`LoaderWarning::WorkersExceedCores`].
     pub fn num_workers(mut self, n: usize) -> Self {
-        self.opts.config.num_workers = n;
+        self.opts.options.num_workers = n;
         self
     }
 
@@ -162,13 +168,13 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// reports [`LoaderConfig::pin_memory_effective`] `false` and a
     /// [`LoaderWarning::PinMemoryUnavailable`] (also logged with `tracing::warn!`).
     pub fn pin_memory(mut self, pin: bool) -> Self {
-        self.opts.config.pin_memory = pin;
+        self.opts.options.pin_memory = pin;
         self
     }
 
     /// Drop the last incomplete batch.
     pub fn drop_last(mut self, drop_last: bool) -> Self {
-        self.opts.config.drop_last = drop_last;
+        self.opts.options.drop_last = drop_last;
         self
     }
 
@@ -176,7 +182,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// the worker and batch (right at the timeout: the workers are stopped afterwards, in the
     /// background) and ends the epoch.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.opts.config.timeout = Some(timeout);
+        self.opts.options.timeout = Some(timeout);
         self
     }
 
@@ -189,19 +195,19 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// The base seed (PyTorch's `generator`): shuffling order and worker seeds derive from it.
     /// Without it a random seed is drawn, recorded in [`LoaderState`](crate::LoaderState).
     pub fn seed(mut self, seed: u64) -> Self {
-        self.opts.seed = Some(seed);
+        self.opts.options.seed = Some(seed);
         self
     }
 
     /// Batches in flight per worker (default 2; invalid without workers, as in PyTorch).
     pub fn prefetch_factor(mut self, factor: usize) -> Self {
-        self.opts.prefetch_factor = Some(factor);
+        self.opts.options.prefetch_factor = Some(factor);
         self
     }
 
     /// Keep the worker threads between epochs.
     pub fn persistent_workers(mut self, keep: bool) -> Self {
-        self.opts.config.persistent_workers = keep;
+        self.opts.options.persistent_workers = keep;
         self
     }
 
@@ -243,25 +249,25 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// [`speculative_discarded`](crate::LoaderStats::speculative_discarded) count what was
     /// used and what was thrown away.
     pub fn prefetch_next_epoch(mut self, on: bool) -> Self {
-        self.opts.config.prefetch_next_epoch = on;
+        self.opts.options.prefetch_next_epoch = on;
         self
     }
 
     /// Deliver batches in sampler order (default) or as soon as they are ready.
     pub fn in_order(mut self, in_order: bool) -> Self {
-        self.opts.config.in_order = in_order;
+        self.opts.options.in_order = in_order;
         self
     }
 
     /// What to do with samples that fail to load.
     pub fn on_sample_error(mut self, policy: SampleErrorPolicy) -> Self {
-        self.opts.config.on_sample_error = policy;
+        self.opts.options.on_sample_error = policy;
         self
     }
 
     /// What to do when a worker panics.
     pub fn on_worker_panic(mut self, policy: WorkerPanicPolicy) -> Self {
-        self.opts.config.on_worker_panic = policy;
+        self.opts.options.on_worker_panic = policy;
         self
     }
 
@@ -279,7 +285,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// the threads alone; [`Placement::Cpus`] pins them to a set. What it became is in
     /// [`LoaderStats::placement`](crate::LoaderStats::placement).
     pub fn cpu_placement(mut self, placement: Placement) -> Self {
-        self.opts.config.cpu_placement = placement;
+        self.opts.options.cpu_placement = placement;
         self
     }
 
@@ -287,7 +293,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// [`WorkerPriority::Background`] runs them in `SCHED_BATCH` at a higher nice value, so
     /// that with more workers than cores the consumer thread still gets a core when it wakes.
     pub fn worker_priority(mut self, priority: WorkerPriority) -> Self {
-        self.opts.config.worker_priority = priority;
+        self.opts.options.worker_priority = priority;
         self
     }
 
@@ -303,7 +309,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// Longest wait for workers to stop when an iterator is dropped (default 5 s); a worker
     /// still inside dataset code then is detached and exits when that code returns.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
-        self.opts.config.shutdown_timeout = timeout;
+        self.opts.options.shutdown_timeout = timeout;
         self
     }
 
@@ -339,63 +345,128 @@ impl<D, C> DataLoaderBuilder<D, C> {
         }
     }
 
-    fn validate_common(&self) -> Result<(), LoaderError> {
-        let o = &self.opts;
-        let c = &o.config;
+    /// The plain options, for [`options`](Self::options).
+    pub(crate) fn options_mut(&mut self) -> &mut LoaderOptions {
+        &mut self.opts.options
+    }
+
+    /// Every rule of PyTorch's on the options (and on the sampler's presence) for a build of
+    /// `kind`, in PyTorch's order and words: the one place they are checked.
+    fn validate(&self, kind: Kind) -> Result<(), LoaderError> {
+        let o = &self.opts.options;
+        let sampler = self.opts.sampler.is_some();
+        let batch_sampler = self.opts.batch_sampler.is_some();
         if let Some(f) = o.prefetch_factor {
-            if c.num_workers == 0 {
-                return Err(LoaderError::Config {
-                    option: "prefetch_factor",
-                    reason: "prefetch_factor option could only be specified in multiprocessing: \
-                             set num_workers > 0"
-                        .into(),
-                });
+            if o.num_workers == 0 {
+                return Err(config_err(
+                    "prefetch_factor",
+                    "prefetch_factor option could only be specified in multiprocessing.\
+                     let num_workers > 0 to enable multiprocessing, otherwise set \
+                     prefetch_factor to None.",
+                ));
             }
             if f == 0 {
-                return Err(LoaderError::Config {
-                    option: "prefetch_factor",
-                    reason: "must be at least 1".into(),
-                });
+                return Err(config_err("prefetch_factor", "must be at least 1"));
             }
         }
-        if c.persistent_workers && c.num_workers == 0 {
-            return Err(LoaderError::Config {
-                option: "persistent_workers",
-                reason: "persistent_workers option needs num_workers > 0".into(),
-            });
+        if o.persistent_workers && o.num_workers == 0 {
+            return Err(config_err(
+                "persistent_workers",
+                "persistent_workers option needs num_workers > 0",
+            ));
         }
-        if c.timeout == Some(Duration::ZERO) {
-            return Err(LoaderError::Config {
-                option: "timeout",
-                reason: "must be positive".into(),
-            });
+        if o.timeout == Some(Duration::ZERO) {
+            return Err(config_err("timeout", "must be positive"));
         }
-        if c.batch_size == Some(0) {
-            return Err(LoaderError::Config {
-                option: "batch_size",
-                reason: "must be a positive integer, got 0".into(),
-            });
+        if o.batch_size == 0 {
+            return Err(config_err(
+                "batch_size",
+                "must be a positive integer, got 0",
+            ));
+        }
+        match kind {
+            Kind::Iterable => {
+                let given = [
+                    ("shuffle", o.shuffle),
+                    ("sampler", sampler),
+                    ("batch_sampler", batch_sampler),
+                ];
+                if let Some((option, _)) = given.into_iter().find(|(_, g)| *g) {
+                    return Err(config_err(
+                        option,
+                        format!(
+                            "DataLoader with IterableDataset: expected unspecified {option} option"
+                        ),
+                    ));
+                }
+            }
+            Kind::Unbatched if batch_sampler => {
+                return Err(config_err(
+                    "batch_sampler",
+                    "an unbatched loader takes no batch_sampler",
+                ));
+            }
+            Kind::Unbatched if o.batch_size != 1 || o.drop_last => {
+                return Err(config_err(
+                    "batch_size",
+                    "an unbatched loader (batch_size=None) takes no batch_size or drop_last",
+                ));
+            }
+            Kind::Map | Kind::Unbatched => {}
+        }
+        if batch_sampler {
+            // PyTorch: `if batch_size != 1 or shuffle or sampler is not None or drop_last`.
+            let conflicts: Vec<String> = [
+                (o.batch_size != 1).then(|| format!("batch_size={}", o.batch_size)),
+                o.shuffle.then(|| "shuffle=true".to_owned()),
+                sampler.then(|| "sampler".to_owned()),
+                o.drop_last.then(|| "drop_last=true".to_owned()),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            if !conflicts.is_empty() {
+                return Err(config_err(
+                    "batch_sampler",
+                    format!(
+                        "batch_sampler option is mutually exclusive with batch_size, shuffle, \
+                         sampler, and drop_last (got {})",
+                        conflicts.join(", ")
+                    ),
+                ));
+            }
+        }
+        if sampler && o.shuffle {
+            return Err(config_err(
+                "sampler",
+                "sampler option is mutually exclusive with shuffle",
+            ));
         }
         Ok(())
     }
 
-    /// Checks the options every dataset kind shares and settles the build-time fields of the
-    /// config: seed, prefetch factor, the machine's parallelism.
-    fn settle(&self) -> Result<LoaderConfig, LoaderError> {
-        self.validate_common()?;
-        let mut config = self.opts.config.clone();
-        config.prefetch_factor = self.opts.prefetch_factor.unwrap_or(2);
-        config.seed = self.opts.seed.unwrap_or_else(random_seed);
-        config.available_parallelism = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        Ok(config)
+    /// Checks the options for a build of `kind` ([`validate`](Self::validate)) and settles
+    /// what they become: seed, prefetch factor, the machine's parallelism.
+    fn settle(&self, kind: Kind) -> Result<LoaderConfig, LoaderError> {
+        self.validate(kind)?;
+        let o = &self.opts.options;
+        Ok(LoaderConfig {
+            options: o.clone(),
+            batch_size: (kind != Kind::Unbatched).then_some(o.batch_size),
+            prefetch_factor: o.prefetch_factor.unwrap_or(2),
+            seed: o.seed.unwrap_or_else(random_seed),
+            pin_memory_effective: false,
+            available_parallelism: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1),
+            warnings: Vec::new(),
+        })
     }
 
     /// The pool (the given one, or a new one), the last step of a build: settles
     /// `pin_memory_effective` and the warnings, and logs each warning once.
     fn make_pool(&mut self, config: &mut LoaderConfig) -> Result<PinnedPool, LoaderError> {
-        let pin = config.pin_memory;
+        let pin = config.options.pin_memory;
         self.opts.own_pool = self.opts.pool.is_none();
         let (pool, pin_unavailable) = match self.opts.pool.take() {
             Some(p) => {
@@ -426,9 +497,9 @@ impl<D, C> DataLoaderBuilder<D, C> {
                 .warnings
                 .push(LoaderWarning::PinMemoryUnavailable { reason });
         }
-        if config.num_workers > config.available_parallelism {
+        if config.options.num_workers > config.available_parallelism {
             config.warnings.push(LoaderWarning::WorkersExceedCores {
-                num_workers: config.num_workers,
+                num_workers: config.options.num_workers,
                 available_parallelism: config.available_parallelism,
             });
         }
@@ -493,14 +564,14 @@ where
     }
 
     fn parts(mut self) -> Result<Parts<MapFetch<D, C>>, LoaderError> {
-        let mut config = self.settle()?;
+        let mut config = self.settle(Kind::Map)?;
         let sampler = self.sampler_source(self.dataset.len(), config.seed)?;
         let pool = self.make_pool(&mut config)?;
         let fetch = MapFetch {
             dataset: Arc::new(self.dataset),
             collate: self.collate,
             pool: pool.clone(),
-            on_error: config.on_sample_error,
+            on_error: config.options.on_sample_error,
         };
         Ok(Parts {
             fetch,
@@ -516,23 +587,9 @@ where
     /// Builds a loader without automatic batching (PyTorch's `batch_size=None`): it yields the
     /// dataset's items one by one, in sampler order.
     pub fn build_unbatched(mut self) -> Result<DataLoader<ItemFetch<D>>, LoaderError> {
-        if self.opts.batch_sampler.is_some() {
-            return Err(LoaderError::Config {
-                option: "batch_sampler",
-                reason: "an unbatched loader takes no batch_sampler".into(),
-            });
-        }
-        if self.opts.batch_size_set || self.opts.config.drop_last {
-            return Err(LoaderError::Config {
-                option: "batch_size",
-                reason: "an unbatched loader (batch_size=None) takes no batch_size or drop_last"
-                    .into(),
-            });
-        }
-        let mut config = self.settle()?;
+        let mut config = self.settle(Kind::Unbatched)?;
         let sampler = self.sampler_source(self.dataset.len(), config.seed)?;
         let pool = self.make_pool(&mut config)?;
-        config.batch_size = None;
         let fetch = ItemFetch {
             dataset: Arc::new(self.dataset),
         };
@@ -547,50 +604,20 @@ where
         }))
     }
 
+    /// The epoch's batches of indices, from the options [`validate`](Self::validate) passed.
     fn sampler_source(&mut self, len: usize, seed: u64) -> Result<SamplerSource, LoaderError> {
-        let c = &self.opts.config;
-        let batch_size = c.batch_size.unwrap_or(1);
+        let o = &self.opts.options;
         if let Some(bs) = self.opts.batch_sampler.take() {
-            // PyTorch: `if batch_size != 1 or shuffle or sampler is not None or drop_last`.
-            let mut conflicts = Vec::new();
-            if batch_size != 1 {
-                conflicts.push(format!("batch_size={batch_size}"));
-            }
-            if c.shuffle {
-                conflicts.push("shuffle=true".to_owned());
-            }
-            if self.opts.sampler.is_some() {
-                conflicts.push("sampler".to_owned());
-            }
-            if c.drop_last {
-                conflicts.push("drop_last=true".to_owned());
-            }
-            if !conflicts.is_empty() {
-                return Err(LoaderError::Config {
-                    option: "batch_sampler",
-                    reason: format!(
-                        "batch_sampler option is mutually exclusive with batch_size, shuffle, \
-                         sampler, and drop_last (got {})",
-                        conflicts.join(", ")
-                    ),
-                });
-            }
             return Ok(SamplerSource::User(bs));
         }
         if let Some(s) = self.opts.sampler.take() {
-            if c.shuffle {
-                return Err(LoaderError::Config {
-                    option: "sampler",
-                    reason: "sampler option is mutually exclusive with shuffle".into(),
-                });
-            }
             return Ok(SamplerSource::User(Box::new(BatchSampler::new(
                 s,
-                batch_size,
-                c.drop_last,
+                o.batch_size,
+                o.drop_last,
             )?)));
         }
-        SamplerSource::builtin(len, c.shuffle, batch_size, c.drop_last, seed)
+        SamplerSource::builtin(len, o.shuffle, o.batch_size, o.drop_last, seed)
     }
 }
 
@@ -613,32 +640,15 @@ where
     }
 
     fn parts(mut self) -> Result<Parts<IterableFetch<D, C>>, LoaderError> {
-        let refused = if self.opts.config.shuffle {
-            Some("shuffle")
-        } else if self.opts.sampler.is_some() {
-            Some("sampler")
-        } else if self.opts.batch_sampler.is_some() {
-            Some("batch_sampler")
-        } else {
-            None
-        };
-        if let Some(option) = refused {
-            return Err(LoaderError::Config {
-                option,
-                reason: format!(
-                    "DataLoader with IterableDataset: expected unspecified {option} option"
-                ),
-            });
-        }
-        let mut config = self.settle()?;
+        let mut config = self.settle(Kind::Iterable)?;
         let pool = self.make_pool(&mut config)?;
         let fetch = IterableFetch {
             dataset: Arc::new(self.dataset.0),
             collate: self.collate,
             pool: pool.clone(),
-            batch_size: config.batch_size.unwrap_or(1),
-            drop_last: config.drop_last,
-            on_error: config.on_sample_error,
+            batch_size: config.options.batch_size,
+            drop_last: config.options.drop_last,
+            on_error: config.options.on_sample_error,
         };
         Ok(Parts {
             fetch,

@@ -1,8 +1,6 @@
 //! Loader options that are plain values.
 
-use std::time::Duration;
-
-use crate::placement::{Placement, WorkerPriority};
+use crate::options::LoaderOptions;
 
 /// What a batch does when one of its samples fails to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -101,82 +99,28 @@ impl std::fmt::Display for LoaderWarning {
     }
 }
 
-/// The options of a built loader, as PyTorch names them, and what they became on this
-/// machine ([`pin_memory_effective`](LoaderConfig::pin_memory_effective),
-/// [`available_parallelism`](LoaderConfig::available_parallelism),
-/// [`warnings`](LoaderConfig::warnings)).
+/// A built loader's options as given ([`options`](LoaderConfig::options)) and what they
+/// became when it was built: the batch size, prefetch factor and seed in force, whether
+/// `pin_memory` took effect, the machine's parallelism and the [`warnings`](LoaderConfig::warnings).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LoaderConfig {
+    /// The options as the builder was given them.
+    pub options: LoaderOptions,
     /// Samples per batch; `None` without automatic batching.
     pub batch_size: Option<usize>,
-    /// Shuffle every epoch with the built-in sampler.
-    pub shuffle: bool,
-    /// Worker threads; 0 loads on the calling thread.
-    pub num_workers: usize,
-    /// Batches in flight per worker.
+    /// Batches in flight per worker (`options.prefetch_factor`, else 2).
     pub prefetch_factor: usize,
-    /// Collate into page-locked memory (as asked for).
-    pub pin_memory: bool,
+    /// Base seed of the shuffling sampler and of the workers' generators (`options.seed`, else
+    /// drawn at random when the loader was built).
+    pub seed: u64,
     /// Whether batches really are in memory a GPU can DMA from (page-locked or registered).
     /// `false` when `pin_memory` is off, when no CUDA driver is present, or when the given
     /// pool is pageable.
     pub pin_memory_effective: bool,
-    /// Drop the last incomplete batch.
-    pub drop_last: bool,
-    /// Longest wait for one batch; `None` waits forever (but a dead worker is still detected).
-    pub timeout: Option<Duration>,
-    /// Keep workers alive between epochs.
-    pub persistent_workers: bool,
-    /// Start the next epoch's first batches while the current one drains (persistent
-    /// workers only; see [`DataLoaderBuilder::prefetch_next_epoch`](crate::DataLoaderBuilder::prefetch_next_epoch)).
-    pub prefetch_next_epoch: bool,
-    /// Deliver batches in sampler order (`true`) or as they are ready.
-    pub in_order: bool,
-    /// Base seed of the shuffling sampler and of the workers' generators.
-    pub seed: u64,
-    /// Failing samples.
-    pub on_sample_error: SampleErrorPolicy,
-    /// Panicking workers.
-    pub on_worker_panic: WorkerPanicPolicy,
-    /// Longest wait for workers to stop when an iterator is dropped.
-    pub shutdown_timeout: Duration,
     /// The cores this process may run on (`std::thread::available_parallelism`), when the
     /// loader was built.
     pub available_parallelism: usize,
     /// What looked wrong when the loader was built; see [`LoaderWarning`].
     pub warnings: Vec<LoaderWarning>,
-    /// Where worker threads may run, as asked for; what it became is
-    /// [`DataLoader::placement`](crate::DataLoader::placement).
-    pub cpu_placement: Placement,
-    /// How worker threads are scheduled.
-    pub worker_priority: WorkerPriority,
-}
-
-impl LoaderConfig {
-    /// PyTorch's defaults; `seed`, `prefetch_factor` and the machine-dependent fields are
-    /// settled when a loader is built.
-    pub(crate) fn pytorch_defaults() -> Self {
-        Self {
-            batch_size: Some(1),
-            shuffle: false,
-            num_workers: 0,
-            prefetch_factor: 2,
-            pin_memory: false,
-            pin_memory_effective: false,
-            drop_last: false,
-            timeout: None,
-            persistent_workers: false,
-            prefetch_next_epoch: true,
-            in_order: true,
-            seed: 0,
-            on_sample_error: SampleErrorPolicy::default(),
-            on_worker_panic: WorkerPanicPolicy::default(),
-            shutdown_timeout: Duration::from_secs(5),
-            available_parallelism: 1,
-            warnings: Vec::new(),
-            cpu_placement: Placement::default(),
-            worker_priority: WorkerPriority::default(),
-        }
-    }
 }

@@ -154,7 +154,7 @@ impl<F: Fetch> LoaderIter<F> {
             let prepares = plan.sampler.prepares();
             let prepared = plan.prepared.take();
             // Lock order: plan (held) -> persistent.
-            let mut parked = if plan.config.persistent_workers {
+            let mut parked = if plan.config.options.persistent_workers {
                 lock(&inner.persistent).take()
             } else {
                 None
@@ -230,10 +230,10 @@ impl<F: Fetch> LoaderIter<F> {
         // the new generation below).
         drop(discarded);
         // Workers: the persistent set, or a new one; none for map-style with num_workers 0.
-        let n = config.num_workers;
+        let n = config.options.num_workers;
         let threads = if n == 0 && indexed { 0 } else { n.max(1) };
         let may_start_ahead =
-            config.prefetch_next_epoch && config.persistent_workers && threads > 0;
+            config.options.prefetch_next_epoch && config.options.persistent_workers && threads > 0;
         let mut it = Self {
             inner: inner.clone(),
             engine: None,
@@ -277,7 +277,7 @@ impl<F: Fetch> LoaderIter<F> {
                         threads,
                         it.config.seed,
                     ),
-                    it.config.shutdown_timeout,
+                    it.config.options.shutdown_timeout,
                 ),
             };
             match engine {
@@ -351,7 +351,7 @@ impl<F: Fetch> LoaderIter<F> {
                 (s, Vec::new())
             };
             // In order: round-robin (PyTorch). Out of order: the least loaded worker.
-            let w = if self.config.in_order || !indexed {
+            let w = if self.config.options.in_order || !indexed {
                 let mut w = self.rr % n;
                 while !self.active[w] {
                     w = (w + 1) % n;
@@ -390,7 +390,7 @@ impl<F: Fetch> LoaderIter<F> {
     /// Takes in a reply: of this epoch, or of the next epoch's batches started ahead.
     fn absorb(&mut self, r: Reply<F::Output>) {
         if r.generation != self.generation {
-            let keep = self.config.in_order;
+            let keep = self.config.options.in_order;
             if let Some(a) = self.ahead.as_mut().filter(|a| a.generation == r.generation) {
                 a.absorb(r, keep);
             }
@@ -407,7 +407,7 @@ impl<F: Fetch> LoaderIter<F> {
             &mut self.slots,
             &mut self.outstanding,
             r,
-            self.config.in_order,
+            self.config.options.in_order,
         ) {
             self.ready += 1;
             self.pending.peak_reorder = self.pending.peak_reorder.max(self.ready);
@@ -432,7 +432,7 @@ impl<F: Fetch> LoaderIter<F> {
             } else {
                 Duration::from_millis(20)
             };
-            let wait = match self.config.timeout {
+            let wait = match self.config.options.timeout {
                 Some(t) => (t.saturating_sub(t0.elapsed())).min(slice),
                 None => slice,
             };
@@ -453,7 +453,7 @@ impl<F: Fetch> LoaderIter<F> {
                         .or_else(|| self.slots.front().map(|s| s.seq))
                         .unwrap_or(0);
                     let worker = self.worker_of(seq);
-                    if let Some(t) = self.config.timeout
+                    if let Some(t) = self.config.options.timeout
                         && t0.elapsed() >= t
                     {
                         return Err(LoaderError::Timeout {
@@ -568,7 +568,7 @@ impl<F: Fetch> LoaderIter<F> {
             return Some((0, Outcome::Failed(e)));
         }
         loop {
-            if self.config.in_order || !self.inner.fetch.indexed() {
+            if self.config.options.in_order || !self.inner.fetch.indexed() {
                 let front = self.slots.front()?;
                 if matches!(front.state, SlotState::Done(_)) {
                     return Some(self.take(0));
@@ -618,7 +618,7 @@ impl<F: Fetch> LoaderIter<F> {
         self.ready = 0;
         // The next epoch's batches started ahead are kept only when this epoch ran to its end
         // and the workers are kept: otherwise their leases go back now.
-        let keep = self.config.persistent_workers && self.finished && !self.broken;
+        let keep = self.config.options.persistent_workers && self.finished && !self.broken;
         let ahead = if keep {
             self.ahead.take()
         } else {
@@ -628,7 +628,7 @@ impl<F: Fetch> LoaderIter<F> {
             None
         };
         self.pending.flush(&mut lock(&self.inner.stats));
-        if self.config.persistent_workers && !self.broken {
+        if self.config.options.persistent_workers && !self.broken {
             if ahead.is_none() {
                 engine.new_generation();
             }
@@ -751,7 +751,7 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
 fn is_fatal<T>(item: &Result<T, LoaderError>, config: &LoaderConfig) -> bool {
     match item {
         Err(LoaderError::WorkerPanicked { .. }) => {
-            config.on_worker_panic == WorkerPanicPolicy::Fail
+            config.options.on_worker_panic == WorkerPanicPolicy::Fail
         }
         Err(
             LoaderError::Timeout { .. }

@@ -124,7 +124,7 @@ impl<F: Fetch> DataLoader<F> {
             own_pool,
         } = parts;
         let explicit = topology.is_some();
-        let threads = ThreadSetup::new(config.worker_priority);
+        let threads = ThreadSetup::new(config.options.worker_priority);
         let loader = DataLoader {
             inner: Arc::new(Inner {
                 fetch: Arc::new(fetch),
@@ -184,7 +184,7 @@ impl<F: Fetch> DataLoader<F> {
     /// Settles the placement for `topology` (a topology learnt from a device, `explicit`
     /// false, does not replace one the user gave) and hands it to the workers and the pool.
     pub(crate) fn place(&self, topology: Option<GpuTopology>, explicit: bool) {
-        let requested = lock(&self.inner.plan).config.cpu_placement.clone();
+        let requested = lock(&self.inner.plan).config.options.cpu_placement.clone();
         let mut st = lock(&self.inner.placement);
         if st.explicit && !explicit {
             return;

@@ -1,15 +1,17 @@
-//! [`LoaderOptions`]: PyTorch's `DataLoader` arguments as one value, for code that builds
-//! loaders from a configuration (a language binding, a config file) instead of a chain of
-//! builder calls.
+//! [`LoaderOptions`]: every plain option of a loader, PyTorch's `DataLoader` arguments and
+//! longshore's own, as one value. The builder's setters write it; a language binding or a
+//! configuration file fills it whole and hands it to [`DataLoaderBuilder::options`].
 
 use std::time::Duration;
 
 use crate::builder::DataLoaderBuilder;
-use crate::config::SampleErrorPolicy;
-use crate::placement::WorkerPriority;
+use crate::config::{SampleErrorPolicy, WorkerPanicPolicy};
+use crate::placement::{Placement, WorkerPriority};
 
-/// PyTorch's `DataLoader` arguments as one value: `builder.options(&opts)` applies them as the
-/// builder's methods of the same names would (and checks them at `build()` the same way).
+/// Every plain option of a loader, with PyTorch's names and defaults. The builder holds one
+/// (its setters of the same names write its fields) beside what is not a plain value (the
+/// sampler, `worker_init`, the pool), and checks it once, at `build()`, with PyTorch's rules.
+/// A built loader's [`LoaderConfig`](crate::LoaderConfig) keeps it as given.
 ///
 /// ```
 /// use longshore_data::VecDataset;
@@ -17,36 +19,48 @@ use crate::placement::WorkerPriority;
 ///
 /// let opts = LoaderOptions { batch_size: 8, shuffle: true, num_workers: 2, seed: Some(7), ..Default::default() };
 /// let rows: Vec<([f32; 2], i64)> = (0..32).map(|i| ([i as f32; 2], i)).collect();
-/// let loader = DataLoader::builder(VecDataset::new(rows)).options(&opts).build()?;
-/// assert_eq!((loader.len(), loader.config().num_workers), (Some(4), 2));
+/// let loader = DataLoader::builder(VecDataset::new(rows)).options(opts).build()?;
+/// assert_eq!((loader.len(), loader.config().options.num_workers), (Some(4), 2));
 /// # Ok::<(), longshore_loader::LoaderError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoaderOptions {
-    /// Samples per batch (PyTorch's default 1).
+    /// Samples per batch (PyTorch's default 1; an unbatched loader takes only 1).
     pub batch_size: usize,
-    /// Reshuffle every epoch.
+    /// Reshuffle every epoch (a seeded [`RandomSampler`](longshore_data::RandomSampler)).
     pub shuffle: bool,
     /// Worker threads (0: load on the consumer's thread).
     pub num_workers: usize,
+    /// Batches each worker loads ahead (`None`: 2 with workers, as PyTorch; refused without
+    /// workers).
+    pub prefetch_factor: Option<usize>,
     /// Collate into page-locked memory.
     pub pin_memory: bool,
     /// Drop the last incomplete batch.
     pub drop_last: bool,
-    /// Batches each worker loads ahead (`None`: 2 with workers, as PyTorch).
-    pub prefetch_factor: Option<usize>,
-    /// Keep the workers between epochs.
-    pub persistent_workers: bool,
     /// How long to wait for a batch from the workers (`None`: no limit).
     pub timeout: Option<Duration>,
-    /// The base seed of shuffling and of the workers' generators (`None`: drawn at random).
-    pub seed: Option<u64>,
+    /// Keep the workers between epochs.
+    pub persistent_workers: bool,
+    /// With persistent workers, start the next epoch's first batches while the current one
+    /// drains (default `true`; see
+    /// [`DataLoaderBuilder::prefetch_next_epoch`](crate::DataLoaderBuilder::prefetch_next_epoch)).
+    pub prefetch_next_epoch: bool,
     /// Deliver batches in sampler order (PyTorch's `in_order`, default `true`); `false` hands
     /// each batch over as soon as it is ready.
     pub in_order: bool,
-    /// What a sample that fails to load does to its batch (longshore's; default: the batch
-    /// fails, as PyTorch re-raises the worker's exception).
+    /// The base seed of shuffling and of the workers' generators (`None`: drawn at random).
+    pub seed: Option<u64>,
+    /// What a sample that fails to load does to its batch (default: the batch fails, as
+    /// PyTorch re-raises the worker's exception).
     pub on_sample_error: SampleErrorPolicy,
+    /// What a panicking worker does to the epoch.
+    pub on_worker_panic: WorkerPanicPolicy,
+    /// Longest wait for workers to stop when an iterator is dropped (default 5 s).
+    pub shutdown_timeout: Duration,
+    /// Where worker threads may run, as asked for; what it became is
+    /// [`DataLoader::placement`](crate::DataLoader::placement).
+    pub cpu_placement: Placement,
     /// How the workers are scheduled.
     pub worker_priority: WorkerPriority,
 }
@@ -58,43 +72,29 @@ impl Default for LoaderOptions {
             batch_size: 1,
             shuffle: false,
             num_workers: 0,
+            prefetch_factor: None,
             pin_memory: false,
             drop_last: false,
-            prefetch_factor: None,
-            persistent_workers: false,
             timeout: None,
-            seed: None,
+            persistent_workers: false,
+            prefetch_next_epoch: true,
             in_order: true,
+            seed: None,
             on_sample_error: SampleErrorPolicy::default(),
+            on_worker_panic: WorkerPanicPolicy::default(),
+            shutdown_timeout: Duration::from_secs(5),
+            cpu_placement: Placement::default(),
             worker_priority: WorkerPriority::default(),
         }
     }
 }
 
 impl<D, C> DataLoaderBuilder<D, C> {
-    /// Applies `options`, as the builder's methods of the same names.
-    pub fn options(self, options: &LoaderOptions) -> Self {
-        let o = options;
-        let mut b = self
-            .batch_size(o.batch_size)
-            .shuffle(o.shuffle)
-            .num_workers(o.num_workers)
-            .pin_memory(o.pin_memory)
-            .drop_last(o.drop_last)
-            .persistent_workers(o.persistent_workers)
-            .in_order(o.in_order)
-            .on_sample_error(o.on_sample_error)
-            .worker_priority(o.worker_priority);
-        if let Some(p) = o.prefetch_factor {
-            b = b.prefetch_factor(p);
-        }
-        if let Some(t) = o.timeout {
-            b = b.timeout(t);
-        }
-        if let Some(s) = o.seed {
-            b = b.seed(s);
-        }
-        b
+    /// Replaces every plain option with `options` (the sampler, `worker_init`, the pool and
+    /// the topology stay as set).
+    pub fn options(mut self, options: LoaderOptions) -> Self {
+        *self.options_mut() = options;
+        self
     }
 }
 
@@ -121,17 +121,12 @@ mod tests {
         };
         let rows: Vec<([f32; 2], i64)> = (0..10).map(|i| ([i as f32; 2], i)).collect();
         let loader = DataLoader::builder(VecDataset::new(rows))
-            .options(&opts)
+            .options(opts.clone())
             .build()
             .expect("valid options");
         let c = loader.config();
-        assert_eq!(
-            (c.batch_size, c.drop_last, c.num_workers, c.prefetch_factor),
-            (Some(4), true, 2, 3)
-        );
-        assert!(c.persistent_workers && !c.in_order);
-        assert_eq!(c.on_sample_error, SampleErrorPolicy::Skip);
-        assert_eq!((c.seed, c.timeout), (11, Some(Duration::from_secs(9))));
+        assert_eq!(c.options, opts);
+        assert_eq!((c.batch_size, c.prefetch_factor, c.seed), (Some(4), 3, 11));
         // The defaults are PyTorch's (and the builder's).
         let d = LoaderOptions::default();
         assert!(d.in_order && d.on_sample_error == SampleErrorPolicy::FailBatch);

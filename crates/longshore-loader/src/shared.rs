@@ -167,7 +167,7 @@ pub(crate) fn stream_layout<F: Fetch>(
         config.seed,
         batch_size,
         drop_last,
-        config.num_workers.max(1),
+        config.options.num_workers.max(1),
     ))
 }
 

@@ -422,7 +422,7 @@ impl Tuner {
         let cfg = loader.config();
         // The budget may keep fewer batches in flight (known once a batch came back).
         let in_flight = match loader.stats().in_flight_limit {
-            0 => cfg.num_workers.max(1) * cfg.prefetch_factor.max(1),
+            0 => cfg.options.num_workers.max(1) * cfg.prefetch_factor.max(1),
             n => n,
         };
         let warm = in_flight + 1;

@@ -90,7 +90,7 @@ fn pin_memory_into_a_pageable_pool_is_reported_and_logged() {
             .unwrap()
     });
     let cfg = loader.config();
-    assert!(cfg.pin_memory);
+    assert!(cfg.options.pin_memory);
     assert!(!cfg.pin_memory_effective);
     assert!(
         matches!(&cfg.warnings[..], [LoaderWarning::PinMemoryUnavailable { reason }] if reason.contains("Pageable")),

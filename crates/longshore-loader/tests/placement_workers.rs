@@ -151,7 +151,7 @@ fn explicit_cpus_pin_every_worker_and_are_reported() {
     let placement = loader.stats().placement;
     assert_eq!(placement.cpus, Some(want.clone()));
     assert_eq!(loader.placement(), placement);
-    assert_eq!(loader.config().cpu_placement, Placement::Cpus(want));
+    assert_eq!(loader.config().options.cpu_placement, Placement::Cpus(want));
     // The consumer thread is not pinned.
     assert_eq!(thread::affinity(Tid::current()).unwrap(), all);
 }
@@ -299,7 +299,10 @@ fn background_priority_sets_batch_and_nice_on_workers_only() {
         .worker_priority(WorkerPriority::Background)
         .build()
         .unwrap();
-    assert_eq!(loader.config().worker_priority, WorkerPriority::Background);
+    assert_eq!(
+        loader.config().options.worker_priority,
+        WorkerPriority::Background
+    );
     worker_views(&loader);
     for s in collect(&probe) {
         assert_eq!(s.policy, libc_sched_batch());

@@ -164,7 +164,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceLoader<F, S> {
     /// wait (drop its iterator first) or when every lane was lost to a panic in an earlier
     /// epoch; the stage's errors making a lane.
     pub fn iter(&self) -> Result<DeviceIter<F, S>, LoaderError> {
-        let wait = self.loader.config().shutdown_timeout;
+        let wait = self.loader.config().options.shutdown_timeout;
         let home = lock(&self.shared.lanes);
         let (mut home, _) = self
             .shared
@@ -200,7 +200,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceLoader<F, S> {
         let marker = source.defer_marks();
         let context = StageContext {
             depth: self.depth,
-            on_sample_error: self.loader.config().on_sample_error,
+            on_sample_error: self.loader.config().options.on_sample_error,
             epoch: source.epoch(),
         };
         let in_flight = self.depth * n;

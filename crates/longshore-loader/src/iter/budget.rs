@@ -68,7 +68,7 @@ impl<F: Fetch> LoaderIter<F> {
             return;
         }
         let warning = LoaderWarning::PrefetchExceedsBudget {
-            num_workers: self.config.num_workers,
+            num_workers: self.config.options.num_workers,
             prefetch_factor: self.config.prefetch_factor,
             batch_bytes: bytes,
             budget,
@@ -94,7 +94,7 @@ impl<F: Fetch> LoaderIter<F> {
     /// first). Gives that latest batch back to the pool, where the earlier request is served
     /// first, and loads it again later.
     pub(super) fn relieve_budget(&mut self) -> Result<(), LoaderError> {
-        if !self.config.in_order {
+        if !self.config.options.in_order {
             return Ok(());
         }
         let Some(best) = self.inner.pool.best_waiting() else {

@@ -30,8 +30,9 @@ pub(super) fn begin<F: Fetch>(
     epoch: u64,
     restored: Option<&Progress>,
 ) -> (Begun, Option<LoaderError>) {
-    let layout = stream_layout(fetch, config, epoch)
-        .unwrap_or_else(|| EpochLayout::new(epoch, config.seed, 1, false, config.num_workers));
+    let layout = stream_layout(fetch, config, epoch).unwrap_or_else(|| {
+        EpochLayout::new(epoch, config.seed, 1, false, config.options.num_workers)
+    });
     let (base, resume, prefix) = match restored.and_then(|r| r.stream.as_ref().map(|s| (s, r))) {
         Some((s, r)) => (s.base, s.resume.clone(), r.prefix),
         None => (0, None, 0),
