@@ -72,30 +72,17 @@ pub enum TransferError {
     /// An argument is invalid (a zero depth, a zero chunk size, ...).
     #[error("invalid argument: {0}")]
     Invalid(String),
-    /// A CUDA library an operation needs (cuBLAS, NVRTC) could not be loaded or initialised.
+    /// A CUDA library an operation needs (NVRTC, or one a crate above loads with
+    /// [`cuda_libs`](crate::cuda_libs)) could not be loaded or initialised.
     #[error("{op} on {device}: {library} is not available: {reason}")]
     LibraryUnavailable {
         /// The operation, e.g. `gemm`.
         op: &'static str,
-        /// The library, e.g. `cuBLAS`.
+        /// The library, e.g. `NVRTC`.
         library: &'static str,
         /// The device the operation was for.
         device: DeviceId,
         /// Why it could not be used.
-        reason: String,
-    },
-    /// A collective operation (e.g. an all-reduce) or the set-up of a communicator failed: a
-    /// rank left or timed out, ranks disagreed on sizes, the rendezvous failed, or NCCL
-    /// reported an error.
-    #[error("{op} on rank {rank} of {world_size}: {reason}")]
-    Collective {
-        /// The operation, e.g. `all_reduce_sum` or `nccl bootstrap`.
-        op: &'static str,
-        /// This process's (or thread's) rank.
-        rank: usize,
-        /// The number of ranks.
-        world_size: usize,
-        /// What went wrong, naming the ranks involved.
         reason: String,
     },
     /// The operation has no meaning on this device (e.g. the native handle of a `Cpu` stream).

@@ -4,40 +4,34 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// A library to look for.
+/// A library to look for: its sonames, its pip packages' folders and its companions.
+///
+/// A crate that loads a CUDA library at run time names it with a constant of its own, as
+/// longshore-nvjpeg does for libnvjpeg:
+///
+/// ```
+/// use longshore_transfer::cuda_libs::{LibrarySpec, search_order};
+///
+/// const CUFFT: LibrarySpec = LibrarySpec {
+///     name: "cuFFT",
+///     sonames: &["libcufft.so.12", "libcufft.so.11", "libcufft.so"],
+///     pip_dirs: &["nvidia/cufft/lib", "torch/lib"],
+///     companions: &[],
+/// };
+/// assert_eq!(search_order(&CUFFT)[0].file.to_str(), Some("libcufft.so.12"));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LibrarySpec {
-    /// The library's name for people, e.g. `NCCL`.
+    /// The library's name for people, e.g. `NVRTC`.
     pub name: &'static str,
     /// File names to try, in order: versioned sonames (newest first), then unversioned.
     pub sonames: &'static [&'static str],
-    /// Folders inside `site-packages` where pip packages put it (e.g. `nvidia/nccl/lib`).
+    /// Folders inside `site-packages` where pip packages put it (e.g. `nvidia/cuda_nvrtc/lib`).
     pub pip_dirs: &'static [&'static str],
     /// File name prefixes of libraries it needs from its own folder, loaded first from there
-    /// (e.g. `libcublasLt.so` beside `libcublas.so.12`).
+    /// (e.g. `libnvrtc-builtins.so` beside `libnvrtc.so.12`).
     pub companions: &'static [&'static str],
 }
-
-/// NCCL (`libnccl.so.2`), as the `nvidia-nccl-cu12`/`-cu13` pip packages and toolkits ship it.
-pub const NCCL: LibrarySpec = LibrarySpec {
-    name: "NCCL",
-    sonames: &["libnccl.so.2", "libnccl.so"],
-    pip_dirs: &["nvidia/nccl/lib", "torch/lib"],
-    companions: &[],
-};
-
-/// cuBLAS (`libcublas.so.13`, `.12`, `.11`), with `libcublasLt` from the same folder.
-pub const CUBLAS: LibrarySpec = LibrarySpec {
-    name: "cuBLAS",
-    sonames: &[
-        "libcublas.so.13",
-        "libcublas.so.12",
-        "libcublas.so.11",
-        "libcublas.so",
-    ],
-    pip_dirs: &["nvidia/cublas/lib", "nvidia/cu13/lib", "torch/lib"],
-    companions: &["libcublasLt.so"],
-};
 
 /// NVRTC (`libnvrtc.so.13`, `.12`, `.11`), with `libnvrtc-builtins` from the same folder.
 pub const NVRTC: LibrarySpec = LibrarySpec {
@@ -323,7 +317,7 @@ fn python_reported_sites() -> Vec<PathBuf> {
 /// failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LibraryNotFound {
-    /// The library, e.g. `NCCL`.
+    /// The library, e.g. `NVRTC`.
     pub library: &'static str,
     /// Each candidate tried and why it failed (`not found`, or the loader's message).
     pub tried: Vec<(Candidate, String)>,

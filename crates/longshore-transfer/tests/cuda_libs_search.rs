@@ -1,9 +1,18 @@
-//! Where NCCL, cuBLAS and NVRTC are looked for, and what the error says when they are not
-//! found: checked on a fake file system, without CUDA.
+//! Where a library is looked for (a spec of the test's own, shaped like NCCL's, and transfer's
+//! NVRTC), and what the error says when it is not found: checked on a fake file system,
+//! without CUDA.
 
 use std::path::{Path, PathBuf};
 
-use longshore_transfer::cuda_libs::{self, Candidate, NCCL, NVRTC, SearchEnv};
+use longshore_transfer::cuda_libs::{self, Candidate, LibrarySpec, NVRTC, SearchEnv};
+
+/// A library a crate above would name (NCCL's sonames and pip folder).
+const NCCL: LibrarySpec = LibrarySpec {
+    name: "NCCL",
+    sonames: &["libnccl.so.2", "libnccl.so"],
+    pip_dirs: &["nvidia/nccl/lib", "torch/lib"],
+    companions: &[],
+};
 
 fn touch(root: &Path, rel: &str) {
     let p = root.join(rel.trim_start_matches('/'));
@@ -172,14 +181,14 @@ fn a_library_not_found_names_every_place_searched_and_why() {
 
 #[test]
 fn the_real_search_starts_with_the_versioned_sonames() {
-    let c = cuda_libs::search_order(&cuda_libs::CUBLAS);
+    let c = cuda_libs::search_order(&NVRTC);
     let first: Vec<_> = c.iter().take(3).map(|c| c.file.clone()).collect();
     assert_eq!(
         first,
         [
-            PathBuf::from("libcublas.so.13"),
-            PathBuf::from("libcublas.so.12"),
-            PathBuf::from("libcublas.so.11")
+            PathBuf::from("libnvrtc.so.13"),
+            PathBuf::from("libnvrtc.so.12"),
+            PathBuf::from("libnvrtc.so.11")
         ]
     );
     assert!(

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::nccl::UniqueId;
-use longshore_transfer::{Result, TransferError};
+use crate::{CollectiveError, Result};
+use longshore_transfer::TransferError;
 
 const MAGIC: &[u8; 8] = b"LSNCCLID";
 /// Magic, world size (u32 LE), id.
@@ -46,9 +47,9 @@ impl Rendezvous {
     /// torchrun's own TCP store listens on `MASTER_PORT` itself.
     pub fn torchrun(master_addr: &str, master_port: u16, timeout: Duration) -> Result<Self> {
         let port = master_port.checked_add(1).ok_or_else(|| {
-            TransferError::Invalid(format!(
+            CollectiveError::from(TransferError::Invalid(format!(
                 "MASTER_PORT {master_port} leaves no port above it for the nccl rendezvous"
-            ))
+            )))
         })?;
         Ok(Rendezvous::Tcp {
             addr: master_addr.to_owned(),
@@ -66,8 +67,8 @@ impl Rendezvous {
     }
 }
 
-fn fail(rank: usize, world: usize, reason: String) -> TransferError {
-    TransferError::Collective {
+fn fail(rank: usize, world: usize, reason: String) -> CollectiveError {
+    CollectiveError::Rank {
         op: "nccl rendezvous",
         rank,
         world_size: world,

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use longshore_transfer::{CpuMemory, Result, Stream, TransferError};
+use longshore_transfer::{CpuMemory, Stream, TransferError};
 
-use super::{Communicator, Inner, Region};
+use super::{CollectiveError, Communicator, Inner, Region, Result};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -57,9 +57,9 @@ impl CpuGroup {
     /// `timeout` for the others.
     pub fn with_timeout(world_size: usize, timeout: Duration) -> Result<Self> {
         if world_size == 0 {
-            return Err(TransferError::Invalid(
-                "a cpu group needs at least one rank".to_owned(),
-            ));
+            return Err(
+                TransferError::Invalid("a cpu group needs at least one rank".to_owned()).into(),
+            );
         }
         Ok(Self {
             shared: Arc::new(Shared {
@@ -90,7 +90,7 @@ impl CpuGroup {
             let mut st = lock(&self.shared.state);
             match st.joined.get_mut(rank) {
                 None => {
-                    return Err(TransferError::Collective {
+                    return Err(CollectiveError::Rank {
                         op: "join",
                         rank,
                         world_size: world,
@@ -98,7 +98,7 @@ impl CpuGroup {
                     });
                 }
                 Some(true) => {
-                    return Err(TransferError::Collective {
+                    return Err(CollectiveError::Rank {
                         op: "join",
                         rank,
                         world_size: world,
@@ -167,13 +167,13 @@ impl CpuRank {
         }
         let round = self.member.rounds.fetch_add(1, Ordering::Relaxed);
         let member = self.member.clone();
-        s.launch_host_fn(move || member.run(round, &mem, r))
+        Ok(s.launch_host_fn(move || member.run(round, &mem, r))?)
     }
 }
 
 impl Member {
-    fn err(&self, reason: String) -> TransferError {
-        TransferError::Collective {
+    fn err(&self, reason: String) -> CollectiveError {
+        CollectiveError::Rank {
             op: "all_reduce_sum",
             rank: self.rank,
             world_size: self.group.world,

@@ -24,14 +24,14 @@
 //!                 comm.all_reduce_sum(&stream, ViewMut::from(&mut grad), 2)?;
 //!                 let sum = stream.read_to_vec::<f32>(&grad)?;
 //!                 comm.check()?;
-//!                 Ok::<_, longshore_transfer::TransferError>(sum)
+//!                 Ok::<_, longshore_collective::CollectiveError>(sum)
 //!             })
 //!         })
 //!         .collect();
 //!     handles.into_iter().map(|h| h.join().unwrap()).collect::<Result<Vec<_>, _>>()
 //! })?;
 //! assert_eq!(sums, vec![vec![3.0, 20.0], vec![3.0, 20.0]]);
-//! # Ok::<(), longshore_transfer::TransferError>(())
+//! # Ok::<(), longshore_collective::CollectiveError>(())
 //! ```
 //!
 //! # Backends
@@ -86,7 +86,7 @@
 //! On any of these it aborts the communicator (`ncclCommAbort`), which makes its kernels
 //! return, so the blocked stream and the thread waiting on it go on; the next
 //! [`all_reduce_sum`](Communicator::all_reduce_sum) and [`check`](Communicator::check) return
-//! a [`TransferError::Collective`] naming the rank, e.g. "rank 1 of 2 died (its connection to
+//! a [`CollectiveError::Rank`] naming the rank, e.g. "rank 1 of 2 died (its connection to
 //! rank 0 closed without a goodbye)". A rank that drops its communicator says goodbye: if the
 //! others still wait on an all-reduce they fail naming it ("left"); if not, only their next
 //! all-reduce fails.
@@ -98,24 +98,29 @@
 //! all-reduce is enqueued with [`Stream::enqueue_work`] (ordered after the buffer's earlier
 //! uses, recorded as its latest use), on the `CUstream` of [`Stream::as_raw`] with the
 //! buffer's [`DeviceBuffer::cuda_device_ptr`] (NCCL), or as a job on the `Cpu` stream's
-//! executor thread over [`DeviceBuffer::cpu_memory`]. Errors are longshore-transfer's
-//! [`TransferError`] (its `Collective` and `LibraryUnavailable` variants).
+//! executor thread over [`DeviceBuffer::cpu_memory`]; libnccl is found by
+//! [`cuda_libs`](longshore_transfer::cuda_libs) from this crate's [`NCCL`] spec. Errors are
+//! this crate's [`CollectiveError`]: [`Rank`](CollectiveError::Rank) for what a rank or the
+//! rendezvous did, [`Transfer`](CollectiveError::Transfer) for longshore-transfer's errors
+//! (arguments, devices, NCCL not loadable as `LibraryUnavailable`).
 
 // Unsafe code only in the NCCL FFI module, each block with its SAFETY comment.
 #![deny(unsafe_code)]
 
 mod bootstrap;
 mod cpu;
+mod error;
 mod liveness;
 #[allow(unsafe_code)]
 mod nccl;
 
 use longshore_ops::ViewMut;
-use longshore_transfer::{DeviceBuffer, DeviceId, Result, Stream, TransferError};
+use longshore_transfer::{DeviceBuffer, DeviceId, Stream, TransferError};
 
 pub use bootstrap::{Rendezvous, share_unique_id};
 pub use cpu::CpuGroup;
-pub use nccl::{UniqueId, nccl_available};
+pub use error::{CollectiveError, Result};
+pub use nccl::{NCCL, UniqueId, nccl_available};
 
 /// One rank's handle on a group of ranks that run collective operations together.
 ///
@@ -166,7 +171,8 @@ impl Communicator {
             return Err(TransferError::Invalid(
                 "an NCCL communicator needs a CUDA stream; on the Cpu device use CpuGroup"
                     .to_owned(),
-            ));
+            )
+            .into());
         };
         validate_rank("nccl init", rank, world_size)?;
         Ok(Self {
@@ -188,12 +194,13 @@ impl Communicator {
             return Err(TransferError::Invalid(
                 "an NCCL communicator needs a CUDA stream; on the Cpu device use CpuGroup"
                     .to_owned(),
-            ));
+            )
+            .into());
         };
         // Fail before the rendezvous (which other ranks wait on) when NCCL is missing here.
         nccl::require(ordinal)?;
         let (id, links) = bootstrap::share(rank, world_size, rendezvous, UniqueId::new)?;
-        let watch = |e: std::io::Error| TransferError::Collective {
+        let watch = |e: std::io::Error| CollectiveError::Rank {
             op: "nccl rendezvous",
             rank,
             world_size,
@@ -228,7 +235,7 @@ impl Communicator {
         const OP: &str = "all_reduce_sum";
         self.check()?;
         if len_f32 == 0 {
-            return Err(TransferError::Invalid(format!("{OP}: len_f32 is 0")));
+            return Err(TransferError::Invalid(format!("{OP}: len_f32 is 0")).into());
         }
         let expected = self.device();
         let found = stream.device().id();
@@ -238,7 +245,8 @@ impl Communicator {
                 what: "the stream",
                 expected,
                 found,
-            });
+            }
+            .into());
         }
         let b: &DeviceBuffer = buf.buffer();
         let r = region(OP, b, buf.offset(), len_f32)?;
@@ -248,16 +256,27 @@ impl Communicator {
             expected,
             found,
         };
-        stream.enqueue_work(&[], &[b], || match &self.inner {
-            Inner::Cpu(c) => {
-                let mem = b.cpu_memory().ok_or_else(mismatch)?;
-                c.enqueue(stream, mem, r)
+        // `enqueue_work`'s closure returns transfer's errors: ours is kept aside and returned
+        // after it, once the buffer's use is recorded (as `enqueue_work` does with a failure
+        // it is handed).
+        let mut refused = None;
+        stream.enqueue_work(&[], &[b], || {
+            refused = match &self.inner {
+                Inner::Cpu(c) => {
+                    let mem = b.cpu_memory().ok_or_else(mismatch)?;
+                    c.enqueue(stream, mem, r)
+                }
+                Inner::Nccl(c) => {
+                    let ptr = b.cuda_device_ptr().ok_or_else(mismatch)? + r.offset as u64;
+                    c.all_reduce(stream, ptr, len_f32)
+                }
             }
-            Inner::Nccl(c) => {
-                let ptr = b.cuda_device_ptr().ok_or_else(mismatch)? + r.offset as u64;
-                c.all_reduce(stream, ptr, len_f32)
-            }
+            .err();
+            Ok(())
         })?;
+        if let Some(e) = refused {
+            return Err(e);
+        }
         if let Inner::Nccl(c) = &self.inner {
             // The watchdog bounds how long this all-reduce may stay incomplete.
             c.track(stream.record()?);
@@ -289,7 +308,7 @@ impl Communicator {
 
 fn validate_rank(op: &'static str, rank: usize, world_size: usize) -> Result<()> {
     if world_size == 0 || rank >= world_size {
-        return Err(TransferError::Collective {
+        return Err(CollectiveError::Rank {
             op,
             rank,
             world_size,
@@ -312,7 +331,8 @@ fn region(op: &'static str, buf: &DeviceBuffer, offset: usize, len_f32: usize) -
         return Err(TransferError::Invalid(format!(
             "{op}: buf starts at byte offset {offset}, which is not a multiple of its 4-byte \
              element"
-        )));
+        ))
+        .into());
     }
     let bytes = len_f32.checked_mul(4);
     match bytes.and_then(|b| offset.checked_add(b).map(|end| (b, end))) {
@@ -322,6 +342,7 @@ fn region(op: &'static str, buf: &DeviceBuffer, offset: usize, len_f32: usize) -
             bytes: bytes.unwrap_or(usize::MAX),
             offset,
             capacity: buf.len(),
-        }),
+        }
+        .into()),
     }
 }

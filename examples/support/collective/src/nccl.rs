@@ -6,7 +6,8 @@
 //! longshore-transfer's [`cuda_libs`](longshore_transfer::cuda_libs) (versioned sonames, the
 //! CUDA toolkit, the `nvidia-nccl` pip package and `torch/lib` of the active Python) and take
 //! the seven functions we call from it, so a missing library is a
-//! [`TransferError::LibraryUnavailable`] naming every place searched.
+//! [`TransferError::LibraryUnavailable`] naming every place searched. Where to look is this
+//! module's [`NCCL`] spec.
 
 use std::collections::VecDeque;
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -15,10 +16,20 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
-use longshore_transfer::cuda_libs::{self, NCCL};
-use longshore_transfer::{DeviceId, Event, Result, Stream, TransferError};
+use longshore_transfer::cuda_libs::{self, LibrarySpec};
+use longshore_transfer::{DeviceId, Event, Stream, TransferError};
 
 use crate::liveness::{Liveness, Lost};
+use crate::{CollectiveError, Result};
+
+/// NCCL (`libnccl.so.2`), as the `nvidia-nccl-cu12`/`-cu13` pip packages, `torch/lib` and the
+/// CUDA toolkits ship it: where [`nccl_available`] and the communicators look for it.
+pub const NCCL: LibrarySpec = LibrarySpec {
+    name: "NCCL",
+    sonames: &["libnccl.so.2", "libnccl.so"],
+    pip_dirs: &["nvidia/nccl/lib", "torch/lib"],
+    companions: &[],
+};
 
 /// `ncclUniqueId`.
 #[repr(C)]
@@ -99,11 +110,14 @@ pub fn nccl_available() -> std::result::Result<i32, String> {
 
 /// Fails with an error naming NCCL when it cannot be loaded.
 pub(crate) fn require(ordinal: usize) -> Result<i32> {
-    nccl_available().map_err(|reason| TransferError::LibraryUnavailable {
-        op: "nccl init",
-        library: "NCCL (libnccl.so.2)",
-        device: DeviceId::Cuda(ordinal),
-        reason,
+    nccl_available().map_err(|reason| {
+        TransferError::LibraryUnavailable {
+            op: "nccl init",
+            library: "NCCL (libnccl.so.2)",
+            device: DeviceId::Cuda(ordinal),
+            reason,
+        }
+        .into()
     })
 }
 
@@ -154,7 +168,7 @@ impl UniqueId {
         };
         // SAFETY: `raw` is a valid out-pointer to an ncclUniqueId.
         check(unsafe { (api.get_unique_id)(&mut raw) }).map_err(|reason| {
-            TransferError::Collective {
+            CollectiveError::Rank {
                 op: "ncclGetUniqueId",
                 rank: 0,
                 world_size: 0,
@@ -177,11 +191,11 @@ impl UniqueId {
     /// [`LEN`](UniqueId::LEN) bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let b: [u8; Self::LEN] = bytes.try_into().map_err(|_| {
-            TransferError::Invalid(format!(
+            CollectiveError::from(TransferError::Invalid(format!(
                 "an NCCL unique id has {} bytes, got {}",
                 Self::LEN,
                 bytes.len()
-            ))
+            )))
         })?;
         Ok(Self(b))
     }
@@ -355,8 +369,8 @@ impl NcclComm {
         self.watch.ctx.ordinal()
     }
 
-    fn err(&self, op: &'static str, reason: String) -> TransferError {
-        TransferError::Collective {
+    fn err(&self, op: &'static str, reason: String) -> CollectiveError {
+        CollectiveError::Rank {
             op,
             rank: self.rank,
             world_size: self.world,
@@ -378,9 +392,7 @@ impl NcclComm {
         let (nranks, r) = match (c_int::try_from(world), c_int::try_from(rank)) {
             (Ok(n), Ok(r)) => (n, r),
             _ => {
-                return Err(TransferError::Invalid(format!(
-                    "world size {world} too large"
-                )));
+                return Err(TransferError::Invalid(format!("world size {world} too large")).into());
             }
         };
         // NCCL uses the calling thread's current device: this GPU's primary context. (Reached
@@ -392,7 +404,7 @@ impl NcclComm {
             what: "opening the context for nccl".to_owned(),
         })?;
         bind(&ctx)?;
-        let fail = |reason: String| TransferError::Collective {
+        let fail = |reason: String| CollectiveError::Rank {
             op: "ncclCommInitRank",
             rank,
             world_size: world,
@@ -543,7 +555,7 @@ impl Drop for NcclComm {
     }
 }
 
-fn bind(ctx: &CudaContext) -> Result<()> {
+fn bind(ctx: &CudaContext) -> longshore_transfer::Result<()> {
     ctx.bind_to_thread().map_err(|e| TransferError::Cuda {
         call: "cuCtxSetCurrent",
         code: format!("{:?}", e.0),

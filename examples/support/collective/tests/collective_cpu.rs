@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use longshore_collective::{CpuGroup, Rendezvous, UniqueId, share_unique_id};
+use longshore_collective::{CollectiveError, CpuGroup, Rendezvous, UniqueId, share_unique_id};
 use longshore_ops::ViewMut;
 use longshore_transfer::{Device, TransferError};
 use rand::rngs::StdRng;
@@ -100,9 +100,9 @@ fn sums_are_exact_rank_order_sums_with_identical_bits_on_every_rank() {
     }
 }
 
-fn collective_reason(e: &TransferError) -> String {
+fn collective_reason(e: &CollectiveError) -> String {
     match e {
-        TransferError::Collective { reason, .. } => reason.clone(),
+        CollectiveError::Rank { reason, .. } => reason.clone(),
         other => panic!("expected a collective error, got {other}"),
     }
 }
@@ -202,7 +202,7 @@ fn bad_arguments_fail_before_anything_is_enqueued() {
     let mut buf = stream.to_device(&[1.0f32; 4]).unwrap();
     assert!(matches!(
         comm.all_reduce_sum(&stream, ViewMut::from(&mut buf), 5),
-        Err(TransferError::OutOfBounds { .. })
+        Err(CollectiveError::Transfer(TransferError::OutOfBounds { .. }))
     ));
     assert!(
         comm.all_reduce_sum(&stream, ViewMut::new(&mut buf, 2), 1)
@@ -317,7 +317,7 @@ fn a_missing_libnccl_is_an_error_naming_it_not_a_panic() {
             assert!(reason.contains("/usr/local/cuda/lib64/"), "{reason}");
             let e = UniqueId::new().unwrap_err();
             assert!(
-                matches!(e, TransferError::LibraryUnavailable { library, .. } if library.contains("NCCL")),
+                matches!(e, CollectiveError::Transfer(TransferError::LibraryUnavailable { library, .. }) if library.contains("NCCL")),
                 "{e}"
             );
         }
@@ -334,4 +334,15 @@ fn scale_divides_a_summed_gradient_in_place() {
         vec![2.0, 2.0, 3.0, 8.0]
     );
     assert!(longshore_ops::scale(&stream, ViewMut::new(&mut buf, 4), 4, 0.5).is_err());
+}
+
+#[test]
+fn libnccl_is_looked_for_by_its_sonames_only_versioned_first() {
+    let c = longshore_transfer::cuda_libs::search_order(&longshore_collective::NCCL);
+    assert_eq!(c[0].file, std::path::Path::new("libnccl.so.2"));
+    assert!(
+        c.iter()
+            .all(|c| c.file.ends_with("libnccl.so.2") || c.file.ends_with("libnccl.so")),
+        "{c:?}"
+    );
 }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use longshore_collective::{Communicator, Rendezvous, UniqueId, nccl_available};
+use longshore_collective::{CollectiveError, Communicator, Rendezvous, UniqueId, nccl_available};
 use longshore_ops::ViewMut;
 use longshore_transfer::{Device, TransferError};
 
@@ -93,11 +93,15 @@ fn nccl_through_the_tcp_rendezvous_and_wrong_devices() {
     let mut cpu_buf = cpu.to_device(&[1.0f32]).unwrap();
     assert!(matches!(
         comm.all_reduce_sum(&cpu, ViewMut::from(&mut cpu_buf), 1),
-        Err(TransferError::DeviceMismatch { .. })
+        Err(CollectiveError::Transfer(
+            TransferError::DeviceMismatch { .. }
+        ))
     ));
     assert!(matches!(
         comm.all_reduce_sum(&stream, ViewMut::from(&mut cpu_buf), 1),
-        Err(TransferError::DeviceMismatch { .. })
+        Err(CollectiveError::Transfer(
+            TransferError::DeviceMismatch { .. }
+        ))
     ));
     assert!(Communicator::nccl(&cpu, 0, 1, &UniqueId::new().unwrap()).is_err());
     comm.check().unwrap();

@@ -5,13 +5,29 @@
 //! [`cuda_libs`](longshore_transfer::cuda_libs) (versioned sonames such as `libcublas.so.13`,
 //! the CUDA toolkit, the `nvidia-*` pip packages and `torch/lib` of the active Python) and take
 //! the few functions we call from them, so a missing library is an error naming every place
-//! searched. The signatures are those of `cublas_api.h` and `nvrtc.h`, stable across CUDA
+//! searched. Where to look for cuBLAS is this module's [`CUBLAS`] spec (NVRTC's is
+//! transfer's). The signatures are those of `cublas_api.h` and `nvrtc.h`, stable across CUDA
 //! 11-13.
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
-use longshore_transfer::cuda_libs::{self, CUBLAS};
+use longshore_transfer::cuda_libs::{self, LibrarySpec};
+
+/// cuBLAS (`libcublas.so.13`, `.12`, `.11`), as the CUDA toolkits, the `nvidia-cublas-cu12`
+/// and `nvidia-cu13` pip packages and `torch/lib` ship it, with `libcublasLt` loaded first from
+/// the same folder.
+pub const CUBLAS: LibrarySpec = LibrarySpec {
+    name: "cuBLAS",
+    sonames: &[
+        "libcublas.so.13",
+        "libcublas.so.12",
+        "libcublas.so.11",
+        "libcublas.so",
+    ],
+    pip_dirs: &["nvidia/cublas/lib", "nvidia/cu13/lib", "torch/lib"],
+    companions: &["libcublasLt.so"],
+};
 
 /// `cublasHandle_t`.
 type BlasHandle = *mut c_void;

@@ -40,8 +40,9 @@
 //! On `Cpu` each operation is a job on the stream's worker thread (the product through
 //! `matrixmultiply`'s sgemm, the rest plain loops). On CUDA the product is `cublasSgemm` on a
 //! cuBLAS handle bound to the stream, and the rest are kernels compiled once per process with
-//! NVRTC and loaded once per device. cuBLAS and NVRTC are loaded at run time; [`available`]
-//! says whether they can be. Results agree across backends to float rounding.
+//! NVRTC and loaded once per device. cuBLAS and NVRTC are loaded at run time (found by
+//! transfer's [`cuda_libs`](longshore_transfer::cuda_libs) from this crate's [`CUBLAS`] spec
+//! and transfer's `NVRTC`); [`available`] says whether they can be. Results agree across backends to float rounding.
 //!
 //! # Safety and ordering
 //!
@@ -73,6 +74,7 @@ mod cuda;
 #[allow(unsafe_code)]
 mod ffi;
 
+pub use ffi::CUBLAS;
 use longshore_transfer::{
     CpuMemory, Device, DeviceBuffer, DeviceId, Result, Stream, TransferError,
 };
