@@ -467,26 +467,9 @@ class DataLoader:
     ):
         # The Rust side's warnings (a skipped sample, a damaged shard) reach `logging`.
         _logs.ensure_started()
-        # PyTorch's checks, in its order, with its messages.
-        if num_workers < 0:
-            raise ValueError(
-                "num_workers option should be non-negative; "
-                "use num_workers=0 to disable multiprocessing."
-            )
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
-            raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing."
-                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor "
-                "to None."
-            )
-        elif num_workers > 0 and prefetch_factor is None:
-            prefetch_factor = 2
-        elif prefetch_factor is not None and prefetch_factor < 0:
-            raise ValueError("prefetch_factor option should be non-negative")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
+        # PyTorch's rules on the options (num_workers, timeout, prefetch_factor,
+        # persistent_workers) are the Rust builder's, checked when the loader is built (a
+        # ValueError in PyTorch's words); here only what the Rust side does not see.
         _check_multiprocessing_context(multiprocessing_context, num_workers)
         if worker_mode not in (None, "process", "thread"):
             raise ValueError(
@@ -627,7 +610,8 @@ class DataLoader:
         self.collate_fn = collate_fn
         self.worker_init_fn = worker_init_fn
         self.multiprocessing_context = multiprocessing_context
-        self.prefetch_factor = prefetch_factor
+        # torch's attribute: 2 with workers when not given.
+        self.prefetch_factor = 2 if prefetch_factor is None and num_workers > 0 else prefetch_factor
         self.persistent_workers = persistent_workers
         self.pin_memory_device = pin_memory_device
         self.in_order = in_order
@@ -650,26 +634,28 @@ class DataLoader:
         self._loader = self._make_loader(
             # datasets.ImageFolder & co wrap their native dataset.
             native,
-            1 if self._order is not None else (batch_size or 1),
-            bool(shuffle) and builtin,
-            num_workers,
-            bool(pin_memory),
-            bool(drop_last) and builtin,
-            prefetch_factor if num_workers > 0 else None,
-            bool(persistent_workers),
-            float(timeout),
-            rust_seed,
-            index,
-            pool,
+            dict(
+                batch_size=1 if self._order is not None else (batch_size or 1),
+                shuffle=bool(shuffle) and builtin,
+                num_workers=num_workers,
+                pin_memory=bool(pin_memory),
+                drop_last=bool(drop_last) and builtin,
+                prefetch_factor=prefetch_factor,
+                persistent_workers=bool(persistent_workers),
+                timeout=float(timeout),
+                seed=rust_seed,
+                in_order=bool(in_order),
+                on_sample_error=on_sample_error,
+                worker_priority=worker_priority,
+            ),
+            device=index,
+            pool=pool,
+            order=self._order,
             # Every torch version imports host memory labelled kDLCPU (and still sees the pages
             # pinned); not every one imports kDLCUDAHost, DLPack's own label for page-locked
             # memory, which is kept for other consumers.
-            "cpu" if framework == "torch" else "cuda_host",
-            decode,
-            worker_priority=worker_priority,
-            order=self._order,
-            in_order=bool(in_order),
-            on_sample_error=on_sample_error,
+            pinned_label="cpu" if framework == "torch" else "cuda_host",
+            decode=decode,
         )
         self._index = index
         self._convert = self._converter(framework)

@@ -99,11 +99,12 @@ pub(crate) fn data_err(e: DataError) -> PyErr {
     }
 }
 
-/// A loader error.
+/// A loader error. An invalid option is a `ValueError` with the builder's reason alone, which
+/// names the option in PyTorch's words: the message torch's `ValueError` has.
 pub(crate) fn loader_err(e: LoaderError) -> PyErr {
     let msg = message(&e);
     match e {
-        LoaderError::Config { .. } => PyValueError::new_err(msg),
+        LoaderError::Config { reason, .. } => PyValueError::new_err(reason),
         LoaderError::Data(d) => data_err(d),
         LoaderError::Sample { .. } | LoaderError::Collate { .. } => SampleError::new_err(msg),
         LoaderError::Timeout { .. } => timeout_err(msg),

@@ -150,6 +150,83 @@ fn pool_dict<'py>(py: Python<'py>, s: &PoolStats) -> PyResult<Bound<'py, PyDict>
     Ok(d)
 }
 
+/// The loader's options as `longshore.DataLoader` passes them: a dict keyed by torch's
+/// argument names, with Python's values. [`TorchOptions::loader_options`] converts them,
+/// naming torch's arguments; the rules between them are the builder's, checked when the
+/// loader is built.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub(crate) struct TorchOptions {
+    batch_size: usize,
+    shuffle: bool,
+    num_workers: i64,
+    pin_memory: bool,
+    drop_last: bool,
+    prefetch_factor: Option<i64>,
+    persistent_workers: bool,
+    /// Seconds; 0 waits forever.
+    timeout: f64,
+    seed: Option<u64>,
+    in_order: bool,
+    on_sample_error: String,
+    worker_priority: String,
+}
+
+impl TorchOptions {
+    /// The loader's options; `cuda` (batches go to a GPU) pins memory.
+    fn loader_options(self, cuda: bool) -> PyResult<LoaderOptions> {
+        let num_workers = usize::try_from(self.num_workers).map_err(|_| {
+            PyValueError::new_err(
+                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.",
+            )
+        })?;
+        let timeout = match Duration::try_from_secs_f64(self.timeout) {
+            Ok(d) => (!d.is_zero()).then_some(d),
+            Err(_) => {
+                return Err(PyValueError::new_err(
+                    "timeout option should be non-negative",
+                ));
+            }
+        };
+        let prefetch_factor = self
+            .prefetch_factor
+            .map(usize::try_from)
+            .transpose()
+            .map_err(|_| PyValueError::new_err("prefetch_factor option should be non-negative"))?;
+        let on_sample_error = choice(
+            "on_sample_error",
+            &self.on_sample_error,
+            [
+                ("raise", SampleErrorPolicy::FailBatch),
+                ("skip", SampleErrorPolicy::Skip),
+            ],
+        )?;
+        let worker_priority = choice(
+            "worker_priority",
+            &self.worker_priority,
+            [
+                ("normal", WorkerPriority::Normal),
+                ("background", WorkerPriority::Background),
+            ],
+        )?;
+        Ok(LoaderOptions {
+            batch_size: self.batch_size,
+            shuffle: self.shuffle,
+            num_workers,
+            prefetch_factor,
+            pin_memory: self.pin_memory || cuda,
+            drop_last: self.drop_last,
+            timeout,
+            persistent_workers: self.persistent_workers,
+            in_order: self.in_order,
+            seed: self.seed,
+            on_sample_error,
+            worker_priority,
+            ..LoaderOptions::default()
+        })
+    }
+}
+
 /// The Rust side of `longshore.DataLoader` (the Python class converts tensors).
 #[pyclass(name = "_Loader", module = "longshore", frozen)]
 pub(crate) struct PyLoader {
@@ -169,50 +246,24 @@ pub(crate) struct PyLoader {
 
 #[pymethods]
 impl PyLoader {
+    /// `options`: the loader's options as `longshore.DataLoader` passes them (a dict of
+    /// [`TorchOptions`]); the rest is how batches leave the loader.
     #[new]
-    #[pyo3(signature = (dataset, batch_size, shuffle, num_workers, pin_memory, drop_last,
-        prefetch_factor, persistent_workers, timeout, seed, device, pool, pinned_label = "cuda_host", decode = "cpu",
-        cpu_backend = false, worker_priority = "normal", *, order = None, in_order = true,
-        on_sample_error = "raise"))]
+    #[pyo3(signature = (dataset, options, *, device = None, pool = None, order = None,
+        pinned_label = "cuda_host", decode = "cpu", cpu_backend = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         dataset: &Bound<'_, PyAny>,
-        batch_size: Option<usize>,
-        shuffle: bool,
-        num_workers: i64,
-        pin_memory: bool,
-        drop_last: bool,
-        prefetch_factor: Option<i64>,
-        persistent_workers: bool,
-        timeout: f64,
-        seed: Option<u64>,
+        options: TorchOptions,
         device: Option<usize>,
         pool: Option<PyRef<'_, PyPinnedPool>>,
+        order: Option<PyRef<'_, PyEpochOrder>>,
         pinned_label: &str,
         decode: &str,
         cpu_backend: bool,
-        worker_priority: &str,
-        order: Option<PyRef<'_, PyEpochOrder>>,
-        in_order: bool,
-        on_sample_error: &str,
     ) -> PyResult<Self> {
-        let on_sample_error = choice(
-            "on_sample_error",
-            on_sample_error,
-            [
-                ("raise", SampleErrorPolicy::FailBatch),
-                ("skip", SampleErrorPolicy::Skip),
-            ],
-        )?;
-        let worker_priority = choice(
-            "worker_priority",
-            worker_priority,
-            [
-                ("normal", WorkerPriority::Normal),
-                ("background", WorkerPriority::Background),
-            ],
-        )?;
+        let loader = options.loader_options(device.is_some())?;
         let pinned = choice(
             "pinned_label",
             pinned_label,
@@ -271,34 +322,6 @@ impl PyLoader {
                 )));
             }
         };
-        // PyTorch's checks that the Rust builder cannot see (its types are unsigned).
-        let Some(batch_size) = batch_size else {
-            return Err(PyValueError::new_err(
-                "batch_size=None (no automatic batching) is not supported by longshore.DataLoader",
-            ));
-        };
-        let num_workers = usize::try_from(num_workers).map_err(|_| {
-            PyValueError::new_err(
-                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.",
-            )
-        })?;
-        let prefetch_factor = prefetch_factor
-            .map(|p| {
-                usize::try_from(p).map_err(|_| {
-                    PyValueError::new_err("prefetch_factor option should be non-negative")
-                })
-            })
-            .transpose()?;
-        let timeout = match Duration::try_from_secs_f64(timeout) {
-            Ok(d) if d.is_zero() => None,
-            Ok(d) => Some(d),
-            Err(_) => {
-                return Err(PyValueError::new_err(
-                    "timeout option should be non-negative",
-                ));
-            }
-        };
-        let cuda = device.is_some();
         let device = match (device, cpu_backend) {
             (Some(_), true) => {
                 return Err(PyValueError::new_err(
@@ -313,27 +336,14 @@ impl PyLoader {
                 .transpose()
                 .map_err(transfer_err)?,
         };
+        let (num_workers, in_order) = (loader.num_workers, loader.in_order);
+        let on_sample_error = loader.on_sample_error;
         let options = Options {
-            loader: LoaderOptions {
-                batch_size,
-                shuffle,
-                num_workers,
-                pin_memory: pin_memory || cuda,
-                drop_last,
-                prefetch_factor,
-                persistent_workers,
-                timeout,
-                seed,
-                in_order,
-                on_sample_error,
-                worker_priority,
-                ..Default::default()
-            },
             pool: match (pool, process.is_some()) {
                 (Some(p), _) => Some(p.pool.clone()),
                 // A Python dataset's workers write into the blocks: shared memory.
                 (None, true) => {
-                    let pinned = (pin_memory || cuda) && longshore::host::driver_available();
+                    let pinned = loader.pin_memory && longshore::host::driver_available();
                     Some(
                         shared_pool(pinned, PoolConfig::default())
                             .map_err(|e| LoaderFailure::new_err(e.to_string()))?,
@@ -342,6 +352,7 @@ impl PyLoader {
                 (None, false) => None,
             },
             order: order.map(|o| o.sampler()),
+            loader,
         };
         let meta = process.is_some();
         if sharded.is_some() && !in_order {

@@ -16,11 +16,17 @@ from longshore import _longshore
 SMALL_BATCH = 4 << 20
 
 
+def options(batch_size, workers=2, shuffle=False):
+    """The Rust loader's options as longshore.DataLoader passes them. Not persistent:
+    persistent workers start the next epoch's first batches at the end of an epoch
+    (prefetch_next_epoch), which hold leases."""
+    return dict(batch_size=batch_size, shuffle=shuffle, num_workers=workers, pin_memory=False,
+                drop_last=False, prefetch_factor=None, persistent_workers=False, timeout=0.0,
+                seed=7, in_order=True, on_sample_error="raise", worker_priority="normal")
+
+
 def native(ds, batch_size, workers=2, shuffle=False):
-    # Not persistent: persistent workers start the next epoch's first batches at the end of
-    # an epoch (prefetch_next_epoch), which hold leases.
-    return _longshore._Loader(ds, batch_size, shuffle, workers, False, False, None, False, 0.0,
-                              7, None, None, cpu_backend=True)
+    return _longshore._Loader(ds, options(batch_size, workers, shuffle), cpu_backend=True)
 
 
 def wait_for(cond, timeout=5.0):
@@ -85,8 +91,7 @@ def test_closing_mid_epoch_returns_every_lease(wide, monkeypatch, in_pump):
 def test_small_batches_shuffled_match_the_host_path(files, workers):
     ds = longshore.NpyDataset([files["x"], files["y"]])
     on_device = [[f.copy() for f in b] for b in native(ds, 16, workers, True).epoch(np.from_dlpack)]
-    host = _longshore._Loader(ds, 16, True, workers, False, False, None, False, 0.0, 7, None,
-                              None)
+    host = _longshore._Loader(ds, options(16, workers, True))
     on_host = [[f.copy() for f in b] for b in host.epoch(np.from_dlpack)]
     assert len(on_device) == len(on_host) == 7
     for d, h in zip(on_device, on_host):
@@ -110,5 +115,5 @@ def test_the_position_counts_the_batches_python_received(files):
 
 def test_cpu_backend_and_a_cuda_device_are_exclusive(files):
     with pytest.raises(ValueError, match="cpu_backend"):
-        _longshore._Loader(longshore.NpyDataset(files["y"]), 10, False, 0, False, False, None,
-                           False, 0.0, 7, 0, None, cpu_backend=True)
+        _longshore._Loader(longshore.NpyDataset(files["y"]), options(10, 0), device=0,
+                           cpu_backend=True)

@@ -366,7 +366,10 @@ impl<D, C> DataLoaderBuilder<D, C> {
                 ));
             }
             if f == 0 {
-                return Err(config_err("prefetch_factor", "must be at least 1"));
+                return Err(config_err(
+                    "prefetch_factor",
+                    "prefetch_factor must be at least 1",
+                ));
             }
         }
         if o.persistent_workers && o.num_workers == 0 {
@@ -376,12 +379,12 @@ impl<D, C> DataLoaderBuilder<D, C> {
             ));
         }
         if o.timeout == Some(Duration::ZERO) {
-            return Err(config_err("timeout", "must be positive"));
+            return Err(config_err("timeout", "timeout must be positive"));
         }
         if o.batch_size == 0 {
             return Err(config_err(
                 "batch_size",
-                "must be a positive integer, got 0",
+                "batch_size must be a positive integer, got 0",
             ));
         }
         match kind {
