@@ -318,7 +318,7 @@ def test_non_native_byte_order_and_views_are_batched_by_value():
 
 
 def test_without_torch_the_loader_runs_every_sampler(no_torch, monkeypatch):
-    monkeypatch.setattr(longshore, "_import_torch", lambda: None)
+    monkeypatch.setattr(longshore._loader, "_import_torch", lambda: None)
     ds = L.ArrayDataset(np.arange(30, dtype=np.int64), np.arange(30, dtype=np.float32) / 2)
 
     def ids(**kw):

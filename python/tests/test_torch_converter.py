@@ -175,18 +175,18 @@ def test_old_torch_without_the_internals_falls_back():
         _C=types.SimpleNamespace(_from_dlpack=f, _cuda_getCurrentRawStream=f, _cuda_getDevice=f),
         cuda=types.SimpleNamespace(init=lambda: inits.append(1)),
     )
-    assert isinstance(longshore._torch_converter(full, cuda=True, pinned=False), _longshore._TorchConverter)
+    assert isinstance(longshore._loader._torch_converter(full, cuda=True, pinned=False), _longshore._TorchConverter)
     assert inits == [1]  # torch's CUDA set-up, as the per-tensor path's current_stream() runs it
     # Pinned CPU batches leave it to the first iteration (a process may fork after building
     # the loader, as with the per-tensor path).
-    assert isinstance(longshore._torch_converter(full, cuda=True, pinned=True), _longshore._TorchConverter)
+    assert isinstance(longshore._loader._torch_converter(full, cuda=True, pinned=True), _longshore._TorchConverter)
     assert inits == [1]
     no_streams = types.SimpleNamespace(_C=types.SimpleNamespace(_from_dlpack=f))
-    assert isinstance(longshore._torch_converter(no_streams, cuda=False, pinned=False),
+    assert isinstance(longshore._loader._torch_converter(no_streams, cuda=False, pinned=False),
                       _longshore._TorchConverter)
     # CUDA batches need the stream functions: without them, the per-tensor path.
-    assert longshore._torch_converter(no_streams, cuda=True, pinned=False) is None
-    assert longshore._torch_converter(types.SimpleNamespace(), cuda=False, pinned=False) is None
+    assert longshore._loader._torch_converter(no_streams, cuda=True, pinned=False) is None
+    assert longshore._loader._torch_converter(types.SimpleNamespace(), cuda=False, pinned=False) is None
 
 
 # --- with torch ------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_torch_waits_for_a_copy_still_queued_on_another_stream():
     torch = need_cuda()
     payload = bytes(range(1, 256)) * 4096
     want = torch.frombuffer(bytearray(payload), dtype=torch.uint8).cuda()
-    convert = longshore._torch_converter(torch, cuda=True, pinned=False)
+    convert = longshore._loader._torch_converter(torch, cuda=True, pinned=False)
     assert isinstance(convert, _longshore._TorchConverter)
     for fast in (True, False):
         copy = torch.cuda.Stream()
