@@ -223,11 +223,6 @@ class DataLoader:
                     "first row"
                 )
             if self._python is not None:
-                if batch_size is None and drop_last:
-                    raise ValueError(
-                        "batch_size=None option disables auto-batching "
-                        "and is mutually exclusive with drop_last"
-                    )
                 self._python.bind(batch_size or 1, bool(drop_last))
             wanted = getattr(dataset, "batch_size", None) if self._sharded else None
             if wanted is not None and wanted != batch_size:
