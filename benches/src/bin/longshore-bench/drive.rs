@@ -219,7 +219,7 @@ pub(crate) fn drive<F: Fetch<Output = Batch<PoolBuffer>>>(
 ) -> Result<Run> {
     let mut c = Consumer::new(device, compute, w)?;
     let cfg = loader.config();
-    let in_flight = cfg.num_workers.max(1) * cfg.prefetch_factor;
+    let in_flight = cfg.options.num_workers.max(1) * cfg.prefetch_factor;
     match window {
         Window::Epochs {
             min_epochs,
