@@ -9,10 +9,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use longshore_data::{DataError, EpochLayout, StreamPosition, WorkerInfo};
+use longshore_data::WorkerInfo;
 
 use crate::engine::{Outcome, Task};
-use crate::fetch::sealed::Sealed;
+use crate::fetch::sealed::{EpochSeam, Sealed};
 
 /// The object-safe side of a [`Sealed`] fetch.
 trait ErasedFetch<T>: Send + Sync + 'static {
@@ -22,17 +22,7 @@ trait ErasedFetch<T>: Send + Sync + 'static {
     fn output_bytes(&self, out: &T) -> usize;
     fn output_pinned_wait(&self, out: &T) -> Duration;
     fn stream_batching(&self) -> Option<(usize, bool)>;
-    fn begin_epoch(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-    ) -> Result<Option<u64>, DataError>;
-    fn position(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-        batches: u64,
-    ) -> Result<Option<StreamPosition>, DataError>;
+    fn seam(&self) -> Option<&dyn EpochSeam>;
     fn worker<'a>(&'a self, info: WorkerInfo) -> Box<dyn ErasedWorker<T> + 'a>;
     fn describe(&self) -> &'static str;
 }
@@ -72,20 +62,8 @@ impl<F: Sealed> ErasedFetch<F::Out> for F {
     fn stream_batching(&self) -> Option<(usize, bool)> {
         Sealed::stream_batching(self)
     }
-    fn begin_epoch(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-    ) -> Result<Option<u64>, DataError> {
-        Sealed::begin_epoch(self, layout, resume)
-    }
-    fn position(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-        batches: u64,
-    ) -> Result<Option<StreamPosition>, DataError> {
-        Sealed::position(self, layout, resume, batches)
+    fn seam(&self) -> Option<&dyn EpochSeam> {
+        Sealed::seam(self)
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> Box<dyn ErasedWorker<F::Out> + 'a> {
         Box::new(Bound {
@@ -147,20 +125,8 @@ impl<T: Send + 'static> Sealed for BoxedFetch<T> {
     fn stream_batching(&self) -> Option<(usize, bool)> {
         self.inner.stream_batching()
     }
-    fn begin_epoch(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-    ) -> Result<Option<u64>, DataError> {
-        self.inner.begin_epoch(layout, resume)
-    }
-    fn position(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-        batches: u64,
-    ) -> Result<Option<StreamPosition>, DataError> {
-        self.inner.position(layout, resume, batches)
+    fn seam(&self) -> Option<&dyn EpochSeam> {
+        self.inner.seam()
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a> {
         BoxedWorker(self.inner.worker(info))

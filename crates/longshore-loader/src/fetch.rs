@@ -19,6 +19,42 @@ use crate::error::LoaderError;
 pub(crate) mod sealed {
     use super::*;
 
+    /// An iterable dataset's epoch seam with its item type erased (what the loader keeps
+    /// of the dataset to begin its epochs and take its positions).
+    pub trait EpochSeam: Send + Sync {
+        /// `IterableDataset::begin_epoch`.
+        fn begin(
+            &self,
+            layout: &EpochLayout,
+            resume: Option<&StreamPosition>,
+        ) -> Result<Option<u64>, DataError>;
+        /// `IterableDataset::position`.
+        fn position_after(
+            &self,
+            layout: &EpochLayout,
+            resume: Option<&StreamPosition>,
+            batches: u64,
+        ) -> Result<Option<StreamPosition>, DataError>;
+    }
+
+    impl<D: IterableDataset> EpochSeam for D {
+        fn begin(
+            &self,
+            layout: &EpochLayout,
+            resume: Option<&StreamPosition>,
+        ) -> Result<Option<u64>, DataError> {
+            IterableDataset::begin_epoch(self, layout, resume)
+        }
+        fn position_after(
+            &self,
+            layout: &EpochLayout,
+            resume: Option<&StreamPosition>,
+            batches: u64,
+        ) -> Result<Option<StreamPosition>, DataError> {
+            IterableDataset::position(self, layout, resume, batches)
+        }
+    }
+
     /// The worker-side interface of [`Fetch`](super::Fetch), private to this crate.
     pub trait Sealed: Send + Sync + 'static {
         /// What the loader yields.
@@ -44,22 +80,27 @@ pub(crate) mod sealed {
         fn stream_batching(&self) -> Option<(usize, bool)> {
             None
         }
+        /// Iterable datasets: the dataset's epoch seam (`None` for indexed datasets).
+        fn seam(&self) -> Option<&dyn EpochSeam> {
+            None
+        }
         /// Iterable datasets: prepares an epoch (see `IterableDataset::begin_epoch`).
         fn begin_epoch(
             &self,
-            _layout: &EpochLayout,
-            _resume: Option<&StreamPosition>,
+            layout: &EpochLayout,
+            resume: Option<&StreamPosition>,
         ) -> Result<Option<u64>, DataError> {
-            Ok(None)
+            self.seam().map_or(Ok(None), |s| s.begin(layout, resume))
         }
         /// Iterable datasets: the dataset's position (see `IterableDataset::position`).
         fn position(
             &self,
-            _layout: &EpochLayout,
-            _resume: Option<&StreamPosition>,
-            _batches: u64,
+            layout: &EpochLayout,
+            resume: Option<&StreamPosition>,
+            batches: u64,
         ) -> Result<Option<StreamPosition>, DataError> {
-            Ok(None)
+            self.seam()
+                .map_or(Ok(None), |s| s.position_after(layout, resume, batches))
         }
         /// The state of worker `info` for a new epoch.
         fn worker<'a>(&'a self, info: WorkerInfo) -> Self::Worker<'a>;
@@ -354,20 +395,8 @@ where
     fn stream_batching(&self) -> Option<(usize, bool)> {
         Some((self.batch_size, self.drop_last))
     }
-    fn begin_epoch(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-    ) -> Result<Option<u64>, DataError> {
-        self.dataset.begin_epoch(layout, resume)
-    }
-    fn position(
-        &self,
-        layout: &EpochLayout,
-        resume: Option<&StreamPosition>,
-        batches: u64,
-    ) -> Result<Option<StreamPosition>, DataError> {
-        self.dataset.position(layout, resume, batches)
+    fn seam(&self) -> Option<&dyn sealed::EpochSeam> {
+        Some(&self.dataset)
     }
     fn worker<'a>(&'a self, info: WorkerInfo) -> StreamState<'a, D::Item> {
         StreamState {
