@@ -128,13 +128,8 @@ pub trait IterableDataset: Send + Sync {
         resume: Option<&StreamPosition>,
     ) -> Result<Option<u64>, DataError> {
         let _ = layout;
-        match resume {
-            Some(_) => Err(DataError::StreamPosition(format!(
-                "{} has no stream position",
-                std::any::type_name::<Self>()
-            ))),
-            None => Ok(None),
-        }
+        no_position(resume, std::any::type_name::<Self>())?;
+        Ok(None)
     }
 
     /// Where epoch `layout.epoch`, begun with `begin_epoch(layout, resume)`, stands once the
@@ -152,6 +147,17 @@ pub trait IterableDataset: Send + Sync {
     ) -> Result<Option<StreamPosition>, DataError> {
         let _ = (layout, resume, batches);
         Ok(None)
+    }
+}
+
+/// Refuses a position given to `what`, a dataset that keeps none (the loader resumes it by
+/// replay, and gives it none).
+fn no_position(resume: Option<&StreamPosition>, what: &str) -> Result<(), DataError> {
+    match resume {
+        Some(_) => Err(DataError::StreamPosition(format!(
+            "{what} has no stream position"
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -275,11 +281,7 @@ where
         layout: &EpochLayout,
         resume: Option<&StreamPosition>,
     ) -> Result<Option<u64>, DataError> {
-        if resume.is_some() {
-            return Err(DataError::StreamPosition(
-                "a chain of iterable datasets has no stream position".into(),
-            ));
-        }
+        no_position(resume, "a chain of iterable datasets")?;
         self.a.begin_epoch(layout, None)?;
         self.b.begin_epoch(layout, None)?;
         Ok(None)
@@ -344,11 +346,7 @@ impl<D: Dataset> IterableDataset for Sharded<D> {
         layout: &EpochLayout,
         resume: Option<&StreamPosition>,
     ) -> Result<Option<u64>, DataError> {
-        if resume.is_some() {
-            return Err(DataError::StreamPosition(
-                "a sharded map-style dataset has no stream position".into(),
-            ));
-        }
+        no_position(resume, "a sharded map-style dataset")?;
         let (len, n) = (self.dataset.len(), layout.num_workers.max(1));
         let batch = layout.batch_size.max(1);
         let batches = (0..n.min(len))
