@@ -493,7 +493,10 @@ impl<F: Fetch> DataLoader<F> {
                 state.epoch, saved.epoch
             )));
         }
-        if stream.position.is_none() {
+        // Nothing delivered yet (a state taken between epochs, or at an epoch's start): the
+        // epoch starts afresh on this loader's layout, whatever the checkpoint's was.
+        let fresh = state.done_prefix == 0 && state.done_extra.is_empty();
+        if stream.position.is_none() && !fresh {
             // A replay yields the same batches only from the same streams.
             let differs = [
                 ("batch_size", saved.batch_size, layout.batch_size),

@@ -230,3 +230,23 @@ proptest! {
         prop_assert_eq!((after.epoch, after.done_prefix), (epoch + 1, 0));
     }
 }
+
+/// A checkpoint with nothing of its epoch delivered (taken at the epoch's start, or after a
+/// whole epoch: the next one's start) needs no replay, so it loads on any layout, and the
+/// resumed loader runs that epoch whole on its own layout.
+#[test]
+fn a_checkpoint_at_an_epochs_start_loads_on_another_layout() {
+    let ds = std::sync::Arc::new(Numbers::new(23));
+    let first = loader(&ds, 4, 3, false);
+    let whole = batches(first.iter());
+    assert!(!whole.is_empty());
+    let state = first.state_dict().unwrap();
+    assert_eq!((state.epoch, state.done_prefix), (1, 0), "{state:?}");
+    // A replay-only dataset, another worker count: refused mid-epoch, taken here.
+    let other = loader(&ds, 4, 1, false);
+    other.load_state_dict(&state).unwrap();
+    let resumed = batches(other.iter());
+    let uninterrupted = loader(&ds, 4, 1, false);
+    uninterrupted.set_epoch(1);
+    assert_eq!(resumed, batches(uninterrupted.iter()));
+}
