@@ -1,11 +1,12 @@
-//! [`SamplePlan`]: a [`Compose`](longshore_vision::Compose)'s geometry for one image reduced to one
-//! resampling, drawn on the host with exactly the CPU pipeline's random draws, and
-//! [`render_reference`], the device kernel's arithmetic on the CPU.
+//! [`SamplePlan`]: a [`Compose`](longshore_vision::Compose)'s [`Geometry`] for one image
+//! reduced to one resampling, and [`render_reference`], the device kernel's arithmetic on the
+//! CPU.
 //!
-//! The CPU pipeline runs its steps on pixels; the device runs one kernel per output pixel. So
-//! the steps are replayed here on the image's *dimensions* only, in the same order and with the
-//! same calls into the generator ([`RandomResizedCrop::get_params`](longshore_vision::transforms::RandomResizedCrop::get_params), then
-//! [`RandomHorizontalFlip::draw`](longshore_vision::transforms::RandomHorizontalFlip::draw), ...), and what they do to the pixels is summed up as:
+//! The CPU pipeline renders a plan step by step on pixels; the device runs one kernel per
+//! output pixel. Both execute the one [`Geometry`] that longshore-vision draws for the image
+//! (the boxes, sizes and flips, drawn once, in vision, from the sample's generator), so the
+//! same seed gives the same boxes on both paths. Here the plan's steps are composed on the
+//! image's *dimensions*, and what they do to the pixels is summed up as:
 //!
 //! 1. a box of the decoded image (`box_*`) resampled to `resized_w x resized_h` with PIL's
 //!    antialiased bilinear filter (an identity resampling when no step resizes);
@@ -22,6 +23,7 @@ use longshore_data::DataError;
 use longshore_data::rng::Rng;
 
 use longshore_vision::compose::Step;
+use longshore_vision::plan::{Geometry, PlannedStep};
 use longshore_vision::transforms::{CropBox, Interpolation};
 
 /// Where each pixel of one output image comes from; see the [module docs](self).
@@ -204,6 +206,12 @@ impl State {
         if !self.view_has_pixels() {
             return Err(unsupported(format!("padding before {what}")));
         }
+        if rect.w <= 0 || rect.h <= 0 {
+            return Err(DataError::InvalidArgument {
+                name: "crop",
+                reason: format!("the box of {what} has no pixels inside the image"),
+            });
+        }
         self.resample = Some((rect, w, h));
         self.view = Rect { x: 0, y: 0, w, h };
         self.valid = (0, 0, w, h);
@@ -211,12 +219,13 @@ impl State {
     }
 }
 
-/// Replays `steps` on a `width x height` image, drawing from `rng` exactly as
-/// [`Compose`](longshore_vision::Compose) does, and returns where each output pixel comes from.
+/// Draws `steps`' geometry for a `width x height` image ([`Geometry::draw`], the draws of the
+/// CPU pipeline) and reduces it to one resampling per output pixel
+/// ([`SamplePlan::from_geometry`]).
 ///
 /// # Errors
-/// [`DataError::InvalidArgument`] for a pipeline [`check_steps`] refuses or padding before the
-/// resize; [`DataError::ShapeMismatch`] when the result is not `out_h x out_w`.
+/// As [`SamplePlan::from_geometry`]; [`DataError::ShapeMismatch`] when the result is not
+/// `out_h x out_w`.
 pub fn plan(
     steps: &[Step],
     width: usize,
@@ -224,90 +233,93 @@ pub fn plan(
     (out_h, out_w): (usize, usize),
     rng: &mut Rng,
 ) -> Result<SamplePlan, DataError> {
-    let (w, h) = (width as i64, height as i64);
-    let mut s = State {
-        view: Rect { x: 0, y: 0, w, h },
-        valid: (0, 0, w, h),
-        flip: false,
-        resample: None,
-    };
-    for step in steps {
-        match step {
-            Step::RandomResizedCrop(t) => {
-                check_bilinear(t.get_interpolation())?;
-                let b = t.get_params(s.view.w as usize, s.view.h as usize, rng);
-                let rect = s.sub_rect(b);
-                let (oh, ow) = t.size();
-                s.resample("RandomResizedCrop", rect, ow as i64, oh as i64)?;
-            }
-            Step::ResizedCrop {
-                crop,
-                height,
-                width,
-                interpolation,
-            } => {
-                check_bilinear(*interpolation)?;
-                let rect = s.sub_rect(*crop);
-                s.resample("ResizedCrop", rect, *width as i64, *height as i64)?;
-            }
-            Step::Resize(t) => {
-                let (rw, rh) = t.output_size(s.view.w as usize, s.view.h as usize);
-                if (rw as i64, rh as i64) != (s.view.w, s.view.h) {
-                    check_bilinear(t.get_interpolation())?;
-                    let view = s.view;
-                    s.resample("Resize", view, rw as i64, rh as i64)?;
-                }
-            }
-            Step::CenterCrop(t) => {
-                let b = t.get_params(s.view.w as usize, s.view.h as usize);
-                let inside = b.top >= 0
-                    && b.left >= 0
-                    && b.top + b.height as i64 <= s.view.h
-                    && b.left + b.width as i64 <= s.view.w;
-                if inside {
-                    s.view = s.sub_rect(b);
-                } else {
-                    let v = s.view;
-                    let (x0, y0, x1, y1) = s.valid;
-                    s.valid = (
-                        x0.max(v.x),
-                        y0.max(v.y),
-                        x1.min(v.x + v.w),
-                        y1.min(v.y + v.h),
-                    );
-                    s.view = s.padded_rect(b);
-                }
-            }
-            Step::RandomHorizontalFlip(t) => {
-                if t.draw(rng) {
-                    s.flip = !s.flip;
-                }
-            }
-            other => return Err(unsupported(format!("the step {other:?}"))),
-        }
-    }
-    if (s.view.h, s.view.w) != (out_h as i64, out_w as i64) {
+    let geometry = Geometry::draw(steps, width, height, rng)?;
+    if geometry.output_size() != (out_h, out_w) {
+        let (h, w) = geometry.output_size();
         return Err(DataError::ShapeMismatch(format!(
-            "pipeline produced a {}x{} image, its output is {out_w}x{out_h}",
-            s.view.w, s.view.h
+            "pipeline produced a {w}x{h} image, its output is {out_w}x{out_h}"
         )));
     }
-    let (b, rw, rh) = s.resample.unwrap_or((Rect { x: 0, y: 0, w, h }, w, h));
-    Ok(SamplePlan {
-        box_x: b.x,
-        box_y: b.y,
-        box_w: b.w,
-        box_h: b.h,
-        resized_w: rw,
-        resized_h: rh,
-        view_x: s.view.x,
-        view_y: s.view.y,
-        valid_x0: s.valid.0,
-        valid_y0: s.valid.1,
-        valid_x1: s.valid.2,
-        valid_y1: s.valid.3,
-        flip: s.flip,
-    })
+    SamplePlan::from_geometry(&geometry)
+}
+
+impl SamplePlan {
+    /// Where each output pixel of `geometry` comes from: its crops and flips composed around
+    /// its one resampling (the device kernel's input); see the [module docs](self).
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for a second resampling, one that is not bilinear, or
+    /// padding before the resampling.
+    pub fn from_geometry(geometry: &Geometry) -> Result<SamplePlan, DataError> {
+        let (width, height) = geometry.input_size();
+        let (w, h) = (width as i64, height as i64);
+        let mut s = State {
+            view: Rect { x: 0, y: 0, w, h },
+            valid: (0, 0, w, h),
+            flip: false,
+            resample: None,
+        };
+        for step in geometry.steps() {
+            match *step {
+                PlannedStep::ResizedCrop {
+                    crop,
+                    width,
+                    height,
+                    interpolation,
+                } => {
+                    check_bilinear(interpolation)?;
+                    let rect = s.sub_rect(crop);
+                    s.resample("a resized crop", rect, width as i64, height as i64)?;
+                }
+                PlannedStep::Resize {
+                    width,
+                    height,
+                    interpolation,
+                } => {
+                    check_bilinear(interpolation)?;
+                    let view = s.view;
+                    s.resample("Resize", view, width as i64, height as i64)?;
+                }
+                PlannedStep::Crop(b) => {
+                    let inside = b.top >= 0
+                        && b.left >= 0
+                        && b.top + b.height as i64 <= s.view.h
+                        && b.left + b.width as i64 <= s.view.w;
+                    if inside {
+                        s.view = s.sub_rect(b);
+                    } else {
+                        let v = s.view;
+                        let (x0, y0, x1, y1) = s.valid;
+                        s.valid = (
+                            x0.max(v.x),
+                            y0.max(v.y),
+                            x1.min(v.x + v.w),
+                            y1.min(v.y + v.h),
+                        );
+                        s.view = s.padded_rect(b);
+                    }
+                }
+                PlannedStep::Flip => s.flip = !s.flip,
+                other => return Err(unsupported(format!("the step {other:?}"))),
+            }
+        }
+        let (b, rw, rh) = s.resample.unwrap_or((Rect { x: 0, y: 0, w, h }, w, h));
+        Ok(SamplePlan {
+            box_x: b.x,
+            box_y: b.y,
+            box_w: b.w,
+            box_h: b.h,
+            resized_w: rw,
+            resized_h: rh,
+            view_x: s.view.x,
+            view_y: s.view.y,
+            valid_x0: s.valid.0,
+            valid_y0: s.valid.1,
+            valid_x1: s.valid.2,
+            valid_y1: s.valid.3,
+            flip: s.flip,
+        })
+    }
 }
 
 fn check_bilinear(i: Interpolation) -> Result<(), DataError> {

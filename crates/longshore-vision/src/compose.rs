@@ -19,6 +19,7 @@ use longshore_data::{DType, DataError, FieldSpec, ImageLayout, Shape, Tensor};
 
 use crate::decode::{DecodeOptions, decode_rgb_into};
 use crate::image::RgbImage;
+use crate::plan::{Geometry, PlannedStep};
 use crate::resize::{Rect, SubBox, resize_box};
 use crate::transforms::{
     CenterCrop, CropBox, Interpolation, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
@@ -316,12 +317,65 @@ impl Compose {
         })
     }
 
+    /// Draws this pipeline's [`Geometry`] for a `width x height` image: every random
+    /// parameter, from `rng`, as [`Compose::apply_into`] draws them (it renders this plan).
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for an image with a zero side.
+    pub fn geometry(
+        &self,
+        width: usize,
+        height: usize,
+        rng: &mut Rng,
+    ) -> Result<Geometry, DataError> {
+        Geometry::draw(&self.steps, width, height, rng)
+    }
+
+    /// Renders `geometry` (drawn with [`Compose::geometry`] for `image`'s size) on `image`,
+    /// writing [`Compose::output_bytes`] bytes into `out`: [`Compose::apply_into`] without the
+    /// draws.
+    ///
+    /// # Errors
+    /// [`DataError::ShapeMismatch`] for a plan of another image size,
+    /// [`DataError::BufferTooSmall`] when `out` has the wrong length.
+    pub fn render_into(
+        &self,
+        geometry: &Geometry,
+        image: &RgbImage,
+        out: &mut [u8],
+    ) -> Result<(), DataError> {
+        with_scratch(|s| {
+            self.write(
+                geometry,
+                image.as_bytes(),
+                image.width(),
+                image.height(),
+                s,
+                out,
+            )
+        })
+    }
+
     fn run(
         &self,
         src: &[u8],
         width: usize,
         height: usize,
         rng: &mut Rng,
+        s: &mut Scratch,
+        out: &mut [u8],
+    ) -> Result<(), DataError> {
+        let geometry = self.geometry(width, height, rng)?;
+        self.write(&geometry, src, width, height, s, out)
+    }
+
+    /// Renders `geometry` on `src` and writes the output.
+    fn write(
+        &self,
+        geometry: &Geometry,
+        src: &[u8],
+        width: usize,
+        height: usize,
         s: &mut Scratch,
         out: &mut [u8],
     ) -> Result<(), DataError> {
@@ -332,7 +386,7 @@ impl Compose {
                 got: out.len(),
             });
         }
-        let cur = run_steps(&self.steps, src, width, height, rng, s)?;
+        let cur = render(geometry, src, width, height, s)?;
         let (h, w) = self.size;
         if (cur.view.h, cur.view.w) != (h, w) {
             return Err(DataError::ShapeMismatch(format!(
@@ -380,6 +434,7 @@ pub fn apply_steps(steps: &[Step], image: &RgbImage, rng: &mut Rng) -> Result<Rg
     })
 }
 
+/// Draws `steps`' [`Geometry`] for a `width x height` image and renders it on `src`.
 fn run_steps<'a>(
     steps: &[Step],
     src: &'a [u8],
@@ -388,6 +443,27 @@ fn run_steps<'a>(
     rng: &mut Rng,
     s: &mut Scratch,
 ) -> Result<Current<'a>, DataError> {
+    let geometry = Geometry::draw(steps, width, height, rng)?;
+    render(&geometry, src, width, height, s)
+}
+
+/// Executes `geometry` on the pixels `src` (`width x height`, RGB HWC): the CPU renderer of
+/// a plan. A crop only narrows a view of the current pixels, a resize reads only its box, a
+/// flip waits for the next geometric step or the output writer.
+fn render<'a>(
+    geometry: &Geometry,
+    src: &'a [u8],
+    width: usize,
+    height: usize,
+    s: &mut Scratch,
+) -> Result<Current<'a>, DataError> {
+    if geometry.input_size() != (width, height) {
+        return Err(DataError::ShapeMismatch(format!(
+            "a plan drawn for a {}x{} image, rendered on a {width}x{height} one",
+            geometry.input_size().0,
+            geometry.input_size().1
+        )));
+    }
     let mut cur = Current {
         pixels: Cow::Borrowed(src),
         width,
@@ -400,50 +476,45 @@ fn run_steps<'a>(
         },
         flip: false,
     };
-    let mut steps = steps.iter().peekable();
+    let mut steps = geometry.steps().iter().peekable();
     while let Some(step) = steps.next() {
-        match step {
-            Step::RandomResizedCrop(t) => {
-                cur.apply_flip();
-                let b = t.get_params(cur.view.w, cur.view.h, rng);
-                let rect = cur.sub_rect(b);
-                let (h, w) = t.size();
-                cur.resize(s, rect, SubBox::whole(rect), w, h, t.get_interpolation())?;
-            }
-            Step::ResizedCrop {
+        match *step {
+            PlannedStep::ResizedCrop {
                 crop,
-                height,
                 width,
+                height,
                 interpolation,
             } => {
                 cur.apply_flip();
-                let rect = cur.sub_rect(*crop);
-                cur.resize(
-                    s,
-                    rect,
-                    SubBox::whole(rect),
-                    *width,
-                    *height,
-                    *interpolation,
-                )?;
-            }
-            Step::Resize(t) => {
-                cur.apply_flip();
-                let (w, h) = t.output_size(cur.view.w, cur.view.h);
-                if (w, h) == (cur.view.w, cur.view.h) {
-                    continue;
+                let rect = cur.sub_rect(crop);
+                if rect.w == 0 || rect.h == 0 {
+                    return Err(DataError::InvalidArgument {
+                        name: "crop",
+                        reason: format!(
+                            "the box {crop:?} of a resized crop has no pixels inside the \
+                             {}x{} image",
+                            cur.view.w, cur.view.h
+                        ),
+                    });
                 }
-                // Resize then CenterCrop inside the result (the val pipeline): only the
-                // cropped part is computed, from the source box that maps onto it. Only when
+                cur.resize(s, rect, SubBox::whole(rect), width, height, interpolation)?;
+            }
+            PlannedStep::Resize {
+                width: w,
+                height: h,
+                interpolation,
+            } => {
+                cur.apply_flip();
+                // Resize then a crop inside the result (the val pipeline): only the cropped
+                // part is computed, from the source box that maps onto it. Only when
                 // shrinking (the ImageNet case), and not for nearest neighbour: upscaling a
                 // fractional box and nearest neighbour's pick of a source pixel are not
                 // shift-invariant in fast_image_resize (a proptest found 2 levels off when
                 // upscaling 50x75 to 60x90).
-                let fusable = t.get_interpolation() != Interpolation::Nearest
-                    && w <= cur.view.w
-                    && h <= cur.view.h;
-                if let (true, Some(Step::CenterCrop(c))) = (fusable, steps.peek()) {
-                    let b = c.get_params(w, h);
+                let fusable =
+                    interpolation != Interpolation::Nearest && w <= cur.view.w && h <= cur.view.h;
+                if let (true, Some(PlannedStep::Crop(b))) = (fusable, steps.peek()) {
+                    let b = *b;
                     if b.top >= 0
                         && b.left >= 0
                         && b.top as usize + b.height <= h
@@ -461,29 +532,18 @@ fn run_steps<'a>(
                             height: (b.height as f64 * sy).min(cur.view.h as f64 - top),
                         };
                         let rect = cur.view;
-                        cur.resize(s, rect, sub, b.width, b.height, t.get_interpolation())?;
+                        cur.resize(s, rect, sub, b.width, b.height, interpolation)?;
                         continue;
                     }
                 }
-                cur.resize(
-                    s,
-                    cur.view,
-                    SubBox::whole(cur.view),
-                    w,
-                    h,
-                    t.get_interpolation(),
-                )?;
+                let rect = cur.view;
+                cur.resize(s, rect, SubBox::whole(rect), w, h, interpolation)?;
             }
-            Step::CenterCrop(t) => {
+            PlannedStep::Crop(b) => {
                 cur.apply_flip();
-                let b = t.get_params(cur.view.w, cur.view.h);
                 cur.crop(s, b);
             }
-            Step::RandomHorizontalFlip(t) => {
-                if t.draw(rng) {
-                    cur.flip = !cur.flip;
-                }
-            }
+            PlannedStep::Flip => cur.flip = !cur.flip,
         }
     }
     Ok(cur)

@@ -1,0 +1,166 @@
+//! [`Geometry`]: one image's path through a [`Compose`](crate::Compose) with every random
+//! parameter drawn: the boxes, sizes and flips, and nothing of the pixels.
+//!
+//! A pipeline is run in two halves. [`Geometry::draw`] replays the steps on the image's
+//! dimensions, drawing from the generator exactly as torchvision's transforms draw
+//! (`RandomResizedCrop.get_params`, then the flip's coin, ...), and resolves what depends on
+//! the image's size (a `Resize`'s output, a `CenterCrop`'s box). Then a renderer executes the
+//! plan on pixels: the CPU pipeline ([`Compose::decode_into`](crate::Compose::decode_into))
+//! and the nvJPEG device stage (longshore-nvjpeg reduces a plan to one resampling per output
+//! pixel) both execute the same [`Geometry`], so one seed gives the same boxes and flips on
+//! both paths and a draw is written once.
+//!
+//! ```
+//! use longshore_vision::Compose;
+//! use longshore_vision::plan::{Geometry, PlannedStep};
+//!
+//! let val = Compose::imagenet_val();
+//! let mut rng = longshore_data::rng::epoch_rng(0, 0);
+//! let g = Geometry::draw(val.steps(), 500, 375, &mut rng)?;
+//! // Resize(256) of a 500x375 image is 341x256, then the centre 224x224 of it.
+//! assert_eq!(g.steps()[0], PlannedStep::Resize { width: 341, height: 256, interpolation: Default::default() });
+//! assert!(matches!(g.steps()[1], PlannedStep::Crop(b) if (b.left, b.top) == (58, 16)));
+//! assert_eq!(g.output_size(), (224, 224));
+//! # Ok::<(), longshore_data::DataError>(())
+//! ```
+
+use longshore_data::DataError;
+use longshore_data::rng::Rng;
+
+use crate::compose::Step;
+use crate::transforms::{CropBox, Interpolation};
+
+/// One step of a [`Geometry`], resolved for its image: boxes are relative to the image as
+/// the previous steps left it (mirrored, if a flip came before), in torchvision's
+/// coordinates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PlannedStep {
+    /// The box `crop` (clamped to the image) resampled to `width x height`: a
+    /// `RandomResizedCrop`'s drawn box or a fixed `ResizedCrop`.
+    ResizedCrop {
+        /// The box.
+        crop: CropBox,
+        /// Output width.
+        width: usize,
+        /// Output height.
+        height: usize,
+        /// The filter.
+        interpolation: Interpolation,
+    },
+    /// The whole image resampled to `width x height` (a `Resize` that changes the size).
+    Resize {
+        /// Output width.
+        width: usize,
+        /// Output height.
+        height: usize,
+        /// The filter.
+        interpolation: Interpolation,
+    },
+    /// The box `crop` of the image; where it extends past the image, zeros (a `CenterCrop`
+    /// larger than its input pads).
+    Crop(CropBox),
+    /// The image mirrored left to right (a `RandomHorizontalFlip` whose coin came up).
+    Flip,
+}
+
+/// One image's geometry through a pipeline; see the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Geometry {
+    input: (usize, usize),
+    steps: Vec<PlannedStep>,
+    output: (usize, usize),
+}
+
+impl Geometry {
+    /// Replays `steps` on a `width x height` image, drawing from `rng` as the transforms do
+    /// (the only place a pipeline draws), and resolves each step for the image's size.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for an image with a zero side.
+    pub fn draw(
+        steps: &[Step],
+        width: usize,
+        height: usize,
+        rng: &mut Rng,
+    ) -> Result<Geometry, DataError> {
+        if width == 0 || height == 0 {
+            return Err(DataError::InvalidArgument {
+                name: "image",
+                reason: format!("a {width}x{height} image has no pixels"),
+            });
+        }
+        let (mut w, mut h) = (width, height);
+        let mut planned = Vec::with_capacity(steps.len());
+        for step in steps {
+            match step {
+                Step::RandomResizedCrop(t) => {
+                    let crop = t.get_params(w, h, rng);
+                    let (oh, ow) = t.size();
+                    planned.push(PlannedStep::ResizedCrop {
+                        crop,
+                        width: ow,
+                        height: oh,
+                        interpolation: t.get_interpolation(),
+                    });
+                    (w, h) = (ow, oh);
+                }
+                Step::ResizedCrop {
+                    crop,
+                    height: oh,
+                    width: ow,
+                    interpolation,
+                } => {
+                    planned.push(PlannedStep::ResizedCrop {
+                        crop: *crop,
+                        width: *ow,
+                        height: *oh,
+                        interpolation: *interpolation,
+                    });
+                    (w, h) = (*ow, *oh);
+                }
+                Step::Resize(t) => {
+                    let (rw, rh) = t.output_size(w, h);
+                    if (rw, rh) != (w, h) {
+                        planned.push(PlannedStep::Resize {
+                            width: rw,
+                            height: rh,
+                            interpolation: t.get_interpolation(),
+                        });
+                        (w, h) = (rw, rh);
+                    }
+                }
+                Step::CenterCrop(t) => {
+                    let b = t.get_params(w, h);
+                    planned.push(PlannedStep::Crop(b));
+                    (w, h) = (b.width, b.height);
+                }
+                Step::RandomHorizontalFlip(t) => {
+                    if t.draw(rng) {
+                        planned.push(PlannedStep::Flip);
+                    }
+                }
+            }
+        }
+        Ok(Geometry {
+            input: (width, height),
+            steps: planned,
+            output: (h, w),
+        })
+    }
+
+    /// The resolved steps, in order.
+    pub fn steps(&self) -> &[PlannedStep] {
+        &self.steps
+    }
+
+    /// The image it was drawn for: `(width, height)`.
+    pub fn input_size(&self) -> (usize, usize) {
+        self.input
+    }
+
+    /// The size the steps produce: `(height, width)`, as [`Compose::output_size`](crate::Compose::output_size).
+    pub fn output_size(&self) -> (usize, usize) {
+        self.output
+    }
+}
