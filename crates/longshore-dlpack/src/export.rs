@@ -2,8 +2,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use longshore_data::{AlignedBuf, Batch, BatchLayout, Storage};
-use longshore_host::{HostBuffer, MemoryKind, PoolBuffer};
+use longshore_data::{Batch, BatchLayout, Storage};
+use longshore_host::HostMemory;
 use longshore_transfer::{DeviceBuffer, DeviceId, Event};
 
 use crate::error::DlpackError;
@@ -49,48 +49,20 @@ impl ExportOptions {
     }
 }
 
-/// A host batch storage whose memory kind is known (page-locked or pageable).
-pub trait HostStorage: Storage {
-    /// The kind of memory.
-    fn memory_kind(&self) -> MemoryKind;
-}
-
-impl HostStorage for PoolBuffer {
-    fn memory_kind(&self) -> MemoryKind {
-        self.kind()
-    }
-}
-
-impl HostStorage for HostBuffer {
-    fn memory_kind(&self) -> MemoryKind {
-        self.kind()
-    }
-}
-
-impl HostStorage for AlignedBuf {
-    fn memory_kind(&self) -> MemoryKind {
-        MemoryKind::Pageable
-    }
-}
-
-impl HostStorage for Vec<u8> {
-    fn memory_kind(&self) -> MemoryKind {
-        MemoryKind::Pageable
-    }
-}
-
 /// Exports every tensor of a host batch, zero-copy, in batch order.
 ///
-/// Page-locked memory is labelled `kDLCUDAHost` (or `kDLCPU`, see [`PinnedLabel`]), pageable
+/// The storage is any [`HostMemory`] (the host-bytes trait copies read: a pool lease, a
+/// [`HostBuffer`](longshore_host::HostBuffer)), whose [`kind`](HostMemory::kind) gives the label:
+/// page-locked memory is labelled `kDLCUDAHost` (or `kDLCPU`, see [`PinnedLabel`]), pageable
 /// memory `kDLCPU`. The batch's storage (a pool lease, for a loader's batch) is kept until the
 /// last tensor's deleter has run; a lease then goes back to its pool, which still waits for the
 /// lease's copy fences before reusing the block, and the pool's budget counts it until then.
-pub fn export_host<S: HostStorage>(
+pub fn export_host<S: HostMemory + Storage>(
     batch: Batch<S>,
     options: &ExportOptions,
 ) -> Result<Vec<DlpackTensor>, DlpackError> {
     let (layout, storage) = batch.into_parts();
-    let pinned = storage.memory_kind().is_dma_capable();
+    let pinned = storage.kind().is_dma_capable();
     let dl_device = DLDevice {
         device_type: if pinned && options.pinned == PinnedLabel::CudaHost {
             DLDeviceType::CUDA_HOST
@@ -107,7 +79,7 @@ pub fn export_host<S: HostStorage>(
             .expect("a fresh Arc is unique")
             .get_mut()
             .unwrap_or_else(|p| p.into_inner());
-        let bytes: &mut [u8] = s;
+        let bytes = s.as_bytes_mut();
         (bytes.as_mut_ptr(), bytes.len())
     };
     let owner: Owner = Shared::owner(shared);

@@ -3,14 +3,15 @@
 //! (`DLManagedTensorVersioned`) whose deleter keeps the batch's memory alive.
 //!
 //! ```
-//! use longshore_data::{AlignedBuf, Collate, StackCollate};
+//! use longshore_data::{Collate, StackCollate};
 //! use longshore_dlpack::{ExportOptions, export_host, ffi::DLDeviceType};
+//! use longshore_host::HostBuffer;
 //!
 //! // A batch of 4 samples of ([f32; 3] features, i64 label), in pageable memory.
 //! let samples: Vec<([f32; 3], i64)> = (0..4).map(|i| ([i as f32; 3], i)).collect();
 //! let collate = StackCollate::new();
 //! let layout = collate.layout(&samples)?;
-//! let storage = AlignedBuf::zeroed(layout.total_bytes());
+//! let storage = HostBuffer::pageable(layout.total_bytes())?;
 //! let batch = collate.collate_into(&samples, layout, storage)?;
 //!
 //! let tensors = export_host(batch, &ExportOptions::default())?;
@@ -61,7 +62,7 @@ mod tensor;
 
 pub use error::DlpackError;
 pub use export::{
-    ExportOptions, HostStorage, PinnedLabel, export_batch, export_device, export_host,
+    ExportOptions, PinnedLabel, export_batch, export_device, export_host,
 };
 pub use tensor::{DlpackTensor, dl_dtype, hand_all_to};
 
