@@ -1,6 +1,7 @@
 //! The worker side of device decoding: [`EncodedImages`] (an image folder whose samples are
-//! file bytes) and [`EncodedCollate`], which writes a batch of them into one (page-locked)
-//! buffer: the files' bytes, one metadata row per sample, and the labels.
+//! file bytes with their crop plans, [`PlannedSample`]s, as image shards' are) and
+//! [`EncodedCollate`], which writes a batch of them into one (page-locked) buffer: the files'
+//! bytes, one metadata row per sample, and the labels.
 //!
 //! Workers only read files, parse headers and draw the crop boxes; JPEGs are decoded on the
 //! device. Files that are not JPEG (PNG) are decoded by the worker on the CPU and travel as RGB
@@ -11,9 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use longshore_data::seed::mix;
-use longshore_data::{
-    Batch, BatchLayout, Collate, DType, DataError, Dataset, DatasetCollate, Storage,
-};
+use longshore_data::{Batch, BatchLayout, Collate, DType, DataError, Dataset, Storage};
 
 use super::header::{JpegHeader, JpegRoute};
 use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
@@ -147,8 +146,11 @@ pub fn entries<S: Storage>(batch: &Batch<S>) -> Result<(Vec<EncodedEntry>, &[u8]
 /// An image folder whose samples are the files' bytes, with the pipeline whose geometry the
 /// workers draw: the dataset of device decoding ([`EncodedCollate`] writes its batches).
 ///
+/// Its items are [`PlannedSample`]s: `get` reads the file, checks its header and draws its
+/// crop, in the worker.
+///
 /// ```
-/// use longshore_data::{AlignedBuf, DatasetCollate};
+/// use longshore_data::{AlignedBuf, Collate, Dataset};
 /// use longshore_nvjpeg::{EncodedCollate, EncodedImages, entries};
 /// use longshore_vision::{Compose, ImageFolder};
 ///
@@ -156,8 +158,10 @@ pub fn entries<S: Storage>(batch: &Batch<S>) -> Result<(Vec<EncodedEntry>, &[u8]
 /// # let dir = tempfile::tempdir()?;
 /// # longshore_vision::synth::write_folder(dir.path(), &longshore_vision::synth::FolderSpec::tiny())?;
 /// let files = EncodedImages::new(ImageFolder::new(dir.path())?, Compose::imagenet_train())?;
-/// let staged = EncodedCollate.stage(&files, &[0, 1])?;
-/// let batch = EncodedCollate.write(&files, staged, AlignedBuf::zeroed(1 << 20))?;
+/// let samples = [files.get(0)?, files.get(1)?]; // what a loader worker does
+/// let layout = EncodedCollate.layout(&samples)?;
+/// let buffer = AlignedBuf::zeroed(layout.total_bytes());
+/// let batch = EncodedCollate.collate_into(&samples, layout, buffer)?;
 /// let (rows, bytes) = entries(&batch)?;
 /// assert_eq!(rows.len(), 2);
 /// assert_eq!(&bytes[rows[0].offset..rows[0].offset + 2], &[0xFF, 0xD8]); // a JPEG's SOI
@@ -254,10 +258,9 @@ impl EncodedSample {
     }
 }
 
-/// A sample of an iterable source of encoded images (image shards): the image, its dataset
-/// index (what errors and [`NvjpegInfo::indices`](crate::NvjpegInfo::indices) report) and its
-/// crop plan, drawn by the worker. [`EncodedCollate`] batches these as it batches an
-/// [`EncodedImages`]' samples.
+/// A sample of a source of encoded images (an [`EncodedImages`] folder, image shards): the
+/// image, its dataset index (what errors and [`NvjpegInfo::indices`](crate::NvjpegInfo::indices)
+/// report) and its crop plan, drawn by the worker. [`EncodedCollate`] batches these.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedSample {
     /// The sample's index in its dataset.
@@ -375,7 +378,7 @@ impl EncodedImages {
         self
     }
 
-    /// Sets the epoch of [`RandomSource::PerSample`] streams for samples staged outside a
+    /// Sets the epoch of [`RandomSource::PerSample`] streams for samples read outside a
     /// loader (shared by clones); inside a loader the loader's epoch applies, as for
     /// [`longshore_vision::ImageDataset::set_epoch`].
     pub fn set_epoch(&self, epoch: u64) {
@@ -424,12 +427,25 @@ impl EncodedImages {
         )
     }
 
-    fn plan(&self, index: usize, width: usize, height: usize) -> Result<SamplePlan, DataError> {
+    /// Reads sample `index` ([`read`](EncodedImages::read)) and draws its crop from the
+    /// dataset's [`RandomSource`], as the CPU pipeline draws its boxes for the same index:
+    /// what each item of this dataset is.
+    ///
+    /// # Errors
+    /// As [`read`](EncodedImages::read).
+    pub fn planned(&self, index: usize) -> Result<PlannedSample, DataError> {
+        let sample = self.read(index)?;
         let size = self.transform.output_size();
         let steps = self.transform.steps();
         let epoch = self.epoch.load(Ordering::Relaxed);
-        self.random
-            .draw(epoch, index, |rng| plan(steps, width, height, size, rng))
+        let plan = self.random.draw(epoch, index, |rng| {
+            plan(steps, sample.width, sample.height, size, rng)
+        })?;
+        Ok(PlannedSample {
+            index,
+            sample,
+            plan,
+        })
     }
 }
 
@@ -455,30 +471,24 @@ pub(crate) fn check_limit(
 }
 
 impl Dataset for EncodedImages {
-    type Item = EncodedSample;
+    type Item = PlannedSample;
 
     fn len(&self) -> usize {
         self.folder.len()
     }
 
-    fn get(&self, index: usize) -> Result<EncodedSample, DataError> {
-        self.read(index)
+    fn get(&self, index: usize) -> Result<PlannedSample, DataError> {
+        self.planned(index)
     }
 }
 
-/// Writes batches of [`EncodedImages`]: tensors `bytes` (u8, the files back to back, each at
-/// a multiple of 16), `meta` (i64 `[B, META_FIELDS]`: index, label, payload, offset, length,
-/// width, height, then the [`SamplePlan`]) and `label` (i64 `[B]`), in one buffer. The crop
-/// boxes are drawn while staging, in sample order, as the CPU pipeline draws them.
+/// Writes batches of [`PlannedSample`]s (the items of [`EncodedImages`] and of image shards):
+/// tensors `bytes` (u8, the files back to back, each at a multiple of 16), `meta` (i64
+/// `[B, META_FIELDS]`: index, label, payload, offset, length, width, height, hardware, then the
+/// [`SamplePlan`]) and `label` (i64 `[B]`), in one buffer. The crop boxes were drawn by the
+/// workers with each sample, as the CPU pipeline draws them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EncodedCollate;
-
-/// A staged batch of [`EncodedCollate`]: the samples read and planned, and the layout.
-#[derive(Debug)]
-pub struct StagedEncoded {
-    layout: BatchLayout,
-    samples: Vec<(EncodedEntry, Vec<u8>)>,
-}
 
 const SLOT_ALIGN: usize = 16;
 
@@ -520,20 +530,8 @@ fn batch_layout(b: usize, total: usize) -> Result<BatchLayout, DataError> {
     Ok(layout)
 }
 
-/// The staged batch of read samples: entries, bytes and layout.
-fn lay_out(samples: Vec<(usize, EncodedSample, SamplePlan)>) -> Result<StagedEncoded, DataError> {
-    let (entries, total) = place(samples.iter().map(|(i, s, p)| (*i, s, *p)))?;
-    let layout = batch_layout(entries.len(), total)?;
-    let samples = entries
-        .into_iter()
-        .zip(samples)
-        .map(|(e, (_, s, _))| (e, s.bytes))
-        .collect();
-    Ok(StagedEncoded { layout, samples })
-}
-
-/// Writes staged samples into `storage`.
-fn write_staged<'a, S: Storage>(
+/// Writes placed samples into `storage`.
+fn write_placed<'a, S: Storage>(
     layout: BatchLayout,
     samples: impl Iterator<Item = (&'a EncodedEntry, &'a [u8])> + Clone,
     storage: S,
@@ -558,46 +556,6 @@ fn write_staged<'a, S: Storage>(
     Ok(batch)
 }
 
-impl DatasetCollate<EncodedImages> for EncodedCollate {
-    type Staged = StagedEncoded;
-
-    fn stage(
-        &self,
-        dataset: &EncodedImages,
-        indices: &[usize],
-    ) -> Result<StagedEncoded, DataError> {
-        if indices.is_empty() {
-            return Err(DataError::Empty { what: "batch" });
-        }
-        let mut samples = Vec::with_capacity(indices.len());
-        for &index in indices {
-            let s = dataset.read(index)?;
-            let plan = dataset.plan(index, s.width, s.height)?;
-            samples.push((index, s, plan));
-        }
-        lay_out(samples)
-    }
-
-    fn staged_layout<'a>(&self, staged: &'a StagedEncoded) -> &'a BatchLayout {
-        &staged.layout
-    }
-
-    fn write<S: Storage>(
-        &self,
-        _dataset: &EncodedImages,
-        staged: StagedEncoded,
-        storage: S,
-    ) -> Result<Batch<S>, DataError> {
-        let StagedEncoded { layout, samples } = staged;
-        write_staged(
-            layout,
-            samples.iter().map(|(e, d)| (e, d.as_slice())),
-            storage,
-        )
-    }
-}
-
-/// Iterable sources (image shards): the same batches of [`PlannedSample`]s.
 impl Collate<PlannedSample> for EncodedCollate {
     fn layout(&self, samples: &[PlannedSample]) -> Result<BatchLayout, DataError> {
         let (entries, total) = place(samples.iter().map(|p| (p.index, &p.sample, p.plan)))?;
@@ -611,7 +569,7 @@ impl Collate<PlannedSample> for EncodedCollate {
         storage: S,
     ) -> Result<Batch<S>, DataError> {
         let (entries, _) = place(samples.iter().map(|p| (p.index, &p.sample, p.plan)))?;
-        write_staged(
+        write_placed(
             layout,
             entries
                 .iter()

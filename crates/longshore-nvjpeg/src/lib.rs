@@ -17,7 +17,7 @@
 //!     .num_workers(8)
 //!     .pin_memory(true)
 //!     .shuffle(true)
-//!     .dataset_collate(EncodedCollate)
+//!     .collate(EncodedCollate)
 //!     .build()?;
 //! let compute = device.new_stream()?;
 //! let on_gpu = loader.with_stage(decoder).depth(2); // the decoder is kept across epochs
@@ -28,6 +28,12 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Image shards in object storage (feature `shards`) attach the same way:
+//! `EncodedShards::new(image_shards)?`, its `decoder(&device)`, then
+//! `DataLoader::iterable(encoded).collate(EncodedCollate)` and `.with_stage(decoder)`. Both
+//! datasets' items are [`PlannedSample`]s (an image read, its header checked and its crop
+//! drawn by the worker), which [`EncodedCollate`] batches.
 //!
 //! # The stages
 //!
@@ -99,6 +105,8 @@ mod decoder;
 mod ffi;
 #[allow(unsafe_code)]
 mod kernel;
+#[cfg(feature = "shards")]
+mod shards;
 mod stage;
 
 pub use batch::{Backend, DecodedBy, NvjpegInfo, NvjpegStats};
@@ -107,11 +115,13 @@ pub use decoder::{CeilingRun, CeilingStage};
 pub use decoder::{NvjpegDecoder, SampleNames};
 pub use encoded::{
     BYTES, EncodedCollate, EncodedEntry, EncodedImages, EncodedSample, LABEL, META, META_FIELDS,
-    Payload, PlannedSample, StagedEncoded, entries,
+    Payload, PlannedSample, entries,
 };
 pub use ffi::NVJPEG;
 pub use header::{JpegHeader, JpegRoute};
 pub use plan::{PLAN_FIELDS, SamplePlan, check_steps, render_reference};
+#[cfg(feature = "shards")]
+pub use shards::EncodedShards;
 
 /// The name of the images tensor of the device batches (`[B, 3, H, W]` or `[B, H, W, 3]`).
 pub const IMAGE: &str = "image";

@@ -8,8 +8,7 @@ mod nvjpeg_support;
 
 use std::path::Path;
 
-use longshore_data::{DataError, Dataset, DatasetCollate, Tensor};
-use longshore_host::{HostBuffer, MemoryKind};
+use longshore_data::{DataError, Dataset, Tensor};
 use longshore_loader::{DataLoader, DeviceBatch, LoaderError, SampleErrorPolicy};
 use longshore_nvjpeg::{
     Backend, DecodedBy, EncodedCollate, EncodedImages, NvjpegDecoder, NvjpegStats, Payload,
@@ -18,7 +17,7 @@ use longshore_transfer::{Device, Stream};
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
 use longshore_vision::transforms::{CenterCrop, Normalize};
 use longshore_vision::{Compose, ImageFolder, Output, RandomSource};
-use nvjpeg_support::{Decoded, gpu, write_mixed};
+use nvjpeg_support::{Decoded, gpu, host_batch, write_mixed};
 
 const SEED: u64 = 42;
 
@@ -34,10 +33,7 @@ fn decode_once(
     data: &EncodedImages,
     indices: &[usize],
 ) -> DeviceBatch {
-    let staged = EncodedCollate.stage(data, indices).unwrap();
-    let n = EncodedCollate.staged_layout(&staged).total_bytes();
-    let host = HostBuffer::alloc(MemoryKind::PageLocked, n).unwrap();
-    let batch = EncodedCollate.write(data, staged, host).unwrap();
+    let batch = host_batch(data, indices);
     decoder
         .decode(0, batch)
         .unwrap()
@@ -183,7 +179,7 @@ fn check_pipeline_share(
             .batch_size(5)
             .num_workers(2)
             .pin_memory(true)
-            .dataset_collate(EncodedCollate)
+            .collate(EncodedCollate)
             .build()
             .unwrap();
         let stream: Stream = decoder.stream().clone();
@@ -318,7 +314,7 @@ fn a_png_is_decoded_by_the_worker_and_broken_jpegs_follow_on_sample_error() {
         .batch_size(64)
         .pin_memory(true)
         .on_sample_error(SampleErrorPolicy::Skip)
-        .dataset_collate(EncodedCollate)
+        .collate(EncodedCollate)
         .build()
         .unwrap();
     let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
@@ -389,7 +385,7 @@ fn every_pinned_lease_goes_back_to_the_pool() {
         .batch_size(4)
         .num_workers(2)
         .pin_memory(true)
-        .dataset_collate(EncodedCollate)
+        .collate(EncodedCollate)
         .build()
         .unwrap();
     let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
@@ -421,7 +417,7 @@ fn lanes_yield_what_one_thread_yields() {
         .batch_size(3)
         .num_workers(2)
         .pin_memory(true)
-        .dataset_collate(EncodedCollate)
+        .collate(EncodedCollate)
         .build()
         .unwrap();
     let mut runs = Vec::new();
@@ -469,7 +465,7 @@ fn lanes_are_kept_across_epochs() {
         .batch_size(4)
         .num_workers(2)
         .pin_memory(true)
-        .dataset_collate(EncodedCollate)
+        .collate(EncodedCollate)
         .build()
         .unwrap();
     let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
@@ -515,7 +511,7 @@ fn resume_after_k_batches_yields_the_rest_with_the_same_crops() {
             .shuffle(true)
             .seed(11)
             .pin_memory(true)
-            .dataset_collate(EncodedCollate)
+            .collate(EncodedCollate)
             .build()
             .unwrap()
     };

@@ -32,7 +32,7 @@ fn batches_hold_the_files_the_pixels_of_pngs_and_the_cpu_pipelines_boxes() {
     let loader = DataLoader::builder(data.clone())
         .batch_size(5)
         .num_workers(2)
-        .dataset_collate(EncodedCollate)
+        .collate(EncodedCollate)
         .build()
         .unwrap();
     loader.set_epoch(2);
@@ -86,7 +86,7 @@ fn batches_started_early_draw_their_own_epochs_boxes() {
         .persistent_workers(true)
         .prefetch_next_epoch(true)
         .shuffle(true)
-        .dataset_collate(EncodedCollate)
+        .collate(EncodedCollate)
         .build()
         .unwrap();
     for epoch in 0..4u64 {
@@ -270,7 +270,7 @@ fn a_file_whose_header_does_not_parse_is_a_sample_error_or_skipped() {
     let build = |policy| {
         DataLoader::builder(data.clone())
             .batch_size(32)
-            .dataset_collate(EncodedCollate)
+            .collate(EncodedCollate)
             .on_sample_error(policy)
             .build()
             .unwrap()

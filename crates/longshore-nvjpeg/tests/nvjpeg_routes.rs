@@ -9,8 +9,8 @@ mod nvjpeg_support;
 use std::path::Path;
 
 use jpeg_encoder::{ColorType, Encoder};
-use longshore_data::{Batch, DatasetCollate};
-use longshore_host::{HostBuffer, MemoryKind};
+use longshore_data::Batch;
+use longshore_host::HostBuffer;
 use longshore_loader::{DataLoader, DeviceBatch};
 #[cfg(feature = "ceiling")]
 use longshore_nvjpeg::CeilingStage;
@@ -46,10 +46,7 @@ fn folder(root: &Path) -> (EncodedImages, Vec<u8>) {
 
 fn host_batch(data: &EncodedImages) -> Batch<HostBuffer> {
     let indices: Vec<usize> = (0..data.folder().samples().len()).collect();
-    let staged = EncodedCollate.stage(data, &indices).unwrap();
-    let n = EncodedCollate.staged_layout(&staged).total_bytes();
-    let host = HostBuffer::alloc(MemoryKind::PageLocked, n).unwrap();
-    EncodedCollate.write(data, staged, host).unwrap()
+    nvjpeg_support::host_batch(data, &indices)
 }
 
 /// The host batch with the progressive file's pixels replaced by the file itself, marked as a
@@ -206,7 +203,7 @@ fn the_device_stage_counts_and_times_every_batch() {
         .batch_size(4)
         .num_workers(2)
         .pin_memory(true)
-        .dataset_collate(EncodedCollate)
+        .collate(EncodedCollate)
         .build()
         .unwrap();
     let decoder = NvjpegDecoder::new(&dev, &data).unwrap();

@@ -1,4 +1,4 @@
-//! Image shards decoded on the GPU (feature `nvjpeg`). On any machine: the workers' host
+//! Image shards decoded on the GPU (feature `shards`). On any machine: the workers' host
 //! batches (`EncodedShards` collated by `EncodedCollate`) hold every sample of the epoch once,
 //! its JPEG as stored in its shard, its label, and the crop the CPU pipeline draws for it. On
 //! a GPU (skipped, saying why, without a driver; a failure with LONGSHORE_REQUIRE_CUDA=1):
@@ -11,12 +11,12 @@ use std::path::Path;
 use longshore_data::rng::epoch_rng;
 use longshore_data::{IterableDataset, Tensor, WorkerInfo};
 use longshore_loader::DataLoader;
-use longshore_nvjpeg::{EncodedCollate, Payload, entries};
+use longshore_nvjpeg::{EncodedCollate, EncodedShards, Payload, entries};
 use longshore_shards::dataset::ShardedDataset;
-use longshore_shards::vision::ImageShards;
 use longshore_shards::webdataset::pack_image_folder;
 use longshore_transfer::Device;
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
+use longshore_vision::shards::ImageShards;
 use longshore_vision::synth::{FolderSpec, write_folder};
 use longshore_vision::transforms::{RandomResizedCrop, Resize};
 use longshore_vision::{Compose, Output};
@@ -80,7 +80,7 @@ fn host_batches_carry_each_sample_once_with_its_bytes_label_and_crop() {
     let images = ImageShards::new(ds.clone(), compose.clone());
     let want = reference(&images, 1);
     assert_eq!(want.len(), IMAGES);
-    let encoded = images.encoded().unwrap();
+    let encoded = EncodedShards::new(images).unwrap();
     let loader = DataLoader::iterable(encoded.clone())
         .collate(EncodedCollate)
         .batch_size(5)
@@ -139,9 +139,11 @@ fn a_pipeline_the_device_cannot_run_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let ds = shards(dir.path());
     assert!(
-        ImageShards::new(ds.clone(), Compose::val(40, 32, Output::U8Chw))
-            .encoded()
-            .is_ok()
+        EncodedShards::new(ImageShards::new(
+            ds.clone(),
+            Compose::val(40, 32, Output::U8Chw)
+        ))
+        .is_ok()
     );
     // Two resizing steps: the device kernel resamples once.
     let twice = Compose::new(
@@ -152,7 +154,7 @@ fn a_pipeline_the_device_cannot_run_is_refused() {
         Output::imagenet(),
     )
     .unwrap();
-    let err = ImageShards::new(ds, twice).encoded().unwrap_err();
+    let err = EncodedShards::new(ImageShards::new(ds, twice)).unwrap_err();
     assert!(err.to_string().contains("2 resizing steps"), "{err}");
 }
 
@@ -165,7 +167,7 @@ fn check_on_gpu(dev: &Device, compose: Compose, what: &str, max_mean: f32) {
     let ds = shards(dir.path());
     let images = ImageShards::new(ds.clone(), compose.clone());
     let want = reference(&images, 2);
-    let encoded = images.encoded().unwrap();
+    let encoded = EncodedShards::new(images).unwrap();
     let decoder = encoded.decoder(dev).unwrap();
     let stream = decoder.stream().clone();
     let loader = DataLoader::iterable(encoded)

@@ -43,9 +43,6 @@
 //! - [`dataset`]: [`ShardedDataset`](dataset::ShardedDataset), the loader's iterable dataset
 //!   over shards in object storage: resolved once per job, read through the cache, exactly
 //!   resumable.
-//! - `vision` (feature `vision`): image shards decoded and transformed by longshore-vision
-//!   into the `(image, label)` samples of its `ImageFolder`; with feature `nvjpeg`,
-//!   `EncodedShards` decodes them on the GPU (longshore-nvjpeg's device stage).
 //! - [`error`]: the crate's errors.
 #![forbid(unsafe_code)]
 
@@ -57,8 +54,6 @@ pub mod order;
 pub mod parquet;
 pub mod store;
 pub mod url;
-#[cfg(feature = "vision")]
-pub mod vision;
 pub mod webdataset;
 
 pub use error::ShardError;

@@ -47,8 +47,13 @@
 //!   which read [`Normalize::affine`](longshore_data::Normalize::affine)).
 //! - [`Compose`]: a pipeline with a fixed output size, presets
 //!   [`Compose::imagenet_train`] and [`Compose::imagenet_val`] (PyTorch's ImageNet example).
+//! - [`plan`]: [`Geometry`], a pipeline's boxes, sizes and flips drawn for one image (the
+//!   only place a pipeline draws); the CPU renderer and the nvJPEG device stage both execute it.
 //! - [`ImageDataset`]: folder + pipeline, a [`longshore_data::DirectDataset`];
 //!   [`RandomSource`] picks the worker's generator or per-sample streams.
+//! - `shards` (feature `shards`): image shards in object storage (longshore-shards'
+//!   WebDataset and MDS datasets) through these pipelines: `ImageShards` (decoded tensors),
+//!   `DeferredShards` with `DecodeCollate` (decoded straight into the batch).
 //! - GPU decoding with nvJPEG is the `longshore-nvjpeg` crate, a device stage of the loader.
 //! - `synth` (feature `synth`): an ImageNet-like synthetic folder generator (for benchmarks,
 //!   examples and tests).
@@ -59,7 +64,10 @@ pub mod dataset;
 pub mod decode;
 pub mod folder;
 pub mod image;
+pub mod plan;
 mod resize;
+#[cfg(feature = "shards")]
+pub mod shards;
 #[cfg(feature = "synth")]
 pub mod synth;
 pub mod transforms;
@@ -69,3 +77,4 @@ pub use dataset::{ImageDataset, RandomSource, sample_rng};
 pub use decode::{DecodeError, DecodeOptions, ImageFormat, PIL_MAX_IMAGE_PIXELS};
 pub use folder::{IMG_EXTENSIONS, ImageFolder, ImageFolderOptions};
 pub use image::RgbImage;
+pub use plan::{Geometry, PlannedStep};

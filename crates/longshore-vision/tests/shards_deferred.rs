@@ -10,8 +10,8 @@ use longshore_data::IterableDataset;
 use longshore_data::{Collate, StackCollate, WorkerInfo};
 use longshore_loader::{DataLoader, LoaderError, SampleErrorPolicy};
 use longshore_shards::dataset::ShardedDataset;
-use longshore_shards::vision::ImageShards;
 use longshore_shards::webdataset::{ShardWriter, pack_image_folder};
+use longshore_vision::shards::ImageShards;
 use longshore_vision::synth::{FolderSpec, write_folder};
 use longshore_vision::{Compose, Output};
 

@@ -9,8 +9,8 @@ use std::path::Path;
 use longshore_data::{Dataset, IterableDataset, StackCollate, WorkerInfo};
 use longshore_loader::DataLoader;
 use longshore_shards::dataset::ShardedDataset;
-use longshore_shards::vision::ImageShards;
 use longshore_shards::webdataset::pack_image_folder;
+use longshore_vision::shards::ImageShards;
 use longshore_vision::synth::{FolderSpec, write_folder};
 use longshore_vision::{Compose, ImageFolder, Output};
 

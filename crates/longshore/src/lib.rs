@@ -50,8 +50,9 @@
 //! * `vision` (default): `longshore::vision`, the image pipeline (pure Rust: zune-jpeg,
 //!   zune-png, fast_image_resize).
 //! * `shards`: `longshore::shards`, datasets in object storage (S3 and S3-compatible stores,
-//!   GCS, Azure, HTTP, local files, through `object_store`); with `vision`, its
-//!   `shards::vision::ImageShards` decodes image shards with the vision pipelines.
+//!   GCS, Azure, HTTP, local files, through `object_store`); with `vision`,
+//!   `vision::shards::ImageShards` decodes image shards with the vision pipelines, and with
+//!   `nvjpeg`, `nvjpeg::EncodedShards` decodes them on the GPU.
 #![forbid(unsafe_code)]
 
 #[doc(inline)]

@@ -115,8 +115,13 @@ fn shards_paths_resolve() {
     let _: ResumeState = position.decode().unwrap();
     #[cfg(feature = "vision")]
     {
-        let _: Option<longshore::shards::vision::ImageShards> = None;
-        let _: Option<longshore::shards::vision::DeferredShards> = None;
-        let _: Option<longshore::shards::vision::DecodeCollate> = None;
+        let _: Option<longshore::vision::shards::ImageShards> = None;
+        let _: Option<longshore::vision::shards::DeferredShards> = None;
+        let _: Option<longshore::vision::shards::DeferredImage> = None;
+        let _: Option<longshore::vision::shards::DecodeCollate> = None;
+    }
+    #[cfg(feature = "nvjpeg")]
+    {
+        let _: Option<longshore::nvjpeg::EncodedShards> = None;
     }
 }

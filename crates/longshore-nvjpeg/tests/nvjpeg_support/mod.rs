@@ -1,10 +1,13 @@
 //! Shared by the nvjpeg test files: GPU 0 or a printed skip (a failure with
-//! LONGSHORE_REQUIRE_CUDA=1), a small PNG writer, and a folder mixing JPEGs, a PNG and
-//! broken JPEGs.
+//! LONGSHORE_REQUIRE_CUDA=1), a small PNG writer, a folder mixing JPEGs, a PNG and
+//! broken JPEGs, and a page-locked host batch of chosen samples as a loader worker writes it.
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::Path;
 
+use longshore_data::{Batch, Collate, Dataset};
+use longshore_host::{HostBuffer, MemoryKind};
+use longshore_nvjpeg::{EncodedCollate, EncodedImages};
 use longshore_transfer::Device;
 use longshore_vision::synth::{FolderSpec, image_jpeg};
 
@@ -15,6 +18,15 @@ pub use png_support::png_rgb;
 /// `cuda:0`, or `None` (printing why) when no driver or GPU can be used.
 pub fn gpu() -> Option<Device> {
     longshore_testing::cuda_or_skip("CUDA test", Device::cuda(0))
+}
+
+/// The host batch of `indices` in a page-locked buffer: each sample read and planned (`get`,
+/// as a loader worker does), then written by [`EncodedCollate`].
+pub fn host_batch(data: &EncodedImages, indices: &[usize]) -> Batch<HostBuffer> {
+    let samples: Vec<_> = indices.iter().map(|&i| data.get(i).unwrap()).collect();
+    let layout = EncodedCollate.layout(&samples).unwrap();
+    let host = HostBuffer::alloc(MemoryKind::PageLocked, layout.total_bytes()).unwrap();
+    EncodedCollate.collate_into(&samples, layout, host).unwrap()
 }
 
 /// The JPEGs of a small photo-like folder spec (2 classes).

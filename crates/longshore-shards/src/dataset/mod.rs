@@ -92,8 +92,8 @@
 //! # Items and errors
 //!
 //! Items are [`ShardSample`]s (turn them into the loader's items with
-//! [`decode_with`](ShardedDataset::decode_with), or for images the `vision` module, feature
-//! `vision`): the fields' bytes, the [`SampleId`](crate::order::SampleId),
+//! [`decode_with`](ShardedDataset::decode_with), or for images longshore-vision's `shards`
+//! module): the fields' bytes, the [`SampleId`](crate::order::SampleId),
 //! the per-sample seed ([`crate::order::sample_seed`]) for reproducible augmentation, and
 //! [`pad`](ShardSample::pad) marking padding repeats. A sample that cannot be read (a
 //! download that failed for good, a damaged tar, a field required with

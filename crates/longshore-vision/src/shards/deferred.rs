@@ -1,7 +1,7 @@
 //! Image shards decoded straight into the batch: the workers read each sample's encoded image
 //! and check its header ([`DeferredShards`]), and the collation decodes and transforms each
 //! image into its slot of the (page-locked) batch buffer ([`DecodeCollate`]), as the folder's
-//! [`ImageDataset`](longshore_vision::ImageDataset) does through its direct plan: no tensor
+//! [`ImageDataset`](crate::ImageDataset) does through its direct plan: no tensor
 //! per image (allocated, zeroed, then copied into the batch).
 
 use std::cell::RefCell;
@@ -12,12 +12,12 @@ use longshore_data::rng::epoch_rng;
 use longshore_data::{
     Batch, BatchLayout, Collate, DType, DataError, ItemIter, IterableDataset, Storage, WorkerInfo,
 };
-use longshore_vision::decode::probe;
-use longshore_vision::folder::invalid;
-use longshore_vision::{Compose, DecodeOptions};
+use longshore_shards::dataset::{ShardSample, ShardedDataset};
 
 use super::ImageShards;
-use crate::dataset::{ShardSample, ShardedDataset};
+use crate::decode::probe;
+use crate::folder::invalid;
+use crate::{Compose, DecodeOptions};
 
 /// One image sample as a worker reads it from its shard, not yet decoded: its encoded bytes
 /// (header checked), its label and the seed its random transforms draw from. The items of
@@ -72,9 +72,10 @@ impl DeferredImage {
 /// ```
 /// use longshore_loader::DataLoader;
 /// use longshore_shards::dataset::ShardedDataset;
-/// use longshore_shards::vision::ImageShards;
+/// use longshore_vision::shards::ImageShards;
 /// use longshore_vision::{Compose, Output};
 ///
+/// # #[cfg(feature = "synth")]
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let folder = dir.path().join("folder");
@@ -98,6 +99,8 @@ impl DeferredImage {
 /// }
 /// # Ok(())
 /// # }
+/// # #[cfg(not(feature = "synth"))]
+/// # fn main() {}
 /// ```
 #[derive(Debug, Clone)]
 pub struct DeferredShards {
@@ -143,9 +146,7 @@ impl DeferredShards {
         let images = &self.images;
         let (ext, _) = images.image_of(&sample)?;
         let ext = ext.to_owned();
-        let label = sample
-            .int(&images.label)
-            .map_err(|e| DataError::custom("reading an image sample's label", e))?;
+        let label = images.label_of(&sample)?;
         let ShardSample {
             sample: mut s,
             seed,
