@@ -370,7 +370,7 @@ fn train_nvjpeg(
     let (train, val) = (encoded(train)?, encoded(val)?);
     let build = |files: &EncodedImages, shuffle: bool| {
         let mut b = DataLoader::builder(files.clone())
-            .dataset_collate(EncodedCollate)
+            .collate(EncodedCollate)
             .batch_size(args.batch_size)
             .shuffle(shuffle)
             .num_workers(workers)

@@ -19,7 +19,7 @@ use anyhow::{Context, Result, ensure};
 use clap::Parser;
 use longshore::loader::DataLoader;
 use longshore::shards::dataset::ShardedDataset;
-use longshore::shards::vision::ImageShards;
+use longshore::vision::shards::ImageShards;
 use longshore::shards::webdataset::{ShardIndex, pack_image_folder};
 use longshore::vision::synth::{FolderSpec, write_folder};
 use longshore::vision::{Compose, Output};

@@ -11,7 +11,7 @@ use longshore::host::{
 use longshore::loader::{
     DataLoader, LoaderError, LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
 };
-use longshore::nvjpeg::EncodedCollate;
+use longshore::nvjpeg::{EncodedCollate, EncodedShards};
 use longshore::shards::dataset::{OnSampleError, ShardedDataset};
 use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -381,7 +381,7 @@ impl PyLoader {
                 // Python selects that epoch.
                 (_, Some(d), _, _) if nvjpeg_shards => {
                     let (_, images) = sharded.expect("a sharded dataset");
-                    let encoded = images.encoded().map_err(LoaderError::from)?;
+                    let encoded = EncodedShards::new(images).map_err(LoaderError::from)?;
                     let decoder = encoded.decoder(d)?;
                     let loader = configure(
                         DataLoader::iterable(encoded).collate(EncodedCollate),

@@ -17,7 +17,7 @@ pub(crate) fn build(
     depth: usize,
 ) -> Result<Loader, LoaderError> {
     let decoder = NvjpegDecoder::new(device, &files)?;
-    let builder = DataLoader::builder(files).dataset_collate(EncodedCollate);
+    let builder = DataLoader::builder(files).collate(EncodedCollate);
     let loader = configure(builder, o).build_boxed()?;
     Ok(Loader::Nvjpeg(loader.with_stage(decoder).depth(depth)))
 }

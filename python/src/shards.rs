@@ -15,7 +15,7 @@ use longshore::shards::dataset::{
     DatasetSpec, OnSampleError, ShardStats, ShardedDataset, ShardedDatasetBuilder,
 };
 use longshore::shards::store::ShardStore;
-use longshore::shards::vision::ImageShards;
+use longshore::vision::shards::ImageShards;
 use longshore::vision::{Compose, DecodeOptions};
 use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;

@@ -251,7 +251,7 @@ fn steady_nvjpeg(
     device: &Device,
 ) -> Result<Value> {
     let mut b = DataLoader::builder(files.clone().cpu_share(cpu_share))
-        .dataset_collate(EncodedCollate)
+        .collate(EncodedCollate)
         .batch_size(batch)
         .shuffle(true)
         .num_workers(workers)
@@ -359,7 +359,7 @@ fn nvjpeg_ceiling(
     quick: bool,
     device: &Device,
 ) -> Result<Value> {
-    use longshore::data::DatasetCollate;
+    use longshore::data::{Collate, Dataset};
     let files = EncodedImages::new(folder.clone(), pipeline)?;
     let mut indices = Vec::with_capacity(batch);
     for i in 0..folder.len() {
@@ -371,9 +371,13 @@ fn nvjpeg_ceiling(
         }
     }
     anyhow::ensure!(!indices.is_empty(), "no jpeg the hardware engines take");
-    let staged = EncodedCollate.stage(&files, &indices)?;
-    let len = EncodedCollate.staged_layout(&staged).total_bytes();
-    let host = EncodedCollate.write(&files, staged, HostBuffer::page_locked(len)?)?;
+    let samples = indices
+        .iter()
+        .map(|&i| files.get(i))
+        .collect::<Result<Vec<_>, _>>()?;
+    let layout = EncodedCollate.layout(&samples)?;
+    let len = layout.total_bytes();
+    let host = EncodedCollate.collate_into(&samples, layout, HostBuffer::page_locked(len)?)?;
     let mut decoder = NvjpegDecoder::new(device, &files)?;
     let iterations = if quick { 3 } else { 40 };
     let mut out = serde_json::Map::new();

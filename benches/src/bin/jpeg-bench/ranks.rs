@@ -187,7 +187,7 @@ fn nvjpeg_world(
     let runs = world(n, |rank, gate| {
         let dev = &devs[rank];
         let loader = DataLoader::builder(files.clone())
-            .dataset_collate(EncodedCollate)
+            .collate(EncodedCollate)
             .batch_size(batch)
             .sampler(sampler(files.len(), n, rank)?)
             .drop_last(true)
