@@ -363,10 +363,8 @@ fn train_nvjpeg(
     workers: usize,
 ) -> Result<()> {
     ensure!(!device.is_cpu(), "--decode nvjpeg needs a CUDA device");
-    let encoded = |ds: &ImageDataset| {
-        EncodedImages::new(ds.folder().clone(), ds.transform().clone())
-            .map(|e| e.cpu_share(args.cpu_share))
-    };
+    let encoded =
+        |ds: &ImageDataset| EncodedImages::new(ds.clone()).map(|e| e.cpu_share(args.cpu_share));
     let (train, val) = (encoded(train)?, encoded(val)?);
     let build = |files: &EncodedImages, shuffle: bool| {
         let mut b = DataLoader::builder(files.clone())

@@ -159,9 +159,12 @@ impl PyImageFolder {
                 "decode=\"nvjpeg\" needs an ImageFolder with a transform ending in ToTensor()",
             )
         })?;
-        EncodedImages::new(self.folder.clone(), compose)
-            .map(|e| e.random_source(self.random))
-            .map_err(data_err)
+        let images = self
+            .folder
+            .clone()
+            .with_transform(compose)
+            .random_source(self.random);
+        EncodedImages::new(images).map_err(data_err)
     }
 }
 

@@ -61,9 +61,7 @@ pub mod ffi;
 mod tensor;
 
 pub use error::DlpackError;
-pub use export::{
-    ExportOptions, PinnedLabel, export_batch, export_device, export_host,
-};
+pub use export::{ExportOptions, PinnedLabel, export_batch, export_device, export_host};
 pub use tensor::{DlpackTensor, dl_dtype, hand_all_to};
 
 /// Whether a consumer that passed `max_version` to `__dlpack__` takes the versioned

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use longshore_data::seed::mix;
 use longshore_data::{Batch, BatchLayout, Collate, DType, DataError, Dataset, Storage};
@@ -17,9 +17,9 @@ use longshore_data::{Batch, BatchLayout, Collate, DType, DataError, Dataset, Sto
 use super::header::{JpegHeader, JpegRoute};
 use super::plan::{PLAN_FIELDS, SamplePlan, check_steps, plan};
 use longshore_vision::compose::Compose;
-use longshore_vision::dataset::RandomSource;
+use longshore_vision::dataset::ImageDataset;
 use longshore_vision::decode::{DecodeError, DecodeOptions, ImageFormat, decode_rgb, probe};
-use longshore_vision::folder::{ImageFolder, invalid};
+use longshore_vision::folder::invalid;
 
 /// How a sample's bytes are stored in a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -143,11 +143,13 @@ pub fn entries<S: Storage>(batch: &Batch<S>) -> Result<(Vec<EncodedEntry>, &[u8]
     Ok((rows, bytes))
 }
 
-/// An image folder whose samples are the files' bytes, with the pipeline whose geometry the
-/// workers draw: the dataset of device decoding ([`EncodedCollate`] writes its batches).
+/// An [`ImageDataset`] (a folder with its pipeline) decoded on the device: its samples are
+/// the files' bytes with the geometry the workers draw ([`EncodedCollate`] writes its
+/// batches), as [`EncodedShards`](crate::EncodedShards) is image shards decoded on the device.
 ///
 /// Its items are [`PlannedSample`]s: `get` reads the file, checks its header and draws its
-/// crop, in the worker.
+/// crop from the dataset's [`RandomSource`](longshore_vision::RandomSource) (the boxes the CPU
+/// path draws for the same index), in the worker.
 ///
 /// ```
 /// use longshore_data::{AlignedBuf, Collate, Dataset};
@@ -157,7 +159,7 @@ pub fn entries<S: Storage>(batch: &Batch<S>) -> Result<(Vec<EncodedEntry>, &[u8]
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # longshore_vision::synth::write_folder(dir.path(), &longshore_vision::synth::FolderSpec::tiny())?;
-/// let files = EncodedImages::new(ImageFolder::new(dir.path())?, Compose::imagenet_train())?;
+/// let files = EncodedImages::new(ImageFolder::new(dir.path())?.with_transform(Compose::imagenet_train()))?;
 /// let samples = [files.get(0)?, files.get(1)?]; // what a loader worker does
 /// let layout = EncodedCollate.layout(&samples)?;
 /// let buffer = AlignedBuf::zeroed(layout.total_bytes());
@@ -170,10 +172,7 @@ pub fn entries<S: Storage>(batch: &Batch<S>) -> Result<(Vec<EncodedEntry>, &[u8]
 /// ```
 #[derive(Debug, Clone)]
 pub struct EncodedImages {
-    folder: ImageFolder,
-    transform: Arc<Compose>,
-    random: RandomSource,
-    epoch: Arc<AtomicU64>,
+    images: ImageDataset,
     /// The share of hardware-routed JPEGs the workers decode on the CPU, in units of 2^-32
     /// (shared by clones: workers see a change at their next sample).
     cpu_share: Arc<AtomicU32>,
@@ -300,18 +299,16 @@ impl PlannedSample {
 }
 
 impl EncodedImages {
-    /// `folder` with `transform`, drawing randomness from the worker's generator.
+    /// `images` (a folder with its pipeline, drawing from its
+    /// [`RandomSource`](longshore_vision::RandomSource)) for decoding on the device.
     ///
     /// # Errors
     /// [`DataError::InvalidArgument`] for a pipeline the device cannot run
     /// ([`check_steps`](super::plan::check_steps)).
-    pub fn new(folder: ImageFolder, transform: Compose) -> Result<EncodedImages, DataError> {
-        check_steps(transform.steps())?;
+    pub fn new(images: ImageDataset) -> Result<EncodedImages, DataError> {
+        check_steps(images.transform().steps())?;
         Ok(EncodedImages {
-            folder,
-            transform: Arc::new(transform),
-            random: RandomSource::default(),
-            epoch: Arc::new(AtomicU64::new(0)),
+            images,
             cpu_share: Arc::new(AtomicU32::new(0)),
         })
     }
@@ -371,38 +368,30 @@ impl EncodedImages {
         }
     }
 
-    /// Chooses where random transforms draw from (as [`longshore_vision::ImageDataset::random_source`]:
-    /// the same source and seed draw the same boxes on both paths).
-    pub fn random_source(mut self, random: RandomSource) -> EncodedImages {
-        self.random = random;
-        self
-    }
-
-    /// Sets the epoch of [`RandomSource::PerSample`] streams for samples read outside a
-    /// loader (shared by clones); inside a loader the loader's epoch applies, as for
-    /// [`longshore_vision::ImageDataset::set_epoch`].
-    pub fn set_epoch(&self, epoch: u64) {
-        self.epoch.store(epoch, Ordering::Relaxed);
+    /// The folder and pipeline (its random source and epoch are this dataset's).
+    pub fn images(&self) -> &ImageDataset {
+        &self.images
     }
 
     /// The folder.
-    pub fn folder(&self) -> &ImageFolder {
-        &self.folder
+    pub fn folder(&self) -> &longshore_vision::ImageFolder {
+        self.images.folder()
     }
 
     /// The pipeline.
     pub fn transform(&self) -> &Compose {
-        &self.transform
+        self.images.transform()
     }
 
     fn path(&self, index: usize) -> Result<(&Path, i64), DataError> {
-        self.folder
+        let folder = self.images.folder();
+        folder
             .samples()
             .get(index)
             .map(|(p, l)| (p.as_path(), *l as i64))
             .ok_or(DataError::IndexOutOfRange {
                 index,
-                len: self.folder.len(),
+                len: folder.len(),
                 what: "image folder",
             })
     }
@@ -422,23 +411,22 @@ impl EncodedImages {
             path.to_path_buf(),
             label,
             bytes,
-            self.folder.decode(),
+            self.images.folder().decode(),
             self.decode_on_cpu(index),
         )
     }
 
     /// Reads sample `index` ([`read`](EncodedImages::read)) and draws its crop from the
-    /// dataset's [`RandomSource`], as the CPU pipeline draws its boxes for the same index:
+    /// images' [`RandomSource`](longshore_vision::RandomSource), as the CPU pipeline draws its boxes for the same index:
     /// what each item of this dataset is.
     ///
     /// # Errors
     /// As [`read`](EncodedImages::read).
     pub fn planned(&self, index: usize) -> Result<PlannedSample, DataError> {
         let sample = self.read(index)?;
-        let size = self.transform.output_size();
-        let steps = self.transform.steps();
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        let plan = self.random.draw(epoch, index, |rng| {
+        let transform = self.images.transform();
+        let (size, steps) = (transform.output_size(), transform.steps());
+        let plan = self.images.draw(index, |rng| {
             plan(steps, sample.width, sample.height, size, rng)
         })?;
         Ok(PlannedSample {
@@ -474,7 +462,7 @@ impl Dataset for EncodedImages {
     type Item = PlannedSample;
 
     fn len(&self) -> usize {
-        self.folder.len()
+        self.images.folder().len()
     }
 
     fn get(&self, index: usize) -> Result<PlannedSample, DataError> {

@@ -10,7 +10,7 @@
 //! use longshore_vision::{Compose, ImageFolder};
 //!
 //! let device = Device::cuda(0)?;
-//! let files = EncodedImages::new(ImageFolder::new("/data/imagenet/train")?, Compose::imagenet_train())?;
+//! let files = EncodedImages::new(ImageFolder::new("/data/imagenet/train")?.with_transform(Compose::imagenet_train()))?;
 //! let decoder = NvjpegDecoder::new(&device, &files)?; // loads libnvjpeg and NVRTC
 //! let loader = DataLoader::builder(files)
 //!     .batch_size(256)

@@ -22,9 +22,13 @@ use nvjpeg_support::{Decoded, gpu, host_batch, write_mixed};
 const SEED: u64 = 42;
 
 fn encoded(root: &Path, compose: Compose) -> EncodedImages {
-    EncodedImages::new(ImageFolder::new(root).unwrap(), compose)
-        .unwrap()
-        .random_source(RandomSource::PerSample { seed: SEED })
+    EncodedImages::new(
+        ImageFolder::new(root)
+            .unwrap()
+            .with_transform(compose)
+            .random_source(RandomSource::PerSample { seed: SEED }),
+    )
+    .unwrap()
 }
 
 /// Decodes one host batch of `indices` with `decoder`, waits, and returns it.
@@ -88,9 +92,10 @@ fn decoded_pixels_match_the_cpu_decoder_on_both_backends() {
             // An identity pipeline of the image's own size: the kernel copies the pixels.
             let crop = CenterCrop::with_size(cpu.height(), cpu.width()).unwrap();
             let compose = Compose::new([crop.into()], Output::U8Hwc).unwrap();
-            let one =
-                EncodedImages::new(ImageFolder::from_samples([(path.clone(), *label)]), compose)
-                    .unwrap();
+            let one = EncodedImages::new(
+                ImageFolder::from_samples([(path.clone(), *label)]).with_transform(compose),
+            )
+            .unwrap();
             // The decoder's pipeline is fixed at construction: one per image.
             let mut d = NvjpegDecoder::with_backend(
                 &dev,
@@ -391,7 +396,7 @@ fn every_pinned_lease_goes_back_to_the_pool() {
     let decoder = NvjpegDecoder::new(&dev, &data).unwrap();
     let on_gpu = loader.with_stage(decoder).depth(2);
     for epoch in 0..2 {
-        data.set_epoch(epoch);
+        data.images().set_epoch(epoch);
         let mut n = 0;
         for b in on_gpu.iter().unwrap() {
             n += b.unwrap().wait().unwrap().batch_size();

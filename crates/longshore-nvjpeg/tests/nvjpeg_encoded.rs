@@ -16,9 +16,13 @@ use longshore_vision::{Compose, ImageFolder, RandomSource, sample_rng};
 use nvjpeg_support::write_mixed;
 
 fn files(root: &std::path::Path, seed: u64) -> EncodedImages {
-    EncodedImages::new(ImageFolder::new(root).unwrap(), Compose::imagenet_train())
-        .unwrap()
-        .random_source(RandomSource::PerSample { seed })
+    EncodedImages::new(
+        ImageFolder::new(root)
+            .unwrap()
+            .with_transform(Compose::imagenet_train())
+            .random_source(RandomSource::PerSample { seed }),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -27,7 +31,7 @@ fn batches_hold_the_files_the_pixels_of_pngs_and_the_cpu_pipelines_boxes() {
     write_mixed(dir.path(), false);
     let data = files(dir.path(), 5);
     // The dataset's own epoch applies outside a loader only: inside one, the loader's.
-    data.set_epoch(7);
+    data.images().set_epoch(7);
     let samples = data.folder().samples().to_vec();
     let loader = DataLoader::builder(data.clone())
         .batch_size(5)

@@ -225,8 +225,9 @@ fn encoded_images_carry_the_walks_route() {
         std::fs::write(root.join(name), encode(50, 30, k, 7)).unwrap();
     }
     let data = EncodedImages::new(
-        ImageFolder::new(dir.path()).unwrap(),
-        Compose::imagenet_train(),
+        ImageFolder::new(dir.path())
+            .unwrap()
+            .with_transform(Compose::imagenet_train()),
     )
     .unwrap();
     let got: Vec<(Payload, bool)> = (0..files.len())

@@ -39,8 +39,12 @@ fn folder(root: &Path) -> (EncodedImages, Vec<u8>) {
         .encode(&px(4), w, h, ColorType::Cmyk)
         .unwrap();
     std::fs::write(root.join("b/q_cmyk.jpg"), &cmyk).unwrap();
-    let data =
-        EncodedImages::new(ImageFolder::new(root).unwrap(), Compose::imagenet_val()).unwrap();
+    let data = EncodedImages::new(
+        ImageFolder::new(root)
+            .unwrap()
+            .with_transform(Compose::imagenet_val()),
+    )
+    .unwrap();
     (data, progressive)
 }
 

@@ -134,6 +134,14 @@ impl ImageDataset {
         &self.transform
     }
 
+    /// Runs `f` with the generator sample `index` draws from (this dataset's
+    /// [`RandomSource`], at its epoch outside a loader): what the CPU pipeline draws its boxes
+    /// from, and a device decoder draws the same boxes from.
+    pub fn draw<R>(&self, index: usize, f: impl FnOnce(&mut Rng) -> R) -> R {
+        self.random
+            .draw(self.epoch.load(Ordering::Relaxed), index, f)
+    }
+
     /// Decodes and transforms sample `index` into `out` (the pipeline's output bytes).
     ///
     /// # Errors
@@ -160,8 +168,7 @@ impl ImageDataset {
             r.map(|_| file)
         })?;
         let decode = self.folder.decode();
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        let result = self.random.draw(epoch, index, |rng| {
+        let result = self.draw(index, |rng| {
             self.transform.decode_into(path, &bytes, decode, rng, out)
         });
         with_scratch(|s| s.file = bytes);

@@ -360,7 +360,7 @@ fn nvjpeg_ceiling(
     device: &Device,
 ) -> Result<Value> {
     use longshore::data::{Collate, Dataset};
-    let files = EncodedImages::new(folder.clone(), pipeline)?;
+    let files = EncodedImages::new(folder.clone().with_transform(pipeline))?;
     let mut indices = Vec::with_capacity(batch);
     for i in 0..folder.len() {
         if indices.len() == batch {
@@ -607,7 +607,8 @@ fn main() -> Result<()> {
         if nvjpeg {
             match &device {
                 Some(d) => {
-                    let files = EncodedImages::new(folder.clone(), pipeline.clone())?;
+                    let files =
+                        EncodedImages::new(folder.clone().with_transform(pipeline.clone()))?;
                     let mut runs = Vec::new();
                     let shares = &args.cpu_share;
                     let grid = workers.iter().flat_map(|&w| {

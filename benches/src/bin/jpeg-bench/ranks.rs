@@ -275,7 +275,8 @@ pub(crate) fn run(plan: &Plan<'_>) -> Result<Value> {
                     cpu_world(devs, &dataset, w, plan.batch, plan.epochs)?,
                 )
             } else {
-                let files = EncodedImages::new(plan.folder.clone(), pipeline.clone())?;
+                let files =
+                    EncodedImages::new(plan.folder.clone().with_transform(pipeline.clone()))?;
                 let grid: Vec<usize> = if plan.nvjpeg_workers.is_empty() {
                     [1, 2, 4, 8].into_iter().filter(|&w| w * n <= c).collect()
                 } else {

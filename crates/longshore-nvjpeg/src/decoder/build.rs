@@ -52,7 +52,7 @@ impl NvjpegDecoder {
         images: &EncodedImages,
         backend: Backend,
     ) -> Result<NvjpegDecoder, TransferError> {
-        let folder = images.folder().clone();
+        let folder = images.images().folder().clone();
         let names: SampleNames = Arc::new(move |index| {
             folder
                 .samples()
@@ -63,7 +63,7 @@ impl NvjpegDecoder {
         NvjpegDecoder::build(
             device,
             images.transform(),
-            *images.folder().decode(),
+            *images.images().folder().decode(),
             names,
             backend,
         )
