@@ -122,7 +122,7 @@ pub use error::{DataError, NpyError};
 pub use field::{DirectPlan, DirectSource, FieldSpec, FieldTransform};
 pub use formats::{
     AccessPattern, NpyArray, NpyDataset, NpyHeader, NpyShards, RecordDataset, RecordField,
-    RecordLayout, write_npy,
+    RecordLayout, TokenSequences, write_npy,
 };
 pub use image::{Normalize, RandomCrop, RandomHorizontalFlip};
 /// `#[derive(Sample)]`: a struct of tensor fields as a dataset item (see [`Sample`]).

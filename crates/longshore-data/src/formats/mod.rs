@@ -1,5 +1,6 @@
 //! File formats read through read-only memory maps: `.npy` arrays and shards of them
-//! ([`npy`]), and files of fixed-size records ([`records`]).
+//! ([`npy`]), files of fixed-size records ([`records`]), and flat token files cut into
+//! training sequences ([`tokens`]).
 //!
 //! Lengths are checked against the header or record layout when a file is opened, so
 //! every later read is in bounds.
@@ -21,10 +22,12 @@ use crate::DataError;
 mod mmap;
 pub mod npy;
 pub mod records;
+pub mod tokens;
 
 pub(crate) use mmap::open_map;
 pub use npy::{NpyArray, NpyDataset, NpyHeader, NpyShards, write_npy};
 pub use records::{RecordDataset, RecordField, RecordLayout};
+pub use tokens::{TokenSequences, TokenSequencesBuilder};
 
 /// How a mapped file will be read: passed to the kernel as an `madvise` hint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
