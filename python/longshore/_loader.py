@@ -691,6 +691,8 @@ class _Unbatched:
 
     def __next__(self):
         batch = next(self._epoch)
+        if isinstance(batch, dict):
+            return {k: t[0] for k, t in batch.items()}
         if isinstance(batch, (list, tuple)):
             return [t[0] for t in batch]
         return batch[0]

@@ -532,7 +532,7 @@ class TensorDataset(ArrayDataset):
 def _native_or_none(dataset):
     """The object the Rust loader reads for ``dataset``, or None for a Python dataset."""
     native = (_longshore.NpyDataset, _longshore.RecordDataset, _longshore._Native,
-              _longshore._ImageFolder, _longshore._Shards)
+              _longshore._ImageFolder, _longshore._TokenSequences, _longshore._Shards)
     if isinstance(dataset, native):
         return dataset
     if isinstance(dataset, (str, bytes)):

@@ -1,6 +1,7 @@
-"""Image datasets decoded and transformed in Rust by the loader's workers: torchvision's
-``ImageFolder`` over a local folder, and image shards in object storage (``WebDataset`` tar
-shards, MosaicML ``StreamingDataset``'s MDS) read through longshore's shard cache.
+"""Datasets read in Rust by the loader's workers: image datasets decoded and transformed
+there (torchvision's ``ImageFolder`` over a local folder, and image shards in object storage:
+``WebDataset`` tar shards, MosaicML ``StreamingDataset``'s MDS, read through longshore's shard
+cache), and language-model token files cut into fixed-length sequences (``TokenDataset``).
 
 >>> import longshore
 >>> from longshore import transforms as T
@@ -19,6 +20,9 @@ without class folders or a class folder without images is an error unless
 ``allow_empty=True``. A file that does not decode raises ``longshore.SampleError`` naming it
 (``ValueError`` from ``dataset[i]``).
 """
+import glob as _glob
+import os as _os
+
 import numpy as _np
 
 from . import _logs, _longshore
@@ -26,7 +30,7 @@ from .data import _dist_world
 from .transforms import Compose as _Compose
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "WebDataset", "StreamingDataset", "ParquetDataset",
-           "write_shards", "write_synthetic_folder"]
+           "TokenDataset", "write_shards", "write_synthetic_folder"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -383,3 +387,149 @@ def write_shards(out, samples, format="webdataset", shard_size=64 << 20, image_e
     return _longshore.write_image_shards(
         format, str(out), [(bytes(b), int(label)) for b, label in samples], int(shard_size),
         image_ext)
+
+
+def _token_paths(paths):
+    """The token files of ``paths``: one path, a glob pattern (``"data/train-*.bin"``, sorted;
+    none matching is an error) or an iterable of paths, in the order given."""
+    if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
+        path = _os.fsdecode(_os.fspath(paths))
+        if _glob.has_magic(path) and not _os.path.exists(path):
+            found = sorted(_glob.glob(path))
+            if not found:
+                raise FileNotFoundError(f"no token files match {path!r}")
+            return found
+        return [path]
+    found = [_os.fsdecode(_os.fspath(p)) for p in paths]
+    if not found:
+        raise ValueError("TokenDataset needs at least one token file")
+    return found
+
+
+def _token_dtype(dtype):
+    """``"uint16"`` or ``"uint32"`` from a NumPy dtype or its name (little-endian, or native
+    byte order on a little-endian machine)."""
+    dt = _np.dtype(dtype)
+    if dt.name not in ("uint16", "uint32") or dt.byteorder == ">" or (
+            dt.byteorder == "=" and _np.little_endian is False):
+        raise ValueError(
+            f"dtype={dtype!r}: token files hold little-endian uint16 (nanoGPT's) or uint32 tokens")
+    return dt.name
+
+
+def _output_dtype(output_dtype):
+    """``"int64"`` or ``"int32"`` from a torch dtype, a NumPy dtype or a name."""
+    name = str(output_dtype)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    else:
+        try:
+            name = _np.dtype(output_dtype).name
+        except TypeError:
+            pass
+    if name not in ("int64", "int32"):
+        raise ValueError(
+            f"output_dtype={output_dtype!r}: sequences are written as torch.int64 or torch.int32")
+    return name
+
+
+class TokenDataset:
+    """Flat token files (nanoGPT's ``train.bin``: ``np.uint16`` tokens; ``np.uint32`` for
+    vocabularies past 65,535) read as one stream, in the order given, and cut into sequences
+    of ``seq_len`` tokens: sample ``k`` is ``{"input_ids": stream[k*L:(k+1)*L],
+    "targets": stream[k*L+1:(k+1)*L+1]}`` (nanoGPT's ``x, y``; ``targets=False`` leaves them
+    out). Through :class:`longshore.DataLoader` a batch is a dict of ``[batch_size, seq_len]``
+    tensors, what torch's ``default_collate`` makes of these samples, written by the Rust
+    workers straight into the (pinned) batch:
+
+    >>> ds = longshore.datasets.TokenDataset("data/openwebtext/train.bin", seq_len=1024)  # doctest: +SKIP
+    >>> loader = longshore.DataLoader(ds, batch_size=12, shuffle=True, num_workers=4,
+    ...                               pin_memory=True)                  # doctest: +SKIP
+    >>> for batch in loader:                                            # doctest: +SKIP
+    ...     x, y = batch["input_ids"], batch["targets"]                 # int64 [12, 1024]
+
+    ``paths``: a path, a glob pattern (sorted) or a list of paths. ``dtype``: how the files
+    store a token (``numpy.uint16`` or ``numpy.uint32``, or their names). ``output_dtype``:
+    ``torch.int64`` (the default, what ``nn.Embedding`` and ``cross_entropy`` take) or
+    ``torch.int32`` (half the bytes to pin and copy), or their names. With a document
+    ``separator`` (GPT-2's ``<|endoftext|>`` is 50256) samples also hold ``position_ids`` (a
+    token's position in its document, continued across sequence cuts) and ``document_ids``
+    (0 for the sequence's first document, then 1, 2, ...); a document also ends at each
+    file's end. The tokens after the last whole sequence are not read (``dropped_tokens``).
+
+    A sequence is a function of its index alone, so the map-style loader shuffles it,
+    ``DistributedSampler`` gives each rank an equal share and ``state_dict`` resumes exactly
+    on any ``num_workers``. A file whose size is not a whole number of tokens is a
+    ``ValueError`` naming it.
+    """
+
+    def __init__(self, paths, seq_len=1024, *, dtype=_np.uint16, output_dtype="int64",
+                 targets=True, separator=None):
+        self.paths = _token_paths(paths)
+        self.seq_len = int(seq_len)
+        self.dtype = _np.dtype(_token_dtype(dtype))
+        self._output = _output_dtype(output_dtype)
+        self.targets = bool(targets)
+        self.separator = None if separator is None else int(separator)
+        _logs.ensure_started()
+        self._native = _longshore._TokenSequences(
+            self.paths, self.seq_len, dtype=self.dtype.name, output_dtype=self._output,
+            targets=self.targets, separator=self.separator)
+        _logs.flush()  # the dropped tokens' record, now
+
+    def __len__(self):
+        return len(self._native)
+
+    @property
+    def fields(self):
+        """The names of a sample's fields, in order: ``input_ids``, then ``targets``,
+        ``position_ids`` and ``document_ids`` (those that are on)."""
+        return list(self._native.field_names)
+
+    @property
+    def total_tokens(self):
+        """Tokens in all files."""
+        return self._native.total_tokens
+
+    @property
+    def dropped_tokens(self):
+        """Tokens after the last whole sequence, never read."""
+        return self._native.dropped_tokens
+
+    @property
+    def documents(self):
+        """Documents in the stream (with a ``separator``), else ``None``."""
+        return self._native.documents
+
+    @property
+    def output_dtype(self):
+        """The dtype of the sequences' tensors: ``torch.int64`` or ``torch.int32`` (the
+        name, without torch)."""
+        try:
+            import torch
+        except ImportError:
+            return self._output
+        return getattr(torch, self._output)
+
+    def __getitem__(self, index):
+        """Sequence ``index`` as a dict of 1-D tensors (field name -> ``[seq_len]``), outside
+        the loader; NumPy arrays without torch."""
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"index {index} is out of range for a TokenDataset of {n} sequences")
+        parts = self._native.get(index)
+        arrays = [_np.frombuffer(bytearray(b), dtype=self._output) for b in parts]
+        try:
+            import torch
+        except ImportError:
+            return dict(zip(self.fields, arrays))
+        return {k: torch.from_numpy(a) for k, a in zip(self.fields, arrays)}
+
+    def __repr__(self):
+        files = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files"
+        extra = "" if self.separator is None else f", separator={self.separator}"
+        return (f"TokenDataset({files!r}, seq_len={self.seq_len}, dtype={self.dtype.name}, "
+                f"output_dtype={self._output}, sequences={len(self)}, fields={self.fields}"
+                f"{extra})")

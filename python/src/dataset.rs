@@ -16,7 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::errors::data_err;
-use crate::source::{AnyDataset, Fields, Source};
+use crate::source::{AnyDataset, BatchForm, Fields, Source};
+use crate::tokens::PyTokenSequences;
 use crate::vision::PyImageFolder;
 
 fn paths_of(paths: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
@@ -206,28 +207,34 @@ fn check_images(dataset: &NpyDataset, channels: usize) -> Result<(), DataError> 
 #[derive(Clone)]
 pub(crate) struct Native {
     pub(crate) source: Source,
-    /// A batch is one tensor (a one-file `NpyDataset`), not a list of fields.
-    pub(crate) single: bool,
+    /// How a batch reaches Python: a list of fields, one tensor (a one-file `NpyDataset`), or
+    /// a dict by field name (token sequences).
+    pub(crate) form: BatchForm,
     /// The collate transforms a field (`NpyDataset(normalize=)`): see [`PyNpyDataset`].
     pub(crate) transformed: bool,
 }
 
 /// The native form of `dataset`: a built-in dataset, a [`PyNative`], or a Python object whose
-/// `_native` attribute is one (`datasets.ImageFolder`, `longshore.data`'s classes); `None`
+/// `_native` attribute is one (`datasets.ImageFolder`, `datasets.TokenDataset`,
+/// `longshore.data`'s classes); `None`
 /// for anything else (a Python dataset, which longshore's Rust workers cannot read).
 pub(crate) fn native_of(dataset: &Bound<'_, PyAny>) -> PyResult<Option<Native>> {
     if let Ok(d) = dataset.cast::<PyNpyDataset>() {
         let d = d.get();
         return Ok(Some(Native {
             source: d.source.clone(),
-            single: d.is_single(),
+            form: if d.is_single() {
+                BatchForm::Single
+            } else {
+                BatchForm::List
+            },
             transformed: d.normalized,
         }));
     }
     if let Ok(d) = dataset.cast::<PyRecordDataset>() {
         return Ok(Some(Native {
             source: d.get().source.clone(),
-            single: false,
+            form: BatchForm::List,
             transformed: false,
         }));
     }
@@ -240,9 +247,12 @@ pub(crate) fn native_of(dataset: &Bound<'_, PyAny>) -> PyResult<Option<Native>> 
         })?;
         return Ok(Some(Native {
             source,
-            single: false,
+            form: BatchForm::List,
             transformed: false,
         }));
+    }
+    if let Ok(d) = dataset.cast::<PyTokenSequences>() {
+        return Ok(Some(d.get().native()));
     }
     if let Ok(d) = dataset.cast::<PyNative>() {
         return Ok(Some(d.get().native.clone()));
@@ -399,7 +409,7 @@ impl PyNative {
         Ok(Self {
             native: Native {
                 source: Source::direct(Arc::new(arrays)),
-                single: false,
+                form: BatchForm::List,
                 transformed: false,
             },
             what: "ArrayDataset",
@@ -426,7 +436,7 @@ impl PyNative {
                     dataset: Arc::new(subset),
                     collate,
                 },
-                single: inner.single,
+                form: inner.form,
                 transformed: inner.transformed,
             },
             what: "Subset",
@@ -453,15 +463,17 @@ impl PyNative {
                 ));
             }
             let (a, b) = (p.source.dataset.fields(), first.source.dataset.fields());
-            if a != b || p.single != first.single {
+            if a != b || p.form != first.form {
                 return Err(PyValueError::new_err(format!(
-                    "ConcatDataset: dataset {i} has fields {a:?}, dataset 0 has {b:?}; \
-                     longshore batches need the same fields in every sample"
+                    "ConcatDataset: dataset {i} has fields {a:?} ({}), dataset 0 has {b:?} \
+                     ({}); longshore batches need the same fields in every sample",
+                    p.form.describe(),
+                    first.form.describe()
                 )));
             }
         }
         let collate = first.source.collate.clone();
-        let single = first.single;
+        let form = first.form.clone();
         let concat = ConcatDataset::new(parts.into_iter().map(|p| p.source.dataset).collect())
             .map_err(data_err)?;
         Ok(Self {
@@ -470,7 +482,7 @@ impl PyNative {
                     dataset: Arc::new(concat),
                     collate,
                 },
-                single,
+                form,
                 transformed: false,
             },
             what: "ConcatDataset",

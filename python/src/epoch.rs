@@ -40,6 +40,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::boxed::{Epoch, Handoff, Loader};
 use crate::errors::{LoaderFailure, dlpack_err, loader_err};
+use crate::source::BatchForm;
 use crate::tensor::PyTensor;
 use crate::torch::PyTorchConverter;
 use crate::upload::Uploader;
@@ -449,8 +450,9 @@ pub(crate) enum Convert {
     Torch(Py<PyTorchConverter>, Option<Device>),
 }
 
-/// One epoch of a `_Loader`. `__next__` returns the converted tensor (one-tensor batches) or a
-/// list of converted tensors, or a list of `longshore.Tensor` without conversion.
+/// One epoch of a `_Loader`. `__next__` returns the converted tensor (one-tensor batches), a
+/// dict of converted tensors by field name (named fields: token sequences) or a list of them,
+/// or a list of `longshore.Tensor` without conversion.
 #[pyclass(name = "_Epoch", module = "longshore", frozen)]
 pub(crate) struct PyEpoch {
     /// The queue from the pump; `None` once the epoch ended or was closed.
@@ -461,7 +463,7 @@ pub(crate) struct PyEpoch {
     position: Arc<Position>,
     id: u64,
     convert: Convert,
-    single: bool,
+    form: BatchForm,
     opts: ExportOptions,
     timings: Option<Arc<Timings>>,
     /// Enqueues the copies of the small batches the pump leaves to `__next__` (device epochs).
@@ -490,7 +492,7 @@ impl PyEpoch {
         position: Arc<Position>,
         id: u64,
         convert: Convert,
-        single: bool,
+        form: BatchForm,
         meta: bool,
         copies: Option<Stream>,
         poll: Duration,
@@ -515,7 +517,7 @@ impl PyEpoch {
             position,
             id,
             convert,
-            single,
+            form,
             opts,
             timings,
             uploader: Mutex::new(copies.map(Uploader::new)),
@@ -543,29 +545,38 @@ impl PyEpoch {
 
     /// The Python value of one batch.
     fn deliver(&self, py: Python<'_>, tensors: Vec<DlpackTensor>) -> PyResult<Py<PyAny>> {
-        let convert = match &self.convert {
+        let values = match &self.convert {
             Convert::Raw => {
                 let raw: Vec<PyTensor> = tensors.into_iter().map(PyTensor::new).collect();
                 return Ok(PyList::new(py, raw)?.into_any().unbind());
             }
-            Convert::Torch(c, device) => {
-                let mut out = c.get().batch(py, tensors, device.as_ref())?;
-                if self.single && out.len() == 1 {
-                    return Ok(out.pop().expect("one tensor").unbind());
-                }
-                return Ok(PyList::new(py, out)?.into_any().unbind());
+            Convert::Torch(c, device) => c.get().batch(py, tensors, device.as_ref())?,
+            Convert::Each(f) => {
+                let f = f.bind(py);
+                tensors
+                    .into_iter()
+                    .map(|t| f.call1((PyTensor::new(t),)))
+                    .collect::<PyResult<Vec<_>>>()?
             }
-            Convert::Each(f) => f.bind(py),
         };
-        if self.single && tensors.len() == 1 {
-            let t = tensors.into_iter().next().expect("one tensor");
-            return Ok(convert.call1((PyTensor::new(t),))?.unbind());
+        self.shape(py, values)
+    }
+
+    /// A batch's converted tensors in the dataset's [`BatchForm`].
+    fn shape(&self, py: Python<'_>, mut values: Vec<Bound<'_, PyAny>>) -> PyResult<Py<PyAny>> {
+        match &self.form {
+            BatchForm::Single if values.len() == 1 => {
+                Ok(values.pop().expect("one tensor").unbind())
+            }
+            BatchForm::Named(names) if names.len() == values.len() => {
+                let dict = PyDict::new(py);
+                for (name, value) in names.iter().zip(values) {
+                    dict.set_item(name, value)?;
+                }
+                Ok(dict.into_any().unbind())
+            }
+            _ => Ok(PyList::new(py, values)?.into_any().unbind()),
         }
-        let list = PyList::empty(py);
-        for t in tensors {
-            list.append(convert.call1((PyTensor::new(t),))?)?;
-        }
-        Ok(list.into_any().unbind())
     }
 }
 

@@ -17,6 +17,7 @@ mod sampler;
 mod shards;
 mod source;
 mod tensor;
+mod tokens;
 mod torch;
 mod upload;
 mod vision;
@@ -50,6 +51,7 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::PyTensor>()?;
     m.add_class::<torch::PyTorchConverter>()?;
     m.add_class::<vision::PyImageFolder>()?;
+    m.add_class::<tokens::PyTokenSequences>()?;
     m.add_class::<shards::PyShards>()?;
     m.add_class::<shards::PyShardIter>()?;
     m.add_function(wrap_pyfunction!(shards::write_image_shards, m)?)?;

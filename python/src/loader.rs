@@ -25,7 +25,7 @@ use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::pydata::{Parts, PyProcessSource};
 use crate::sampler::PyEpochOrder;
 use crate::shards::PyShards;
-use crate::source::Source;
+use crate::source::{BatchForm, Source};
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
 
@@ -233,7 +233,7 @@ pub(crate) struct PyLoader {
     inner: Arc<Loader>,
     device: Option<Device>,
     depth: usize,
-    single: bool,
+    form: BatchForm,
     /// A Python dataset's loader: batches end with their meta (see `crate::pydata`).
     meta: bool,
     export: ExportOptions,
@@ -310,14 +310,14 @@ impl PyLoader {
         } else {
             native_of(dataset)?
         };
-        let (source, single) = match native {
-            Some(Native { source, single, .. }) => (Some(source), single),
-            None if process.is_some() || sharded.is_some() => (None, false),
+        let (source, form) = match native {
+            Some(Native { source, form, .. }) => (Some(source), form),
+            None if process.is_some() || sharded.is_some() => (None, BatchForm::List),
             None => {
                 return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                     "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset, \
-                 datasets.ImageFolder, ArrayDataset or TensorDataset (or a Subset or \
-                 ConcatDataset of them), not {}",
+                 datasets.ImageFolder, datasets.TokenDataset, ArrayDataset or TensorDataset \
+                 (or a Subset or ConcatDataset of them), not {}",
                     dataset.get_type().name()?
                 )));
             }
@@ -431,7 +431,7 @@ impl PyLoader {
             device,
             // Batches in flight to the device: enough to overlap one copy with one step.
             depth: 2,
-            single,
+            form,
             meta,
             export: ExportOptions::default().pinned(pinned),
             position: Arc::new(Position::default()),
@@ -477,7 +477,7 @@ impl PyLoader {
             self.position.clone(),
             id,
             convert,
-            self.single,
+            self.form.clone(),
             self.meta,
             copies,
             crate::epoch::poll_for(self.num_workers),
@@ -487,7 +487,16 @@ impl PyLoader {
     /// Whether a batch is one tensor (one-file datasets) rather than a list of fields.
     #[getter]
     fn single(&self) -> bool {
-        self.single
+        self.form == BatchForm::Single
+    }
+
+    /// The field names a batch is a dict of (token sequences), or `None` (a list or a tensor).
+    #[getter]
+    fn names(&self) -> Option<Vec<String>> {
+        match &self.form {
+            BatchForm::Named(names) => Some(names.to_vec()),
+            _ => None,
+        }
     }
 
     fn __len__(&self) -> PyResult<usize> {

@@ -1,7 +1,8 @@
 //! What the binding's datasets stand for behind the loader: [`Source`], a dataset whose fields
-//! are written straight into the batch, and [`Fields`], the adapter that gives every built-in
-//! dataset (files, records, image folders) the same item type. Below the dataset modules
-//! (`dataset`, `vision`), which both build sources.
+//! are written straight into the batch, [`Fields`], the adapter that gives every built-in
+//! dataset (files, records, image folders, token files) the same item type, and
+//! [`BatchForm`], how its batches reach Python. Below the dataset modules (`dataset`,
+//! `vision`, `tokens`), which build sources.
 
 use std::sync::Arc;
 
@@ -85,5 +86,34 @@ impl Source {
 
     pub(crate) fn len(&self) -> usize {
         self.dataset.len()
+    }
+}
+
+/// How a batch of a built-in dataset reaches Python: the shape torch's `default_collate` gives
+/// the batches of the torch dataset it stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum BatchForm {
+    /// A list of its fields' tensors (samples are tuples: `[images, labels]`).
+    List,
+    /// Its one tensor (a one-file `NpyDataset`: samples are one array).
+    Single,
+    /// A dict of its fields' tensors keyed by these names, in field order (samples are dicts:
+    /// token sequences' `{"input_ids": ..., "targets": ...}`).
+    Named(Arc<[String]>),
+}
+
+impl BatchForm {
+    /// A dict keyed by `names`.
+    pub(crate) fn named<S: AsRef<str>>(names: &[S]) -> BatchForm {
+        BatchForm::Named(names.iter().map(|n| n.as_ref().to_owned()).collect())
+    }
+
+    /// What a batch is, for messages.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            BatchForm::List => "batches are lists".into(),
+            BatchForm::Single => "batches are one tensor".into(),
+            BatchForm::Named(names) => format!("batches are dicts of {names:?}"),
+        }
     }
 }
