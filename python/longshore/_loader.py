@@ -102,6 +102,7 @@ class DataLoader:
 
     ``dataset`` is a longshore dataset: :class:`NpyDataset`, :class:`RecordDataset`,
     :class:`datasets.ImageFolder` with a transform (batches ``[images, labels]``),
+    :class:`datasets.TokenDataset` (batches ``{"input_ids": ..., "targets": ...}``),
     :class:`data.ArrayDataset` / :class:`data.TensorDataset` (in-memory arrays), or a
     :class:`data.Subset` / :class:`data.ConcatDataset` of them.
 
