@@ -11,11 +11,13 @@ use crate::transform::Transform;
 use crate::worker;
 
 mod iterable;
+pub mod mixture;
 
 pub use iterable::{
     Chain, EpochLayout, FromFn, ItemIter, IterMap, IterableDataset, IterableExt, Sharded,
     StreamPosition,
 };
+pub use mixture::{Mixture, Stop};
 
 /// A map-style dataset: `len` items addressed by index, like PyTorch's `Dataset`.
 ///

@@ -113,8 +113,8 @@ pub use collate::{
 };
 pub use dataset::{
     Chain, ConcatDataset, Dataset, DatasetExt, DirectDataset, EpochLayout, FromFn, ItemIter,
-    IterMap, IterableDataset, IterableExt, Map, Sharded, StreamPosition, Subset, Transformed,
-    TryMap, VecDataset, Zip, random_split, random_split_fractions, split_lengths,
+    IterMap, IterableDataset, IterableExt, Map, Mixture, Sharded, StreamPosition, Subset,
+    Transformed, TryMap, VecDataset, Zip, random_split, random_split_fractions, split_lengths,
 };
 pub use dist::{DistEnv, Launcher};
 pub use dtype::{ByteOrder, DType, Element};
