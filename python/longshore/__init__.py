@@ -41,6 +41,7 @@ from .data import (  # noqa: F401  (re-exported, as torch.utils.data has them)
     BatchSampler,
     ConcatDataset,
     DistributedSampler,
+    Mixture,
     RandomSampler,
     Sampler,
     SequentialSampler,

@@ -78,6 +78,13 @@ def get_worker_info():
     return info if info is not None else _worker_info
 
 
+def loader_epoch():
+    """The epoch of the loader whose batch this thread is fetching (in a longshore worker,
+    process or thread, or the loader's own process with ``num_workers=0``); ``None`` outside
+    one (the main program, torch's DataLoader)."""
+    return getattr(_local, "epoch", None)
+
+
 class _ThreadInfo:
     """What torch's ``get_worker_info()`` returns while thread workers run (its answer is one
     global of the process): each attribute read from the calling worker thread's info."""
@@ -179,7 +186,13 @@ class Handler:
         (epoch, n) = struct.unpack_from("<QI", req, 1)
         indices = list(struct.unpack_from(f"<{n}Q", req, 13))
         self.staged = None
-        samples = self._fetch(indices)
+        # The loader's epoch, for datasets whose samples depend on it (data.Mixture), while
+        # this batch's samples are fetched.
+        _local.epoch = epoch
+        try:
+            samples = self._fetch(indices)
+        finally:
+            _local.epoch = None
         if isinstance(samples, bytes):
             return samples
         return self._collated(samples)

@@ -16,7 +16,9 @@ The datasets are native: ``ArrayDataset`` / ``TensorDataset`` copy their arrays 
 memory that the loader's Rust worker threads read, and ``Subset``, ``ConcatDataset`` and
 ``random_split`` over any longshore dataset (``NpyDataset``, ``RecordDataset``,
 ``datasets.ImageFolder``, these) map indices in Rust. Over other (Python) datasets they behave
-as PyTorch's, for indexing in Python.
+as PyTorch's, for indexing in Python. :class:`Mixture` (not PyTorch's: Hugging Face's
+``interleave_datasets`` for map-style datasets) draws datasets in chosen proportions, in Rust
+over longshore datasets, in Python over others.
 
 PyTorch's own sampler objects (and any iterable of indices, or of lists of indices for
 ``batch_sampler``) work too: the loader iterates them in the main process, as PyTorch does.
@@ -30,7 +32,7 @@ import warnings
 
 import numpy as _np
 
-from . import _longshore
+from . import _longshore, _workers
 
 __all__ = [
     "Sampler",
@@ -45,6 +47,7 @@ __all__ = [
     "Subset",
     "ConcatDataset",
     "random_split",
+    "Mixture",
 ]
 
 
@@ -532,7 +535,8 @@ class TensorDataset(ArrayDataset):
 def _native_or_none(dataset):
     """The object the Rust loader reads for ``dataset``, or None for a Python dataset."""
     native = (_longshore.NpyDataset, _longshore.RecordDataset, _longshore._Native,
-              _longshore._ImageFolder, _longshore._TokenSequences, _longshore._Shards)
+              _longshore._ImageFolder, _longshore._TokenSequences, _longshore._Shards,
+              _longshore._Mixture)
     if isinstance(dataset, native):
         return dataset
     if isinstance(dataset, (str, bytes)):
@@ -679,3 +683,168 @@ def random_split(dataset, lengths, generator=None, *, seed=None):
         Subset(dataset, indices[offset - length : offset])
         for offset, length in zip(itertools.accumulate(lengths), lengths)
     ]
+
+
+_STOPS = ("first_exhausted", "all_exhausted")
+
+
+class Mixture:
+    """Map-style ``datasets`` drawn in proportion to ``weights``, by a fixed schedule:
+    position ``p`` of an epoch reads sample ``index`` of member ``member``
+    (:meth:`source`), members interleaved as evenly as the weights allow (every block of
+    :attr:`block` positions, at least 1,024, holds each member's share), each member's samples
+    in a random order of ``(seed, epoch, member, pass)`` (``shuffle=False``: in index order).
+    The loader's sampler shuffles the positions as for any dataset, so ranks
+    (:class:`DistributedSampler`), workers and ``load_state_dict`` work on a mixture as on any
+    map-style dataset.
+
+    ``stop``: how an epoch ends, as Hugging Face's ``interleave_datasets`` stopping
+    strategies: ``"first_exhausted"`` (default) where the schedule would draw from a member
+    with no sample left (every sample at most once per epoch; :attr:`unused` counts the
+    others' samples not drawn); ``"all_exhausted"`` once every member gave every sample
+    (members that run out earlier pass again, in another order; :attr:`repeated` counts
+    them); or a number of positions per epoch (members passing as often as needed).
+
+    Over longshore datasets (``NpyDataset``, ``RecordDataset``, ``datasets.ImageFolder`` with a
+    transform, ``datasets.TokenDataset``, :class:`ArrayDataset`, :class:`TensorDataset`, and
+    :class:`Subset` / :class:`ConcatDataset` / ``Mixture`` of them), whose samples must have the
+    same fields, the loader's Rust workers read the mixture and write its batches straight into
+    the batch's memory, in the loader's epoch. With any other (Python) member it is a Python
+    dataset: ``__getitem__`` asks the schedule which member and index to read; in
+    ``longshore.DataLoader``'s workers the loader's epoch applies, elsewhere (the main
+    program, ``torch.utils.data.DataLoader``) the one given to :meth:`set_epoch`. With torch's
+    DataLoader call ``dataset.set_epoch(epoch)`` before each epoch's ``iter(loader)``
+    (torch's ``persistent_workers=True`` keeps the workers' copies: their epoch stays).
+
+    >>> import numpy as np
+    >>> from longshore.data import ArrayDataset, Mixture
+    >>> web, books = ArrayDataset(np.arange(100)), ArrayDataset(np.arange(1000, 1010))
+    >>> mix = Mixture([web, books], [3, 1])   # 3 of web for 1 of books, until books runs out
+    >>> len(mix), mix.draws, mix.unused
+    (40, [30, 10], [70, 0])
+    """
+
+    def __init__(self, datasets, weights, *, stop="first_exhausted", seed=0, shuffle=True):
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise ValueError("Mixture needs at least one dataset")
+        try:
+            self.weights = [float(w) for w in weights]
+        except (TypeError, ValueError):
+            raise ValueError(f"weights={weights!r}: one number per dataset") from None
+        if len(self.weights) != len(self.datasets):
+            raise ValueError(f"weights: {len(self.weights)} weights for "
+                             f"{len(self.datasets)} datasets")
+        if not (isinstance(stop, str) and stop in _STOPS) and (
+                isinstance(stop, bool) or not isinstance(stop, int) or stop <= 0):
+            raise ValueError(f"stop={stop!r}: must be \"first_exhausted\", \"all_exhausted\" "
+                             "or a positive number of positions per epoch")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed={seed!r}: an int")
+        iterable = getattr(sys.modules.get("torch.utils.data"), "IterableDataset", None)
+        for i, d in enumerate(self.datasets):
+            native = _native_or_none(d)
+            if (isinstance(native, _longshore._Shards)
+                    or (iterable is not None and isinstance(d, iterable))
+                    or (native is None
+                        and not (hasattr(d, "__getitem__") and hasattr(d, "__len__")))):
+                raise ValueError(f"Mixture: member {i} ({type(d).__name__}) is not a map-style "
+                                 "dataset (__getitem__ and __len__); a mixture draws samples "
+                                 "by index")
+        self.stop = stop
+        self.seed = seed
+        self.shuffle = bool(shuffle)
+        self._epoch = 0
+        self._build()
+
+    def _build(self):
+        natives = [_native_or_none(d) for d in self.datasets]
+        args = (self.weights, self.stop)
+        kw = {"seed": self.seed & (2**64 - 1), "shuffle": self.shuffle}
+        if all(n is not None for n in natives):
+            self._native = _longshore._Mixture(natives, *args, **kw)
+            self._schedule = self._native
+        else:
+            self._native = None
+            self._schedule = _longshore._MixtureSchedule(
+                [len(d) for d in self.datasets], *args, **kw)
+        self._schedule.set_epoch(self._epoch)
+
+    def __getstate__(self):
+        # The native objects are rebuilt from the arguments (a worker process's copy).
+        state = self.__dict__.copy()
+        del state["_native"], state["_schedule"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._build()
+
+    def _current_epoch(self):
+        epoch = _workers.loader_epoch()
+        return self._epoch if epoch is None else epoch
+
+    def set_epoch(self, epoch):
+        """The epoch of the members' orders outside ``longshore.DataLoader`` (indexing in the
+        main program, ``torch.utils.data.DataLoader``); longshore's loader uses its own."""
+        self._epoch = int(epoch)
+        self._schedule.set_epoch(self._epoch)
+
+    def source(self, position, epoch=None):
+        """``(member, index)``: the member and the member's sample that ``position`` reads in
+        ``epoch`` (default: the current one, see :meth:`set_epoch`)."""
+        return self._schedule.source(position, self._current_epoch() if epoch is None else epoch)
+
+    @property
+    def draws(self):
+        """Each member's draws in an epoch (the same every epoch)."""
+        return self._schedule.draws
+
+    @property
+    def unused(self):
+        """Each member's samples not drawn in an epoch."""
+        return self._schedule.unused
+
+    @property
+    def repeated(self):
+        """Each member's draws past its size in an epoch (samples drawn again)."""
+        return self._schedule.repeated
+
+    @property
+    def block(self):
+        """The schedule's block: every block of this many positions holds each member's
+        share."""
+        return self._schedule.block
+
+    def __len__(self):
+        return len(self._schedule)
+
+    def __getitem__(self, position):
+        """``datasets[member][index]`` for ``(member, index) = source(position)``: a member's
+        own ``__getitem__`` (``NpyDataset`` and ``RecordDataset`` have none; the loader reads
+        them)."""
+        member, index = self.source(position)
+        return self.datasets[member][index]
+
+    def __getitems__(self, positions):
+        """The samples at ``positions``, each member's read by its own ``__getitems__`` where
+        it has one (as torch's DataLoader fetches a batch)."""
+        members, indices = self._schedule.sources(list(positions), self._current_epoch())
+        out = [None] * len(members)
+        for m, d in enumerate(self.datasets):
+            at = [j for j, s in enumerate(members) if s == m]
+            if not at:
+                continue
+            getitems = getattr(d, "__getitems__", None)
+            if getitems is not None:
+                samples = getitems([indices[j] for j in at])
+            else:
+                samples = [d[indices[j]] for j in at]
+            for j, sample in zip(at, samples):
+                out[j] = sample
+        return out
+
+    def __repr__(self):
+        kind = "native" if self._native is not None else "python"
+        return (f"Mixture({len(self.datasets)} datasets, weights={self.weights}, "
+                f"stop={self.stop!r}, len={len(self)}, {kind})")

@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::errors::data_err;
+use crate::mixture::PyMixture;
 use crate::source::{AnyDataset, BatchForm, Fields, Source};
 use crate::tokens::PyTokenSequences;
 use crate::vision::PyImageFolder;
@@ -214,9 +215,9 @@ pub(crate) struct Native {
     pub(crate) transformed: bool,
 }
 
-/// The native form of `dataset`: a built-in dataset, a [`PyNative`], or a Python object whose
-/// `_native` attribute is one (`datasets.ImageFolder`, `datasets.TokenDataset`,
-/// `longshore.data`'s classes); `None`
+/// The native form of `dataset`: a built-in dataset, a [`PyNative`], a [`PyMixture`], or a
+/// Python object whose `_native` attribute is one (`datasets.ImageFolder`,
+/// `datasets.TokenDataset`, `longshore.data`'s classes); `None`
 /// for anything else (a Python dataset, which longshore's Rust workers cannot read).
 pub(crate) fn native_of(dataset: &Bound<'_, PyAny>) -> PyResult<Option<Native>> {
     if let Ok(d) = dataset.cast::<PyNpyDataset>() {
@@ -257,6 +258,9 @@ pub(crate) fn native_of(dataset: &Bound<'_, PyAny>) -> PyResult<Option<Native>> 
     if let Ok(d) = dataset.cast::<PyNative>() {
         return Ok(Some(d.get().native.clone()));
     }
+    if let Ok(d) = dataset.cast::<PyMixture>() {
+        return Ok(Some(d.get().native()));
+    }
     // A Python wrapper (not a string, whose attributes are no dataset).
     if !dataset.is_instance_of::<pyo3::types::PyString>()
         && let Ok(inner) = dataset.getattr("_native")
@@ -269,7 +273,7 @@ pub(crate) fn native_of(dataset: &Bound<'_, PyAny>) -> PyResult<Option<Native>> 
 }
 
 /// `native_of`, or a `TypeError` naming what `what` (a class of `longshore.data`) takes.
-fn native_part(dataset: &Bound<'_, PyAny>, what: &str) -> PyResult<Native> {
+pub(crate) fn native_part(dataset: &Bound<'_, PyAny>, what: &str) -> PyResult<Native> {
     native_of(dataset)?.ok_or_else(|| {
         PyTypeError::new_err(format!(
             "{what} over a {} runs in Python, not in longshore's Rust workers",

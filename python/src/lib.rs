@@ -3,7 +3,7 @@
 //! batches to PyTorch and NumPy). The Python package (`longshore/__init__.py`) adds the
 //! `DataLoader` class, which picks how batches are converted: `_TorchConverter` (a batch per
 //! Rust call into torch) or `np.from_dlpack` per tensor, and `longshore.data` (samplers and
-//! dataset helpers), over `_EpochOrder` and `_Native`.
+//! dataset helpers), over `_EpochOrder`, `_Native` and `_Mixture`.
 
 mod boxed;
 mod dataset;
@@ -11,6 +11,7 @@ mod epoch;
 mod errors;
 mod loader;
 mod logs;
+mod mixture;
 mod nvjpeg;
 mod pydata;
 mod sampler;
@@ -39,6 +40,8 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyNpyDataset>()?;
     m.add_class::<dataset::PyRecordDataset>()?;
     m.add_class::<dataset::PyNative>()?;
+    m.add_class::<mixture::PyMixture>()?;
+    m.add_class::<mixture::PySchedule>()?;
     m.add_class::<sampler::PyEpochOrder>()?;
     m.add_function(wrap_pyfunction!(sampler::_random_indices, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::_permutation, m)?)?;

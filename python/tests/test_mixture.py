@@ -1,0 +1,285 @@
+"""longshore.data.Mixture: map-style datasets drawn in chosen proportions by a fixed schedule,
+Hugging Face's stopping strategies. Native members (read by the loader's Rust workers) and
+Python members (read in longshore's worker processes, or torch's DataLoader): the realised
+per-member counts are the schedule's draws, every position once per epoch in the loader's
+epoch, the stop rules' lengths against a hand count, a checkpoint resumed on other workers, and
+named errors."""
+import collections
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import longshore
+from longshore import _longshore
+from longshore.data import ArrayDataset, ConcatDataset, Mixture, Subset
+
+from conftest import need_torch
+
+BASE = 1000  # member m's sample i has id m * BASE + i
+
+
+def members(*sizes):
+    return [ArrayDataset(np.arange(m * BASE, m * BASE + n, dtype=np.int64))
+            for m, n in enumerate(sizes)]
+
+
+class Ids:
+    """A plain Python dataset of ids (torch-style: __getitem__ and __len__), its samples tuples
+    as ArrayDataset's are."""
+
+    def __init__(self, m, n):
+        self.m, self.n = m, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return (np.int64(self.m * BASE + i),)
+
+
+def ids(loader):
+    out = []
+    for batch in loader:
+        batch = batch[0] if isinstance(batch, (list, tuple)) else batch
+        out.extend(np.asarray(batch).reshape(-1).tolist())
+    return out
+
+
+def expected(mix, epoch):
+    """The ids of positions 0..len in `epoch`, from the schedule."""
+    return [m * BASE + i for m, i in (mix.source(p, epoch) for p in range(len(mix)))]
+
+
+# Hand count, weights [1, 1] over 3 and 5 samples: the schedule alternates a, b, a, b, ...
+# (equal shares, ties to the first member), as Hugging Face's round robin does.
+# first_exhausted: a0 b0 a1 b1 a2 b2, then a would be drawn past its last sample: 6.
+# all_exhausted: ... a2 b2 a0' b3 a1' b4: b's last sample at position 9: 10, a repeats 2.
+# 7 positions: a0 b0 a1 b1 a2 b2 a0': a 4 (1 repeated), b 3 (2 unused).
+STOPS = [
+    ("first_exhausted", 6, [3, 3], [0, 2], [0, 0]),
+    ("all_exhausted", 10, [5, 5], [0, 0], [2, 0]),
+    (7, 7, [4, 3], [0, 2], [1, 0]),
+]
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("stop,length,draws,unused,repeated", STOPS)
+def test_stop_rules(native, stop, length, draws, unused, repeated):
+    parts = members(3, 5) if native else [Ids(0, 3), Ids(1, 5)]
+    mix = Mixture(parts, [1, 1], stop=stop, shuffle=False)
+    assert (mix._native is not None) == native
+    assert (len(mix), mix.draws, mix.unused, mix.repeated) == (length, draws, unused, repeated)
+    got = [int(np.asarray(mix[p]).reshape(-1)[0]) for p in range(length)]
+    a, b = [i % 3 for i in range(5)], list(range(5))
+    order = [x for pair in zip(a, [BASE + i for i in b]) for x in pair]
+    assert got == order[:length]
+    with pytest.raises(IndexError):
+        mix[length]
+
+
+def test_weighted_first_exhausted_hand_count():
+    # Weights 3:1 over 100 and 10 samples: a block of 1,024 holds 768 of a, 256 of b; a's j-th
+    # position falls at (j + 1/2) / 768, b's k-th at (3k + 3/2) / 768. b's 11th draw (k = 10,
+    # at 31.5/768) ends the epoch: a's j = 0..31 come before it (the tie to the first member),
+    # so 32 + 10 = 42 positions.
+    mix = Mixture(members(100, 10), [3, 1])
+    assert (len(mix), mix.draws, mix.unused, mix.repeated) == (42, [32, 10], [68, 0], [0, 0])
+    assert mix.block == 1024
+    # A member drawn in proportion over a long epoch: within one position per block.
+    long = Mixture(members(10_000, 10_000, 10_000), [0.5, 0.3, 0.2], stop=8192)
+    # 1024 * w = 512, 307.2, 204.8: floors 512, 307, 204 and the one left to the largest
+    # remainder (204.8): 512, 307, 205 per block, 8 blocks.
+    assert long.draws == [4096, 2456, 1640]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("stop", ["first_exhausted", "all_exhausted", 300])
+def test_loader_draws_every_position_once(num_workers, stop):
+    mix = Mixture(members(120, 45, 80), [2, 1, 1], stop=stop, seed=3)
+    assert mix._native is not None
+    loader = longshore.DataLoader(mix, batch_size=16, num_workers=num_workers)
+    got = ids(loader)
+    assert got == expected(mix, 0)  # in order: every position once, the loader's epoch 0
+    counts = collections.Counter(x // BASE for x in got)
+    assert [counts[m] for m in range(3)] == mix.draws
+    if stop == "first_exhausted":
+        assert len(set(got)) == len(got)  # every sample at most once
+    shuffled = ids(longshore.DataLoader(mix, batch_size=16, shuffle=True,
+                                        num_workers=num_workers, seed=1))
+    assert sorted(shuffled) == sorted(expected(mix, 0))
+
+
+def test_epochs_differ():
+    mix = Mixture(members(50, 50), [1, 1])
+    loader = longshore.DataLoader(mix, batch_size=10, num_workers=2)
+    e0, e1 = ids(loader), ids(loader)
+    assert e0 == expected(mix, 0) and e1 == expected(mix, 1) and e0 != e1
+    assert sorted(e0) == sorted(e1)  # both epochs exhaust both members
+    loader.set_epoch(5)
+    assert ids(loader) == expected(mix, 5)
+    # Outside a loader: set_epoch.
+    assert [int(mix[p][0]) for p in range(len(mix))] == expected(mix, 0)
+    mix.set_epoch(1)
+    assert [int(mix[p][0]) for p in range(len(mix))] == e1
+    assert mix.source(3) == mix.source(3, 1) != mix.source(3, 0) or e0[3] == e1[3]
+    # shuffle=False: index order, every epoch.
+    plain = Mixture(members(50, 50), [1, 1], shuffle=False)
+    assert expected(plain, 0) == expected(plain, 7)
+    # Another seed, another order.
+    assert expected(Mixture(members(50, 50), [1, 1], seed=9), 0) != e0
+
+
+@pytest.mark.parametrize("workers", [(2, 0), (0, 3)])
+def test_resume_on_other_workers(workers):
+    before, after = workers
+    mix = Mixture(members(90, 40), [3, 1], stop="all_exhausted", seed=4)
+
+    def make(num_workers, seed=5):
+        return longshore.DataLoader(mix, batch_size=7, shuffle=True, num_workers=num_workers,
+                                    seed=seed)
+
+    full = ids(make(before))
+    first = make(before)
+    it = iter(first)
+    taken = ids([next(it) for _ in range(4)])
+    state = first.state_dict()
+    it.close()
+    resumed = make(after, seed=99)  # the checkpoint's order, not this seed's
+    resumed.load_state_dict(state)
+    rest = ids(resumed)
+    assert taken + rest == full
+    assert len(full) == len(mix)
+
+
+def test_native_members_of_any_kind(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(2 * BASE, 2 * BASE + 30, dtype=np.int64))
+    npy = longshore.NpyDataset(tmp_path / "a.npy")
+    arr = ArrayDataset(np.arange(0, 60, dtype=np.int64))
+    concat = ConcatDataset([Subset(arr, list(range(10))),
+                            ArrayDataset(np.arange(BASE, BASE + 10, dtype=np.int64))])
+    # Batch forms must agree: a one-file NpyDataset batches one tensor, ArrayDataset a list.
+    with pytest.raises(ValueError, match="member 1 has fields .* member 0"):
+        Mixture([arr, npy], [1, 1])
+    mix = Mixture([concat, arr], [1, 2], stop=60)
+    assert mix._native is not None
+    assert len(ids(longshore.DataLoader(mix, batch_size=8, num_workers=2))) == 60
+    inner = Mixture([npy, longshore.NpyDataset(tmp_path / "a.npy")], [1, 1])
+    nested = Mixture([inner, npy], [1, 1], stop=20)  # a mixture is a member like any other
+    assert nested._native is not None
+    assert len(ids(longshore.DataLoader(nested, batch_size=8))) == 20
+
+
+def test_bad_arguments():
+    a, b = members(5, 5)
+    with pytest.raises(ValueError, match="weights: 1 weights for 2 datasets"):
+        Mixture([a, b], [1])
+    with pytest.raises(ValueError, match="weights"):
+        Mixture([a, b], [1, -1])
+    with pytest.raises(ValueError, match="weights"):
+        Mixture([a, b], [0, 0])
+    with pytest.raises(ValueError, match="weights"):
+        Mixture([a, b], ["x", 1])
+    for stop in ("first", 0, -3, True, 1.5):
+        with pytest.raises(ValueError, match="stop="):
+            Mixture([a, b], [1, 1], stop=stop)
+    with pytest.raises(ValueError, match="at least one dataset"):
+        Mixture([], [])
+    with pytest.raises(ValueError, match="member 1 is empty"):
+        Mixture([a, ArrayDataset(np.zeros(0, np.int64))], [1, 1])
+    with pytest.raises(ValueError, match=r"member 1 \(int\) is not a map-style"):
+        Mixture([a, 3], [1, 1])
+    with pytest.raises(ValueError, match="member 1 has fields"):
+        Mixture([a, ArrayDataset(np.zeros((5, 2), np.float32))], [1, 1])
+    with pytest.raises(ValueError, match="seed="):
+        Mixture([a, b], [1, 1], seed="x")
+    # Straight to the native classes, as the Python class calls them.
+    with pytest.raises(ValueError, match="stop="):
+        _longshore._MixtureSchedule([3], [1.0], "never")
+    with pytest.raises(IndexError, match="out of range for a mixture of"):
+        Mixture([a, b], [1, 1]).source(10)
+
+
+def test_python_members_in_longshore_workers():
+    mix = Mixture([Ids(0, 70), Ids(1, 30), members(0, 0, 50)[2]], [2, 1, 1],
+                  stop="all_exhausted", seed=11)
+    assert mix._native is None  # a Python member: a Python dataset
+    for num_workers in (0, 2):
+        loader = longshore.DataLoader(mix, batch_size=9, num_workers=num_workers)
+        e0, e1 = ids(loader), ids(loader)  # the workers learn the loader's epoch
+        assert e0 == expected(mix, 0) and e1 == expected(mix, 1) and e0 != e1
+        counts = collections.Counter(x // BASE for x in e0)
+        assert [counts[m] for m in range(3)] == mix.draws
+    # Resume onto another number of workers.
+    full = ids(longshore.DataLoader(mix, batch_size=9, shuffle=True, num_workers=2, seed=3))
+    first = longshore.DataLoader(mix, batch_size=9, shuffle=True, num_workers=2, seed=3)
+    it = iter(first)
+    taken = ids([next(it) for _ in range(3)])
+    state = first.state_dict()
+    it.close()
+    # A Python dataset's shuffle is a sampler of the loader's seed: the same seed here.
+    resumed = longshore.DataLoader(mix, batch_size=9, shuffle=True, num_workers=0, seed=3)
+    resumed.load_state_dict(state)
+    assert taken + ids(resumed) == full
+    # Thread workers too.
+    threads = longshore.DataLoader(mix, batch_size=9, num_workers=2, worker_mode="thread")
+    assert ids(threads) == expected(mix, 0)
+
+
+def test_python_members_in_torch_dataloader():
+    torch = need_torch()
+    mix = Mixture([Ids(0, 40), Ids(1, 25)], [1, 1], stop="first_exhausted", seed=2)
+    for epoch in (0, 1):
+        mix.set_epoch(epoch)  # torch's loader has no epoch of its own to pass on
+        loader = torch.utils.data.DataLoader(mix, batch_size=8, num_workers=2)
+        assert ids(loader) == expected(mix, epoch)
+    assert [int(x[0]) for x in mix.__getitems__([0, 1, 2])] == expected(mix, 1)[:3]
+    # A worker process started by spawn or forkserver gets a pickled copy: the schedule is
+    # rebuilt from the arguments, with the epoch.
+    copy = pickle.loads(pickle.dumps(mix))
+    assert copy._current_epoch() == 1 and expected(copy, 1) == expected(mix, 1)
+    assert [int(copy[p][0]) for p in range(len(copy))] == expected(mix, 1)
+
+
+SNIPPET = """
+import numpy as np, torch, longshore
+from longshore.data import ArrayDataset, Mixture
+web = ArrayDataset(np.arange(1000, dtype=np.int64))
+code = ArrayDataset(np.arange(10_000, 10_200, dtype=np.int64))
+mix = Mixture([web, code], [0.8, 0.2], stop="all_exhausted", seed=0)
+n = {0: 0, 1: 0}
+for (x,) in longshore.DataLoader(mix, batch_size=64, shuffle=True, num_workers=2):
+    n[0] += int((x < 10_000).sum()); n[1] += int((x >= 10_000).sum())
+assert [n[0], n[1]] == mix.draws and mix.repeated[1] > 0, (n, mix.draws)
+print("ok", len(mix))
+"""
+
+
+def test_snippet_in_a_fresh_interpreter(tmp_path):
+    need_torch()
+    env = dict(os.environ)
+    python_dir = os.path.join(os.path.dirname(__file__), "..")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.abspath(python_dir)] + [p for p in [env.get("PYTHONPATH")] if p])
+    out = subprocess.run([sys.executable, "-c", SNIPPET], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "ok"
+
+
+def test_guide_example():
+    """The Python example of the guide's "Mixtures" section runs as written."""
+    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide",
+                         "migrating-from-pytorch.md")
+    text = open(guide).read()
+    section = text[text.index("## Mixtures"):]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
+    blocks = section.split("```python\n")[1:]
+    assert len(blocks) == 1, "one Python example in the section"
+    exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {"__name__": "guide"})
