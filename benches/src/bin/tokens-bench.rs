@@ -13,8 +13,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use clap::Parser;
+use longshore::data::dataset::mixture::{Mixture, Stop};
 use longshore::data::formats::tokens::TokenSequences;
-use longshore::data::{DType, Dataset, DirectCollate};
+use longshore::data::{DType, Dataset, DirectCollate, DirectDataset};
 use longshore::prelude::DataLoader;
 use longshore_benches::measure::median;
 
@@ -48,11 +49,71 @@ struct Args {
     /// One JSON object per row.
     #[arg(long)]
     json: bool,
+    /// Also a 3-way mixture of thirds of the files (weights 5:3:2) against each third alone.
+    #[arg(long)]
+    mixture: bool,
+}
+
+/// Sequences per second of `dataset` through the loader on `workers` workers: the median of
+/// the epochs after the first.
+fn rate<D>(dataset: &D, args: &Args, workers: usize) -> Result<f64>
+where
+    D: DirectDataset + Clone + 'static,
+{
+    let names = ["input_ids", "targets"];
+    let loader = DataLoader::builder(dataset.clone())
+        .collate(DirectCollate::new().with_names(names.into_iter().take(dataset.fields().len())))
+        .batch_size(args.batch)
+        .shuffle(true)
+        .seed(0)
+        .num_workers(workers)
+        .pin_memory(true)
+        .build()?;
+    let mut rates = Vec::new();
+    for epoch in 0..args.epochs {
+        loader.set_epoch(epoch as u64);
+        let t0 = Instant::now();
+        let mut n = 0usize;
+        let mut check = 0i64;
+        for batch in loader.iter() {
+            let batch = batch?;
+            n += batch.batch_size();
+            // Touch the batch as a consumer would (one value per batch).
+            check ^= batch.tensor::<i64>(0)?[0];
+        }
+        std::hint::black_box(check);
+        ensure!(
+            n == dataset.len(),
+            "epoch delivered {n} of {} sequences",
+            dataset.len()
+        );
+        if epoch > 0 {
+            rates.push(n as f64 / t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(&rates))
+}
+
+fn row(args: &Args, front: &str, workers: usize, seq_rate: f64) {
+    let tok_rate = seq_rate * args.seq_len as f64;
+    if args.json {
+        println!(
+            "{{\"front\": \"{front}\", \"workers\": {workers}, \"sequences_per_s\": {seq_rate:.1}, \"tokens_per_s\": {tok_rate:.0}}}"
+        );
+    } else {
+        println!(
+            "| {front} | {workers} | {seq_rate:.0} | {:.1} M |",
+            tok_rate / 1e6
+        );
+    }
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    ensure!(args.epochs >= 2, "--epochs must be at least 2 (one warm-up)");
+    ensure!(
+        args.epochs >= 2,
+        "--epochs must be at least 2 (one warm-up)"
+    );
     let mut written = None;
     let dir = match &args.dir {
         Some(d) => d.clone(),
@@ -98,43 +159,44 @@ fn main() -> Result<()> {
             seqs.field_names(),
             args.batch
         );
-        println!("| workers | sequences/s | tokens/s |\n| --- | --- | --- |");
+        println!("| loader | workers | sequences/s | tokens/s |\n| --- | --- | --- | --- |");
     }
     for &workers in &args.workers {
-        let loader = DataLoader::builder(seqs.clone())
-            .collate(DirectCollate::new().with_names(seqs.field_names().iter().copied()))
-            .batch_size(args.batch)
-            .shuffle(true)
-            .seed(0)
-            .num_workers(workers)
-            .pin_memory(true)
-            .build()?;
-        let mut rates = Vec::new();
-        for epoch in 0..args.epochs {
-            loader.set_epoch(epoch as u64);
-            let t0 = Instant::now();
-            let mut n = 0usize;
-            let mut check = 0i64;
-            for batch in loader.iter() {
-                let batch = batch?;
-                n += batch.batch_size();
-                // Touch the batch as a consumer would (one value per batch).
-                check ^= batch.tensor::<i64>(0)?[0];
-            }
-            std::hint::black_box(check);
-            ensure!(n == seqs.len(), "epoch delivered {n} of {} sequences", seqs.len());
-            if epoch > 0 {
-                rates.push(n as f64 / t0.elapsed().as_secs_f64());
-            }
+        let seq_rate = rate(&seqs, &args, workers)?;
+        row(&args, "rust", workers, seq_rate);
+    }
+    if args.mixture {
+        // A 3-way mixture of thirds of the files (weights 5:3:2, until every member is
+        // exhausted) against each member alone, best worker count each.
+        ensure!(files.len() >= 3, "--mixture needs at least 3 token files");
+        let thirds: Vec<Vec<PathBuf>> = (0..3)
+            .map(|k| files.iter().skip(k).step_by(3).cloned().collect())
+            .collect();
+        let mut members = Vec::new();
+        for (k, paths) in thirds.iter().enumerate() {
+            let member = TokenSequences::builder(paths)
+                .seq_len(args.seq_len)
+                .token_dtype(DType::U16)
+                .targets(!args.no_targets)
+                .build()?;
+            let best = args
+                .workers
+                .iter()
+                .map(|&w| rate(&member, &args, w).map(|r| (w, r)))
+                .collect::<Result<Vec<_>>>()?
+                .into_iter()
+                .fold((0, 0.0), |a, b| if b.1 > a.1 { b } else { a });
+            row(&args, &format!("rust member {k}"), best.0, best.1);
+            members.push(member);
         }
-        let seq_rate = median(&rates);
-        let tok_rate = seq_rate * args.seq_len as f64;
-        if args.json {
-            println!(
-                "{{\"front\": \"rust\", \"workers\": {workers}, \"sequences_per_s\": {seq_rate:.1}, \"tokens_per_s\": {tok_rate:.0}}}"
+        let mixture = Mixture::new(members, &[5.0, 3.0, 2.0], Stop::AllExhausted)?;
+        for &workers in &args.workers {
+            row(
+                &args,
+                "rust mixture",
+                workers,
+                rate(&mixture, &args, workers)?,
             );
-        } else {
-            println!("| {workers} | {seq_rate:.0} | {:.1} M |", tok_rate / 1e6);
         }
     }
     if let Some(d) = written {

@@ -35,11 +35,11 @@
 //! # fn main() -> Result<(), longshore_data::DataError> {
 //! let a = VecDataset::new((0..100u32).collect());
 //! let b = VecDataset::new((1000..1010u32).collect());
-//! // 3 parts of `a` for 1 of `b`, until `b` runs out: 40 positions.
+//! // 3 parts of `a` for 1 of `b`, until `b` would give an 11th sample: 42 positions.
 //! let mix = Mixture::new(vec![a, b], &[3.0, 1.0], Stop::FirstExhausted)?;
-//! assert_eq!(mix.len(), 40);
-//! assert_eq!(mix.draws(), [30, 10]);
-//! assert_eq!(mix.unused(), [70, 0]);
+//! assert_eq!(mix.len(), 42);
+//! assert_eq!(mix.draws(), [32, 10]);
+//! assert_eq!(mix.unused(), [68, 0]);
 //! let from_b = (0..mix.len()).filter(|&p| mix.get(p).unwrap() >= 1000).count();
 //! assert_eq!(from_b, 10);
 //! # Ok(())
