@@ -156,6 +156,43 @@ def _storage_options(options):
             for k, v in options.items()}
 
 
+FIELD_DECODERS = ("image", "int", "float", "text", "json", "bytes")
+
+
+def _fields(fields, transform, owner):
+    """``fields=`` as the native dataset takes it: ``[(name, decoder)]`` in the dict's order,
+    checked (known decoders, at most one image field, an image field only with a transform),
+    or None."""
+    if fields is None:
+        return None
+    if not isinstance(fields, dict):
+        raise TypeError(f"{owner}(fields=...) takes a dict {{field name: decoder}}, not "
+                        f"{type(fields).__name__}")
+    if not fields:
+        raise ValueError(f"{owner}(fields={{}}): name at least one field")
+    out = []
+    images = []
+    for name, decoder in fields.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{owner}(fields=...): field names are non-empty strings, not "
+                             f"{name!r}")
+        if decoder not in FIELD_DECODERS:
+            raise ValueError(
+                f"{owner}(fields=...): field {name!r} has an unknown decoder {decoder!r} "
+                f"(one of {', '.join(repr(d) for d in FIELD_DECODERS)})")
+        if decoder == "image":
+            images.append(name)
+        out.append((name, decoder))
+    if len(images) > 1:
+        raise ValueError(f"{owner}(fields=...): two image fields, {images[0]!r} and "
+                         f"{images[1]!r}: at most one field is decoded as an image")
+    if images and transform is None:
+        raise ValueError(
+            f"{owner}(fields=...): image field {images[0]!r} needs transform=Compose([..., "
+            "ToTensor()]): images are decoded and batched in Rust, at a fixed output size")
+    return out
+
+
 class _ImageShards:
     """What WebDataset and StreamingDataset share: an iterable dataset of ``(image, label)``
     from image shards, read by longshore's Rust workers. See :class:`WebDataset`."""
@@ -164,14 +201,16 @@ class _ImageShards:
 
     def _make(self, urls, transform, *, spec, index, image_key, label_key, seed, shuffle,
               shuffle_block, rank, world_size, cache_dir, cache_budget, job, prefetch_shards,
-              max_pixels, storage_options=None):
-        if transform is None:
+              max_pixels, storage_options=None, fields=None):
+        fields = _fields(fields, transform, type(self).__name__)
+        if transform is None and fields is None:
             raise ValueError(
                 f"{type(self).__name__} needs transform=Compose([..., ToTensor()]): its "
                 "images are decoded and batched in Rust, which needs a fixed output size")
-        if not isinstance(transform, _Compose):
+        if transform is not None and not isinstance(transform, _Compose):
             transform = _Compose([transform])
-        steps, output = transform._plan()
+        steps, output = transform._plan() if transform is not None else (None, None)
+        self.fields = None if fields is None else dict(fields)
         rank, world_size = _dist_layout(rank, world_size)
         self.transform = transform
         self.shuffle = bool(shuffle)
@@ -185,7 +224,7 @@ class _ImageShards:
             cache_budget=_budget(cache_budget, "cache_budget"), job=job,
             prefetch_shards=prefetch_shards, max_pixels=max_pixels or None,
             no_pixel_limit=max_pixels == 0,
-            storage_options=_storage_options(storage_options),
+            storage_options=_storage_options(storage_options), fields=fields,
         )
         self.rank, self.world_size = self._native.rank
         self._epoch = 0
@@ -214,7 +253,12 @@ class _ImageShards:
     def __iter__(self):
         """This rank's samples of the epoch as ``(image, label)`` NumPy arrays and ints,
         outside a loader (one reader thread): for a look at the data. Train through
-        ``longshore.DataLoader``, whose workers read and decode in parallel."""
+        ``longshore.DataLoader``, whose workers read and decode in parallel. (A dataset read
+        with ``fields=`` is iterated through the loader.)"""
+        if self.fields is not None:
+            raise TypeError(
+                f"{type(self).__name__}(fields=...) is iterated through longshore.DataLoader, "
+                "whose batches are dicts of the fields")
         shape = tuple(self._native.output_shape)
         for data, dtype, label in self._native.iter_epoch(self._epoch):
             yield _np.frombuffer(bytearray(data), dtype=dtype).reshape(shape), label
@@ -222,7 +266,8 @@ class _ImageShards:
     def __repr__(self):
         return (f"{type(self).__name__}(shards={len(self.urls)}, samples={len(self)}, "
                 f"rank={self.rank}/{self.world_size}, shuffle={self.shuffle}, "
-                f"transform={self.transform!r})")
+                f"transform={self.transform!r}"
+                + ("" if self.fields is None else f", fields={self.fields!r}") + ")")
 
 
 class WebDataset(_ImageShards):
@@ -281,6 +326,21 @@ class WebDataset(_ImageShards):
     ``spec``: :attr:`spec` of a dataset made on another rank (then ``urls`` may be empty): no
     listing here.
 
+    ``fields``: other fields than ``(image, label)`` (CLIP-style ``.jpg`` + ``.txt``, labels
+    with metadata): a dict ``{field: decoder}`` (a WebDataset extension such as ``"jpg"``,
+    ``"txt"``, ``"json"``, ``"cls"``; an MDS or Parquet column name), each decoder one of
+    ``"image"`` (decoded and transformed by ``transform``, at most one such field; a float
+    tensor ``[B, 3, H, W]`` or what the pipeline outputs), ``"int"`` (int64 ``[B]``),
+    ``"float"`` (float64 ``[B]``), ``"text"`` (``list[str]``, UTF-8), ``"json"`` (a list of
+    ``json.loads`` of each) or ``"bytes"`` (``list[bytes]``). Batches are then dicts
+    ``{field: value}`` in the dict's order (``image_key``/``label_key`` are not used); without
+    an image field ``transform`` may be None. A sample missing a field, or whose text is not
+    UTF-8 or JSON not JSON, is a sample error naming the shard, key and field (the loader's
+    ``on_sample_error`` applies). Text, JSON and bytes travel from the Rust workers as one
+    byte tensor and its offsets per batch, turned into Python lists as each batch is
+    delivered. ``decode="nvjpeg"`` is refused with ``fields`` for now (a ``ValueError``), and
+    such a dataset is iterated through ``longshore.DataLoader`` only.
+
     Epochs: each iteration of a ``longshore.DataLoader`` reads the next epoch (0, 1, ...)
     unless ``loader.set_epoch(e)`` chose one; ``loader.state_dict()`` after ``k`` batches and
     ``load_state_dict`` in a new job (any number of ranks or workers) resume exactly the rest.
@@ -291,7 +351,7 @@ class WebDataset(_ImageShards):
     def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
                  image_key=None, label_key="cls", index=None, rank=None, world_size=None,
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
-                 max_pixels=None, storage_options=None):
+                 max_pixels=None, storage_options=None, fields=None):
         if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
             urls = [urls]
         self._make(list(urls), transform, spec=spec, index=index, image_key=image_key,
@@ -299,7 +359,7 @@ class WebDataset(_ImageShards):
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels,
-                   storage_options=storage_options)
+                   storage_options=storage_options, fields=fields)
 
 
 class StreamingDataset(_ImageShards):
@@ -320,6 +380,9 @@ class StreamingDataset(_ImageShards):
     it. ``image_key`` (default: the first of jpg, jpeg, png, webp) and ``label_key``
     (default ``cls``) name the columns: an image column of encoding ``jpeg`` or ``png``, an
     integer column. Compressed shards are refused (decompress them with Streaming first).
+    ``fields``: columns by name, as :class:`WebDataset`'s (``{"jpg": "image", "caption":
+    "text", "cls": "int"}``; ``"int"`` and ``"float"`` decode the column with its encoding,
+    ``"text"``/``"json"``/``"bytes"`` take its bytes).
     """
 
     _format = "mds"
@@ -328,7 +391,7 @@ class StreamingDataset(_ImageShards):
                  shuffle_seed=9176, shuffle_block_size=None, cache_limit=None, batch_size=None,
                  image_key=None, label_key="cls", rank=None, world_size=None,
                  prefetch_shards=None, job=None, spec=None, max_pixels=None,
-                 storage_options=None):
+                 storage_options=None, fields=None):
         if remote is None and local is None and spec is None:
             raise ValueError("StreamingDataset needs remote= (or local= for a dataset on disk)")
         root = str(remote if remote is not None else local or "")
@@ -343,7 +406,7 @@ class StreamingDataset(_ImageShards):
                    shuffle=shuffle, shuffle_block=shuffle_block_size, rank=rank,
                    world_size=world_size, cache_dir=cache, cache_budget=cache_limit, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels,
-                   storage_options=storage_options)
+                   storage_options=storage_options, fields=fields)
 
 
 class ParquetDataset(_ImageShards):
@@ -358,7 +421,8 @@ class ParquetDataset(_ImageShards):
 
     ``image_key`` (default ``image``): a binary column or a struct with a ``bytes`` child;
     ``label_key`` (default ``label``): an integer column. The other arguments are
-    :class:`WebDataset`'s. Snappy, gzip, LZ4 and zstd files are read (brotli is refused).
+    :class:`WebDataset`'s (``fields`` names columns). Snappy, gzip, LZ4 and zstd files are
+    read (brotli is refused).
     """
 
     _format = "parquet"
@@ -366,7 +430,7 @@ class ParquetDataset(_ImageShards):
     def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
                  image_key="image", label_key="label", rank=None, world_size=None,
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
-                 max_pixels=None, storage_options=None):
+                 max_pixels=None, storage_options=None, fields=None):
         if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
             urls = [urls]
         self._make(list(urls), transform, spec=spec, index=None, image_key=image_key,
@@ -374,7 +438,7 @@ class ParquetDataset(_ImageShards):
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels,
-                   storage_options=storage_options)
+                   storage_options=storage_options, fields=fields)
 
 
 def write_shards(out, samples, format="webdataset", shard_size=64 << 20, image_ext="jpg"):

@@ -40,6 +40,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::boxed::{Epoch, Handoff, Loader};
 use crate::errors::{LoaderFailure, dlpack_err, loader_err};
+use crate::fields::{Field, VarPart, fixed_tensors, host_parts, shape_batch};
 use crate::source::BatchForm;
 use crate::tensor::PyTensor;
 use crate::torch::PyTorchConverter;
@@ -247,7 +248,9 @@ enum Reply {
     /// Boxed: a handoff is several hundred bytes, moved through the queue. With a Python
     /// dataset, the batch's meta (its last tensor: nesting and non-tensor values, pickled),
     /// read from host memory before any copy to the device.
-    Batch(Box<Handoff>, Option<Vec<u8>>),
+    /// With a `fields=` dataset, its variable-length fields' bytes and offsets, read from host
+    /// memory before any copy to the device.
+    Batch(Box<Handoff>, Option<Vec<u8>>, Option<Vec<VarPart>>),
     Failed(LoaderError),
     End,
 }
@@ -296,6 +299,13 @@ fn export(h: Handoff, opts: &ExportOptions) -> Result<Vec<DlpackTensor>, DlpackE
     }
 }
 
+/// What the pump reads from each host batch before any copy to the device: a Python
+/// dataset's meta (its last tensor), a fields batch's variable-length fields.
+struct HostReads {
+    meta: bool,
+    fields: Option<Arc<[Field]>>,
+}
+
 /// Runs an epoch's iterator ahead of Python: each batch is queued with the loader's position
 /// after it; the queue's bound makes the pump wait for Python.
 fn pump(
@@ -305,8 +315,9 @@ fn pump(
     room: Arc<Room>,
     timings: Option<Arc<Timings>>,
     mut uploader: Option<Uploader>,
-    meta: bool,
+    reads: HostReads,
 ) {
+    let HostReads { meta, fields } = reads;
     let t = timings.as_deref();
     let now = || t.map(|_| Instant::now());
     let mut n = 0u64;
@@ -336,6 +347,20 @@ fn pump(
                 }
                 _ => None,
             };
+            let parts = match (&next, &fields) {
+                (Some(Ok(Handoff::Host(b) | Handoff::Staged(b))), Some(f)) => {
+                    match host_parts(f, b) {
+                        Ok(p) => Some(p),
+                        Err(e) => return Reply::Failed(LoaderError::Data(e)),
+                    }
+                }
+                (Some(Ok(Handoff::Device(_))), Some(_)) => {
+                    return Reply::Failed(LoaderError::State(
+                        "a fields batch reached the device before its text was read".into(),
+                    ));
+                }
+                _ => None,
+            };
             match (next, uploader.as_mut()) {
                 (None, _) => Reply::End,
                 (Some(Err(e)), _) => Reply::Failed(e),
@@ -344,11 +369,11 @@ fn pump(
                     if b.layout().total_bytes() > SMALL_BATCH =>
                 {
                     match up.upload(b, |e| e.synchronize()) {
-                        Ok(p) => Reply::Batch(Box::new(Handoff::Device(p)), meta),
+                        Ok(p) => Reply::Batch(Box::new(Handoff::Device(p)), meta, parts),
                         Err(e) => Reply::Failed(e),
                     }
                 }
-                (Some(Ok(h)), _) => Reply::Batch(Box::new(h), meta),
+                (Some(Ok(h)), _) => Reply::Batch(Box::new(h), meta, parts),
             }
         })) {
             Ok(r) => r,
@@ -373,7 +398,7 @@ fn pump(
         lap(t, |t| &t.state, start);
         let end = matches!(reply, Reply::End);
         let (start, cpu) = (now(), t.map(|_| thread_cpu_ns()));
-        if let Reply::Batch(b, _) = &reply
+        if let Reply::Batch(b, _, _) = &reply
             && batch_bytes(b) > SMALL_BATCH
         {
             room.wait_for_room(&out);
@@ -508,7 +533,12 @@ impl PyEpoch {
             .name("longshore-epoch".into())
             .spawn({
                 let uploader = copies.clone().map(Uploader::new);
-                move || pump(epoch, loader, tx, pump_room, pump_timings, uploader, meta)
+                let fields = match &form {
+                    BatchForm::Fields(f) => Some(f.clone()),
+                    _ => None,
+                };
+                let reads = HostReads { meta, fields };
+                move || pump(epoch, loader, tx, pump_room, pump_timings, uploader, reads)
             })
             .map_err(|e| LoaderFailure::new_err(format!("cannot start the epoch thread: {e}")))?;
         Ok(Self {
@@ -543,12 +573,35 @@ impl PyEpoch {
         Ok(Handoff::Device(p))
     }
 
-    /// The Python value of one batch.
-    fn deliver(&self, py: Python<'_>, tensors: Vec<DlpackTensor>) -> PyResult<Py<PyAny>> {
+    /// The Python value of one batch; `parts`: a fields batch's variable-length fields.
+    fn deliver(
+        &self,
+        py: Python<'_>,
+        tensors: Vec<DlpackTensor>,
+        parts: Option<Vec<VarPart>>,
+    ) -> PyResult<Py<PyAny>> {
+        let (tensors, fields) = match (&self.form, parts) {
+            (BatchForm::Fields(fields), Some(parts)) => {
+                // The variable-length fields' tensors are not handed out: their lists are.
+                let keep = fixed_tensors(fields);
+                let fixed = tensors
+                    .into_iter()
+                    .zip(keep)
+                    .filter_map(|(t, k)| k.then_some(t))
+                    .collect();
+                (fixed, Some((fields, parts)))
+            }
+            _ => (tensors, None),
+        };
         let values = match &self.convert {
             Convert::Raw => {
                 let raw: Vec<PyTensor> = tensors.into_iter().map(PyTensor::new).collect();
-                return Ok(PyList::new(py, raw)?.into_any().unbind());
+                if fields.is_none() {
+                    return Ok(PyList::new(py, raw)?.into_any().unbind());
+                }
+                raw.into_iter()
+                    .map(|t| Ok(Bound::new(py, t)?.into_any()))
+                    .collect::<PyResult<Vec<_>>>()?
             }
             Convert::Torch(c, device) => c.get().batch(py, tensors, device.as_ref())?,
             Convert::Each(f) => {
@@ -559,7 +612,10 @@ impl PyEpoch {
                     .collect::<PyResult<Vec<_>>>()?
             }
         };
-        self.shape(py, values)
+        match fields {
+            Some((fields, parts)) => shape_batch(py, fields, values, parts),
+            None => self.shape(py, values),
+        }
     }
 
     /// A batch's converted tensors in the dataset's [`BatchForm`].
@@ -635,7 +691,7 @@ impl PyEpoch {
         self.room.taken();
         let Ready { reply, state } = ready;
         match reply {
-            Reply::Batch(handoff, meta) => {
+            Reply::Batch(handoff, meta, parts) => {
                 let start = self.timings.as_ref().map(|_| Instant::now());
                 self.position.received(self.id, state);
                 let handoff = match self.stage(py, *handoff) {
@@ -651,11 +707,11 @@ impl PyEpoch {
                         // The meta's tensor is not handed out: its bytes are.
                         Some(m) => {
                             t.pop();
-                            let list = self.deliver(py, t)?;
+                            let list = self.deliver(py, t, None)?;
                             let tuple = (list, pyo3::types::PyBytes::new(py, m));
                             Ok(tuple.into_pyobject(py)?.into_any().unbind())
                         }
-                        None => self.deliver(py, t),
+                        None => self.deliver(py, t, parts),
                     })
                     .map(Some);
                 if let Some(t) = self.timings.as_deref() {

@@ -9,6 +9,7 @@ mod boxed;
 mod dataset;
 mod epoch;
 mod errors;
+mod fields;
 mod loader;
 mod logs;
 mod mixture;

@@ -24,7 +24,7 @@ use crate::epoch::{Convert, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::pydata::{Parts, PyProcessSource};
 use crate::sampler::PyEpochOrder;
-use crate::shards::PyShards;
+use crate::shards::{PyShards, Reader};
 use crate::source::{BatchForm, Source};
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
@@ -290,6 +290,14 @@ impl PyLoader {
                         "decode=\"nvjpeg\" decodes on a GPU: it needs device=\"cuda\"",
                     ));
                 }
+                if let Ok(s) = dataset.cast::<PyShards>()
+                    && s.get().fields().is_some()
+                {
+                    return Err(PyValueError::new_err(
+                        "decode=\"nvjpeg\" with fields= is not supported yet: leave \
+                         decode=\"cpu\" (the image field is decoded by the CPU workers)",
+                    ));
+                }
                 folder.map(|d| d.get().encoded()).transpose()?
             }
             other => {
@@ -312,7 +320,11 @@ impl PyLoader {
         };
         let (source, form) = match native {
             Some(Native { source, form, .. }) => (Some(source), form),
-            None if process.is_some() || sharded.is_some() => (None, BatchForm::List),
+            None if process.is_some() => (None, BatchForm::List),
+            None if sharded.is_some() => {
+                let fields = sharded.as_ref().and_then(|s| s.get().fields().cloned());
+                (None, fields.map_or(BatchForm::List, BatchForm::Fields))
+            }
             None => {
                 return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                     "longshore.DataLoader takes a longshore.NpyDataset, RecordDataset, \
@@ -380,7 +392,9 @@ impl PyLoader {
                 // Each worker reads its planned stream; no batch of an epoch is made before
                 // Python selects that epoch.
                 (_, Some(d), _, _) if nvjpeg_shards => {
-                    let (_, images) = sharded.expect("a sharded dataset");
+                    let Some((_, Reader::Images(images))) = sharded else {
+                        return Err(LoaderError::State("nvJPEG decodes image shards".into()));
+                    };
                     let encoded = EncodedShards::new(images).map_err(LoaderError::from)?;
                     let decoder = encoded.decoder(d)?;
                     let loader = configure(
@@ -394,8 +408,20 @@ impl PyLoader {
                 _ if sharded.is_some() => {
                     // The workers read and check each image; the collation decodes it
                     // straight into its slot of the pinned batch.
-                    let (_, images) = sharded.expect("checked");
-                    let images = images.deferred();
+                    let images = match sharded {
+                        Some((_, Reader::Images(images))) => images.deferred(),
+                        Some((_, Reader::Fields(fields))) => {
+                            // Each field into the batch: an image decoded into its slot,
+                            // variable-length fields as bytes and offsets.
+                            let collate = fields.collate();
+                            return Ok(Loader::Host(
+                                configure(DataLoader::iterable(fields).collate(collate), options)
+                                    .prefetch_next_epoch(false)
+                                    .build_boxed()?,
+                            ));
+                        }
+                        None => return Err(LoaderError::State("no dataset".into())),
+                    };
                     let collate = images.collate().with_names("image", "label");
                     Ok(Loader::Host(
                         configure(DataLoader::iterable(images).collate(collate), options)
@@ -458,7 +484,9 @@ impl PyLoader {
                 // pulls no batch yet), then where Python stands until it receives this
                 // epoch's first batch: the new epoch's start, not the abandoned one's.
                 // A Python dataset's meta is read from host memory: its batches are staged.
-                let staged = self.device.is_some() && (!upload_in_pump() || self.meta);
+                // So are a fields batch's variable-length fields.
+                let host_parts = self.meta || matches!(self.form, BatchForm::Fields(_));
+                let staged = self.device.is_some() && (!upload_in_pump() || host_parts);
                 let epoch = self.inner.epoch(self.device.as_ref(), self.depth, staged)?;
                 // The copy stream both sides enqueue staged batches' copies on.
                 let copies = match (&self.device, staged) {
@@ -490,11 +518,13 @@ impl PyLoader {
         self.form == BatchForm::Single
     }
 
-    /// The field names a batch is a dict of (token sequences), or `None` (a list or a tensor).
+    /// The field names a batch is a dict of (token sequences, `fields=`), or `None` (a list
+    /// or a tensor).
     #[getter]
     fn names(&self) -> Option<Vec<String>> {
         match &self.form {
             BatchForm::Named(names) => Some(names.to_vec()),
+            BatchForm::Fields(fields) => Some(fields.iter().map(|f| f.name.clone()).collect()),
             _ => None,
         }
     }

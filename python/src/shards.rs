@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use longshore::data::{DType, IterableDataset, Tensor, WorkerInfo};
 use longshore::shards::ShardError;
@@ -22,6 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 use crate::errors::{data_err, shard_err};
+use crate::fields::{Field, FieldShards, parse_fields};
 use crate::vision::{compose_of, decode_options};
 
 /// The order and cache options a loader's dataset is built with (the dataset's own, as given
@@ -74,10 +76,19 @@ pub(crate) struct PyShards {
     /// loaders' datasets are built from.
     resolved: ShardedDataset,
     options: Options,
-    compose: Compose,
+    /// The image pipeline (required without `fields`).
+    compose: Option<Compose>,
     decode: DecodeOptions,
     image: Option<String>,
     label: String,
+    /// The fields a batch holds (`fields=`), or `None`: `(image, label)`.
+    fields: Option<Arc<[Field]>>,
+}
+
+/// What a loader's workers read of the shards: images and labels, or the named fields.
+pub(crate) enum Reader {
+    Images(ImageShards),
+    Fields(FieldShards),
 }
 
 impl PyShards {
@@ -87,18 +98,38 @@ impl PyShards {
     pub(crate) fn for_loader(
         &self,
         on_sample_error: OnSampleError,
-    ) -> Result<(ShardedDataset, ImageShards), ShardError> {
+    ) -> Result<(ShardedDataset, Reader), ShardError> {
         let b = ShardedDataset::from_spec(self.resolved.spec().clone())
             .store(self.resolved.store().clone())
             .rank(self.resolved.rank())
             .world_size(self.resolved.world_size())
             .on_sample_error(on_sample_error);
         let shards = self.options.apply(b).build()?;
-        Ok((shards.clone(), self.images(shards)))
+        let reader = match (&self.fields, &self.compose) {
+            (Some(fields), compose) => Reader::Fields(FieldShards::new(
+                shards.clone(),
+                fields.clone(),
+                compose.clone(),
+                self.decode,
+            )),
+            (None, Some(compose)) => Reader::Images(self.images(shards.clone(), compose)),
+            (None, None) => {
+                return Err(ShardError::Order {
+                    option: "transform",
+                    reason: "an image pipeline is required".into(),
+                });
+            }
+        };
+        Ok((shards, reader))
     }
 
-    fn images(&self, shards: ShardedDataset) -> ImageShards {
-        let mut images = ImageShards::new(shards, self.compose.clone())
+    /// The fields a batch holds, when `fields=` was given.
+    pub(crate) fn fields(&self) -> Option<&Arc<[Field]>> {
+        self.fields.as_ref()
+    }
+
+    fn images(&self, shards: ShardedDataset, compose: &Compose) -> ImageShards {
+        let mut images = ImageShards::new(shards, compose.clone())
             .decode_options(self.decode)
             .label_field(self.label.clone());
         if let Some(name) = &self.image {
@@ -120,14 +151,14 @@ impl PyShards {
         image_key = None, label_key = "cls", seed = 0, shuffle = false, shuffle_block = None,
         rank = None, world_size = None, cache_dir = None, cache_budget = None, job = None,
         prefetch_shards = None, max_pixels = None, no_pixel_limit = false,
-        storage_options = None))]
+        storage_options = None, fields = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         format: &str,
         urls: Vec<String>,
-        steps: Vec<Bound<'_, PyTuple>>,
-        output: Bound<'_, PyTuple>,
+        steps: Option<Vec<Bound<'_, PyTuple>>>,
+        output: Option<Bound<'_, PyTuple>>,
         spec: Option<String>,
         index: Option<String>,
         image_key: Option<String>,
@@ -144,9 +175,15 @@ impl PyShards {
         max_pixels: Option<u64>,
         no_pixel_limit: bool,
         storage_options: Option<BTreeMap<String, String>>,
+        fields: Option<Vec<(String, String)>>,
     ) -> PyResult<Self> {
-        let compose = compose_of(Some(steps), Some(output))?
-            .ok_or_else(|| PyValueError::new_err("an image pipeline is required"))?;
+        let compose = compose_of(steps, output)?;
+        let fields = fields
+            .map(|f| parse_fields(f, compose.is_some()))
+            .transpose()?;
+        if fields.is_none() && compose.is_none() {
+            return Err(PyValueError::new_err("an image pipeline is required"));
+        }
         let options = Options {
             seed,
             shuffle,
@@ -197,6 +234,7 @@ impl PyShards {
             decode: decode_options(max_pixels, no_pixel_limit),
             image: image_key,
             label: label_key.to_owned(),
+            fields,
         })
     }
 
@@ -228,17 +266,28 @@ impl PyShards {
     /// The per-image output shape of the pipeline.
     #[getter]
     fn output_shape(&self) -> Vec<usize> {
-        self.compose.field().shape.dims().to_vec()
+        self.compose
+            .as_ref()
+            .map(|c| c.field().shape.dims().to_vec())
+            .unwrap_or_default()
     }
 
     /// This rank's samples of `epoch` as one worker reads them, outside a loader: an iterator
     /// of `(bytes, dtype, label)` (native byte order), read and decoded by a Rust thread a few
     /// samples ahead.
     fn iter_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<PyShardIter> {
-        let (shards, images) = py
+        if self.fields.is_some() {
+            return Err(PyValueError::new_err(
+                "a dataset read with fields= is iterated through longshore.DataLoader",
+            ));
+        }
+        let (shards, reader) = py
             .detach(|| self.for_loader(OnSampleError::Raise))
             .map_err(shard_err)?;
         drop(shards);
+        let Reader::Images(images) = reader else {
+            return Err(PyValueError::new_err("not an image dataset"));
+        };
         let (tx, rx) = crossbeam_channel::bounded(4);
         std::thread::Builder::new()
             .name("longshore-shards-iter".into())

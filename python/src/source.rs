@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use crate::fields::Field;
 use longshore::data::{DataError, Dataset, DirectCollate, DirectDataset, FieldSpec, Tensor};
 
 /// What one sample of any built-in dataset turns into when read by index: its fields.
@@ -100,6 +101,10 @@ pub(crate) enum BatchForm {
     /// A dict of its fields' tensors keyed by these names, in field order (samples are dicts:
     /// token sequences' `{"input_ids": ..., "targets": ...}`).
     Named(Arc<[String]>),
+    /// A dict keyed by these fields' names, in order, of a sharded dataset read with
+    /// `fields=` ([`crate::fields`]): each fixed-size field one tensor, each variable-length
+    /// field two (bytes and offsets) that the delivery turns into a Python list.
+    Fields(Arc<[Field]>),
 }
 
 impl BatchForm {
@@ -114,6 +119,10 @@ impl BatchForm {
             BatchForm::List => "batches are lists".into(),
             BatchForm::Single => "batches are one tensor".into(),
             BatchForm::Named(names) => format!("batches are dicts of {names:?}"),
+            BatchForm::Fields(fields) => {
+                let names: Vec<&str> = fields.iter().map(|f| f.name.as_str()).collect();
+                format!("batches are dicts of {names:?}")
+            }
         }
     }
 }

@@ -1,0 +1,265 @@
+"""Sharded datasets read with ``fields=``: batches are dicts of the named fields (an image
+decoded by the pipeline, ints, floats, text, JSON, bytes), read and collated by the Rust
+workers.
+
+The WebDataset shards are tars written with Python's tarfile (jpg + txt + json + cls, a
+caption with non-ASCII text, an empty caption); the MDS dataset is written by hand in
+Streaming's layout (an int and a str column). Each sample's values are a function of its
+index, so exactly-once delivery and resume are checked by value.
+"""
+import io
+import json
+import os
+import struct
+import tarfile
+
+import numpy as np
+import pytest
+
+import longshore
+from longshore import transforms as T
+
+N = 24
+SHARDS = 3
+
+
+def tf():
+    return T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
+
+
+def caption(i):
+    # Non-ASCII text, and one empty caption.
+    return "" if i == 5 else f"a photo n\u00b0{i} \u2014 caf\u00e9"
+
+
+def meta(i):
+    return {"id": i, "tags": ["x"] * (i % 3), "score": i / 4}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Tar shards of N samples (jpg, txt, json, cls; sample 7 without its txt in the
+    ``missing`` copy) and an MDS dataset with an int and a str column."""
+    root = tmp_path_factory.mktemp("fields")
+    longshore.datasets.write_synthetic_folder(root / "img", classes=2, per_class=N // 2)
+    folder = longshore.datasets.ImageFolder(root / "img")
+    jpgs = [open(p, "rb").read() for p, _ in folder.samples]
+    for name, drop in (("wds", None), ("missing", 7)):
+        (root / name).mkdir()
+        for s in range(SHARDS):
+            with tarfile.open(root / name / f"shard-{s:06d}.tar", "w") as t:
+                for i in range(s, N, SHARDS):
+                    members = [("jpg", jpgs[i]), ("txt", caption(i).encode()),
+                               ("json", json.dumps(meta(i)).encode()),
+                               ("cls", str(i).encode())]
+                    for ext, payload in members:
+                        if i == drop and ext == "txt":
+                            continue
+                        info = tarfile.TarInfo(f"sample{i:05d}.{ext}")
+                        info.size = len(payload)
+                        t.addfile(info, io.BytesIO(payload))
+    write_mds(root / "mds", [{"cls": i, "text": caption(i)} for i in range(N)])
+    return root
+
+
+def write_mds(out, rows, per_shard=10):
+    """An MDS dataset in Streaming's layout: columns ``cls`` (int) and ``text`` (str)."""
+    os.makedirs(out)
+    shards = []
+    for k in range(0, len(rows), per_shard):
+        samples = []
+        for r in rows[k:k + per_shard]:
+            text = r["text"].encode()
+            # The sizes of the variable-size columns, then the columns in order.
+            samples.append(struct.pack("<I", len(text)) + struct.pack("<q", r["cls"]) + text)
+        n = len(samples)
+        head = 4 + 4 * (n + 1)
+        offsets = np.cumsum([0] + [len(s) for s in samples]).astype(np.uint32) + head
+        body = struct.pack("<I", n) + offsets.tobytes() + b"".join(samples)
+        name = f"shard.{len(shards):05d}.mds"
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(body)
+        shards.append({"column_encodings": ["int", "str"], "column_names": ["cls", "text"],
+                       "column_sizes": [8, None], "compression": None, "format": "mds",
+                       "hashes": [], "raw_data": {"basename": name, "bytes": len(body),
+                                                  "hashes": {}},
+                       "samples": n, "size_limit": 1 << 26, "version": 2, "zip_data": None})
+    with open(os.path.join(out, "index.json"), "w") as f:
+        json.dump({"shards": shards, "version": 2}, f)
+
+
+FIELDS = {"jpg": "image", "txt": "text", "json": "json", "cls": "int"}
+
+
+def web(root, cache, folder="wds", **kw):
+    pattern = str(root / folder) + "/shard-{000000..%06d}.tar" % (SHARDS - 1)
+    kw.setdefault("fields", FIELDS)
+    return longshore.datasets.WebDataset(pattern, transform=kw.pop("transform", tf()),
+                                         cache_dir=cache, **kw)
+
+
+def check_batch(batch, fields=FIELDS):
+    assert list(batch) == list(fields)
+    labels = [int(v) for v in np.asarray(batch["cls"])]
+    if "jpg" in batch:
+        assert tuple(batch["jpg"].shape) == (len(labels), 3, 16, 16)
+        assert str(batch["jpg"].dtype).endswith("float32")
+    if "txt" in batch:
+        assert batch["txt"] == [caption(i) for i in labels]
+    if "json" in batch:
+        assert batch["json"] == [meta(i) for i in labels]
+    return labels
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_webdataset_fields_every_sample_once(data, tmp_path, workers):
+    ds = web(data, tmp_path / "cache", shuffle=True, seed=3)
+    assert ds.fields == FIELDS
+    loader = longshore.DataLoader(ds, batch_size=5, num_workers=workers, framework="numpy")
+    for _ in range(2):
+        labels = []
+        for batch in loader:
+            assert isinstance(batch, dict)
+            labels += check_batch(batch)
+        assert sorted(labels) == list(range(N))
+
+
+def test_fields_through_torch_and_other_decoders(data, tmp_path):
+    torch = pytest.importorskip("torch")
+    fields = {"cls": "float", "txt": "bytes", "jpg": "image"}
+    ds = web(data, tmp_path / "cache", fields=fields)
+    seen = []
+    for batch in longshore.DataLoader(ds, batch_size=4, num_workers=2):
+        assert list(batch) == list(fields)
+        assert batch["cls"].dtype == torch.float64 and batch["jpg"].shape[1:] == (3, 16, 16)
+        labels = [int(v) for v in batch["cls"].tolist()]
+        assert batch["txt"] == [caption(i).encode() for i in labels]
+        seen += labels
+    assert sorted(seen) == list(range(N))
+
+
+def test_fields_without_image_need_no_transform(data, tmp_path):
+    ds = web(data, tmp_path / "cache", transform=None, fields={"cls": "int", "json": "json"})
+    batches = list(longshore.DataLoader(ds, batch_size=8, framework="numpy"))
+    labels = [check_batch(b, {"cls": "int", "json": "json"}) for b in batches]
+    assert sorted(sum(labels, [])) == list(range(N))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mds_int_and_str_columns(data, tmp_path, workers):
+    ds = longshore.datasets.StreamingDataset(local=str(data / "mds"),
+                                             fields={"cls": "int", "text": "text"})
+    assert len(ds) == N
+    loader = longshore.DataLoader(ds, batch_size=7, num_workers=workers, framework="numpy")
+    seen = []
+    for batch in loader:
+        assert list(batch) == ["cls", "text"]
+        labels = [int(v) for v in np.asarray(batch["cls"])]
+        assert np.asarray(batch["cls"]).dtype == np.int64
+        assert batch["text"] == [caption(i) for i in labels]
+        seen += labels
+    assert sorted(seen) == list(range(N))
+
+
+def test_missing_field_raises_naming_it_or_is_skipped(data, tmp_path):
+    ds = web(data, tmp_path / "cache", folder="missing")
+    with pytest.raises(Exception) as e:
+        list(longshore.DataLoader(ds, batch_size=4, framework="numpy"))
+    msg = str(e.value)
+    for cause in (e.value.__cause__, e.value.__context__):
+        msg += " " + str(cause)
+    assert "txt" in msg and "sample00007" in msg and "shard-000001.tar" in msg, msg
+    ds = web(data, tmp_path / "cache2", folder="missing")
+    loader = longshore.DataLoader(ds, batch_size=4, framework="numpy", on_sample_error="skip")
+    labels = [i for b in loader for i in check_batch(b)]
+    assert 7 not in labels and set(range(N)) - {7} <= set(labels)
+    assert loader.stats["skipped_samples"] == 1, loader.stats
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"jpg": "picture"}, ["'jpg'", "'picture'"]),
+    ({"jpg": "image", "png": "image"}, ["'jpg'", "'png'", "two image fields"]),
+    ({}, ["at least one field"]),
+])
+def test_bad_fields_are_refused(data, tmp_path, fields, words):
+    with pytest.raises(ValueError) as e:
+        web(data, tmp_path / "cache", fields=fields)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_image_field_needs_a_transform_and_nvjpeg_is_refused(data, tmp_path):
+    with pytest.raises(ValueError, match="'jpg'.*transform"):
+        web(data, tmp_path / "cache", transform=None)
+    with pytest.raises(TypeError, match="dict"):
+        web(data, tmp_path / "cache", fields=["jpg"])
+    ds = web(data, tmp_path / "cache")
+    # Refused before any GPU is touched (the Rust loader of DataLoader(device="cuda")).
+    options = dict(batch_size=4, shuffle=False, num_workers=0, pin_memory=False,
+                   drop_last=False, prefetch_factor=None, persistent_workers=False,
+                   timeout=0.0, seed=0, in_order=True, on_sample_error="raise",
+                   worker_priority="normal")
+    with pytest.raises(ValueError, match="nvjpeg.*fields"):
+        longshore._longshore._Loader(ds._native, options, device=0, decode="nvjpeg")
+    with pytest.raises(TypeError, match="DataLoader"):
+        next(iter(ds))
+
+
+@pytest.mark.parametrize("workers_after", [0, 2])
+def test_resume_gives_the_remaining_batches(data, tmp_path, workers_after):
+    def loader(workers):
+        ds = web(data, tmp_path / "cache", shuffle=True, seed=11)
+        return longshore.DataLoader(ds, batch_size=3, num_workers=workers, framework="numpy")
+
+    def key(batch):
+        return (check_batch(batch), batch["txt"], batch["jpg"].tobytes())
+
+    full = [key(b) for b in loader(2)]
+    first = loader(2)
+    it = iter(first)
+    head = [key(next(it)) for _ in range(3)]
+    state = first.state_dict()
+    del it
+    again = loader(workers_after)
+    again.load_state_dict(state)
+    rest = [key(b) for b in again]
+    if workers_after == 2:
+        assert head + rest == full
+    else:
+        # The same batches, pixels included; their order follows the workers' streams.
+        assert sorted(head + rest) == sorted(full)
+
+
+@pytest.mark.parametrize("size", [16, 256])
+@pytest.mark.parametrize("in_pump", ["0", "1"])
+def test_device_batches_keep_their_text(data, tmp_path, monkeypatch, size, in_pump):
+    """The device path without a GPU (`_Loader`'s cpu_backend hook): the text is read from
+    host memory before the copy, whether `__next__` (small batches) or the epoch thread
+    (batches over 4 MiB: 256 x 256 images) enqueues it."""
+    monkeypatch.setenv("LONGSHORE_UPLOAD_IN_PUMP", in_pump)
+    ds = web(data, tmp_path / "cache", transform=T.Compose([T.Resize(size),
+                                                            T.CenterCrop(size), T.ToTensor()]))
+    options = dict(batch_size=8, shuffle=False, num_workers=2, pin_memory=False,
+                   drop_last=False, prefetch_factor=None, persistent_workers=False,
+                   timeout=0.0, seed=0, in_order=True, on_sample_error="raise",
+                   worker_priority="normal")
+    loader = longshore._longshore._Loader(ds._native, options, cpu_backend=True)
+    seen = []
+    for batch in loader.epoch(np.from_dlpack):
+        assert list(batch) == list(FIELDS)
+        assert batch["jpg"].shape == (8, 3, size, size)
+        seen += check_batch({**batch, "jpg": batch["jpg"][:, :, :16, :16]})
+    assert sorted(seen) == list(range(N))
+
+
+def test_guide_example():
+    """The fields example of docs/guide/object-storage.md runs as written."""
+    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide",
+                         "object-storage.md")
+    text = open(guide).read()
+    section = text[text.index("## Fields beyond image and label"):]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
+    blocks = section.split("```python\n")[1:]
+    assert len(blocks) == 1, "one Python example in the section"
+    exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {})
