@@ -365,7 +365,7 @@ impl<D: Dataset> Mixture<D> {
         let n = self.lens[s];
         let (pass, j) = (k / n, k % n);
         let index = if self.shuffle {
-            let key = self.seed ^ mix(epoch ^ mix(s as u64 ^ mix(pass.wrapping_add(0x6D69_78))));
+            let key = self.seed ^ mix(epoch ^ mix(s as u64 ^ mix(pass.wrapping_add(0x006D_6978))));
             Permutation::new(n, key).at(j)
         } else {
             j

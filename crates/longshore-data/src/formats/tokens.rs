@@ -192,10 +192,9 @@ impl TokenSequencesBuilder {
         };
         let len = usize::try_from(len).map_err(|_| DataError::Overflow("sequence count"))?;
         let dropped = total - len as u64 * self.seq_len as u64 - u64::from(self.targets && len > 0);
-        let documents = match self.separator {
-            Some(sep) => Some(scan_documents(&files, &starts, width, sep)),
-            None => None,
-        };
+        let documents = self
+            .separator
+            .map(|sep| scan_documents(&files, &starts, width, sep));
         let shape = Shape::new(&[self.seq_len])?;
         let count = 1 + usize::from(self.targets) + 2 * usize::from(documents.is_some());
         let fields = vec![
