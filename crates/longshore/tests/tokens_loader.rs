@@ -18,7 +18,7 @@ fn files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         let bytes: Vec<u8> = (0..n)
             .flat_map(|_| {
                 i += 1;
-                let t = if i.wrapping_mul(2_654_435_761) % 5 == 0 {
+                let t = if i.wrapping_mul(2_654_435_761).is_multiple_of(5) {
                     SEP
                 } else {
                     i
