@@ -19,6 +19,9 @@
 //! (its feature `shards`) decodes them with nvJPEG instead, attached to the loader as its
 //! image folders are.
 //!
+//! Samples with more than an image and a label (captions, JSON metadata, raw bytes) are read
+//! field by field by [`FieldRecords`] and batched by its [`RecordCollate`]: see [`fields`].
+//!
 //! ```
 //! use longshore_data::{IterableDataset, WorkerInfo};
 //! use longshore_shards::dataset::ShardedDataset;
@@ -58,8 +61,10 @@ use longshore_shards::dataset::{ShardSample, ShardedDataset};
 use crate::{Compose, DecodeOptions};
 
 mod deferred;
+pub mod fields;
 
 pub use deferred::{DecodeCollate, DeferredImage, DeferredShards};
+pub use fields::{FieldKind, FieldRecord, FieldRecords, RecordCollate, ShardField};
 
 /// Image shards with a transform pipeline: an [`IterableDataset`] of `(image, label)`, as
 /// [`ImageDataset`](crate::ImageDataset) yields them; see the

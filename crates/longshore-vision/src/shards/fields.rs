@@ -1,0 +1,586 @@
+//! Shards read field by field, beyond an image and a label: [`FieldRecords`], whose workers
+//! read each sample's named fields ([`ShardField`]: a name and a [`FieldKind`]), and
+//! [`RecordCollate`], which writes them into the (page-locked) batch.
+//!
+//! # The batch layout
+//!
+//! Each field gives, in the order the fields are named, one tensor or two:
+//!
+//! * an image ([`FieldKind::Image`], at most one): `[B, ...]` of the pipeline's dtype and
+//!   shape, decoded and transformed straight into its slot by the [`Compose`] pipeline, from
+//!   a generator seeded with the sample's seed ([`ShardSample::seed`]);
+//! * an integer ([`FieldKind::Int`]): `[B]`, `i64`;
+//! * a float ([`FieldKind::Float`]): `[B]`, `f64`;
+//! * a variable-length field (text, JSON, bytes: [`FieldKind::is_variable`]): two tensors,
+//!   `<name>` holding its samples' bytes concatenated (`u8`, `[total bytes]`) and
+//!   `<name>.offsets` holding where each sample's bytes start and end (`i64`, `[B + 1]`:
+//!   sample `k` is `bytes[offsets[k]..offsets[k + 1]]`).
+//!
+//! A missing field, text that is not UTF-8, JSON that does not parse or a number that does
+//! not read is an item error naming the shard, the key and the field.
+//!
+//! ```
+//! use longshore_data::Batch;
+//! use longshore_loader::DataLoader;
+//! use longshore_shards::dataset::ShardedDataset;
+//! use longshore_shards::webdataset::ShardWriter;
+//! use longshore_vision::shards::fields::{FieldKind, FieldRecords, ShardField};
+//! use longshore_vision::{Compose, DecodeOptions, Output};
+//!
+//! # #[cfg(feature = "synth")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # use longshore_vision::synth::{FolderSpec, image_jpeg};
+//! # let dir = tempfile::tempdir()?;
+//! let mut writer = ShardWriter::new(dir.path(), 1 << 20)?;
+//! for i in 0..4 {
+//!     let jpg = image_jpeg(&FolderSpec::tiny(), i, 0);
+//!     let txt = format!("caption {i}");
+//!     writer.write(&format!("s{i}"), &[("jpg", &jpg), ("txt", txt.as_bytes())])?;
+//! }
+//! writer.finish()?;
+//! let shards = ShardedDataset::webdataset([format!("{}/shard-000000.tar", dir.path().display())])
+//!     .rank(0)
+//!     .world_size(1)
+//!     .cache_dir(dir.path().join("cache"))
+//!     .build()?;
+//! let fields = [
+//!     ShardField::new("jpg", FieldKind::Image),
+//!     ShardField::new("txt", FieldKind::Text),
+//! ];
+//! let records = FieldRecords::new(
+//!     shards,
+//!     fields,
+//!     Some(Compose::val(36, 32, Output::U8Chw)),
+//!     DecodeOptions::default(),
+//! );
+//! let collate = records.collate();
+//! let loader = DataLoader::iterable(records).collate(collate).batch_size(4).build()?;
+//! let batch = loader.iter().next().unwrap()?;
+//! assert_eq!(batch.shape(0)?, &[4, 3, 32, 32]);
+//! let (bytes, offsets) = (batch.tensor_bytes(1)?, batch.tensor::<i64>(2)?);
+//! assert_eq!(offsets.len(), 5);
+//! let first = &bytes[offsets[0] as usize..offsets[1] as usize];
+//! assert!(std::str::from_utf8(first)?.starts_with("caption "));
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "synth"))]
+//! # fn main() {}
+//! ```
+
+use std::cell::RefCell;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use longshore_data::rng::epoch_rng;
+use longshore_data::{
+    Batch, BatchLayout, Collate, DType, DataError, ItemIter, IterableDataset, Storage, WorkerInfo,
+};
+use longshore_shards::ShardError;
+use longshore_shards::dataset::{ShardFormat, ShardSample, ShardedDataset};
+
+use crate::{Compose, DecodeOptions};
+
+/// How one field of a sample is decoded, and so how it is batched (see the
+/// [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FieldKind {
+    /// An encoded image, decoded and transformed by the pipeline into a `[B, ...]` tensor.
+    Image,
+    /// An integer ([`ShardSample::int`]): an `i64` `[B]` tensor.
+    Int,
+    /// A float (decimal text, or an MDS numeric column): an `f64` `[B]` tensor.
+    Float,
+    /// UTF-8 text (checked): bytes and offsets.
+    Text,
+    /// JSON text (checked to parse): bytes and offsets.
+    Json,
+    /// Raw bytes: bytes and offsets.
+    Bytes,
+}
+
+impl FieldKind {
+    /// Every kind, in the order of their [names](FieldKind::name).
+    pub const ALL: [FieldKind; 6] = [
+        FieldKind::Image,
+        FieldKind::Int,
+        FieldKind::Float,
+        FieldKind::Text,
+        FieldKind::Json,
+        FieldKind::Bytes,
+    ];
+
+    /// The kind's name: `image`, `int`, `float`, `text`, `json` or `bytes`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FieldKind::Image => "image",
+            FieldKind::Int => "int",
+            FieldKind::Float => "float",
+            FieldKind::Text => "text",
+            FieldKind::Json => "json",
+            FieldKind::Bytes => "bytes",
+        }
+    }
+
+    /// The kind named `name` (see [`FieldKind::name`]), if any.
+    pub fn from_name(name: &str) -> Option<FieldKind> {
+        FieldKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether the field travels as two tensors, bytes and offsets (text, JSON, bytes).
+    pub fn is_variable(self) -> bool {
+        matches!(self, FieldKind::Text | FieldKind::Json | FieldKind::Bytes)
+    }
+}
+
+impl fmt::Display for FieldKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One requested field: its name (a WebDataset extension, an MDS or Parquet column) and how
+/// it is decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShardField {
+    /// The field's name in the shards, and its tensor's name in the batch.
+    pub name: String,
+    /// How it is decoded and batched.
+    pub kind: FieldKind,
+}
+
+impl ShardField {
+    /// Field `name`, decoded as `kind`.
+    pub fn new(name: impl Into<String>, kind: FieldKind) -> ShardField {
+        ShardField {
+            name: name.into(),
+            kind,
+        }
+    }
+}
+
+/// One field's value as a worker reads it.
+#[derive(Debug, Clone)]
+enum Value {
+    /// The encoded image, and its name in errors (`shard-url#key.ext`).
+    Image(PathBuf, Vec<u8>),
+    Int(i64),
+    Float(f64),
+    /// Text, JSON or bytes (text and JSON checked).
+    Var(Vec<u8>),
+}
+
+/// One sample's fields, read and checked but not decoded (an image stays encoded until
+/// [`RecordCollate`] decodes it into its batch slot): the items of [`FieldRecords`], in the
+/// order of its fields.
+#[derive(Debug, Clone)]
+pub struct FieldRecord {
+    values: Vec<Value>,
+    seed: u64,
+}
+
+impl FieldRecord {
+    /// The number of fields.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether the record has no fields.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The seed the sample's random transforms draw from ([`ShardSample::seed`]).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Field `index`'s integer, if it is an [`Int`](FieldKind::Int) field.
+    pub fn int(&self, index: usize) -> Option<i64> {
+        match self.values.get(index)? {
+            Value::Int(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// Field `index`'s number, if it is a [`Float`](FieldKind::Float) field.
+    pub fn float(&self, index: usize) -> Option<f64> {
+        match self.values.get(index)? {
+            Value::Float(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    /// Field `index`'s bytes, if it is a variable-length field ([`FieldKind::is_variable`]).
+    pub fn bytes(&self, index: usize) -> Option<&[u8]> {
+        match self.values.get(index)? {
+            Value::Var(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Field `index`'s encoded image and its name in errors (`shard-url#key.ext`), if it is
+    /// the [`Image`](FieldKind::Image) field.
+    pub fn image(&self, index: usize) -> Option<(&Path, &[u8])> {
+        match self.values.get(index)? {
+            Value::Image(path, bytes) => Some((path, bytes)),
+            _ => None,
+        }
+    }
+
+    /// Field `f`'s bytes when variable-length, else none.
+    fn var(&self, f: usize) -> &[u8] {
+        match &self.values[f] {
+            Value::Var(b) => b,
+            _ => &[],
+        }
+    }
+}
+
+/// A sharded dataset read field by field: an [`IterableDataset`] of [`FieldRecord`]s, driven
+/// through the loader's epoch seam as its [`ShardedDataset`] is; batch its items with
+/// [`FieldRecords::collate`]. See the [module docs](self).
+///
+/// The fields are not checked here: name at most one [`Image`](FieldKind::Image) field, and
+/// give a pipeline when you do (without one, collating a batch fails).
+#[derive(Debug, Clone)]
+pub struct FieldRecords {
+    dataset: ShardedDataset,
+    fields: Arc<[ShardField]>,
+    transform: Option<Arc<Compose>>,
+    decode: DecodeOptions,
+}
+
+/// A sample error naming the shard, the key and the field.
+fn fail(sample: &ShardSample, name: &str, reason: String) -> DataError {
+    let s = &sample.sample;
+    DataError::custom(
+        "reading a sample's fields",
+        ShardError::Sample {
+            shard: s.url.clone(),
+            key: s.key.clone(),
+            offset: s.offset,
+            reason: format!("field {name:?}: {reason}"),
+        },
+    )
+}
+
+impl FieldRecords {
+    /// `dataset`'s samples read as `fields`, in that order; the image field (if any) decoded
+    /// by `transform` with `decode`'s options.
+    pub fn new(
+        dataset: ShardedDataset,
+        fields: impl Into<Arc<[ShardField]>>,
+        transform: Option<Compose>,
+        decode: DecodeOptions,
+    ) -> FieldRecords {
+        FieldRecords {
+            dataset,
+            fields: fields.into(),
+            transform: transform.map(Arc::new),
+            decode,
+        }
+    }
+
+    /// The shards.
+    pub fn dataset(&self) -> &ShardedDataset {
+        &self.dataset
+    }
+
+    /// The fields, in the order of each record's values and of the batch's tensors.
+    pub fn fields(&self) -> &Arc<[ShardField]> {
+        &self.fields
+    }
+
+    /// The pipeline of the image field, if any.
+    pub fn transform(&self) -> Option<&Compose> {
+        self.transform.as_deref()
+    }
+
+    /// The collation of this dataset's items.
+    pub fn collate(&self) -> RecordCollate {
+        RecordCollate {
+            fields: self.fields.clone(),
+            transform: self.transform.clone(),
+            decode: self.decode,
+        }
+    }
+
+    fn float(&self, sample: &ShardSample, name: &str) -> Result<f64, DataError> {
+        let bytes = sample.field(name).map_err(DataError::from)?;
+        if self.dataset.spec().format == ShardFormat::Mds {
+            use longshore_shards::mds::Value as V;
+            return match sample.value(name).map_err(DataError::from)? {
+                V::Float(f) => Ok(f),
+                V::Int(i) => Ok(i as f64),
+                V::UInt(u) => Ok(u as f64),
+                V::Str(t) => t
+                    .trim()
+                    .parse()
+                    .map_err(|_| fail(sample, name, format!("{t:?} is not a number"))),
+                other => Err(fail(
+                    sample,
+                    name,
+                    format!("{} is not a number", other.kind()),
+                )),
+            };
+        }
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| fail(sample, name, "is not UTF-8 text".into()))?;
+        text.trim()
+            .parse()
+            .map_err(|_| fail(sample, name, format!("{text:?} is not a number")))
+    }
+
+    /// Checks that field `name` (present) parses as JSON, through the shard's own parser.
+    fn check_json(sample: &ShardSample, name: &str) -> Result<(), DataError> {
+        match sample.sample.json(name) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // The parser's message, without the shard's own prefix (this error names the
+                // field as the others do).
+                let reason = match &e {
+                    ShardError::Sample { reason, .. } => reason
+                        .strip_prefix(&format!("field .{name} is not JSON: "))
+                        .unwrap_or(reason)
+                        .to_owned(),
+                    other => other.to_string(),
+                };
+                Err(fail(sample, name, format!("is not JSON: {reason}")))
+            }
+        }
+    }
+
+    /// Reads and checks one sample's fields: what each item of this dataset is.
+    ///
+    /// # Errors
+    /// The [`ShardError`] of a missing field (naming the shard, the key and the field), or a
+    /// [`ShardError::Sample`] naming the field whose value does not read as its kind.
+    pub fn read(&self, mut sample: ShardSample) -> Result<FieldRecord, DataError> {
+        let mut values = Vec::with_capacity(self.fields.len());
+        let mut image = None;
+        for (i, f) in self.fields.iter().enumerate() {
+            let name = f.name.as_str();
+            // The shard's error names the shard, the key and the missing field.
+            let missing = |e: ShardError| DataError::custom("reading a sample's fields", e);
+            values.push(match f.kind {
+                FieldKind::Image => {
+                    sample.field(name).map_err(missing)?;
+                    image = Some(i);
+                    Value::Var(Vec::new())
+                }
+                FieldKind::Int => {
+                    sample.field(name).map_err(missing)?;
+                    Value::Int(sample.int(name).map_err(DataError::from)?)
+                }
+                FieldKind::Float => Value::Float(self.float(&sample, name)?),
+                FieldKind::Text => {
+                    let bytes = sample.field(name).map_err(missing)?;
+                    if let Err(e) = std::str::from_utf8(bytes) {
+                        return Err(fail(&sample, name, format!("is not UTF-8 text: {e}")));
+                    }
+                    Value::Var(bytes.to_vec())
+                }
+                FieldKind::Json => {
+                    let bytes = sample.field(name).map_err(missing)?.to_vec();
+                    FieldRecords::check_json(&sample, name)?;
+                    Value::Var(bytes)
+                }
+                FieldKind::Bytes => Value::Var(sample.field(name).map_err(missing)?.to_vec()),
+            });
+        }
+        if let Some(i) = image {
+            let name = &self.fields[i].name;
+            let s = &mut sample.sample;
+            let path = PathBuf::from(format!("{}#{}.{name}", s.url, s.key));
+            values[i] = Value::Image(path, s.fields.remove(name).unwrap_or_default());
+        }
+        Ok(FieldRecord {
+            values,
+            seed: sample.seed,
+        })
+    }
+}
+
+impl IterableDataset for FieldRecords {
+    type Item = FieldRecord;
+
+    longshore_data::forward_epoch_seam!(dataset);
+
+    fn iter(&self, worker: WorkerInfo) -> ItemIter<'_, FieldRecord> {
+        Box::new(
+            self.dataset
+                .iter(worker)
+                .map(move |item| item.and_then(|s| self.read(s))),
+        )
+    }
+}
+
+/// Writes [`FieldRecord`]s into their batch: per field, in order, one tensor (image, int,
+/// float) or two (`<name>`: bytes, `u8`; `<name>.offsets`: `i64 [B + 1]`), as the
+/// [module docs](self) lay out. Made by [`FieldRecords::collate`].
+///
+/// An image that fails while decoding into the batch is found by [`Collate::check_item`], so
+/// the loader's `on_sample_error` names or skips that sample alone.
+#[derive(Debug, Clone)]
+pub struct RecordCollate {
+    fields: Arc<[ShardField]>,
+    transform: Option<Arc<Compose>>,
+    decode: DecodeOptions,
+}
+
+thread_local! {
+    /// An image slot for [`RecordCollate::check_item`] (only on a failed batch).
+    static SLOT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl RecordCollate {
+    /// The fields, in the order of the batch's tensors.
+    pub fn fields(&self) -> &Arc<[ShardField]> {
+        &self.fields
+    }
+
+    fn pipeline(&self) -> Result<&Compose, DataError> {
+        self.transform
+            .as_deref()
+            .ok_or_else(|| DataError::Other("an image field without a pipeline".into()))
+    }
+
+    fn decode_into(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        seed: u64,
+        out: &mut [u8],
+    ) -> Result<(), DataError> {
+        let mut rng = epoch_rng(seed, 0);
+        self.pipeline()?
+            .decode_into(path, bytes, &self.decode, &mut rng, out)
+    }
+}
+
+impl Collate<FieldRecord> for RecordCollate {
+    fn layout(&self, samples: &[FieldRecord]) -> Result<BatchLayout, DataError> {
+        if samples.is_empty() {
+            return Err(DataError::Empty { what: "batch" });
+        }
+        let n = samples.len();
+        let mut layout = BatchLayout::new(n);
+        for (i, f) in self.fields.iter().enumerate() {
+            let name = Some(Arc::<str>::from(f.name.as_str()));
+            match f.kind {
+                FieldKind::Image => {
+                    let field = self.pipeline()?.field();
+                    let mut shape = vec![n];
+                    shape.extend_from_slice(field.shape.dims());
+                    layout.push(name, field.dtype, shape)?;
+                }
+                FieldKind::Int => {
+                    layout.push(name, DType::I64, vec![n])?;
+                }
+                FieldKind::Float => {
+                    layout.push(name, DType::F64, vec![n])?;
+                }
+                FieldKind::Text | FieldKind::Json | FieldKind::Bytes => {
+                    let total = samples.iter().map(|s| s.var(i).len()).sum();
+                    layout.push(name, DType::U8, vec![total])?;
+                    let offsets = Some(Arc::<str>::from(format!("{}.offsets", f.name)));
+                    layout.push(offsets, DType::I64, vec![n + 1])?;
+                }
+            }
+        }
+        Ok(layout)
+    }
+
+    fn collate_into<S: Storage>(
+        &self,
+        samples: &[FieldRecord],
+        layout: BatchLayout,
+        mut storage: S,
+    ) -> Result<Batch<S>, DataError> {
+        if layout.batch_size() != samples.len() || storage.len() < layout.total_bytes() {
+            return Err(DataError::BufferTooSmall {
+                what: "batch of sample fields",
+                needed: layout.total_bytes(),
+                got: storage.len(),
+            });
+        }
+        let out = &mut storage[..layout.total_bytes()];
+        // The alignment gaps: never stale bytes.
+        let mut end = 0;
+        for t in layout.tensors() {
+            out[end..t.offset].fill(0);
+            end = t.offset + t.len;
+        }
+        let mut tensors = layout.tensors().iter();
+        let mut next = || {
+            tensors
+                .next()
+                .map(|t| t.range())
+                .ok_or_else(|| DataError::ShapeMismatch("a layout with too few tensors".into()))
+        };
+        for (i, f) in self.fields.iter().enumerate() {
+            match f.kind {
+                FieldKind::Image => {
+                    let range = next()?;
+                    let per = self.pipeline()?.output_bytes();
+                    if range.len() != per * samples.len() {
+                        return Err(DataError::ShapeMismatch(format!(
+                            "image field {:?}: {} bytes for {} images of {per}",
+                            f.name,
+                            range.len(),
+                            samples.len()
+                        )));
+                    }
+                    for (s, slot) in samples.iter().zip(out[range].chunks_exact_mut(per.max(1))) {
+                        if let Value::Image(path, bytes) = &s.values[i] {
+                            self.decode_into(path, bytes, s.seed, slot)?;
+                        }
+                    }
+                }
+                FieldKind::Int | FieldKind::Float => {
+                    let range = next()?;
+                    for (s, slot) in samples.iter().zip(out[range].chunks_exact_mut(8)) {
+                        let bytes = match s.values[i] {
+                            Value::Int(v) => v.to_ne_bytes(),
+                            Value::Float(v) => v.to_ne_bytes(),
+                            _ => [0; 8],
+                        };
+                        slot.copy_from_slice(&bytes);
+                    }
+                }
+                FieldKind::Text | FieldKind::Json | FieldKind::Bytes => {
+                    let (data, offsets) = (next()?, next()?);
+                    let mut at = data.start;
+                    let mut off = 0i64;
+                    let start = offsets.start;
+                    out[start..start + 8].copy_from_slice(&off.to_ne_bytes());
+                    for (k, s) in samples.iter().enumerate() {
+                        let b = s.var(i);
+                        out[at..at + b.len()].copy_from_slice(b);
+                        at += b.len();
+                        off += i64::try_from(b.len())
+                            .map_err(|_| DataError::Overflow("field bytes"))?;
+                        let o = start + 8 * (k + 1);
+                        out[o..o + 8].copy_from_slice(&off.to_ne_bytes());
+                    }
+                }
+            }
+        }
+        Batch::from_parts(layout, storage)
+    }
+
+    fn check_item(&self, item: &FieldRecord) -> Result<(), DataError> {
+        for v in &item.values {
+            if let Value::Image(path, bytes) = v {
+                let per = self.pipeline()?.output_bytes();
+                SLOT.with_borrow_mut(|slot| {
+                    slot.resize(per, 0);
+                    self.decode_into(path, bytes, item.seed, slot)
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
