@@ -179,8 +179,12 @@ def test_whole_epoch_draws_as_iterating_does():
 
 @pytest.fixture
 def no_torch(monkeypatch):
-    """longshore.data as it runs without PyTorch installed."""
+    """longshore.data as it runs without PyTorch installed (its samplers live in
+    longshore._samplers)."""
+    from longshore import _samplers
+
     monkeypatch.setattr(L, "_torch", lambda: None)
+    monkeypatch.setattr(_samplers, "_torch", lambda: None)
 
 
 def test_without_torch_samplers_use_longshores_generator(no_torch):
