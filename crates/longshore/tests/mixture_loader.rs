@@ -89,3 +89,53 @@ fn draws_match_the_schedule_and_resume_on_other_worker_counts() {
         "the loader's epoch reaches the members' orders"
     );
 }
+
+#[test]
+fn a_checkpoint_of_other_weights_is_refused_by_name() {
+    let first = loader(2);
+    let state = {
+        let mut it = first.iter();
+        it.next().unwrap().unwrap();
+        first.state_dict().unwrap()
+    };
+    // Other weights: another schedule, another epoch length.
+    let members: Vec<Members> = mixture().members().to_vec();
+    let other = Mixture::new(members, &[1.0, 1.0, 1.0], Stop::AllExhausted).unwrap();
+    assert_ne!(other.len(), mixture().len());
+    let resumed = DataLoader::builder(other)
+        .batch_size(16)
+        .shuffle(true)
+        .seed(2)
+        .build()
+        .unwrap();
+    let e = resumed.load_state_dict(&state).unwrap_err().to_string();
+    assert!(e.contains(&mixture().len().to_string()), "{e}");
+}
+
+#[test]
+fn with_a_fixed_epoch_new_weights_apply_from_the_checkpoint_on() {
+    let members = || mixture().members().to_vec();
+    let make = |weights: &[f64]| {
+        let m = Mixture::new(members(), weights, Stop::Samples(320)).unwrap();
+        DataLoader::builder(m)
+            .batch_size(16)
+            .shuffle(true)
+            .seed(2)
+            .build()
+            .unwrap()
+    };
+    let first = make(&[5.0, 3.0, 2.0]);
+    let state = {
+        let mut it = first.iter();
+        for _ in 0..10 {
+            it.next().unwrap().unwrap();
+        }
+        first.state_dict().unwrap()
+    };
+    // Only member 2 from here on: the 10 batches left read it alone.
+    let second = make(&[0.0, 0.0, 1.0]);
+    second.load_state_dict(&state).unwrap();
+    let rest = rows(&second);
+    assert_eq!(rest.len(), 10);
+    assert!(rest.iter().flatten().all(|r| r[0] == 2), "{rest:?}");
+}

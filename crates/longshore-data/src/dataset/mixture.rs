@@ -24,9 +24,13 @@
 //!   an epoch of a chosen size over an endless mixture.
 //!
 //! Opening logs the epoch's length and each member's draws, unused and repeated samples
-//! (target `longshore::data`). Changing the weights changes the schedule: do it between
-//! epochs (a new `Mixture`), not within one (a checkpoint refers to positions of the
-//! schedule it was taken with).
+//! (target `longshore::data`).
+//!
+//! Changing the weights changes the schedule. Between epochs, build a new `Mixture`. A
+//! checkpoint taken with other weights: with [`Stop::Samples`] (a fixed epoch length) it loads,
+//! and the positions the epoch has left read the new schedule (the remaining stream follows the
+//! new weights from that point); with the other stop rules the epoch's length changes with the
+//! weights, and the loader refuses the checkpoint, naming the length it was taken with.
 //!
 //! ```
 //! use longshore_data::dataset::mixture::{Mixture, Stop};
