@@ -10,30 +10,17 @@ use longshore_data::IterableDataset;
 use longshore_data::{Collate, StackCollate, WorkerInfo};
 use longshore_loader::{DataLoader, LoaderError, SampleErrorPolicy};
 use longshore_shards::dataset::ShardedDataset;
-use longshore_shards::webdataset::{ShardWriter, pack_image_folder};
+use longshore_shards::webdataset::ShardWriter;
 use longshore_vision::shards::ImageShards;
 use longshore_vision::synth::{FolderSpec, write_folder};
 use longshore_vision::{Compose, Output};
 
+mod shards_support;
+
 /// A tiny folder (4 classes x 3 images) packed into several shards.
 fn packed(root: &Path) -> ShardedDataset {
-    let folder = root.join("folder");
-    write_folder(&folder, &FolderSpec::tiny()).unwrap();
-    let out = root.join("shards");
-    let index = pack_image_folder(&folder, &out, 16 << 10, None).unwrap();
-    let n = index.shardlist.len();
-    assert!(n > 1, "several shards");
-    ShardedDataset::webdataset([format!(
-        "{}/shard-{{000000..{:06}}}.tar",
-        out.display(),
-        n - 1
-    )])
-    .cache_dir(root.join("cache"))
-    .seed(5)
-    .rank(0)
-    .world_size(1)
-    .build()
-    .unwrap()
+    let (_, n) = shards_support::pack_tiny_folder(root);
+    shards_support::open_shards(root, n, 5)
 }
 
 /// Each batch's tensor shapes and bytes.

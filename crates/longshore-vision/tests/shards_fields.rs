@@ -15,6 +15,8 @@ use longshore_vision::shards::fields::{FieldKind, FieldRecords, ShardField};
 use longshore_vision::synth::{FolderSpec, image_jpeg};
 use longshore_vision::{Compose, DecodeOptions, Output};
 
+mod shards_support;
+
 const N: usize = 11;
 
 fn caption(i: usize) -> String {
@@ -50,19 +52,7 @@ fn shards(root: &Path, drop: Option<(usize, &str)>) -> ShardedDataset {
         w.write(&format!("s{i:02}"), &fields).unwrap();
     }
     let index = w.finish().unwrap();
-    let n = index.shardlist.len();
-    assert!(n > 1, "several shards");
-    ShardedDataset::webdataset([format!(
-        "{}/shard-{{000000..{:06}}}.tar",
-        out.display(),
-        n - 1
-    )])
-    .cache_dir(root.join("cache"))
-    .seed(3)
-    .rank(0)
-    .world_size(1)
-    .build()
-    .unwrap()
+    shards_support::open_shards(root, index.shardlist.len(), 3)
 }
 
 fn fields() -> Vec<ShardField> {

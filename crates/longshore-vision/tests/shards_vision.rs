@@ -9,30 +9,15 @@ use std::path::Path;
 use longshore_data::{Dataset, IterableDataset, StackCollate, WorkerInfo};
 use longshore_loader::DataLoader;
 use longshore_shards::dataset::ShardedDataset;
-use longshore_shards::webdataset::pack_image_folder;
 use longshore_vision::shards::ImageShards;
-use longshore_vision::synth::{FolderSpec, write_folder};
 use longshore_vision::{Compose, ImageFolder, Output};
+
+mod shards_support;
 
 /// A tiny folder (4 classes x 3 images) packed in torchvision's order into several shards.
 fn packed(root: &Path) -> (ImageFolder, ShardedDataset) {
-    let folder = root.join("folder");
-    write_folder(&folder, &FolderSpec::tiny()).unwrap();
-    let out = root.join("shards");
-    let index = pack_image_folder(&folder, &out, 16 << 10, None).unwrap();
-    let n = index.shardlist.len();
-    assert!(n > 1, "several shards");
-    let ds = ShardedDataset::webdataset([format!(
-        "{}/shard-{{000000..{:06}}}.tar",
-        out.display(),
-        n - 1
-    )])
-    .cache_dir(root.join("cache"))
-    .seed(3)
-    .rank(0)
-    .world_size(1)
-    .build()
-    .unwrap();
+    let (folder, n) = shards_support::pack_tiny_folder(root);
+    let ds = shards_support::open_shards(root, n, 3);
     (ImageFolder::new(&folder).unwrap(), ds)
 }
 
