@@ -57,3 +57,15 @@ def files(tmp_path):
     paths["arrays"] = {"x": x, "y": y, "img": img}
     paths["dir"] = tmp_path
     return paths
+
+
+def fresh_env():
+    """The environment for a fresh interpreter that imports the `longshore` these tests import.
+
+    The package's directory goes first on `PYTHONPATH`: the source tree's `python/` has no
+    compiled extension where the suite runs against an installed wheel, so naming it would
+    import a package without `_longshore`.
+    """
+    here = os.path.dirname(os.path.dirname(os.path.abspath(longshore.__file__)))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([here] + rest))

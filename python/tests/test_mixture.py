@@ -17,7 +17,7 @@ import longshore
 from longshore import _longshore
 from longshore.data import ArrayDataset, ConcatDataset, Mixture, Subset
 
-from conftest import need_torch
+from conftest import fresh_env, need_torch
 
 BASE = 1000  # member m's sample i has id m * BASE + i
 
@@ -262,10 +262,7 @@ print("ok", len(mix))
 
 def test_snippet_in_a_fresh_interpreter(tmp_path):
     need_torch()
-    env = dict(os.environ)
-    python_dir = os.path.join(os.path.dirname(__file__), "..")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.abspath(python_dir)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = fresh_env()
     out = subprocess.run([sys.executable, "-c", SNIPPET], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -14,7 +14,7 @@ import longshore
 from longshore import _longshore
 from longshore.datasets import TokenDataset
 
-from conftest import need_torch
+from conftest import fresh_env, need_torch
 
 SEP = 3
 SIZES = (301, 170)  # tokens per file
@@ -348,10 +348,7 @@ print("ok", n)
 
 def test_snippet_in_a_fresh_interpreter(tmp_path):
     need_torch()
-    env = dict(os.environ)
-    python_dir = os.path.join(os.path.dirname(__file__), "..")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.abspath(python_dir)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env = fresh_env()
     out = subprocess.run([sys.executable, "-c", SNIPPET], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
