@@ -156,7 +156,7 @@ def _storage_options(options):
             for k, v in options.items()}
 
 
-FIELD_DECODERS = ("image", "int", "float", "text", "json", "bytes")
+FIELD_DECODERS = ("image", "int", "float", "text", "json", "bytes", "array")
 
 
 def _fields(fields, transform, owner):
@@ -332,7 +332,11 @@ class WebDataset(_ImageShards):
     ``"image"`` (decoded and transformed by ``transform``, at most one such field; a float
     tensor ``[B, 3, H, W]`` or what the pipeline outputs), ``"int"`` (int64 ``[B]``),
     ``"float"`` (float64 ``[B]``), ``"text"`` (``list[str]``, UTF-8), ``"json"`` (a list of
-    ``json.loads`` of each) or ``"bytes"`` (``list[bytes]``). Batches are then dicts
+    ``json.loads`` of each), ``"bytes"`` (``list[bytes]``) or ``"array"`` (a ``.npy``
+    member, an MDS ``ndarray`` column or a Parquet list of numbers: one tensor ``[B, ...]`` of
+    the array's own dtype, the samples' arrays stacked as torch's ``default_collate`` stacks
+    tensors, so fixed-length token sequences, embeddings and masks; a batch whose arrays differ
+    in shape or dtype is an error naming two of its samples). Batches are then dicts
     ``{field: value}`` in the dict's order (``image_key``/``label_key`` are not used); without
     an image field ``transform`` may be None. A sample missing a field, or whose text is not
     UTF-8 or JSON not JSON, is a sample error naming the shard, key and field (the loader's

@@ -4,7 +4,8 @@
 //! (pinned) batch; here, the fields parsed from Python and the batches shaped for it.
 //!
 //! Fixed-size fields are one tensor each: an image `[B, ...]` decoded and transformed straight
-//! into its slot (the dataset's pipeline), an int `[B]` (`i64`), a float `[B]` (`f64`). A
+//! into its slot (the dataset's pipeline), an int `[B]` (`i64`), a float `[B]` (`f64`), an
+//! array `[B, ...]` of its own dtype (the samples' arrays stacked). A
 //! variable-length field (text, JSON, bytes) is two tensors: its samples' bytes concatenated
 //! (`u8`) and their offsets (`i64`, `[B + 1]`). The epoch's delivery reads those two from host
 //! memory ([`host_parts`]) before any copy to the device and turns them into Python lists
@@ -36,7 +37,7 @@ pub(crate) fn parse_fields(
         let Some(kind) = Kind::from_name(&decoder) else {
             return Err(PyValueError::new_err(format!(
                 "fields: field {name:?} has an unknown decoder {decoder:?} (one of 'image', \
-                 'int', 'float', 'text', 'json', 'bytes')"
+                 'int', 'float', 'text', 'json', 'bytes', 'array')"
             )));
         };
         if kind == Kind::Image {

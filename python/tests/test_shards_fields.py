@@ -263,3 +263,133 @@ def test_guide_example():
     blocks = section.split("```python\n")[1:]
     assert len(blocks) == 1, "one Python example in the section"
     exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {})
+
+
+def tokens(i):
+    return np.arange(i * 100, i * 100 + 6, dtype=np.uint16)
+
+
+def embedding(i):
+    return (i + np.arange(6, dtype=np.float32) / 10).reshape(2, 3)
+
+
+def npy(a):
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def arrays(tmp_path_factory):
+    """The same arrays in three formats: tar shards of ``.npy`` members (big-endian for odd
+    samples; sample 4's tokens one shorter in the ``ragged`` copy), an MDS dataset with an
+    ``ndarray:uint16:6`` column, and Parquet files with list<uint16> and
+    fixed_size_list<float32, 6> columns."""
+    root = tmp_path_factory.mktemp("arrays")
+    for name, short in (("wds", None), ("ragged", 4)):
+        (root / name).mkdir()
+        for s in range(SHARDS):
+            with tarfile.open(root / name / f"shard-{s:06d}.tar", "w") as t:
+                for i in range(s, N, SHARDS):
+                    tok = tokens(i)[:5] if i == short else tokens(i)
+                    if i % 2:
+                        tok = tok.astype(">u2")
+                    members = [("tok.npy", npy(tok)), ("emb.npy", npy(embedding(i))),
+                               ("cls", str(i).encode())]
+                    for ext, payload in members:
+                        info = tarfile.TarInfo(f"sample{i:05d}.{ext}")
+                        info.size = len(payload)
+                        t.addfile(info, io.BytesIO(payload))
+    # MDS: columns cls (int) and tok (ndarray:uint16:6: the raw elements, a fixed size).
+    os.makedirs(root / "mds")
+    shards = []
+    for k in range(0, N, 10):
+        samples = [struct.pack("<q", i) + tokens(i).tobytes() for i in range(k, min(k + 10, N))]
+        head = 4 + 4 * (len(samples) + 1)
+        offsets = np.cumsum([0] + [len(s) for s in samples]).astype(np.uint32) + head
+        body = struct.pack("<I", len(samples)) + offsets.tobytes() + b"".join(samples)
+        name = f"shard.{len(shards):05d}.mds"
+        (root / "mds" / name).write_bytes(body)
+        shards.append({"column_encodings": ["int", "ndarray:uint16:6"],
+                       "column_names": ["cls", "tok"], "column_sizes": [8, 12],
+                       "compression": None, "format": "mds", "hashes": [],
+                       "raw_data": {"basename": name, "bytes": len(body), "hashes": {}},
+                       "samples": len(samples), "size_limit": 1 << 26, "version": 2,
+                       "zip_data": None})
+    (root / "mds" / "index.json").write_text(json.dumps({"shards": shards, "version": 2}))
+    return root
+
+
+def check_arrays(batch, torch=None):
+    labels = [int(v) for v in np.asarray(batch["cls"])]
+    tok = batch["tok"] if torch is None else batch["tok"].numpy()
+    assert tok.dtype == np.uint16 and tok.shape == (len(labels), 6)
+    assert np.array_equal(tok, np.stack([tokens(i) for i in labels]))
+    if "emb" in batch:
+        emb = batch["emb"]
+        assert emb.dtype == np.float32 and emb.shape == (len(labels), 2, 3)
+        assert np.array_equal(emb, np.stack([embedding(i) for i in labels]))
+    return labels
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_npy_members_are_stacked_arrays(arrays, tmp_path, workers):
+    ds = web(arrays, tmp_path / "cache", transform=None,
+             fields={"tok.npy": "array", "emb.npy": "array", "cls": "int"})
+    seen = []
+    for batch in longshore.DataLoader(ds, batch_size=4, num_workers=workers, framework="numpy"):
+        assert list(batch) == ["tok.npy", "emb.npy", "cls"]
+        seen += check_arrays({"tok": batch["tok.npy"], "emb": batch["emb.npy"],
+                              "cls": batch["cls"]})
+    assert sorted(seen) == list(range(N))
+
+
+def test_arrays_of_a_batch_must_share_a_shape(arrays, tmp_path):
+    ds = web(arrays, tmp_path / "cache", folder="ragged", transform=None,
+             fields={"tok.npy": "array"})
+    with pytest.raises(Exception) as e:
+        list(longshore.DataLoader(ds, batch_size=N, framework="numpy"))
+    msg = " ".join(str(x) for x in (e.value, e.value.__cause__, e.value.__context__))
+    assert "'tok.npy'" in msg or '"tok.npy"' in msg, msg
+    assert "sample00004" in msg and "stacked" in msg, msg
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mds_ndarray_column(arrays, workers):
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "uint16"):
+        pytest.skip("this torch has no uint16")
+    ds = longshore.datasets.StreamingDataset(local=str(arrays / "mds"),
+                                             fields={"tok": "array", "cls": "int"})
+    seen = []
+    for batch in longshore.DataLoader(ds, batch_size=5, num_workers=workers):
+        assert batch["tok"].dtype == torch.uint16
+        seen += check_arrays(batch, torch)
+    assert sorted(seen) == list(range(N))
+
+
+def test_parquet_list_columns(arrays, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    (tmp_path / "pq").mkdir()
+    for s in range(SHARDS):
+        ids = list(range(s, N, SHARDS))
+        table = pa.table({
+            "tok": pa.array([tokens(i).tolist() for i in ids], pa.list_(pa.uint16())),
+            "emb": pa.array([embedding(i).ravel().tolist() for i in ids],
+                            pa.list_(pa.float32(), 6)),
+            "cls": pa.array(ids, pa.int64()),
+        })
+        pq.write_table(table, tmp_path / "pq" / f"part-{s}.parquet", row_group_size=3)
+    ds = longshore.datasets.ParquetDataset(str(tmp_path / "pq") + "/part-{0..%d}.parquet"
+                                           % (SHARDS - 1),
+                                           cache_dir=tmp_path / "cache",
+                                           fields={"tok": "array", "emb": "array", "cls": "int"})
+    seen = []
+    for batch in longshore.DataLoader(ds, batch_size=4, num_workers=2, framework="numpy"):
+        # A fixed-size list is one flat list per row: [B, 6].
+        emb = np.asarray(batch["emb"])
+        assert emb.shape == (len(batch["cls"]), 6)
+        seen += check_arrays({"tok": np.asarray(batch["tok"]), "cls": batch["cls"],
+                              "emb": emb.reshape(-1, 2, 3)})
+    assert sorted(seen) == list(range(N))

@@ -227,3 +227,132 @@ fn kinds_have_names() {
         [FieldKind::Text, FieldKind::Json, FieldKind::Bytes]
     );
 }
+
+/// Sample `i`'s tokens: 6 u16 (`ragged`: `i % 3 + 4` of them).
+fn tokens(i: usize, ragged: bool) -> Vec<u16> {
+    let n = if ragged { i % 3 + 4 } else { 6 };
+    (0..n).map(|k| (i * 100 + k) as u16).collect()
+}
+
+/// `N` samples with `tok.npy` (u16 tokens, written big-endian for odd samples: numpy's
+/// `'>u2'`), `emb.npy` (f32 `[2, 3]`), `bad.npy` (not a .npy) and `cls`.
+fn array_shards(root: &Path, ragged: bool) -> ShardedDataset {
+    use longshore_data::DType;
+    use longshore_data::formats::npy::encode_npy;
+    let out = root.join("shards");
+    let mut w = ShardWriter::new(&out, 2 << 10).unwrap();
+    for i in 0..N {
+        let t = tokens(i, ragged);
+        let le: Vec<u8> = t.iter().flat_map(|x| x.to_ne_bytes()).collect();
+        let mut tok = encode_npy(DType::U16, &[t.len()], &le).unwrap();
+        if i % 2 == 1 {
+            let at = tok.len() - le.len();
+            let mut head = tok[..at].to_vec();
+            let d = head.windows(4).position(|w| w == b"'<u2").unwrap();
+            head[d + 1] = b'>';
+            let be: Vec<u8> = t.iter().flat_map(|x| x.to_be_bytes()).collect();
+            tok = [head, be].concat();
+        }
+        let e: Vec<u8> = (0..6)
+            .flat_map(|k| (i as f32 + k as f32 / 10.0).to_ne_bytes())
+            .collect();
+        let emb = encode_npy(DType::F32, &[2, 3], &e).unwrap();
+        let cls = i.to_string();
+        w.write(
+            &format!("s{i:02}"),
+            &[
+                ("tok.npy", tok.as_slice()),
+                ("emb.npy", emb.as_slice()),
+                ("bad.npy", b"not an array".as_slice()),
+                ("cls", cls.as_bytes()),
+            ],
+        )
+        .unwrap();
+    }
+    let index = w.finish().unwrap();
+    shards_support::open_shards(root, index.shardlist.len(), 5)
+}
+
+#[test]
+fn arrays_are_stacked_in_their_dtype_whatever_their_byte_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = FieldRecords::new(
+        array_shards(dir.path(), false),
+        vec![
+            ShardField::new("tok.npy", FieldKind::Array),
+            ShardField::new("cls", FieldKind::Int),
+            ShardField::new("emb.npy", FieldKind::Array),
+        ],
+        None,
+        DecodeOptions::default(),
+    );
+    for workers in [0, 2] {
+        let loader = DataLoader::iterable(records.clone())
+            .collate(records.collate())
+            .batch_size(4)
+            .num_workers(workers)
+            .build()
+            .unwrap();
+        let mut seen = BTreeMap::new();
+        for batch in loader.iter() {
+            let batch = batch.unwrap();
+            let b = batch.batch_size();
+            assert_eq!(batch.len(), 3);
+            assert_eq!(batch.shape(0).unwrap(), &[b, 6]);
+            assert_eq!(batch.shape(2).unwrap(), &[b, 2, 3]);
+            let tok = batch.tensor::<u16>(0).unwrap();
+            let emb = batch.tensor::<f32>(2).unwrap();
+            for (k, &label) in batch.tensor::<i64>(1).unwrap().iter().enumerate() {
+                let i = label as usize;
+                assert_eq!(&tok[k * 6..(k + 1) * 6], tokens(i, false), "sample {i}");
+                let want: Vec<f32> = (0..6).map(|j| i as f32 + j as f32 / 10.0).collect();
+                assert_eq!(&emb[k * 6..(k + 1) * 6], want, "sample {i}");
+                assert!(seen.insert(i, ()).is_none(), "sample {i} twice");
+            }
+        }
+        assert_eq!(seen.len(), N, "{workers} workers: every sample once");
+    }
+}
+
+#[test]
+fn arrays_of_other_shapes_and_bytes_that_are_not_npy_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let ragged = FieldRecords::new(
+        array_shards(dir.path(), true),
+        vec![ShardField::new("tok.npy", FieldKind::Array)],
+        None,
+        DecodeOptions::default(),
+    );
+    let loader = DataLoader::iterable(ragged.clone())
+        .collate(ragged.collate())
+        .batch_size(4)
+        .build()
+        .unwrap();
+    let err = loader
+        .iter()
+        .find_map(Result::err)
+        .expect("a batch of ragged arrays");
+    let text = chain(&err);
+    assert!(
+        text.contains(r#"field "tok.npy": the arrays of a batch are stacked"#)
+            && text.contains("shard-0000")
+            && text.contains("#s0")
+            && text.contains("u16 ["),
+        "{text}"
+    );
+    let bad = FieldRecords::new(
+        ragged.dataset().clone(),
+        vec![ShardField::new("bad.npy", FieldKind::Array)],
+        None,
+        DecodeOptions::default(),
+    );
+    let err = bad
+        .iter(WorkerInfo::single(0))
+        .find_map(Result::err)
+        .expect("not a .npy");
+    let text = chain(&err);
+    assert!(
+        text.contains(r#"field "bad.npy": is not a .npy array"#) && text.contains("s0"),
+        "{text}"
+    );
+}

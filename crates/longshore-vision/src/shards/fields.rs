@@ -11,6 +11,11 @@
 //!   a generator seeded with the sample's seed ([`ShardSample::seed`]);
 //! * an integer ([`FieldKind::Int`]): `[B]`, `i64`;
 //! * a float ([`FieldKind::Float`]): `[B]`, `f64`;
+//! * an array ([`FieldKind::Array`]: a WebDataset `.npy`, an MDS `ndarray` column, a Parquet
+//!   list of numbers): `[B, ...]` of its own dtype, the samples' arrays stacked as torch's
+//!   `default_collate` stacks tensors, so every array of a batch has one dtype and shape
+//!   (fixed-length token sequences, embeddings, masks); a batch that mixes shapes is an error
+//!   naming its samples (read ragged arrays as `bytes` and decode them yourself);
 //! * a variable-length field (text, JSON, bytes: [`FieldKind::is_variable`]): two tensors,
 //!   `<name>` holding its samples' bytes concatenated (`u8`, `[total bytes]`) and
 //!   `<name>.offsets` holding where each sample's bytes start and end (`i64`, `[B + 1]`:
@@ -72,6 +77,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use longshore_data::dtype::swap_bytes_in_place;
+use longshore_data::formats::npy::parse_header;
 use longshore_data::rng::epoch_rng;
 use longshore_data::{
     Batch, BatchLayout, Collate, DType, DataError, ItemIter, IterableDataset, Storage, WorkerInfo,
@@ -98,20 +105,24 @@ pub enum FieldKind {
     Json,
     /// Raw bytes: bytes and offsets.
     Bytes,
+    /// A numeric array (a `.npy`, an MDS `ndarray` column, a Parquet list of numbers):
+    /// `[B, ...]` of its dtype, stacked (every array of a batch of one dtype and shape).
+    Array,
 }
 
 impl FieldKind {
     /// Every kind, in the order of their [names](FieldKind::name).
-    pub const ALL: [FieldKind; 6] = [
+    pub const ALL: [FieldKind; 7] = [
         FieldKind::Image,
         FieldKind::Int,
         FieldKind::Float,
         FieldKind::Text,
         FieldKind::Json,
         FieldKind::Bytes,
+        FieldKind::Array,
     ];
 
-    /// The kind's name: `image`, `int`, `float`, `text`, `json` or `bytes`.
+    /// The kind's name: `image`, `int`, `float`, `text`, `json`, `bytes` or `array`.
     pub fn name(self) -> &'static str {
         match self {
             FieldKind::Image => "image",
@@ -120,6 +131,7 @@ impl FieldKind {
             FieldKind::Text => "text",
             FieldKind::Json => "json",
             FieldKind::Bytes => "bytes",
+            FieldKind::Array => "array",
         }
     }
 
@@ -169,6 +181,8 @@ enum Value {
     Float(f64),
     /// Text, JSON or bytes (text and JSON checked).
     Var(Vec<u8>),
+    /// An array's dtype, shape and elements (native byte order, C order).
+    Array(DType, Vec<usize>, Vec<u8>),
 }
 
 /// One sample's fields, read and checked but not decoded (an image stays encoded until
@@ -178,6 +192,8 @@ enum Value {
 pub struct FieldRecord {
     values: Vec<Value>,
     seed: u64,
+    /// `shard-url#key`, naming the sample in collation errors.
+    origin: String,
 }
 
 impl FieldRecord {
@@ -218,6 +234,20 @@ impl FieldRecord {
             Value::Var(b) => Some(b),
             _ => None,
         }
+    }
+
+    /// Field `index`'s array (dtype, shape, elements in native byte order and C order), if it
+    /// is an [`Array`](FieldKind::Array) field.
+    pub fn array(&self, index: usize) -> Option<(DType, &[usize], &[u8])> {
+        match self.values.get(index)? {
+            Value::Array(dtype, shape, data) => Some((*dtype, shape, data)),
+            _ => None,
+        }
+    }
+
+    /// The sample's shard and key (`shard-url#key`).
+    pub fn origin(&self) -> &str {
+        &self.origin
     }
 
     /// Field `index`'s encoded image and its name in errors (`shard-url#key.ext`), if it is
@@ -333,6 +363,29 @@ impl FieldRecords {
             .map_err(|_| fail(sample, name, format!("{text:?} is not a number")))
     }
 
+    /// Field `name` as an array: an MDS `ndarray` column decoded by its encoding, any other
+    /// field's bytes read as a `.npy` (what the Parquet reader makes of a list of numbers).
+    fn array(&self, sample: &ShardSample, name: &str) -> Result<Value, DataError> {
+        let bytes = sample.field(name).map_err(DataError::from)?;
+        if self.dataset.spec().format == ShardFormat::Mds {
+            use longshore_shards::mds::Value as V;
+            return match sample.value(name).map_err(DataError::from)? {
+                V::Array(t) => Ok(Value::Array(
+                    t.dtype(),
+                    t.shape().to_vec(),
+                    t.bytes().to_vec(),
+                )),
+                other => Err(fail(
+                    sample,
+                    name,
+                    format!("{} is not an array (an MDS ndarray column)", other.kind()),
+                )),
+            };
+        }
+        let (dtype, shape, data) = read_npy(bytes).map_err(|reason| fail(sample, name, reason))?;
+        Ok(Value::Array(dtype, shape, data))
+    }
+
     /// Checks that field `name` (present) parses as JSON, through the shard's own parser.
     fn check_json(sample: &ShardSample, name: &str) -> Result<(), DataError> {
         match sample.sample.json(name) {
@@ -388,6 +441,10 @@ impl FieldRecords {
                     Value::Var(bytes)
                 }
                 FieldKind::Bytes => Value::Var(sample.field(name).map_err(missing)?.to_vec()),
+                FieldKind::Array => {
+                    sample.field(name).map_err(missing)?;
+                    self.array(&sample, name)?
+                }
             });
         }
         if let Some(i) = image {
@@ -396,11 +453,63 @@ impl FieldRecords {
             let path = PathBuf::from(format!("{}#{}.{name}", s.url, s.key));
             values[i] = Value::Image(path, s.fields.remove(name).unwrap_or_default());
         }
+        let origin = format!("{}#{}", sample.sample.url, sample.sample.key);
         Ok(FieldRecord {
             values,
             seed: sample.seed,
+            origin,
         })
     }
+}
+
+/// A `.npy` file's dtype, shape and elements (in native byte order), or why it does not read.
+fn read_npy(bytes: &[u8]) -> Result<(DType, Vec<usize>, Vec<u8>), String> {
+    let header = parse_header(bytes).map_err(|e| format!("is not a .npy array: {e}"))?;
+    let len = header
+        .data_len()
+        .map_err(|e| format!("is not a .npy array: {e}"))?;
+    let data = bytes
+        .get(header.data_offset..)
+        .and_then(|d| d.get(..len))
+        .ok_or_else(|| {
+            format!(
+                "is a truncated .npy array: {} bytes of data where its header ({} {:?}) needs {len}",
+                bytes.len().saturating_sub(header.data_offset),
+                header.dtype,
+                header.shape
+            )
+        })?;
+    let mut data = data.to_vec();
+    if !header.byte_order.is_native() {
+        swap_bytes_in_place(&mut data, header.dtype.size());
+    }
+    Ok((header.dtype, header.shape, data))
+}
+
+/// The dtype and shape of field `f`'s arrays in `samples`, all equal (they are stacked).
+fn stacked(
+    samples: &[FieldRecord],
+    f: usize,
+    name: &str,
+) -> Result<(DType, Vec<usize>), DataError> {
+    let first = samples[0]
+        .array(f)
+        .ok_or_else(|| DataError::ShapeMismatch(format!("field {name:?} holds no array")))?;
+    for (k, s) in samples.iter().enumerate().skip(1) {
+        let (dtype, shape, _) = s
+            .array(f)
+            .ok_or_else(|| DataError::ShapeMismatch(format!("field {name:?} holds no array")))?;
+        if dtype != first.0 || shape != first.1 {
+            return Err(DataError::ShapeMismatch(format!(
+                "field {name:?}: the arrays of a batch are stacked into one tensor (as torch's \
+                 default_collate stacks them), but sample {k} of the batch ({}) is {dtype} \
+                 {shape:?} where sample 0 ({}) is {} {:?}; give every sample's array one dtype \
+                 and shape, or read the field as bytes and decode it yourself",
+                s.origin, samples[0].origin, first.0, first.1
+            )));
+        }
+    }
+    Ok((first.0, first.1.to_vec()))
 }
 
 impl IterableDataset for FieldRecords {
@@ -482,6 +591,12 @@ impl Collate<FieldRecord> for RecordCollate {
                 FieldKind::Float => {
                     layout.push(name, DType::F64, vec![n])?;
                 }
+                FieldKind::Array => {
+                    let (dtype, dims) = stacked(samples, i, &f.name)?;
+                    let mut shape = vec![n];
+                    shape.extend(dims);
+                    layout.push(name, dtype, shape)?;
+                }
                 FieldKind::Text | FieldKind::Json | FieldKind::Bytes => {
                     let total = samples.iter().map(|s| s.var(i).len()).sum();
                     layout.push(name, DType::U8, vec![total])?;
@@ -548,6 +663,23 @@ impl Collate<FieldRecord> for RecordCollate {
                             _ => [0; 8],
                         };
                         slot.copy_from_slice(&bytes);
+                    }
+                }
+                FieldKind::Array => {
+                    let range = next()?;
+                    let per = range.len() / samples.len().max(1);
+                    for (s, slot) in samples.iter().zip(out[range].chunks_exact_mut(per.max(1))) {
+                        match &s.values[i] {
+                            Value::Array(_, _, data) if data.len() == slot.len() => {
+                                slot.copy_from_slice(data);
+                            }
+                            _ => {
+                                return Err(DataError::ShapeMismatch(format!(
+                                    "field {:?}: sample {} does not fit its {per}-byte slot",
+                                    f.name, s.origin
+                                )));
+                            }
+                        }
                     }
                 }
                 FieldKind::Text | FieldKind::Json | FieldKind::Bytes => {
