@@ -358,6 +358,8 @@ class DataLoader:
             # memory, which is kept for other consumers.
             pinned_label="cpu" if framework == "torch" else "cuda_host",
             decode=decode,
+            # A Mixture's delivered samples are counted by member (stats["sources"]).
+            sources=dataset._schedule if isinstance(dataset, _data.Mixture) else None,
         )
         self._index = index
         self._convert = self._converter(framework)
@@ -654,8 +656,11 @@ class DataLoader:
         ``consumer_pinned_wait_s`` and ``pinned_wait_fraction`` (the part of the consumer's
         wait spent on pinned memory: near one, the pinned budget is the bottleneck),
         ``in_flight_limit`` (batches kept in flight: ``num_workers * prefetch_factor``, fewer
-        when the budget cannot back them), ``reloaded``, and the pool's counters under
-        ``"pool"``."""
+        when the budget cannot back them), ``reloaded``, ``skipped_samples``, and the pool's
+        counters under ``"pool"``. Over a :class:`~longshore.data.Mixture`, ``sources``: the
+        samples of the delivered batches by member (over an epoch of one rank, the member's
+        share of :attr:`~longshore.data.Mixture.draws`; a sample skipped under
+        ``on_sample_error="skip"`` stays counted in its member, and in ``skipped_samples``)."""
         return self._loader.stats()
 
     def reset_stats(self):

@@ -4,6 +4,7 @@
 //! `nvjpeg`) and the one that runs their epochs (`epoch`).
 
 use longshore::data::Batch;
+use longshore::data::dataset::mixture::MemberOf;
 use longshore::host::{PinnedPool, PoolBuffer};
 use longshore::loader::{
     BoxedFetch, BoxedLoader, DataLoaderBuilder, DeviceBatch, DeviceLoader, LoaderError,
@@ -83,11 +84,16 @@ pub(crate) struct Options {
     pub(crate) loader: LoaderOptions,
     pub(crate) pool: Option<PinnedPool>,
     pub(crate) order: Option<EpochOrder>,
+    /// A mixture's members, counted in the stats' `sources`.
+    pub(crate) sources: Option<MemberOf>,
 }
 
 /// `b` with the options `o`.
 pub(crate) fn configure<D, C>(b: DataLoaderBuilder<D, C>, o: Options) -> DataLoaderBuilder<D, C> {
     let mut b = b.options(o.loader);
+    if let Some(m) = o.sources {
+        b = b.count_sources(m.members(), move |p| m.member(p));
+    }
     if let Some(order) = o.order {
         // The next epoch's order exists only once Python starts that epoch: nothing of it can
         // be loaded ahead.

@@ -250,7 +250,7 @@ impl PyLoader {
     /// [`TorchOptions`]); the rest is how batches leave the loader.
     #[new]
     #[pyo3(signature = (dataset, options, *, device = None, pool = None, order = None,
-        pinned_label = "cuda_host", decode = "cpu", cpu_backend = false))]
+        pinned_label = "cuda_host", decode = "cpu", cpu_backend = false, sources = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -262,7 +262,10 @@ impl PyLoader {
         pinned_label: &str,
         decode: &str,
         cpu_backend: bool,
+        sources: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        // A mixture's schedule: the delivered samples are counted by member.
+        let sources = sources.map(crate::mixture::member_of).transpose()?;
         let loader = options.loader_options(device.is_some())?;
         let pinned = choice(
             "pinned_label",
@@ -365,6 +368,7 @@ impl PyLoader {
             },
             order: order.map(|o| o.sampler()),
             loader,
+            sources,
         };
         let meta = process.is_some();
         if sharded.is_some() && !in_order {
@@ -599,6 +603,9 @@ impl PyLoader {
         d.set_item("reloaded", s.reloaded)?;
         d.set_item("worker_restarts", s.worker_restarts)?;
         d.set_item("skipped_samples", s.skipped_samples)?;
+        if !s.sources.is_empty() {
+            d.set_item("sources", s.sources.clone())?;
+        }
         if let Some(shards) = &self.shards {
             d.set_item("shards", crate::shards::stats_dict(py, &shards.stats())?)?;
         }

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use longshore::data::dataset::mixture::{Mixture, Stop};
+use longshore::data::dataset::mixture::{MemberOf, Mixture, Stop};
 use longshore::data::{DataError, Dataset, DirectDataset};
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
@@ -65,6 +65,21 @@ fn source_of<D: Dataset>(
             "position {position} is out of range for a mixture of {len} positions"
         ))),
     }
+}
+
+/// Which member each position of a mixture reads (`_Mixture` or `_MixtureSchedule`): the
+/// loader counts its delivered samples by member (`_Loader(sources=...)`).
+pub(crate) fn member_of(schedule: &Bound<'_, PyAny>) -> PyResult<MemberOf> {
+    if let Ok(m) = schedule.cast::<PyMixture>() {
+        return Ok(m.get().mixture.member_of());
+    }
+    if let Ok(s) = schedule.cast::<PySchedule>() {
+        return Ok(s.get().mixture.member_of());
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!(
+        "sources= takes a mixture's schedule (_Mixture or _MixtureSchedule), not {}",
+        schedule.get_type().name()?
+    )))
 }
 
 /// A member of the schedule: its length alone (what [`Mixture`] needs to plan an epoch).

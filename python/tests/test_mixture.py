@@ -115,6 +115,52 @@ def test_loader_draws_every_position_once(num_workers, stop):
     assert sorted(shuffled) == sorted(expected(mix, 0))
 
 
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stats_count_the_delivered_samples_by_member(native, num_workers):
+    parts = members(120, 45, 80)
+    if not native:
+        parts[1] = Ids(1, 45)  # a Python member: the mixture is a Python dataset
+    mix = Mixture(parts, [2, 1, 1], stop="all_exhausted", seed=5)
+    assert (mix._native is not None) == native
+    loader = longshore.DataLoader(mix, batch_size=16, shuffle=True, seed=2,
+                                  num_workers=num_workers, in_order=False,
+                                  persistent_workers=num_workers > 0)
+    assert loader.stats["sources"] == [0, 0, 0]
+    for epoch in (1, 2):
+        got = ids(loader)
+        counts = collections.Counter(x // BASE for x in got)
+        assert [counts[m] for m in range(3)] == mix.draws
+        assert loader.stats["sources"] == [epoch * d for d in mix.draws], epoch
+    # Stopped mid-epoch: the batches the loader delivered (to the epoch's hand-off, which
+    # runs a few batches ahead of the program, as the other counters count), nothing before
+    # reset_stats.
+    loader.reset_stats()
+    it = iter(loader)
+    head = ids([next(it) for _ in range(4)])
+    counts = collections.Counter(x // BASE for x in head)
+    stats = loader.stats
+    assert sum(stats["sources"]) == stats["samples"] < len(mix)
+    assert all(stats["sources"][m] >= counts[m] for m in range(3)), (stats, counts)
+    it.close()
+    # One rank of two: its own share.
+    ranks = [longshore.DataLoader(mix, batch_size=16, num_workers=num_workers,
+                                  sampler=longshore.data.DistributedSampler(
+                                      mix, num_replicas=2, rank=r, shuffle=True))
+             for r in range(2)]
+    per_rank = []
+    for r in ranks:
+        got = ids(r)
+        counts = collections.Counter(x // BASE for x in got)
+        assert r.stats["sources"] == [counts[m] for m in range(3)]
+        per_rank.append(r.stats["sources"])
+    # The ranks' shares cover the epoch; DistributedSampler pads an odd length with one repeat.
+    totals = [a + b for a, b in zip(*per_rank)]
+    assert sum(totals) == len(mix) + len(mix) % 2
+    assert all(t >= d for t, d in zip(totals, mix.draws)), (totals, mix.draws)
+    assert "sources" not in longshore.DataLoader(parts[0], batch_size=8).stats
+
+
 def test_epochs_differ():
     mix = Mixture(members(50, 50), [1, 1])
     loader = longshore.DataLoader(mix, batch_size=10, num_workers=2)

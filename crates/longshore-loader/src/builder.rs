@@ -19,6 +19,7 @@ use crate::loader::{BoxedLoader, DataLoader};
 use crate::options::LoaderOptions;
 use crate::placement::{Placement, WorkerPriority};
 use crate::shared::{Parts, SamplerSource};
+use crate::stats::SourceCounter;
 use crate::worker::WorkerInit;
 
 fn random_seed() -> u64 {
@@ -47,6 +48,8 @@ struct Options {
     topology: Option<GpuTopology>,
     /// Whether the pool was made by the loader (it may then set the pool's NUMA node).
     own_pool: bool,
+    /// Counts delivered samples by source.
+    sources: Option<SourceCounter>,
 }
 
 /// What a build makes, for [`DataLoaderBuilder::validate`]: the rules differ by kind.
@@ -126,6 +129,7 @@ impl<D, C> DataLoaderBuilder<D, C> {
                 pool: None,
                 topology: None,
                 own_pool: false,
+                sources: None,
             },
         }
     }
@@ -189,6 +193,45 @@ impl<D, C> DataLoaderBuilder<D, C> {
     /// Runs `f` in each worker thread as it starts (PyTorch's `worker_init_fn`).
     pub fn worker_init(mut self, f: impl Fn(&WorkerInfo) + Send + Sync + 'static) -> Self {
         self.opts.worker_init = Some(Arc::new(f));
+        self
+    }
+
+    /// Counts the samples of every delivered batch by source in [`LoaderStats::sources`]
+    /// (`sources` counters): `source_of(index)` is the source of the dataset's sample `index`
+    /// (`None`: none counted). For a
+    /// [`Mixture`](longshore_data::dataset::mixture::Mixture), its
+    /// [`member_of`](longshore_data::dataset::mixture::Mixture::member_of) counts samples by
+    /// member, what Hugging Face's `interleave_datasets` users check proportions with. A
+    /// map-style dataset's option: an iterable dataset's build refuses it.
+    ///
+    /// ```
+    /// use longshore_data::VecDataset;
+    /// use longshore_data::dataset::mixture::{Mixture, Stop};
+    /// use longshore_loader::DataLoader;
+    ///
+    /// let (a, b) = (VecDataset::new(vec![0u32; 30]), VecDataset::new(vec![1u32; 10]));
+    /// let mix = Mixture::new(vec![a, b], &[3.0, 1.0], Stop::FirstExhausted)?;
+    /// let member = mix.member_of();
+    /// let loader = DataLoader::builder(mix)
+    ///     .batch_size(8)
+    ///     .shuffle(true)
+    ///     .count_sources(2, move |p| member.member(p))
+    ///     .build()?;
+    /// let n = loader.iter().map(|b| b.unwrap().batch_size()).sum::<usize>();
+    /// assert_eq!((n, loader.stats().sources), (40, vec![30, 10]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// [`LoaderStats::sources`]: crate::LoaderStats::sources
+    pub fn count_sources(
+        mut self,
+        sources: usize,
+        source_of: impl Fn(usize) -> Option<usize> + Send + Sync + 'static,
+    ) -> Self {
+        self.opts.sources = Some(SourceCounter {
+            count: sources,
+            of: Arc::new(source_of),
+        });
         self
     }
 
@@ -584,6 +627,7 @@ where
             worker_init: self.opts.worker_init,
             topology: self.opts.topology,
             own_pool: self.opts.own_pool,
+            sources: self.opts.sources,
         })
     }
 
@@ -604,6 +648,7 @@ where
             worker_init: self.opts.worker_init,
             topology: self.opts.topology,
             own_pool: self.opts.own_pool,
+            sources: self.opts.sources,
         }))
     }
 
@@ -643,6 +688,12 @@ where
     }
 
     fn parts(mut self) -> Result<Parts<IterableFetch<D, C>>, LoaderError> {
+        if self.opts.sources.is_some() {
+            return Err(config_err(
+                "count_sources",
+                "counts samples by their index: a map-style dataset's option",
+            ));
+        }
         let mut config = self.settle(Kind::Iterable)?;
         let pool = self.make_pool(&mut config)?;
         let fetch = IterableFetch {
@@ -661,6 +712,7 @@ where
             worker_init: self.opts.worker_init,
             topology: self.opts.topology,
             own_pool: self.opts.own_pool,
+            sources: None,
         })
     }
 }

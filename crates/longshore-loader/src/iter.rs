@@ -123,6 +123,8 @@ pub struct LoaderIter<F: Fetch> {
     unresponsive: bool,
     started: Option<Instant>,
     last_yield: Instant,
+    /// The indices of the batch being delivered, when the loader counts sources.
+    taken: Vec<usize>,
     pending: Pending,
 }
 
@@ -261,6 +263,7 @@ impl<F: Fetch> LoaderIter<F> {
             unresponsive: false,
             started: None,
             last_yield: Instant::now(),
+            taken: Vec::new(),
             pending: Pending::default(),
         };
         if let Some(e) = stream_failed {
@@ -389,8 +392,8 @@ impl<F: Fetch> LoaderIter<F> {
 
     /// Takes in a reply: of this epoch, or of the next epoch's batches started ahead.
     fn absorb(&mut self, r: Reply<F::Output>) {
+        let keep = self.config.options.in_order || self.inner.sources.is_some();
         if r.generation != self.generation {
-            let keep = self.config.options.in_order;
             if let Some(a) = self.ahead.as_mut().filter(|a| a.generation == r.generation) {
                 a.absorb(r, keep);
             }
@@ -403,12 +406,7 @@ impl<F: Fetch> LoaderIter<F> {
             self.learn_block(self.inner.fetch.output_bytes(b));
         }
         self.pending.replies.add(&r);
-        if settle(
-            &mut self.slots,
-            &mut self.outstanding,
-            r,
-            self.config.options.in_order,
-        ) {
+        if settle(&mut self.slots, &mut self.outstanding, r, keep) {
             self.ready += 1;
             self.pending.peak_reorder = self.pending.peak_reorder.max(self.ready);
         }
@@ -530,6 +528,9 @@ impl<F: Fetch> LoaderIter<F> {
             }),
         };
         self.pending.replies.worker_busy += t0.elapsed();
+        if self.inner.sources.is_some() {
+            self.taken = task.indices;
+        }
         Some((seq, outcome))
     }
 
@@ -540,6 +541,9 @@ impl<F: Fetch> LoaderIter<F> {
             unreachable!("only finished slots are taken");
         };
         let seq = slot.seq;
+        if self.inner.sources.is_some() {
+            self.taken = std::mem::take(&mut slot.indices);
+        }
         self.ready -= 1;
         self.in_flight -= 1;
         while self
@@ -723,7 +727,12 @@ impl<F: Fetch> Iterator for LoaderIter<F> {
                 let mut s = lock(&self.inner.stats);
                 s.batches += 1;
                 match &item {
-                    Ok(b) => s.samples += self.inner.fetch.output_samples(b) as u64,
+                    Ok(b) => {
+                        s.samples += self.inner.fetch.output_samples(b) as u64;
+                        if let Some(c) = &self.inner.sources {
+                            c.add(&mut s.sources, &self.taken);
+                        }
+                    }
                     Err(_) => s.errors += 1,
                 }
                 s.consumer_wait += end - now;

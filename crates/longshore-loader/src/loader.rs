@@ -122,9 +122,14 @@ impl<F: Fetch> DataLoader<F> {
             worker_init,
             topology,
             own_pool,
+            sources,
         } = parts;
         let explicit = topology.is_some();
         let threads = ThreadSetup::new(config.options.worker_priority);
+        let mut stats = LoaderStats::default();
+        if let Some(c) = &sources {
+            stats.sources = vec![0; c.count];
+        }
         let loader = DataLoader {
             inner: Arc::new(Inner {
                 fetch: Arc::new(fetch),
@@ -139,10 +144,11 @@ impl<F: Fetch> DataLoader<F> {
                     revision: 0,
                 }),
                 progress: Mutex::new(Progress::default()),
-                stats: Mutex::new(LoaderStats::default()),
+                stats: Mutex::new(stats),
                 persistent: Mutex::new(None),
                 threads,
                 block_bytes: AtomicUsize::new(crate::iter::UNKNOWN_BLOCK),
+                sources,
                 placement: Mutex::new(PlacementState {
                     topology: None,
                     explicit: false,
@@ -301,7 +307,11 @@ impl<F: Fetch> DataLoader<F> {
 
     /// Resets the counters (not the pool's).
     pub fn reset_stats(&self) {
-        *lock(&self.inner.stats) = LoaderStats::default();
+        let mut s = LoaderStats::default();
+        if let Some(c) = &self.inner.sources {
+            s.sources = vec![0; c.count];
+        }
+        *lock(&self.inner.stats) = s;
     }
 
     /// Where the loader stands: the epoch in progress and which of its batches were

@@ -152,6 +152,8 @@ pub(crate) struct Inner<F: Fetch> {
     ///
     /// [`UNKNOWN_BLOCK`]: crate::iter::UNKNOWN_BLOCK
     pub(crate) block_bytes: AtomicUsize,
+    /// Counts delivered samples by source ([`LoaderStats::sources`]), when asked.
+    pub(crate) sources: Option<crate::stats::SourceCounter>,
 }
 
 /// The layout of epoch `epoch` of an iterable dataset as a loader with `config` reads it
@@ -191,6 +193,7 @@ pub(crate) struct Parts<F> {
     pub(crate) worker_init: Option<WorkerInit>,
     pub(crate) topology: Option<GpuTopology>,
     pub(crate) own_pool: bool,
+    pub(crate) sources: Option<crate::stats::SourceCounter>,
 }
 
 impl<F: crate::fetch::sealed::Sealed> Parts<F> {
@@ -204,6 +207,7 @@ impl<F: crate::fetch::sealed::Sealed> Parts<F> {
             worker_init: self.worker_init,
             topology: self.topology,
             own_pool: self.own_pool,
+            sources: self.sources,
         }
     }
 }

@@ -1,5 +1,7 @@
 //! [`LoaderStats`]: who is the bottleneck, the loader or the model?
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use longshore_host::PoolStats;
@@ -68,6 +70,42 @@ pub struct LoaderStats {
     /// Where the workers run now (the CPUs they are pinned to, and why); see
     /// [`Placement`](crate::Placement).
     pub placement: WorkerPlacement,
+    /// The samples of the delivered batches, by source (a mixture's member), when the loader
+    /// counts them ([`count_sources`](crate::DataLoaderBuilder::count_sources)); empty
+    /// otherwise. A sample skipped under
+    /// [`SampleErrorPolicy::Skip`](crate::SampleErrorPolicy::Skip) is counted in its source
+    /// (its position was delivered) and in [`skipped_samples`](LoaderStats::skipped_samples).
+    pub sources: Vec<u64>,
+}
+
+/// Which source each sample of a map-style dataset comes from, counted in
+/// [`LoaderStats::sources`]: see [`count_sources`](crate::DataLoaderBuilder::count_sources).
+#[derive(Clone)]
+pub(crate) struct SourceCounter {
+    pub(crate) count: usize,
+    pub(crate) of: Arc<dyn Fn(usize) -> Option<usize> + Send + Sync>,
+}
+
+impl SourceCounter {
+    /// Adds the sources of `indices` (a delivered batch's samples) to `counts`.
+    pub(crate) fn add(&self, counts: &mut Vec<u64>, indices: &[usize]) {
+        if counts.len() != self.count {
+            counts.resize(self.count, 0);
+        }
+        for &i in indices {
+            if let Some(c) = (self.of)(i).and_then(|s| counts.get_mut(s)) {
+                *c += 1;
+            }
+        }
+    }
+}
+
+impl fmt::Debug for SourceCounter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SourceCounter")
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LoaderStats {

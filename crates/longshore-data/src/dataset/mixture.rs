@@ -357,6 +357,17 @@ impl<D: Dataset> Mixture<D> {
             .collect()
     }
 
+    /// Which member each position reads from, as a value the loader keeps
+    /// ([`MemberOf::member`]; the same in every epoch): what
+    /// `DataLoaderBuilder::count_sources` takes to count the delivered samples by member.
+    pub fn member_of(&self) -> MemberOf {
+        MemberOf {
+            schedule: self.schedule.clone(),
+            len: self.len,
+            members: self.members.len(),
+        }
+    }
+
     /// The member and the member's index that position `position` reads in `epoch`.
     ///
     /// # Errors
@@ -380,6 +391,26 @@ impl<D: Dataset> Mixture<D> {
     fn locate(&self, position: usize) -> Result<(usize, usize), DataError> {
         let epoch = worker::epoch().unwrap_or_else(|| self.epoch.load(Ordering::Relaxed));
         self.source(position, epoch)
+    }
+}
+
+/// Which member of a [`Mixture`] each position reads from ([`Mixture::member_of`]).
+#[derive(Debug, Clone)]
+pub struct MemberOf {
+    schedule: Arc<Schedule>,
+    len: usize,
+    members: usize,
+}
+
+impl MemberOf {
+    /// The member position `position` reads from (in every epoch), `None` past the end.
+    pub fn member(&self, position: usize) -> Option<usize> {
+        (position < self.len).then(|| self.schedule.at(position as u64).0)
+    }
+
+    /// The number of members.
+    pub fn members(&self) -> usize {
+        self.members
     }
 }
 
