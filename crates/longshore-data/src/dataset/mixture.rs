@@ -60,7 +60,7 @@ use crate::seed::mix;
 use crate::worker;
 
 /// How a [`Mixture`]'s epoch ends; see the [module docs](self).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub enum Stop {
     /// When the schedule would draw from a member with no sample left (undersampling).
@@ -71,10 +71,28 @@ pub enum Stop {
     Samples(u64),
 }
 
-/// The fixed schedule of one block: for each offset, its member and the number of that
-/// member's positions before it in the block; for each member, its offsets.
+/// The fixed schedule of a mixture's positions (see the [module docs](self)): which member each
+/// position draws from and which of that member's draws it is, a function of the weights
+/// alone. [`Mixture`] draws map-style members by it; sharded datasets (longshore-shards) mix
+/// their members' orders by it.
+///
+/// ```
+/// use longshore_data::dataset::mixture::{Schedule, Stop};
+///
+/// # fn main() -> Result<(), longshore_data::DataError> {
+/// let s = Schedule::new(&[3.0, 1.0])?;
+/// assert_eq!(s.epoch_len(&[100, 10], Stop::FirstExhausted)?, 42);
+/// // Position 42 would be b's 11th draw (b has 10 samples): the epoch ends before it.
+/// assert_eq!(s.at(42), (1, 10));
+/// assert_eq!(s.position(1, 10), 42);
+/// assert_eq!((s.draws(0, 42), s.draws(1, 42)), (32, 10));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
-struct Schedule {
+pub struct Schedule {
+    // For each offset of a block, its member and the number of that member's positions
+    // before it in the block; for each member, its offsets.
     block: u64,
     counts: Vec<u64>,
     at: Vec<(u32, u32)>,
@@ -82,7 +100,12 @@ struct Schedule {
 }
 
 impl Schedule {
-    fn new(weights: &[f64]) -> Result<Schedule, DataError> {
+    /// The schedule of members drawn in proportion to `weights`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for a negative, infinite or all-zero weight, or a share
+    /// too small to schedule (below 2^-18).
+    pub fn new(weights: &[f64]) -> Result<Schedule, DataError> {
         let invalid = |reason: String| DataError::InvalidArgument {
             name: "weights",
             reason,
@@ -154,27 +177,79 @@ impl Schedule {
         })
     }
 
-    /// Member and occurrence of position `p`.
-    fn at(&self, p: u64) -> (usize, u64) {
+    /// The member position `p` draws from, and which of its draws that is (from 0).
+    pub fn at(&self, p: u64) -> (usize, u64) {
         let (s, j) = self.at[(p % self.block) as usize];
         let s = s as usize;
         (s, p / self.block * self.counts[s] + u64::from(j))
     }
 
-    /// The position of member `s`'s occurrence `k` (its `k`-th draw, from 0).
-    fn position(&self, s: usize, k: u64) -> u64 {
+    /// The position of member `s`'s draw `k` (from 0). `s` must have weight.
+    pub fn position(&self, s: usize, k: u64) -> u64 {
         let c = self.counts[s];
         k / c * self.block + u64::from(self.offsets[s][(k % c) as usize])
     }
 
-    /// Draws of member `s` in the first `len` positions.
-    fn draws(&self, s: usize, len: u64) -> u64 {
+    /// The draws of member `s` among the first `len` positions.
+    pub fn draws(&self, s: usize, len: u64) -> u64 {
         let c = self.counts[s];
         if c == 0 {
             return 0;
         }
         let (blocks, rest) = (len / self.block, len % self.block);
         blocks * c + self.offsets[s].partition_point(|&o| u64::from(o) < rest) as u64
+    }
+
+    /// The schedule's block: every block of this many positions holds each member's share.
+    pub fn block(&self) -> u64 {
+        self.block
+    }
+
+    /// Each member's positions per block.
+    pub fn block_counts(&self) -> &[u64] {
+        &self.counts
+    }
+
+    /// The number of members.
+    pub fn members(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// The positions of an epoch over members of `lens` samples ending by `stop`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidArgument`] for a count of lengths that is not the members', or an
+    /// empty member with weight.
+    pub fn epoch_len(&self, lens: &[u64], stop: Stop) -> Result<u64, DataError> {
+        let invalid = |name, reason: String| DataError::InvalidArgument { name, reason };
+        if lens.len() != self.counts.len() {
+            return Err(invalid(
+                "members",
+                format!("{} lengths for {} members", lens.len(), self.counts.len()),
+            ));
+        }
+        let drawn: Vec<usize> = (0..lens.len()).filter(|&s| self.counts[s] > 0).collect();
+        if let Some(&s) = drawn.iter().find(|&&s| lens[s] == 0) {
+            return Err(invalid(
+                "members",
+                format!("member {s} is empty but has weight"),
+            ));
+        }
+        Ok(match stop {
+            // The position of the first draw past a member's last sample.
+            Stop::FirstExhausted => drawn
+                .iter()
+                .map(|&s| self.position(s, lens[s]))
+                .min()
+                .unwrap_or(0),
+            // One past every member's last sample's position.
+            Stop::AllExhausted => drawn
+                .iter()
+                .map(|&s| self.position(s, lens[s] - 1) + 1)
+                .max()
+                .unwrap_or(0),
+            Stop::Samples(n) => n,
+        })
     }
 }
 
@@ -253,30 +328,7 @@ impl<D: Dataset> Mixture<D> {
         }
         let schedule = Schedule::new(weights)?;
         let lens: Vec<u64> = members.iter().map(|m| m.len() as u64).collect();
-        let drawn: Vec<usize> = (0..members.len())
-            .filter(|&s| schedule.counts[s] > 0)
-            .collect();
-        if let Some(&s) = drawn.iter().find(|&&s| lens[s] == 0) {
-            return Err(invalid(
-                "members",
-                format!("member {s} is empty but has weight {}", weights[s]),
-            ));
-        }
-        let len = match stop {
-            // The position of the first draw past a member's last sample.
-            Stop::FirstExhausted => drawn
-                .iter()
-                .map(|&s| schedule.position(s, lens[s]))
-                .min()
-                .unwrap_or(0),
-            // One past every member's last sample's position.
-            Stop::AllExhausted => drawn
-                .iter()
-                .map(|&s| schedule.position(s, lens[s] - 1) + 1)
-                .max()
-                .unwrap_or(0),
-            Stop::Samples(n) => n,
-        };
+        let len = schedule.epoch_len(&lens, stop)?;
         let len = usize::try_from(len).map_err(|_| DataError::Overflow("mixture length"))?;
         let mixture = Mixture {
             members: members.into(),

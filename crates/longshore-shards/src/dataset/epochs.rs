@@ -64,7 +64,10 @@ impl Inner {
             drop_last: layout.drop_last,
             ..self.config
         };
-        let order = Arc::new(EpochOrder::new(&self.spec.counts, config, layout.epoch)?);
+        let order = Arc::new(match &self.spec.mixture {
+            Some(m) => EpochOrder::mixed(&self.spec.counts, m, config, layout.epoch)?,
+            None => EpochOrder::new(&self.spec.counts, config, layout.epoch)?,
+        });
         let split = Layout::new(self.world_size, layout.num_workers, layout.batch_size)?;
         let plan = match &resume {
             Some(state) => EpochPlan::resume(order, state, split)?,

@@ -354,6 +354,7 @@ impl ShardedDatasetBuilder {
         }
         let store = self.store.unwrap_or_else(ShardStore::from_env);
         let spec = spec::resolve(&store, &self.source)?;
+        let len = spec.epoch_len()?;
         let stats = stats::Counters::default();
         for d in &spec.damaged {
             match self.on_sample_error {
@@ -407,6 +408,7 @@ impl ShardedDatasetBuilder {
         Ok(ShardedDataset {
             inner: Arc::new(Inner {
                 spec,
+                len,
                 columns,
                 store,
                 leases: leases::LeaseBoard::new(cache.clone()),
@@ -429,6 +431,8 @@ impl ShardedDatasetBuilder {
 #[derive(Debug)]
 struct Inner {
     spec: DatasetSpec,
+    /// Positions per epoch (a mixture's by its stop rule).
+    len: u64,
     columns: Vec<Arc<Columns>>,
     store: ShardStore,
     cache: ShardCache,
@@ -522,6 +526,70 @@ impl ShardedDataset {
         ShardedDatasetBuilder::new(Source::Spec(Box::new(spec)))
     }
 
+    /// A mixture of sharded datasets of one format: `members` drawn in proportion to
+    /// `weights` until `stop`, as longshore-data's map-style `Mixture` draws (Hugging Face's
+    /// `interleave_datasets` stopping strategies; see
+    /// [`EpochOrder::mixed`](crate::order::EpochOrder::mixed)). The members' resolved shards
+    /// are used as they are (no listing); the mixture is one dataset for the loader: its
+    /// epoch's positions are split over ranks and workers, padded, checkpointed and resumed
+    /// on another layout as a single dataset's are, each member read in its own order (a seed
+    /// of its own, the builder's `shuffle` options). Set the builder's options (seed,
+    /// shuffle, cache, `on_sample_error`, rank) on the mixture: the members' are not used,
+    /// except their store, which the mixture reads through (member 0's).
+    ///
+    /// ```
+    /// use longshore_data::dataset::mixture::Stop;
+    /// use longshore_shards::dataset::ShardedDataset;
+    /// use longshore_shards::webdataset::ShardWriter;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let mut members = Vec::new();
+    /// for (name, n) in [("web", 60), ("books", 20)] {
+    ///     let mut w = ShardWriter::new(dir.path().join(name), 2048)?;
+    ///     for i in 0..n {
+    ///         w.write(&format!("{name}{i:03}"), &[("txt", name.as_bytes())])?;
+    ///     }
+    ///     let shards = w.finish()?.shardlist.len();
+    ///     let pattern = format!("{}/{name}/shard-{{000000..{:06}}}.tar", dir.path().display(), shards - 1);
+    ///     members.push(ShardedDataset::webdataset([pattern]).rank(0).world_size(1).build()?);
+    /// }
+    /// // 3 web samples for 1 book, until the books run out.
+    /// let mix = ShardedDataset::mixture(&[&members[0], &members[1]], &[3.0, 1.0], Stop::FirstExhausted)?
+    ///     .rank(0)
+    ///     .world_size(1)
+    ///     .cache_dir(dir.path().join("cache"))
+    ///     .build()?;
+    /// assert_eq!(mix.len(), 80); // 60 web, 20 books: the 21st book would come next
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`DatasetSpec::mixture`].
+    pub fn mixture(
+        members: &[&ShardedDataset],
+        weights: &[f64],
+        stop: longshore_data::dataset::mixture::Stop,
+    ) -> Result<ShardedDatasetBuilder, ShardError> {
+        let specs: Vec<&DatasetSpec> = members.iter().map(|m| m.spec()).collect();
+        let spec = DatasetSpec::mixture(&specs, weights, stop)?;
+        let mut builder = ShardedDataset::from_spec(spec);
+        if let Some(m) = members.first() {
+            builder = builder.store(m.store().clone());
+        }
+        Ok(builder)
+    }
+
+    /// Each member's draws in an epoch of a mixture ([`ShardedDataset::mixture`]); `None` for
+    /// one dataset.
+    pub fn member_draws(&self) -> Option<Vec<u64>> {
+        let m = self.inner.spec.mixture.as_ref()?;
+        crate::order::EpochOrder::mixed(&self.inner.spec.counts, m, self.inner.config, 0)
+            .ok()?
+            .member_draws()
+    }
+
     /// The resolved shards and counts, to hand to other ranks.
     pub fn spec(&self) -> &DatasetSpec {
         &self.inner.spec
@@ -537,9 +605,10 @@ impl ShardedDataset {
         &self.inner.cache
     }
 
-    /// Samples per epoch in the dataset (all ranks together, before padding or dropping).
+    /// Samples per epoch in the dataset (all ranks together, before padding or dropping): a
+    /// mixture's positions by its stop rule.
     pub fn len(&self) -> u64 {
-        self.inner.spec.total_samples()
+        self.inner.len
     }
 
     /// Whether the dataset holds no sample.

@@ -13,7 +13,7 @@ use super::{Inner, OnSampleError, ShardFormat, ShardSample, TARGET};
 use crate::ShardError;
 use crate::cache::CachedShard;
 use crate::mds::{Columns, MdsSample, header_len, sample_count, sample_range};
-use crate::order::{EpochOrder, EpochPlan, Slot, WorkerStream, sample_seed};
+use crate::order::{EpochOrder, EpochPlan, Slot, WorkerStream};
 use crate::webdataset::{Sample, SampleSpan, ShardReader};
 
 /// The most slots a worker looks ahead (to find the next shards to prefetch): 64 Ki slots,
@@ -563,7 +563,7 @@ impl WorkerReader {
             id: slot.sample,
             position: slot.position,
             epoch: self.epoch,
-            seed: sample_seed(self.ds.config.seed, self.epoch, slot.sample.global),
+            seed: self.order.slot_seed(slot),
             pad: slot.pad,
             columns,
         })

@@ -8,8 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 
 use super::TARGET;
+use longshore_data::dataset::mixture::Stop;
+
 use crate::ShardError;
 use crate::mds::{MdsIndex, MdsShardInfo};
+use crate::order::{EpochOrder, MixtureConfig, OrderConfig};
 use crate::store::{ShardInfo, ShardList, ShardStore};
 use crate::webdataset::{ShardIndex, ShardReader};
 
@@ -67,6 +70,10 @@ pub struct DatasetSpec {
     /// (see [`OnSampleError`](super::OnSampleError)).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub damaged: Vec<ShardDamage>,
+    /// A mixture of datasets ([`DatasetSpec::mixture`]): the members' shards, member after
+    /// member, and how they are drawn; `None` for one dataset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixture: Option<MixtureConfig>,
 }
 
 /// A damaged shard found while resolving a dataset (see [`DatasetSpec::damaged`]).
@@ -99,9 +106,91 @@ impl std::fmt::Display for ShardDamage {
 }
 
 impl DatasetSpec {
-    /// Samples in the dataset (one epoch).
+    /// Samples in the dataset's shards (a mixture's epoch has its own length:
+    /// [`ShardedDataset::len`](super::ShardedDataset::len)).
     pub fn total_samples(&self) -> u64 {
         self.counts.iter().sum()
+    }
+
+    /// The spec of a mixture of datasets: `members`' shards, member after member, drawn in
+    /// proportion to `weights` until `stop` (see [`MixtureConfig`] and
+    /// [`EpochOrder::mixed`](crate::order::EpochOrder::mixed)). Members of a mixture share
+    /// one format; a member that is itself a mixture is refused.
+    ///
+    /// # Errors
+    /// [`ShardError::Order`] (option `mixture`) for no member, members of other formats, a
+    /// nested mixture, weights that are not one per member or cannot be scheduled, or an
+    /// empty member with weight.
+    pub fn mixture(
+        members: &[&DatasetSpec],
+        weights: &[f64],
+        stop: Stop,
+    ) -> Result<DatasetSpec, ShardError> {
+        let bad = |reason: String| ShardError::Order {
+            option: "mixture",
+            reason,
+        };
+        let first = members
+            .first()
+            .ok_or_else(|| bad("a mixture needs a member".into()))?;
+        if let Some((i, m)) = members
+            .iter()
+            .enumerate()
+            .find(|(_, m)| m.format != first.format)
+        {
+            return Err(bad(format!(
+                "member {i} is {:?}, member 0 {:?}: the members of a mixture share a format",
+                m.format, first.format
+            )));
+        }
+        if let Some(i) = members.iter().position(|m| m.mixture.is_some()) {
+            return Err(bad(format!(
+                "member {i} is a mixture: mix its members into one mixture instead"
+            )));
+        }
+        let mixture = MixtureConfig {
+            shards: members.iter().map(|m| m.shards.len()).collect(),
+            weights: weights.to_vec(),
+            stop,
+        };
+        let mut spec = DatasetSpec {
+            format: first.format,
+            shards: ShardList { shards: Vec::new() },
+            counts: Vec::new(),
+            counted_by: Vec::new(),
+            mds: Vec::new(),
+            damaged: Vec::new(),
+            mixture: None,
+        };
+        for m in members {
+            let offset = spec.shards.len();
+            spec.shards.shards.extend(m.shards.shards.iter().cloned());
+            spec.counts.extend(&m.counts);
+            spec.counted_by.extend(m.counted_by.iter().cloned());
+            spec.mds.extend(m.mds.iter().cloned());
+            spec.damaged.extend(m.damaged.iter().map(|d| ShardDamage {
+                shard: d.shard + offset,
+                ..d.clone()
+            }));
+        }
+        // The schedule's own checks (weights, empty members), now rather than at the first
+        // epoch.
+        EpochOrder::mixed(&spec.counts, &mixture, OrderConfig::default(), 0)?;
+        spec.mixture = Some(mixture);
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// The positions of an epoch: the shards' samples, or a mixture's positions by its stop
+    /// rule.
+    ///
+    /// # Errors
+    /// As [`DatasetSpec::mixture`], for a mixture whose members or weights do not fit.
+    pub fn epoch_len(&self) -> Result<u64, ShardError> {
+        match &self.mixture {
+            None => Ok(self.total_samples()),
+            Some(m) => Ok(EpochOrder::mixed(&self.counts, m, OrderConfig::default(), 0)?.len()),
+        }
     }
 
     /// The spec as JSON.
@@ -407,6 +496,7 @@ async fn webdataset(
         counted_by,
         mds: Vec::new(),
         damaged,
+        mixture: None,
     })
 }
 
@@ -482,6 +572,7 @@ async fn parquet(store: &ShardStore, patterns: &[String]) -> Result<DatasetSpec,
         counted_by: vec![CountSource::ParquetFooter; n],
         mds: Vec::new(),
         damaged: Vec::new(),
+        mixture: None,
     })
 }
 
@@ -493,6 +584,7 @@ async fn mds(store: &ShardStore, roots: &[String]) -> Result<DatasetSpec, ShardE
         counted_by: Vec::new(),
         mds: Vec::new(),
         damaged: Vec::new(),
+        mixture: None,
     };
     for root in roots {
         let root = root.trim_end_matches('/');

@@ -84,6 +84,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::Arc;
 
 use longshore_data::rng::{epoch_rng, permutation, shuffle};
 use longshore_data::seed::block_seed;
@@ -92,8 +93,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::ShardError;
 
+mod mixed;
 mod plan;
 
+pub use mixed::MixtureConfig;
 pub use plan::{EpochPlan, Layout, RankBatches, RankPlan, ResumeState, WorkerStream};
 
 /// [`OrderConfig::shuffle_block`]'s default: 2^18 samples, MosaicML Streaming's minimum
@@ -178,6 +181,9 @@ pub struct EpochOrder {
     /// First slot of each block, plus the number of slots.
     block_slots: Vec<usize>,
     counts_hash: u64,
+    /// A mixture's members and schedule ([`EpochOrder::mixed`]); the positions are then the
+    /// mixture's.
+    mix: Option<Arc<mixed::Mixed>>,
 }
 
 impl EpochOrder {
@@ -233,12 +239,56 @@ impl EpochOrder {
             shard_order,
             slot_starts,
             block_slots,
+            mix: None,
         })
     }
 
-    /// Samples in the epoch (the sum of the counts).
+    /// The order of epoch `epoch` of a mixture of sharded datasets (see [`MixtureConfig`]):
+    /// the shards holding `counts[i]` samples are the members' shards, member after member;
+    /// position `p` draws from the member the mixture's schedule names, in that member's own
+    /// order (the options of `config`, a seed of the member's own). [`len`](Self::len) is the
+    /// mixture's epoch (by its stop rule), which the plans split over ranks and workers as
+    /// they split a single dataset's.
+    ///
+    /// # Errors
+    /// [`ShardError::Order`] (option `mixture`) for members that do not add up to the
+    /// shards, weights that are not one per member or cannot be scheduled, or an empty
+    /// member with weight; as [`EpochOrder::new`].
+    pub fn mixed(
+        counts: &[u64],
+        mixture: &MixtureConfig,
+        config: OrderConfig,
+        epoch: u64,
+    ) -> Result<EpochOrder, ShardError> {
+        let mut order = EpochOrder::new(counts, config, epoch)?;
+        let m = mixed::Mixed::new(counts, mixture, config, epoch)?;
+        tracing::debug!(target: "longshore::shards", epoch, positions = m.len,
+            draws = ?m.draws(), members = ?m.lens(), "mixture order");
+        order.mix = Some(Arc::new(m));
+        Ok(order)
+    }
+
+    /// Positions in the epoch: the sum of the counts, or a mixture's positions.
     pub fn len(&self) -> u64 {
-        *self.starts.last().unwrap_or(&0)
+        match &self.mix {
+            Some(m) => m.len,
+            None => *self.starts.last().unwrap_or(&0),
+        }
+    }
+
+    /// The mixture this order draws (see [`EpochOrder::mixed`]), if any.
+    pub fn mixture(&self) -> Option<&MixtureConfig> {
+        self.mix.as_ref().map(|m| &m.config)
+    }
+
+    /// A mixture's draws of each member in the epoch (the epoch's positions by member).
+    pub fn member_draws(&self) -> Option<Vec<u64>> {
+        self.mix.as_ref().map(|m| m.draws())
+    }
+
+    /// The mixture member whose shards hold shard `shard` (0 for a single dataset).
+    pub fn member_of_shard(&self, shard: usize) -> usize {
+        self.mix.as_ref().map_or(0, |m| m.member_of_shard(shard))
     }
 
     /// Whether the epoch has no sample.
@@ -266,11 +316,16 @@ impl EpochOrder {
         &self.shard_order
     }
 
-    /// The shuffle blocks, as ranges of positions.
+    /// The shuffle blocks, as ranges of positions (a mixture's epoch is one range: its
+    /// members' blocks are their own).
     pub fn blocks(&self) -> impl Iterator<Item = Range<u64>> + '_ {
-        self.block_slots
-            .windows(2)
-            .map(|w| self.slot_starts[w[0]]..self.slot_starts[w[1]])
+        let mixed = self.mix.as_ref().map(|m| 0..m.len);
+        let plain = self.mix.is_none().then(|| {
+            self.block_slots
+                .windows(2)
+                .map(|w| self.slot_starts[w[0]]..self.slot_starts[w[1]])
+        });
+        mixed.into_iter().chain(plain.into_iter().flatten())
     }
 
     /// The [`SampleId`] of global id `global`, or `None` past the end.
@@ -289,6 +344,23 @@ impl EpochOrder {
     /// The augmentation seed of `sample` in this epoch ([`sample_seed`]).
     pub fn sample_seed(&self, sample: &SampleId) -> u64 {
         sample_seed(self.config.seed, self.epoch, sample.global)
+    }
+
+    /// The augmentation seed of the sample at `slot`: [`sample_seed`](Self::sample_seed),
+    /// except for a mixture's draw in a later pass over its member (a sample drawn again in
+    /// the epoch), whose seed is of that pass, so that the repeat is augmented anew.
+    pub fn slot_seed(&self, slot: &Slot) -> u64 {
+        match &self.mix {
+            Some(m) if slot.position < m.len => {
+                let pass = m.pass_of(slot.position);
+                sample_seed(
+                    self.config.seed,
+                    mixed::pass_seed_epoch(self.epoch, pass),
+                    slot.sample.global,
+                )
+            }
+            _ => self.sample_seed(&slot.sample),
+        }
     }
 
     /// The sample at `position`, or `None` past the end. This permutes the position's whole
@@ -342,7 +414,25 @@ impl EpochOrder {
 pub struct SlotIter<O> {
     order: O,
     ranges: VecDeque<(Range<u64>, bool)>,
-    block: Option<(usize, Range<u64>, Option<Vec<usize>>)>,
+    block: mixed::BlockCache,
+    /// A mixture's place in each member.
+    cursors: mixed::Cursors,
+}
+
+/// The sample at `position` of `order` (a single dataset's), keeping the permutation of its
+/// block in `cache`.
+fn lookup(order: &EpochOrder, cache: &mut mixed::BlockCache, position: u64) -> SampleId {
+    let cached = matches!(cache, Some((_, r, _)) if r.contains(&position));
+    if !cached {
+        let block = order.block_of(position);
+        let span = order.slot_starts[order.block_slots[block]]
+            ..order.slot_starts[order.block_slots[block + 1]];
+        *cache = Some((block, span, order.block_permutation(block)));
+    }
+    let (block, span, perm) = cache.get_or_insert_with(|| (0, 0..0, None));
+    let offset = position - span.start;
+    let offset = perm.as_ref().map_or(offset, |p| p[offset as usize] as u64);
+    order.sample_in_block(*block, offset)
 }
 
 impl<O: std::ops::Deref<Target = EpochOrder>> SlotIter<O> {
@@ -351,6 +441,7 @@ impl<O: std::ops::Deref<Target = EpochOrder>> SlotIter<O> {
             order,
             ranges,
             block: None,
+            cursors: mixed::Cursors::default(),
         }
     }
 
@@ -374,18 +465,12 @@ impl<O: std::ops::Deref<Target = EpochOrder>> Iterator for SlotIter<O> {
             let position = range.start;
             range.start += 1;
             let order = &*self.order;
-            let cached = matches!(&self.block, Some((_, r, _)) if r.contains(&position));
-            if !cached {
-                let block = order.block_of(position);
-                let span = order.slot_starts[order.block_slots[block]]
-                    ..order.slot_starts[order.block_slots[block + 1]];
-                self.block = Some((block, span, order.block_permutation(block)));
-            }
-            let (block, span, perm) = self.block.as_ref()?;
-            let offset = position - span.start;
-            let offset = perm.as_ref().map_or(offset, |p| p[offset as usize] as u64);
+            let sample = match &order.mix {
+                Some(m) => self.cursors.sample(order, m, position),
+                None => lookup(order, &mut self.block, position),
+            };
             return Some(Slot {
-                sample: order.sample_in_block(*block, offset),
+                sample,
                 position,
                 pad,
             });
