@@ -339,6 +339,15 @@ class Mixture:
     (members that run out earlier pass again, in another order; :attr:`repeated` counts
     them); or a number of positions per epoch (members passing as often as needed).
 
+    Over sharded datasets (``datasets.WebDataset``, ``StreamingDataset`` or ``ParquetDataset``
+    members of one format, with the same ``transform`` and ``fields``) the mixture is itself a
+    sharded dataset, iterated through ``longshore.DataLoader``: the same schedule draws each
+    member's samples in the member's own shuffled order (a member drawn again passes in
+    another order, with other augmentation seeds), every rank yields the same number of
+    batches, and ``state_dict`` resumes it exactly on any number of ranks or workers. Its
+    ``draws`` are per member; ``loader.stats["sources"]`` counts the samples its workers read,
+    by member. Member 0's cache options and store are used.
+
     Over longshore datasets (``NpyDataset``, ``RecordDataset``, ``datasets.ImageFolder`` with a
     transform, ``datasets.TokenDataset``, :class:`ArrayDataset`, :class:`TensorDataset`, and
     :class:`Subset` / :class:`ConcatDataset` / ``Mixture`` of them), whose samples must have the
@@ -357,6 +366,19 @@ class Mixture:
     >>> len(mix), mix.draws, mix.unused
     (40, [30, 10], [70, 0])
     """
+
+    def __new__(cls, datasets=(), weights=(), *, stop="first_exhausted", seed=0, shuffle=True):
+        datasets = list(datasets)
+        sharded = [isinstance(_native_or_none(d), _longshore._Shards) for d in datasets]
+        if datasets and all(sharded):
+            # Sharded members: one sharded dataset (an iterable one) that draws them.
+            from .datasets import _ShardMixture
+
+            return _ShardMixture(datasets, weights, stop=stop, seed=seed, shuffle=shuffle)
+        if any(sharded):
+            raise ValueError("Mixture: members are all sharded datasets (WebDataset, "
+                             "StreamingDataset, ParquetDataset) or all map-style datasets")
+        return super().__new__(cls)
 
     def __init__(self, datasets, weights, *, stop="first_exhausted", seed=0, shuffle=True):
         self.datasets = list(datasets)

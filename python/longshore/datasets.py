@@ -215,6 +215,11 @@ class _ImageShards:
         self.transform = transform
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
+        # What a mixture of this dataset and others reads with (data.Mixture).
+        self._options = dict(shuffle_block=shuffle_block,
+                             cache_dir=None if cache_dir is None else str(cache_dir),
+                             cache_budget=_budget(cache_budget, "cache_budget"), job=job,
+                             prefetch_shards=prefetch_shards)
         _logs.ensure_started()  # what resolving finds (a damaged shard) reaches logging
         self._native = _longshore._Shards(
             self._format, [str(u) for u in urls], steps, output, spec=spec, index=index,
@@ -268,6 +273,56 @@ class _ImageShards:
                 f"rank={self.rank}/{self.world_size}, shuffle={self.shuffle}, "
                 f"transform={self.transform!r}"
                 + ("" if self.fields is None else f", fields={self.fields!r}") + ")")
+
+
+class _ShardMixture(_ImageShards):
+    """A weighted mixture of sharded datasets (:class:`WebDataset`, :class:`StreamingDataset`
+    or :class:`ParquetDataset` members of one format): what ``longshore.data.Mixture`` makes of
+    them. The members' samples are drawn by the map-style ``Mixture``'s schedule (the same
+    weights, stop rules and proportions), each member read in its own shuffled order; the
+    mixture is one sharded dataset for ``longshore.DataLoader``: every rank the same number of
+    batches, exact resume on any number of ranks or workers, the node's shard cache. The
+    members share one ``transform`` and ``fields`` (member 0's are used), and member 0's
+    cache options and store apply."""
+
+    def __init__(self, datasets, weights, *, stop, seed, shuffle):
+        self.datasets = list(datasets)
+        first = self.datasets[0]
+        for i, d in enumerate(self.datasets[1:], 1):
+            if type(d) is not type(first):
+                raise ValueError(f"Mixture: member {i} is a {type(d).__name__}, member 0 a "
+                                 f"{type(first).__name__}: a mixture of sharded datasets is of "
+                                 "one format")
+            if d.fields != first.fields:
+                raise ValueError(f"Mixture: member {i} reads fields={d.fields!r}, member 0 "
+                                 f"fields={first.fields!r}: the members' batches are one "
+                                 "batch, of one set of fields")
+            plan = None if d.transform is None else d.transform._plan()
+            if plan != (None if first.transform is None else first.transform._plan()):
+                raise ValueError(f"Mixture: member {i}'s transform differs from member 0's: "
+                                 "the members' images are decoded by one pipeline")
+        self.weights = [float(w) for w in weights]
+        self.stop = stop
+        self.fields = first.fields
+        self.transform = first.transform
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self._options = dict(first._options)
+        self._native = _longshore._Shards.mixture(
+            [d._native for d in self.datasets], self.weights, stop, seed=self.seed & (2**64 - 1),
+            shuffle=self.shuffle, **self._options)
+        self.rank, self.world_size = self._native.rank
+        self._epoch = 0
+
+    @property
+    def draws(self):
+        """Each member's draws in an epoch (all ranks together)."""
+        return self._native.member_draws
+
+    def __repr__(self):
+        return (f"Mixture({len(self.datasets)} {type(self.datasets[0]).__name__} members, "
+                f"weights={self.weights}, stop={self.stop!r}, samples={len(self)}, "
+                f"rank={self.rank}/{self.world_size})")
 
 
 class WebDataset(_ImageShards):

@@ -607,7 +607,12 @@ impl PyLoader {
             d.set_item("sources", s.sources.clone())?;
         }
         if let Some(shards) = &self.shards {
-            d.set_item("shards", crate::shards::stats_dict(py, &shards.stats())?)?;
+            let stats = shards.stats();
+            if !stats.members.is_empty() {
+                // A mixture of sharded datasets: the samples its workers read, by member.
+                d.set_item("sources", stats.members.clone())?;
+            }
+            d.set_item("shards", crate::shards::stats_dict(py, &stats)?)?;
         }
         d.set_item("pool", pool_dict(py, &s.pool)?)?;
         Ok(d)

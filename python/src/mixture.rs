@@ -19,7 +19,7 @@ use crate::source::{AnyDataset, Source};
 
 /// `stop=`: `"first_exhausted"`, `"all_exhausted"` (Hugging Face's `interleave_datasets`
 /// stopping strategies) or a positive number of positions per epoch.
-fn stop_of(stop: &Bound<'_, PyAny>) -> PyResult<Stop> {
+pub(crate) fn stop_of(stop: &Bound<'_, PyAny>) -> PyResult<Stop> {
     if let Ok(s) = stop.cast::<PyString>() {
         return match s.to_str()? {
             "first_exhausted" => Ok(Stop::FirstExhausted),

@@ -238,6 +238,79 @@ impl PyShards {
         })
     }
 
+    /// A mixture of `members` (other `_Shards` of one format, with the same fields and image
+    /// pipeline: member 0's are used) drawn in proportion to `weights` until `stop`
+    /// (`"first_exhausted"`, `"all_exhausted"` or a number of positions); the order and cache
+    /// options are the mixture's own, the store and rank member 0's.
+    #[staticmethod]
+    #[pyo3(signature = (members, weights, stop, *, seed = 0, shuffle = true,
+        shuffle_block = None, cache_dir = None, cache_budget = None, job = None,
+        prefetch_shards = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn mixture(
+        py: Python<'_>,
+        members: Vec<PyRef<'_, PyShards>>,
+        weights: Vec<f64>,
+        stop: &Bound<'_, PyAny>,
+        seed: u64,
+        shuffle: bool,
+        shuffle_block: Option<u64>,
+        cache_dir: Option<PathBuf>,
+        cache_budget: Option<u64>,
+        job: Option<String>,
+        prefetch_shards: Option<usize>,
+    ) -> PyResult<Self> {
+        let stop = crate::mixture::stop_of(stop)?;
+        let first = members
+            .first()
+            .ok_or_else(|| PyValueError::new_err("a mixture needs a member"))?;
+        let (rank, world_size) = (first.resolved.rank(), first.resolved.world_size());
+        if let Some((i, m)) = members
+            .iter()
+            .enumerate()
+            .find(|(_, m)| (m.resolved.rank(), m.resolved.world_size()) != (rank, world_size))
+        {
+            return Err(PyValueError::new_err(format!(
+                "member {i} is rank {} of {}, member 0 rank {rank} of {world_size}: the \
+                 members of a mixture are one rank's",
+                m.resolved.rank(),
+                m.resolved.world_size()
+            )));
+        }
+        let options = Options {
+            seed,
+            shuffle,
+            shuffle_block,
+            rank: Some(rank),
+            world_size: Some(world_size),
+            cache_dir,
+            cache_budget,
+            job,
+            prefetch_shards,
+        };
+        let resolved: Vec<&ShardedDataset> = members.iter().map(|m| &m.resolved).collect();
+        let builder = ShardedDataset::mixture(&resolved, &weights, stop).map_err(shard_err)?;
+        let builder = options.apply(builder);
+        let resolved = py
+            .detach(|| builder.on_sample_error(OnSampleError::Skip).build())
+            .map_err(shard_err)?;
+        Ok(PyShards {
+            resolved,
+            options,
+            compose: first.compose.clone(),
+            decode: first.decode,
+            image: first.image.clone(),
+            label: first.label.clone(),
+            fields: first.fields.clone(),
+        })
+    }
+
+    /// Each member's draws in an epoch, for a mixture (`None` otherwise).
+    #[getter]
+    fn member_draws(&self) -> Option<Vec<u64>> {
+        self.resolved.member_draws()
+    }
+
     /// Samples in one epoch of the whole dataset (all ranks).
     fn __len__(&self) -> usize {
         usize::try_from(self.resolved.len()).unwrap_or(usize::MAX)
@@ -317,6 +390,9 @@ pub(crate) fn stats_dict<'py>(
     d.set_item("padded", s.padded)?;
     d.set_item("unpadded", s.unpadded)?;
     d.set_item("damaged_shards", s.damaged_shards)?;
+    if !s.members.is_empty() {
+        d.set_item("members", s.members.clone())?;
+    }
     // The cache's counts per epoch, and their sums: re-downloads are what a budget below the
     // shuffle window's working set costs (warned once through logging).
     let epochs = pyo3::types::PyList::empty(py);

@@ -326,3 +326,87 @@ def test_guide_example():
     blocks = section.split("```python\n")[1:]
     assert len(blocks) == 1, "one Python example in the section"
     exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {"__name__": "guide"})
+
+
+def write_tars(root, name, n, shards=3):
+    """WebDataset shards of `n` samples: `cls` (a member-wide id) and `txt`."""
+    import io
+    import tarfile
+    d = root / name
+    d.mkdir()
+    for s in range(shards):
+        with tarfile.open(d / f"shard-{s:06d}.tar", "w") as t:
+            for i in range(s, n, shards):
+                for ext, payload in (("cls", str(i).encode()), ("txt", f"{name} {i}".encode())):
+                    info = tarfile.TarInfo(f"{name}{i:05d}.{ext}")
+                    info.size = len(payload)
+                    t.addfile(info, io.BytesIO(payload))
+    return str(d) + "/shard-{000000..%06d}.tar" % (shards - 1)
+
+
+def read_texts(loader, n=None):
+    """The texts of the first `n` batches (all without `n`): no batch past them is taken."""
+    import itertools
+    out = []
+    it = iter(loader)
+    for batch in itertools.islice(it, n):
+        out += batch["txt"]
+    if n is not None:
+        it.close()
+    return out
+
+
+@pytest.mark.parametrize("stop", ["first_exhausted", "all_exhausted", 150])
+def test_sharded_members_make_a_sharded_mixture(tmp_path, stop):
+    from longshore.datasets import WebDataset
+    fields = {"txt": "text", "cls": "int"}
+    urls = [write_tars(tmp_path, "web", 120), write_tars(tmp_path, "books", 30, shards=2)]
+
+    def mixture(rank=0, world_size=1):
+        members = [WebDataset(u, fields=fields, transform=None, cache_dir=tmp_path / "cache",
+                              rank=rank, world_size=world_size) for u in urls]
+        return Mixture(members, [3, 1], stop=stop, seed=4)
+
+    mix = mixture()
+    assert not isinstance(mix, Mixture) and len(mix) == sum(mix.draws)
+    loader = longshore.DataLoader(mix, batch_size=8, num_workers=2, framework="numpy")
+    texts = read_texts(loader)
+    counts = collections.Counter(t.split()[0] for t in texts)
+    assert [counts["web"], counts["books"]] == mix.draws
+    assert loader.stats["sources"] == mix.draws  # every position read once, no padding
+    if stop == "first_exhausted":
+        assert len(set(texts)) == len(texts)
+    if stop == "all_exhausted":
+        assert len(set(texts)) == 150  # every sample of both members
+    # Two ranks: equal batches, the epoch's draws between them, then a checkpoint of rank 0
+    # after 3 batches resumed on one rank with one worker: the rest of the epoch.
+    ranks = [longshore.DataLoader(mixture(r, 2), batch_size=8, num_workers=2,
+                                  framework="numpy") for r in range(2)]
+    per_rank = [read_texts(r) for r in ranks]
+    assert len(per_rank[0]) == len(per_rank[1])
+    # The ranks' shares are the epoch, plus one padding repeat when it does not split evenly.
+    extra = collections.Counter(per_rank[0] + per_rank[1]) - collections.Counter(texts)
+    assert sum(extra.values()) == len(mix) % 2
+    assert not collections.Counter(texts) - collections.Counter(per_rank[0] + per_rank[1])
+    first = longshore.DataLoader(mixture(0, 2), batch_size=8, num_workers=2, framework="numpy")
+    head = read_texts(first, 3)
+    state = first.state_dict()
+    rest = longshore.DataLoader(mixture(0, 1), batch_size=8, num_workers=1, framework="numpy")
+    rest.load_state_dict(state)
+    tail = read_texts(rest)
+    second = longshore.DataLoader(mixture(1, 2), batch_size=8, num_workers=2, framework="numpy")
+    head1 = read_texts(second, 3)
+    # What ranks 0 and 1 delivered before the checkpoint, and the rest on one rank: the epoch.
+    assert sorted(head + head1 + tail) == sorted(texts)
+
+
+def test_sharded_and_map_style_members_do_not_mix(tmp_path):
+    from longshore.datasets import WebDataset
+    wds = WebDataset(write_tars(tmp_path, "web", 12), fields={"cls": "int"}, transform=None,
+                     cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="all sharded"):
+        Mixture([wds, members(5)[0]], [1, 1])
+    other = WebDataset(write_tars(tmp_path, "other", 12), fields={"txt": "text"},
+                       transform=None, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="fields"):
+        Mixture([wds, other], [1, 1])

@@ -353,6 +353,15 @@ fn two_buckets_worth_of_shards_mixed_over_ranks_and_resumed_on_three() {
         by_member[ids.member(*g)] += k;
     }
     assert_eq!(by_member.to_vec(), draws);
+    // The datasets' own counts: every sample its workers read (padding repeats included).
+    let mut yielded = [0u64; 2];
+    for s in &all {
+        yielded[ids.member(s.global)] += 1;
+    }
+    let counted: Vec<u64> = (0..2)
+        .map(|m| datasets.iter().map(|d| d.stats().members[m]).sum())
+        .collect();
+    assert_eq!(counted, yielded.to_vec());
     let share = draws[0] as f64 / datasets[0].len() as f64;
     assert!((share - 0.7).abs() < 0.01, "realised share {share}");
     // A repeated sample is augmented anew in its later pass.
@@ -497,4 +506,32 @@ fn mixtures_that_cannot_be_made_are_refused() {
             .len(),
         mixed.len()
     );
+}
+
+/// The guide's example (docs/guide/migrating-from-pytorch.md, "Mixtures of sharded datasets").
+#[test]
+fn the_guides_example() {
+    use longshore_shards::webdataset::ShardWriter;
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = Vec::new();
+    for (name, n) in [("web", 700), ("books", 100)] {
+        let mut w = ShardWriter::new(dir.path().join(name), 16 << 10).unwrap();
+        for i in 0..n {
+            w.write(&format!("{name}{i:04}"), &[("txt", name.as_bytes())])
+                .unwrap();
+        }
+        let last = w.finish().unwrap().shardlist.len() - 1;
+        let urls = format!(
+            "{}/{name}/shard-{{000000..{last:06}}}.tar",
+            dir.path().display()
+        );
+        members.push(ShardedDataset::webdataset([urls]).build().unwrap());
+    }
+    let mix = ShardedDataset::mixture(&[&members[0], &members[1]], &[0.7, 0.3], Stop::AllExhausted)
+        .unwrap()
+        .seed(0)
+        .cache_dir(dir.path().join("cache"))
+        .build()
+        .unwrap();
+    assert_eq!(mix.member_draws(), Some(vec![700, 300]));
 }

@@ -621,6 +621,9 @@ impl ShardedDataset {
     pub fn stats(&self) -> ShardStats {
         let mut s = self.inner.stats.snapshot();
         s.cache = self.inner.cache.epoch_stats();
+        if let Some(m) = &self.inner.spec.mixture {
+            s.members.resize(m.shards.len(), 0);
+        }
         s
     }
 

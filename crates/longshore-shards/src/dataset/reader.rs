@@ -594,6 +594,14 @@ impl Iterator for WorkerReader {
         let held = Arc::clone(&self.leases);
         let mut leases = lock(&held);
         let result = self.read(&slot, &mut leases);
+        if result.is_ok()
+            && let Some(m) = self.order.mixture()
+        {
+            let members = m.shards.len();
+            self.ds
+                .stats
+                .member_read(self.order.member_of_shard(shard), members);
+        }
         match &result {
             Ok(_) if self.making_up => self.ds.stats.padded(),
             Ok(_) => {

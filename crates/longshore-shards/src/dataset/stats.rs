@@ -26,6 +26,10 @@ pub struct ShardStats {
     /// handle counted them ([`ShardCache::epoch_stats`](crate::cache::ShardCache::epoch_stats)):
     /// re-downloads are what a budget below the shuffle window's working set costs.
     pub cache: Vec<crate::cache::EpochCacheStats>,
+    /// A mixture's samples read, by member ([`ShardedDataset::mixture`](super::ShardedDataset::mixture);
+    /// empty for one dataset): what its workers yielded, a few batches ahead of the loader's
+    /// delivery within an epoch, padding repeats included.
+    pub members: Vec<u64>,
 }
 
 impl ShardStats {
@@ -66,6 +70,18 @@ impl Counters {
             .entry(reason.to_owned())
             .or_default() += 1;
         reason == DAMAGED && self.damaged(shard)
+    }
+
+    /// A sample of mixture member `member` (of `members`) was read.
+    pub(super) fn member_read(&self, member: usize, members: usize) {
+        let mut g = self.lock();
+        let m = &mut g.0.members;
+        if m.len() < members {
+            m.resize(members, 0);
+        }
+        if let Some(c) = m.get_mut(member) {
+            *c += 1;
+        }
     }
 
     pub(super) fn padded(&self) {
