@@ -40,6 +40,12 @@ RandomHorizontalFlip, ToTensor, Normalize; batch --batch-size; on CUDA, pin_memo
 torch's DataLoader is swept over --workers (8,16) x --prefetch (2,4), persistent workers,
 pin_memory on CUDA; the best configuration of each loader is reported.
 
+``--clip``: the CLIP-style form (issue 39): the same shards with a caption per image (a
+``.txt`` member, 40-160 characters, written once into wds-clip/ beside wds/), read as image +
+text: webdataset ``.to_tuple("jpg", "txt")`` batched with ``default_collate`` (a list of
+captions), longshore ``WebDataset(fields={"jpg": "image", "txt": "text"})`` (a dict: the image
+tensor and the captions as ``list[str]``). Only the webdataset and longshore rows run.
+
 Prints a table and writes JSON (--out).
 
 Here (a Rust toolchain): ``cargo build --release -p xtask``, then
@@ -59,14 +65,17 @@ or, after the tar, with the longshore wheel installed too (for its rows), in one
     bash gpu-python/run.sh --shards       # XTASK=path, SHARDS_DATA_DIR=dir to change them
 """
 import argparse
+import io
 import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
+import zlib
 from pathlib import Path
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -127,6 +136,53 @@ def ensure_data(xtask, data, images, shard_size):
     return [s["url"] for s in index["shardlist"]], sum(s["nsamples"] for s in index["shardlist"])
 
 
+def caption(key, cls):
+    """A caption for sample `key` of class `cls`: 40-160 characters, some non-ASCII."""
+    h = zlib.crc32(key.encode())
+    words = ["a", "photo", "of", "the", "small", "large", "bright", "café", "naïve", "scene",
+             "with", "and", "in", "morning", "light", "river", "street", "dog", "bird", "tree"]
+    n = 8 + h % 20
+    return f"class {cls}: " + " ".join(words[(h >> (k % 24) ^ k) % len(words)] for k in range(n))
+
+
+def ensure_clip(data):
+    """wds-clip/: each wds/ shard with a `.txt` caption beside every sample's `.jpg`/`.cls`."""
+    src, out = data / "wds", data / "wds-clip"
+    index = json.loads((src / "shard-index.json").read_text())
+    stamp = out / "bench-stamp.json"
+    want = {"shards": [s["url"] for s in index["shardlist"]],
+            "sizes": [s.get("filesize") for s in index["shardlist"]]}
+    try:
+        if json.loads(stamp.read_text()) == want:
+            return
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    entries = []
+    for entry in index["shardlist"]:
+        members = []
+        with tarfile.open(src / entry["url"]) as t:
+            for m in t.getmembers():
+                members.append((m.name, t.extractfile(m).read()))
+        with tarfile.open(out / entry["url"], "w") as t:
+            for name, payload in members:
+                key, ext = name.split(".", 1)
+                extra = []
+                if ext == "cls":
+                    extra = [(f"{key}.txt", caption(key, payload.decode()).encode())]
+                for n, b in [(name, payload)] + extra:
+                    info = tarfile.TarInfo(n)
+                    info.size = len(b)
+                    t.addfile(info, io.BytesIO(b))
+        entries.append({"url": entry["url"], "nsamples": entry["nsamples"],
+                        "filesize": (out / entry["url"]).stat().st_size})
+    (out / "shard-index.json").write_text(json.dumps(
+        {**index, "shardlist": entries}))
+    stamp.write_text(json.dumps(want))
+    print(f"wrote {len(entries)} captioned shards into {out}", flush=True)
+
+
 class Server:
     """`xtask s3-serve` over `data` as bucket `bench` on a free port, for the `with` block."""
 
@@ -184,7 +240,11 @@ def timed(make_iter, epochs, cuda):
 
     def epoch():
         n = 0
-        for x, y in make_iter():
+        for batch in make_iter():
+            # (images, labels), (images, captions) or {"jpg": images, "txt": captions}
+            x, y = (batch["jpg"], batch["txt"]) if isinstance(batch, dict) else batch
+            if isinstance(y, list):
+                y = torch.tensor([len(c) for c in y])  # the captions reach the program
             if cuda:
                 x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
             n += x.shape[0]
@@ -241,7 +301,7 @@ def bench_webdataset(args, shard_urls, endpoint, cuda, rows):
     import torch
     import webdataset as wds
 
-    urls = [f"{endpoint}/{BUCKET}/wds/{u}" for u in shard_urls]
+    urls = [f"{endpoint}/{BUCKET}/{args.wds}/{u}" for u in shard_urls]
     tf = RGB(train_transform())
     if shutil.which("curl") is None:
         # webdataset reads http URLs through a `curl` subprocess; without curl, urllib
@@ -261,8 +321,8 @@ def bench_webdataset(args, shard_urls, endpoint, cuda, rows):
                              empty_check=False, cache_dir=cache_dir)
               .shuffle(1000)
               .decode("pil")
-              .to_tuple("jpg", "cls")
-              .map_tuple(tf, int)
+              .to_tuple("jpg", "txt" if args.clip else "cls")
+              .map_tuple(tf, str if args.clip else int)
               .batched(args.batch_size, collation_fn=torch.utils.data.default_collate,
                        partial=True))
         return torch.utils.data.DataLoader(ds, batch_size=None, **dataloader_kw(w, pf, cuda))
@@ -344,18 +404,19 @@ def bench_longshore(args, shard_urls, data, cuda, rows):
     n = len(shard_urls)
     cache = data / "longshore-cache"
     shutil.rmtree(cache, ignore_errors=True)  # the warm-up epoch downloads through S3
+    fields = {"jpg": "image", "txt": "text"} if args.clip else None
     makers = {
         "WebDataset": lambda: longshore.datasets.WebDataset(
-            f"s3://{BUCKET}/wds/shard-{{000000..{n - 1:06d}}}.tar", transform=tf, shuffle=True,
-            cache_dir=cache / "wds"),
+            f"s3://{BUCKET}/{args.wds}/shard-{{000000..{n - 1:06d}}}.tar", transform=tf,
+            shuffle=True, cache_dir=cache / args.wds, fields=fields),
         "StreamingDataset": lambda: longshore.datasets.StreamingDataset(
             remote=f"s3://{BUCKET}/mds", local=str(cache / "mds"), transform=tf, shuffle=True),
         "ImageFolder": lambda: longshore.datasets.ImageFolder(str(data / "images"), transform=tf),
     }
     # On a GPU, the image datasets decoded by nvJPEG too (`decode="nvjpeg"`), shards against
     # the folder: the same comparison on the GPU's JPEG engines.
-    runs = [(cls, "cpu") for cls in makers]
-    if cuda and "nvjpeg" in args.decode:
+    runs = [(cls, "cpu") for cls in makers if not args.clip or cls == "WebDataset"]
+    if cuda and "nvjpeg" in args.decode and not args.clip:
         runs += [("WebDataset", "nvjpeg"), ("ImageFolder", "nvjpeg")]
     if "cpu" not in args.decode:
         runs = [r for r in runs if r[1] != "cpu"]
@@ -436,7 +497,10 @@ def main():
     p.add_argument("--decode", default="cpu,nvjpeg",
                    help="longshore's decoders to run: cpu, nvjpeg (on a GPU) or both")
     p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.add_argument("--clip", action="store_true",
+                   help="CLIP-style shards: image + caption (webdataset and longshore rows)")
     args = p.parse_args()
+    args.wds = "wds-clip" if args.clip else "wds"
     args.workers = [int(x) for x in args.workers.split(",")]
     args.prefetch = [int(x) for x in args.prefetch.split(",")]
     only = set(args.only.split(","))
@@ -448,6 +512,9 @@ def main():
     data = args.data_dir.resolve()
     data.mkdir(parents=True, exist_ok=True)
     shard_urls, images = ensure_data(xtask, data, args.images, args.shard_size)
+    if args.clip:
+        ensure_clip(data)
+        only &= {"webdataset", "longshore"}
     print(f"{images} images in {len(shard_urls)} WebDataset shards; cuda: {cuda}; "
           f"{os.cpu_count()} CPUs", flush=True)
     rows = []
