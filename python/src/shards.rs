@@ -92,6 +92,19 @@ pub(crate) enum Reader {
 }
 
 impl PyShards {
+    /// `builder` with `options`, resolved without a loader's policy: damage found here is
+    /// recorded in the spec and judged by each loader's `on_sample_error` (an error under
+    /// "raise").
+    fn resolve(
+        py: Python<'_>,
+        builder: ShardedDatasetBuilder,
+        options: &Options,
+    ) -> PyResult<ShardedDataset> {
+        let builder = options.apply(builder);
+        py.detach(|| builder.on_sample_error(OnSampleError::Skip).build())
+            .map_err(shard_err)
+    }
+
     /// This dataset for a loader: the shards (for their stats) and the decoded images.
     /// `on_sample_error`: the loader's policy (a damaged shard refuses the loader under
     /// `Raise`; under `Skip`, failed samples are counted and made up for, so ranks stay equal).
@@ -214,7 +227,7 @@ impl PyShards {
                 )));
             }
         };
-        let mut builder = options.apply(builder);
+        let mut builder = builder;
         if let Some(storage) = storage_options {
             // object_store's keys, over the environment (the loaders' datasets reuse this store).
             let store = storage
@@ -222,11 +235,7 @@ impl PyShards {
                 .fold(ShardStore::builder(), |b, (k, v)| b.option(k, v));
             builder = builder.store(store.build());
         }
-        // Resolved without the loader's policy: damage found here is recorded in the spec and
-        // judged by each loader's `on_sample_error` (an error under "raise").
-        let resolved = py
-            .detach(|| builder.on_sample_error(OnSampleError::Skip).build())
-            .map_err(shard_err)?;
+        let resolved = PyShards::resolve(py, builder, &options)?;
         Ok(PyShards {
             resolved,
             options,
@@ -290,10 +299,7 @@ impl PyShards {
         };
         let resolved: Vec<&ShardedDataset> = members.iter().map(|m| &m.resolved).collect();
         let builder = ShardedDataset::mixture(&resolved, &weights, stop).map_err(shard_err)?;
-        let builder = options.apply(builder);
-        let resolved = py
-            .detach(|| builder.on_sample_error(OnSampleError::Skip).build())
-            .map_err(shard_err)?;
+        let resolved = PyShards::resolve(py, builder, &options)?;
         Ok(PyShards {
             resolved,
             options,

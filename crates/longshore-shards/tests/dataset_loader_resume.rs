@@ -10,10 +10,12 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use longshore_loader::LoaderState;
 use longshore_shards::dataset::ShardedDataset;
 use proptest::prelude::*;
-use support::data::{Read, Seen, pattern, rank_loader, take_batches, write_shards};
+use support::data::{
+    Read, Seen, checkpoint_after, delivered, epoch_of_ranks, pattern, rank_loader, ranks_of,
+    resume_ranks, take_batches, write_shards,
+};
 
 #[derive(Debug, Clone)]
 struct Case {
@@ -70,30 +72,18 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-fn batches(got: Vec<Result<Vec<Seen>, String>>) -> Vec<Vec<Seen>> {
-    got.into_iter()
-        .map(|b| b.unwrap_or_else(|e| panic!("a batch failed: {e}")))
-        .collect()
-}
-
 fn run(c: &Case) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     write_shards(dir.path(), &c.counts);
     let total: u64 = c.counts.iter().sum();
     let url = pattern(&dir.path().display().to_string(), c.counts.len());
-    let ranks = |world: usize| -> Vec<ShardedDataset> {
-        (0..world)
-            .map(|rank| {
-                ShardedDataset::webdataset([url.clone()])
-                    .seed(c.seed)
-                    .shuffle_block(c.shuffle_block)
-                    .rank(rank)
-                    .world_size(world)
-                    .cache_dir(dir.path().join("cache"))
-                    .build()
-                    .unwrap()
-            })
-            .collect()
+    let ranks = |world| {
+        ranks_of(world, || {
+            ShardedDataset::webdataset([url.clone()])
+                .seed(c.seed)
+                .shuffle_block(c.shuffle_block)
+                .cache_dir(dir.path().join("cache"))
+        })
     };
     let read = Read::new(c.batch_size, c.workers)
         .drop_last(c.drop_last)
@@ -101,16 +91,8 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
 
     // The uninterrupted epoch, per rank.
     let datasets = ranks(c.world);
-    let mut full = Vec::new();
-    for ds in &datasets {
-        let loader = rank_loader(ds, read);
-        let len = loader.len();
-        let got = batches(take_batches(&loader, None));
-        prop_assert_eq!(len, Some(got.len()), "len() is what an epoch yields");
-        full.push(got);
-    }
+    let full = epoch_of_ranks(&datasets, read);
     let n = full[0].len();
-    prop_assert!(full.iter().all(|f| f.len() == n), "equal ranks");
     let plan = datasets[0].plan(c.epoch).unwrap();
     let all: Vec<Seen> = full.iter().flatten().flatten().copied().collect();
     prop_assert!(
@@ -132,28 +114,15 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     }
     // Interrupted after k batches: every rank's checkpoint is the same.
     let k = ((n as f64) * c.cut) as usize;
-    let mut state: Option<LoaderState> = None;
-    for (rank, ds) in ranks(c.world).iter().enumerate() {
-        let loader = rank_loader(ds, read);
-        let got = batches(take_batches(&loader, Some(k)));
-        prop_assert_eq!(&got[..], &full[rank][..k]);
-        let s = loader.state_dict().unwrap();
-        prop_assert_eq!((s.epoch, s.done_prefix), (c.epoch, k as u64));
-        prop_assert!(
-            state.as_ref().is_none_or(|t| *t == s),
-            "the ranks' states differ"
-        );
-        state = Some(s);
-    }
-    let json = serde_json::to_string(&state.unwrap()).unwrap();
-    let state: LoaderState = serde_json::from_str(&json).unwrap();
+    let state = checkpoint_after(&ranks(c.world), read, &full, k);
+    prop_assert_eq!(state.done_prefix, k as u64);
 
-    // The same layout: exactly the rest of the uninterrupted run.
+    // The same layout: exactly the rest of the uninterrupted run, from the position.
     for (rank, ds) in ranks(c.world).iter().enumerate() {
         let loader = rank_loader(ds, read.epoch(0));
         loader.load_state_dict(&state).unwrap();
         prop_assert_eq!(loader.len(), Some(n));
-        let rest = batches(take_batches(&loader, None));
+        let rest = delivered(take_batches(&loader, None));
         prop_assert_eq!(&rest[..], &full[rank][k..], "rank {}'s rest", rank);
         prop_assert_eq!(
             loader.stats().replayed_batches,
@@ -163,27 +132,13 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     }
 
     // Another worker count: every sample not yet delivered, exactly once.
-    let mut delivered: Vec<Seen> = full
+    let mut seen: Vec<Seen> = full
         .iter()
         .flat_map(|f| f[..k].iter().flatten().copied())
         .collect();
-    let mut lens = Vec::new();
-    for ds in &ranks(c.world) {
-        let loader = rank_loader(ds, read.workers(c.workers2).epoch(0));
-        loader.load_state_dict(&state).unwrap();
-        let rest = batches(take_batches(&loader, None));
-        lens.push(rest.len());
-        delivered.extend(rest.into_iter().flatten());
-    }
-    prop_assert!(
-        lens.iter().all(|&l| l == lens[0]),
-        "equal ranks after the resume"
-    );
-    let real: Vec<u64> = delivered
-        .iter()
-        .filter(|s| !s.pad)
-        .map(|s| s.global)
-        .collect();
+    let rest = resume_ranks(&ranks(c.world), read.workers(c.workers2), &state);
+    seen.extend(rest.into_iter().flatten().flatten());
+    let real: Vec<u64> = seen.iter().filter(|s| !s.pad).map(|s| s.global).collect();
     let distinct: BTreeSet<u64> = real.iter().copied().collect();
     prop_assert_eq!(
         distinct.len(),
@@ -277,10 +232,10 @@ fn a_checkpoint_is_of_the_loaders_own_epoch_plan() {
         .unwrap();
     let read = Read::new(3, 2).epoch(1);
     let whole = rank_loader(&ds, read);
-    let full = batches(take_batches(&whole, Some(5)));
+    let full = delivered(take_batches(&whole, Some(5)));
     let at5 = whole.state_dict().unwrap();
     let first = rank_loader(&ds, read);
-    let taken = batches(take_batches(&first, Some(2)));
+    let taken = delivered(take_batches(&first, Some(2)));
     assert_eq!(taken[..], full[..2]);
     let at2 = first.state_dict().unwrap();
     let resumed = rank_loader(&ds, read.epoch(0));
@@ -290,7 +245,7 @@ fn a_checkpoint_is_of_the_loaders_own_epoch_plan() {
     assert_eq!(next.len(), 3);
     // Another loader begins epoch 1 afresh, with the same layout.
     let other = rank_loader(&ds, read);
-    assert_eq!(batches(take_batches(&other, Some(1)))[..], full[..1]);
+    assert_eq!(delivered(take_batches(&other, Some(1)))[..], full[..1]);
     // The resumed loader still stands where the uninterrupted run stood after 5 batches.
     let at = resumed.state_dict().unwrap();
     assert_eq!(at.done_prefix, 5);

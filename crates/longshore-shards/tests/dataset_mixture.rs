@@ -12,11 +12,13 @@ mod support;
 use std::collections::BTreeMap;
 
 use longshore_data::dataset::mixture::Stop;
-use longshore_loader::LoaderState;
 use longshore_shards::ShardError;
 use longshore_shards::dataset::ShardedDataset;
 use proptest::prelude::*;
-use support::data::{Read, Seen, pattern, rank_loader, take_batches, write_shards};
+use support::data::{
+    Read, Seen, checkpoint_after, delivered, epoch_of_ranks, pattern, rank_loader, ranks_of,
+    resume_ranks, take_batches, write_shards,
+};
 
 /// Member `s`'s shards (`write_shards` numbers each member's samples from 0 in `val`).
 fn write_members(root: &std::path::Path, members: &[Vec<u64>]) -> Vec<String> {
@@ -126,12 +128,6 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-fn batches(got: Vec<Result<Vec<Seen>, String>>) -> Vec<Vec<Seen>> {
-    got.into_iter()
-        .map(|b| b.unwrap_or_else(|e| panic!("a batch failed: {e}")))
-        .collect()
-}
-
 /// The non-padding samples of `seen`, counted by global id.
 fn multiset<'a>(seen: impl IntoIterator<Item = &'a Seen>) -> BTreeMap<u64, u64> {
     let mut m = BTreeMap::new();
@@ -147,20 +143,14 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     let members: Vec<ShardedDataset> = urls.iter().map(|u| member(u)).collect();
     let refs: Vec<&ShardedDataset> = members.iter().collect();
     let ids = Ids::new(&c.members);
-    let ranks = |world: usize| -> Vec<ShardedDataset> {
-        (0..world)
-            .map(|rank| {
-                ShardedDataset::mixture(&refs, &c.weights, c.stop)
-                    .unwrap()
-                    .seed(c.seed)
-                    .shuffle_block(c.shuffle_block)
-                    .rank(rank)
-                    .world_size(world)
-                    .cache_dir(dir.path().join("cache"))
-                    .build()
-                    .unwrap()
-            })
-            .collect()
+    let ranks = |world| {
+        ranks_of(world, || {
+            ShardedDataset::mixture(&refs, &c.weights, c.stop)
+                .unwrap()
+                .seed(c.seed)
+                .shuffle_block(c.shuffle_block)
+                .cache_dir(dir.path().join("cache"))
+        })
     };
     let read = Read::new(c.batch_size, c.workers)
         .drop_last(c.drop_last)
@@ -170,16 +160,8 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     let datasets = ranks(c.world);
     let draws = datasets[0].member_draws().unwrap();
     prop_assert_eq!(draws.iter().sum::<u64>(), datasets[0].len());
-    let mut full = Vec::new();
-    for ds in &datasets {
-        let loader = rank_loader(ds, read);
-        let len = loader.len();
-        let got = batches(take_batches(&loader, None));
-        prop_assert_eq!(len, Some(got.len()), "len() is what an epoch yields");
-        full.push(got);
-    }
+    let full = epoch_of_ranks(&datasets, read);
     let n = full[0].len();
-    prop_assert!(full.iter().all(|f| f.len() == n), "equal ranks");
     let plan = datasets[0].plan(c.epoch).unwrap();
     let all: Vec<Seen> = full.iter().flatten().flatten().copied().collect();
     all.iter().for_each(|s| ids.check(s));
@@ -197,70 +179,44 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         let sizes: Vec<u64> = c.members.iter().map(|m| m.iter().sum()).collect();
         match c.stop {
             Stop::FirstExhausted => prop_assert!(got.values().all(|&k| k == 1), "a repeat"),
-            Stop::AllExhausted => {
-                prop_assert_eq!(
-                    got.len() as u64,
-                    sizes.iter().sum::<u64>(),
-                    "every sample drawn"
-                )
-            }
+            Stop::AllExhausted => prop_assert_eq!(
+                got.len() as u64,
+                sizes.iter().sum::<u64>(),
+                "every sample drawn"
+            ),
             _ => {}
         }
     }
     if n == 0 {
         return Ok(());
     }
-    // Interrupted after k batches: every rank's checkpoint is the same.
+    // Interrupted after k batches; on the same layout, exactly the rest of the uninterrupted
+    // run.
     let k = ((n as f64) * c.cut) as usize;
-    let mut state: Option<LoaderState> = None;
-    for (rank, ds) in ranks(c.world).iter().enumerate() {
-        let loader = rank_loader(ds, read);
-        let got = batches(take_batches(&loader, Some(k)));
-        prop_assert_eq!(&got[..], &full[rank][..k]);
-        let s = loader.state_dict().unwrap();
-        prop_assert!(
-            state.as_ref().is_none_or(|t| *t == s),
-            "the ranks' states differ"
-        );
-        state = Some(s);
-    }
-    let state: LoaderState =
-        serde_json::from_str(&serde_json::to_string(&state.unwrap()).unwrap()).unwrap();
-    // The same layout: exactly the rest of the uninterrupted run.
-    for (rank, ds) in ranks(c.world).iter().enumerate() {
-        let loader = rank_loader(ds, read.epoch(0));
-        loader.load_state_dict(&state).unwrap();
-        let rest = batches(take_batches(&loader, None));
+    let state = checkpoint_after(&ranks(c.world), read, &full, k);
+    for (rank, rest) in resume_ranks(&ranks(c.world), read, &state)
+        .iter()
+        .enumerate()
+    {
         prop_assert_eq!(&rest[..], &full[rank][k..], "rank {}'s rest", rank);
     }
     // Another number of ranks and workers: the rest of the epoch's draws, each once.
-    let mut delivered: Vec<Seen> = full
+    let mut seen: Vec<Seen> = full
         .iter()
         .flat_map(|f| f[..k].iter().flatten().copied())
         .collect();
-    let mut lens = Vec::new();
-    for ds in &ranks(c.world2) {
-        let loader = rank_loader(ds, read.workers(c.workers2).epoch(0));
-        loader.load_state_dict(&state).unwrap();
-        let rest = batches(take_batches(&loader, None));
-        lens.push(rest.len());
-        delivered.extend(rest.into_iter().flatten());
-    }
-    prop_assert!(
-        lens.iter().all(|&l| l == lens[0]),
-        "equal ranks after the resume"
-    );
-    delivered.iter().for_each(|s| ids.check(s));
-    let again = multiset(&delivered);
+    let rest = resume_ranks(&ranks(c.world2), read.workers(c.workers2), &state);
+    seen.extend(rest.into_iter().flatten().flatten());
+    seen.iter().for_each(|s| ids.check(s));
+    let again = multiset(&seen);
     if c.drop_last {
         // Only what drop_last leaves out (at most a batch per rank, per segment) differs.
         let (a, b): (u64, u64) = (again.values().sum(), datasets[0].len());
         prop_assert!(a <= b && b - a < 2 * (c.world.max(c.world2) * c.batch_size) as u64);
     } else {
-        let whole = multiset(&all);
         prop_assert_eq!(
             again,
-            whole,
+            got,
             "the resumed epoch draws what the whole one drew"
         );
     }
@@ -315,35 +271,25 @@ fn two_buckets_worth_of_shards_mixed_over_ranks_and_resumed_on_three() {
         .collect();
     let ids = Ids::new(&counts);
     let cache = tempfile::tempdir().unwrap();
-    let ranks = |world: usize| -> Vec<ShardedDataset> {
-        (0..world)
-            .map(|rank| {
-                ShardedDataset::mixture(
-                    &[&members[0], &members[1]],
-                    &[0.7, 0.3],
-                    Stop::AllExhausted,
-                )
+    let ranks = |world| {
+        ranks_of(world, || {
+            ShardedDataset::mixture(&[&members[0], &members[1]], &[0.7, 0.3], Stop::AllExhausted)
                 .unwrap()
                 .seed(3)
                 .shuffle_block(32)
-                .rank(rank)
-                .world_size(world)
                 .cache_dir(cache.path())
-                .build()
-                .unwrap()
-            })
-            .collect()
+        })
     };
     let datasets = ranks(2);
-    // 120 samples of the first member at 70%: 172 positions, the second member's 15 samples
-    // drawn 52 times (37 repeats).
+    // The first member's 120 samples at 70% of the positions: the second member's 15 samples
+    // drawn again and again.
     let draws = datasets[0].member_draws().unwrap();
     assert_eq!(draws.iter().sum::<u64>(), datasets[0].len());
     assert_eq!(draws[0], 120);
     let read = Read::new(8, 2);
     let full: Vec<Vec<Vec<Seen>>> = datasets
         .iter()
-        .map(|d| batches(take_batches(&rank_loader(d, read), None)))
+        .map(|d| delivered(take_batches(&rank_loader(d, read), None)))
         .collect();
     let all: Vec<Seen> = full.iter().flatten().flatten().copied().collect();
     all.iter().for_each(|s| ids.check(s));
@@ -379,20 +325,20 @@ fn two_buckets_worth_of_shards_mixed_over_ranks_and_resumed_on_three() {
     }
     // Checkpoint after 5 batches per rank; resume on 3 ranks with 1 worker each.
     let k = 5;
-    let mut delivered: Vec<Seen> = full
+    let mut seen: Vec<Seen> = full
         .iter()
         .flat_map(|f| f[..k].iter().flatten().copied())
         .collect();
     let loader = rank_loader(&ranks(2)[0], read);
-    let _ = batches(take_batches(&loader, Some(k)));
+    let _ = delivered(take_batches(&loader, Some(k)));
     let state = loader.state_dict().unwrap();
     for ds in &ranks(3) {
         let loader = rank_loader(ds, read.workers(1));
         loader.load_state_dict(&state).unwrap();
-        delivered.extend(batches(take_batches(&loader, None)).into_iter().flatten());
+        seen.extend(delivered(take_batches(&loader, None)).into_iter().flatten());
     }
     assert_eq!(
-        multiset(&delivered),
+        multiset(&seen),
         got,
         "the resumed epoch draws what the whole one drew"
     );
@@ -407,8 +353,8 @@ fn a_fixed_length_epoch_resumes_with_other_weights() {
     let urls = write_members(dir.path(), &counts);
     let members: Vec<ShardedDataset> = urls.iter().map(|u| member(u)).collect();
     let ids = Ids::new(&counts);
-    let mix = |w: [f64; 2]| {
-        ShardedDataset::mixture(&[&members[0], &members[1]], &w, Stop::Samples(100))
+    let mixture = |w: [f64; 2], stop| {
+        ShardedDataset::mixture(&[&members[0], &members[1]], &w, stop)
             .unwrap()
             .rank(0)
             .world_size(1)
@@ -416,13 +362,14 @@ fn a_fixed_length_epoch_resumes_with_other_weights() {
             .build()
             .unwrap()
     };
+    let mix = |w| mixture(w, Stop::Samples(100));
     let read = Read::new(10, 1);
     let first = rank_loader(&mix([1.0, 1.0]), read);
-    let head = batches(take_batches(&first, Some(5)));
+    let head = delivered(take_batches(&first, Some(5)));
     let state = first.state_dict().unwrap();
     let again = rank_loader(&mix([9.0, 1.0]), read);
     again.load_state_dict(&state).unwrap();
-    let rest = batches(take_batches(&again, None));
+    let rest = delivered(take_batches(&again, None));
     assert_eq!(head.len() + rest.len(), 10);
     let count = |b: &[Vec<Seen>], m: usize| {
         b.iter()
@@ -440,17 +387,9 @@ fn a_fixed_length_epoch_resumes_with_other_weights() {
         count(&rest, 1)
     );
     // Another stop rule's length changes with the weights: refused, naming the lengths.
-    let dataset = |w: [f64; 2]| {
-        ShardedDataset::mixture(&[&members[0], &members[1]], &w, Stop::FirstExhausted)
-            .unwrap()
-            .rank(0)
-            .world_size(1)
-            .cache_dir(dir.path().join("cache"))
-            .build()
-            .unwrap()
-    };
+    let dataset = |w| mixture(w, Stop::FirstExhausted);
     let first = rank_loader(&dataset([1.0, 1.0]), read);
-    let _ = batches(take_batches(&first, Some(2)));
+    let _ = delivered(take_batches(&first, Some(2)));
     let state = first.state_dict().unwrap();
     let again = rank_loader(&dataset([3.0, 1.0]), read);
     let err = again.load_state_dict(&state).and_then(|()| {

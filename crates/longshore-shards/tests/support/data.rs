@@ -204,3 +204,89 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// The batches of `got`, every one delivered (a failed batch fails the test).
+pub fn delivered(got: Vec<Result<Vec<Seen>, String>>) -> Vec<Vec<Seen>> {
+    got.into_iter()
+        .map(|b| b.unwrap_or_else(|e| panic!("a batch failed: {e}")))
+        .collect()
+}
+
+/// One whole epoch of each rank's loader (`datasets[r]` is rank `r`'s, read as `read`): its
+/// batches, `len()` of them on every rank (checked).
+pub fn epoch_of_ranks(datasets: &[ShardedDataset], read: Read) -> Vec<Vec<Vec<Seen>>> {
+    let full: Vec<Vec<Vec<Seen>>> = datasets
+        .iter()
+        .map(|ds| {
+            let loader = rank_loader(ds, read);
+            let len = loader.len();
+            let got = delivered(take_batches(&loader, None));
+            assert_eq!(len, Some(got.len()), "len() is what an epoch yields");
+            got
+        })
+        .collect();
+    assert!(full.iter().all(|f| f.len() == full[0].len()), "equal ranks");
+    full
+}
+
+/// Each rank's loader interrupted after `k` batches (checked to be the first `k` of `full`,
+/// the uninterrupted epoch): the checkpoint every rank takes then (checked to be one), through
+/// JSON.
+pub fn checkpoint_after(
+    datasets: &[ShardedDataset],
+    read: Read,
+    full: &[Vec<Vec<Seen>>],
+    k: usize,
+) -> longshore_loader::LoaderState {
+    let mut state: Option<longshore_loader::LoaderState> = None;
+    for (rank, ds) in datasets.iter().enumerate() {
+        let loader = rank_loader(ds, read);
+        let got = delivered(take_batches(&loader, Some(k)));
+        assert_eq!(
+            &got[..],
+            &full[rank][..k],
+            "rank {rank}'s first {k} batches"
+        );
+        let s = loader.state_dict().unwrap();
+        assert_eq!(s.epoch, read.epoch);
+        assert!(
+            state.as_ref().is_none_or(|t| *t == s),
+            "the ranks' states differ"
+        );
+        state = Some(s);
+    }
+    let json = serde_json::to_string(&state.expect("a rank")).unwrap();
+    serde_json::from_str(&json).unwrap()
+}
+
+/// Each rank's loader (`datasets[r]`, read as `read`) resumed from `state`: the rest of its
+/// epoch, and every rank yields as many batches (checked).
+pub fn resume_ranks(
+    datasets: &[ShardedDataset],
+    read: Read,
+    state: &longshore_loader::LoaderState,
+) -> Vec<Vec<Vec<Seen>>> {
+    let rest: Vec<Vec<Vec<Seen>>> = datasets
+        .iter()
+        .map(|ds| {
+            let loader = rank_loader(ds, read.epoch(0));
+            loader.load_state_dict(state).unwrap();
+            delivered(take_batches(&loader, None))
+        })
+        .collect();
+    assert!(
+        rest.iter().all(|r| r.len() == rest[0].len()),
+        "equal ranks after the resume"
+    );
+    rest
+}
+
+/// The datasets of `world` ranks: `make()`'s builder as rank `r` of `world`, for each `r`.
+pub fn ranks_of(
+    world: usize,
+    make: impl Fn() -> longshore_shards::dataset::ShardedDatasetBuilder,
+) -> Vec<ShardedDataset> {
+    (0..world)
+        .map(|rank| make().rank(rank).world_size(world).build().unwrap())
+        .collect()
+}
