@@ -225,6 +225,10 @@ class DataLoader:
                 )
             if self._python is not None:
                 self._python.bind(batch_size or 1, bool(drop_last))
+                # A sharded dataset with map= plans each worker's stream in whole batches.
+                bind = getattr(dataset, "_bind_loader", None)
+                if bind is not None:
+                    bind(batch_size or 1, bool(drop_last))
             wanted = getattr(dataset, "batch_size", None) if self._sharded else None
             if wanted is not None and wanted != batch_size:
                 raise ValueError(

@@ -173,7 +173,9 @@ def _native_or_none(dataset):
               _longshore._Mixture)
     if isinstance(dataset, native):
         return dataset
-    if isinstance(dataset, (str, bytes)):
+    if isinstance(dataset, (str, bytes)) or getattr(dataset, "map_fn", None) is not None:
+        # A sharded dataset with map=: a Python function runs on its samples, in worker
+        # processes (a Python iterable dataset).
         return None
     # PyTorch's own Subset and ConcatDataset (random_split's parts) over longshore datasets.
     kind = _TORCH_WRAPPERS.get((type(dataset).__module__, type(dataset).__name__))
@@ -369,6 +371,10 @@ class Mixture:
 
     def __new__(cls, datasets=(), weights=(), *, stop="first_exhausted", seed=0, shuffle=True):
         datasets = list(datasets)
+        if any(getattr(d, "map_fn", None) is not None for d in datasets):
+            raise ValueError("Mixture: a sharded member made with map= is read in Python "
+                             "worker processes; mix members without map= (the mixture's "
+                             "batches are their fields)")
         sharded = [isinstance(_native_or_none(d), _longshore._Shards) for d in datasets]
         if datasets and all(sharded):
             # Sharded members: one sharded dataset (an iterable one) that draws them.

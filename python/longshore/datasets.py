@@ -22,10 +22,11 @@ without class folders or a class folder without images is an error unless
 """
 import glob as _glob
 import os as _os
+import sys as _sys
 
 import numpy as _np
 
-from . import _logs, _longshore
+from . import _logs, _longshore, _workers
 from .data import _dist_world
 from .transforms import Compose as _Compose
 
@@ -201,8 +202,12 @@ class _ImageShards:
 
     def _make(self, urls, transform, *, spec, index, image_key, label_key, seed, shuffle,
               shuffle_block, rank, world_size, cache_dir, cache_budget, job, prefetch_shards,
-              max_pixels, storage_options=None, fields=None):
+              max_pixels, storage_options=None, fields=None, map=None):
         fields = _fields(fields, transform, type(self).__name__)
+        if map is not None and (fields is None or not callable(map)):
+            raise ValueError(
+                f"{type(self).__name__}(map=...) takes a callable run on each sample's fields "
+                "(a dict {field: value}) in the loader's worker processes: give fields= too")
         if transform is None and fields is None:
             raise ValueError(
                 f"{type(self).__name__} needs transform=Compose([..., ToTensor()]): its "
@@ -221,18 +226,21 @@ class _ImageShards:
                              cache_budget=_budget(cache_budget, "cache_budget"), job=job,
                              prefetch_shards=prefetch_shards)
         _logs.ensure_started()  # what resolving finds (a damaged shard) reaches logging
-        self._native = _longshore._Shards(
-            self._format, [str(u) for u in urls], steps, output, spec=spec, index=index,
-            image_key=image_key, label_key=label_key, seed=self.seed, shuffle=self.shuffle,
-            shuffle_block=shuffle_block, rank=rank, world_size=world_size,
-            cache_dir=None if cache_dir is None else str(cache_dir),
+        # What makes the native dataset again in a worker process (from the resolved spec).
+        self._native_args = (steps, output, dict(
+            index=index, image_key=image_key, label_key=label_key, seed=self.seed,
+            shuffle=self.shuffle, shuffle_block=shuffle_block, rank=rank,
+            world_size=world_size, cache_dir=None if cache_dir is None else str(cache_dir),
             cache_budget=_budget(cache_budget, "cache_budget"), job=job,
             prefetch_shards=prefetch_shards, max_pixels=max_pixels or None,
-            no_pixel_limit=max_pixels == 0,
-            storage_options=_storage_options(storage_options), fields=fields,
-        )
+            no_pixel_limit=max_pixels == 0, storage_options=_storage_options(storage_options),
+            fields=fields))
+        self._native = _longshore._Shards(self._format, [str(u) for u in urls], steps, output,
+                                          spec=spec, **self._native_args[2])
         self.rank, self.world_size = self._native.rank
         self._epoch = 0
+        self.map_fn = map
+        self._layout = (1, False)  # the loader's batch size and drop_last (map=)
 
     @property
     def urls(self):
@@ -260,6 +268,9 @@ class _ImageShards:
         outside a loader (one reader thread): for a look at the data. Train through
         ``longshore.DataLoader``, whose workers read and decode in parallel. (A dataset read
         with ``fields=`` is iterated through the loader.)"""
+        if self.map_fn is not None:
+            yield from self._mapped()
+            return
         if self.fields is not None:
             raise TypeError(
                 f"{type(self).__name__}(fields=...) is iterated through longshore.DataLoader, "
@@ -267,6 +278,54 @@ class _ImageShards:
         shape = tuple(self._native.output_shape)
         for data, dtype, label in self._native.iter_epoch(self._epoch):
             yield _np.frombuffer(bytearray(data), dtype=dtype).reshape(shape), label
+
+    # --- map=: a Python function over each sample's fields, in worker processes ----------
+
+    def _bind_loader(self, batch_size, drop_last):
+        """The loader's batch size and drop_last (``map=``): each worker's stream is planned
+        in whole batches of it, so that every rank yields the same number of batches."""
+        self._layout = (int(batch_size), bool(drop_last))
+
+    def _mapped(self):
+        """This worker's samples of the loader's epoch: each sample's fields decoded (an image
+        by the pipeline, text, JSON, numbers, arrays), as a dict with ``"__key__"``, then
+        ``map_fn`` of it."""
+        import json as _json
+
+        info = _workers.get_worker_info()
+        if info is None:
+            torch = _sys.modules.get("torch")  # torch's DataLoader runs this dataset
+            info = None if torch is None else torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        epoch = _workers.loader_epoch()
+        epoch = self._epoch if epoch is None else epoch
+        batch_size, drop_last = self._layout
+        kinds = self.fields
+        for record in self._native.records(epoch, worker, workers, batch_size, drop_last):
+            for name, kind in kinds.items():
+                v = record[name]
+                if kind in ("image", "array"):
+                    data, dtype, shape = v
+                    record[name] = _np.frombuffer(data, dtype=dtype).reshape(shape)
+                elif kind == "json":
+                    record[name] = _json.loads(v)
+            yield self.map_fn(record)
+
+    def __getstate__(self):
+        # A worker process started by spawn or forkserver makes the native dataset again from
+        # the resolved spec (no listing).
+        state = self.__dict__.copy()
+        state["_native"] = None
+        state["_spec_json"] = self._native.spec_json
+        return state
+
+    def __setstate__(self, state):
+        spec = state.pop("_spec_json", None)
+        self.__dict__.update(state)
+        if self._native is None and spec is not None and self._native_args is not None:
+            steps, output, kwargs = self._native_args
+            self._native = _longshore._Shards(self._format, [], steps, output, spec=spec,
+                                              **kwargs)
 
     def __repr__(self):
         return (f"{type(self).__name__}(shards={len(self.urls)}, samples={len(self)}, "
@@ -303,6 +362,9 @@ class _ShardMixture(_ImageShards):
                                  "the members' images are decoded by one pipeline")
         self.weights = [float(w) for w in weights]
         self.stop = stop
+        self.map_fn = None
+        self._native_args = None
+        self._layout = (1, False)
         self.fields = first.fields
         self.transform = first.transform
         self.shuffle = bool(shuffle)
@@ -400,6 +462,17 @@ class WebDataset(_ImageShards):
     delivered. ``decode="nvjpeg"`` is refused with ``fields`` for now (a ``ValueError``), and
     such a dataset is iterated through ``longshore.DataLoader`` only.
 
+    ``map``: a Python function run on each sample, for what no decoder does (a tokenizer, an
+    audio decoder, your own augmentation): with ``fields``, each sample's fields are decoded
+    as above (an image by ``transform`` into a NumPy array, text as ``str``, JSON parsed,
+    arrays as NumPy arrays), put in a dict with ``"__key__"`` (``shard-url#key``), and
+    ``map(sample)`` is what the loader batches (``default_collate``, or ``collate_fn``). The
+    dataset is then read in the loader's worker processes (``num_workers``,
+    ``multiprocessing_context`` as for any Python dataset), each worker its planned stream of
+    the shards, so ranks stay equal and images are decoded with the same per-sample seeds as
+    without ``map``. It must be picklable for ``spawn``/``forkserver`` workers (a module-level
+    function).
+
     Epochs: each iteration of a ``longshore.DataLoader`` reads the next epoch (0, 1, ...)
     unless ``loader.set_epoch(e)`` chose one; ``loader.state_dict()`` after ``k`` batches and
     ``load_state_dict`` in a new job (any number of ranks or workers) resume exactly the rest.
@@ -410,7 +483,7 @@ class WebDataset(_ImageShards):
     def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
                  image_key=None, label_key="cls", index=None, rank=None, world_size=None,
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
-                 max_pixels=None, storage_options=None, fields=None):
+                 max_pixels=None, storage_options=None, fields=None, map=None):
         if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
             urls = [urls]
         self._make(list(urls), transform, spec=spec, index=index, image_key=image_key,
@@ -418,7 +491,7 @@ class WebDataset(_ImageShards):
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels,
-                   storage_options=storage_options, fields=fields)
+                   storage_options=storage_options, fields=fields, map=map)
 
 
 class StreamingDataset(_ImageShards):
@@ -450,7 +523,7 @@ class StreamingDataset(_ImageShards):
                  shuffle_seed=9176, shuffle_block_size=None, cache_limit=None, batch_size=None,
                  image_key=None, label_key="cls", rank=None, world_size=None,
                  prefetch_shards=None, job=None, spec=None, max_pixels=None,
-                 storage_options=None, fields=None):
+                 storage_options=None, fields=None, map=None):
         if remote is None and local is None and spec is None:
             raise ValueError("StreamingDataset needs remote= (or local= for a dataset on disk)")
         root = str(remote if remote is not None else local or "")
@@ -465,7 +538,7 @@ class StreamingDataset(_ImageShards):
                    shuffle=shuffle, shuffle_block=shuffle_block_size, rank=rank,
                    world_size=world_size, cache_dir=cache, cache_budget=cache_limit, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels,
-                   storage_options=storage_options, fields=fields)
+                   storage_options=storage_options, fields=fields, map=map)
 
 
 class ParquetDataset(_ImageShards):
@@ -489,7 +562,7 @@ class ParquetDataset(_ImageShards):
     def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
                  image_key="image", label_key="label", rank=None, world_size=None,
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
-                 max_pixels=None, storage_options=None, fields=None):
+                 max_pixels=None, storage_options=None, fields=None, map=None):
         if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
             urls = [urls]
         self._make(list(urls), transform, spec=spec, index=None, image_key=image_key,
@@ -497,7 +570,7 @@ class ParquetDataset(_ImageShards):
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels,
-                   storage_options=storage_options, fields=fields)
+                   storage_options=storage_options, fields=fields, map=map)
 
 
 def write_shards(out, samples, format="webdataset", shard_size=64 << 20, image_ext="jpg"):

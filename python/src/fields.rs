@@ -157,3 +157,147 @@ pub(crate) fn shape_batch(
     }
     Ok(dict.into_any().unbind())
 }
+
+/// NumPy's `dtype.str` of `dtype` in native byte order (`"<f4"`, `"|u1"`).
+fn npy_str(dtype: longshore::data::DType) -> String {
+    let order = if dtype.size() == 1 {
+        '|'
+    } else if cfg!(target_endian = "little") {
+        '<'
+    } else {
+        '>'
+    };
+    format!("{order}{}", dtype.npy_code())
+}
+
+/// One field of a record as the Python worker gets it (see [`PyRecordIter`]).
+enum Out {
+    /// The pipeline's output bytes (its dtype and shape are the dataset's).
+    Image(Vec<u8>),
+    Int(i64),
+    Float(f64),
+    Text(String),
+    Json(String),
+    Bytes(Vec<u8>),
+    Array(longshore::data::DType, Vec<usize>, Vec<u8>),
+}
+
+/// A record's fields in field order, and its shard and key.
+type Rendered = (Vec<Out>, String);
+
+/// One worker's records rendered for Python (images decoded by the pipeline), read by a Rust
+/// thread a few records ahead.
+fn render(
+    collate: &longshore::vision::shards::fields::RecordCollate,
+    fields: &[Field],
+    record: &longshore::vision::shards::fields::FieldRecord,
+) -> Result<Rendered, DataError> {
+    let mut out = Vec::with_capacity(fields.len());
+    for (i, f) in fields.iter().enumerate() {
+        let text = |i| String::from_utf8_lossy(record.bytes(i).unwrap_or_default()).into_owned();
+        out.push(match f.kind {
+            Kind::Image => Out::Image(collate.decode_image(record, i)?.unwrap_or_default()),
+            Kind::Int => Out::Int(record.int(i).unwrap_or_default()),
+            Kind::Float => Out::Float(record.float(i).unwrap_or_default()),
+            Kind::Text => Out::Text(text(i)),
+            Kind::Json => Out::Json(text(i)),
+            Kind::Bytes => Out::Bytes(record.bytes(i).unwrap_or_default().to_vec()),
+            Kind::Array => match record.array(i) {
+                Some((dtype, shape, data)) => Out::Array(dtype, shape.to_vec(), data.to_vec()),
+                None => Out::Bytes(Vec::new()),
+            },
+            _ => Out::Bytes(record.bytes(i).unwrap_or_default().to_vec()),
+        });
+    }
+    Ok((out, record.origin().to_owned()))
+}
+
+/// The records of one worker's stream of an epoch (`_Shards.records`): an iterator of dicts
+/// `{field: value}` plus `"__key__"` (`shard#key`): an image as `(bytes, dtype, shape)` of the
+/// pipeline's output, an array as `(bytes, dtype, shape)` (NumPy's `dtype.str`, native byte
+/// order), text and JSON as `str` (`longshore.datasets` turns arrays into NumPy arrays and
+/// JSON into objects), ints, floats and bytes as they are.
+#[pyclass(name = "_RecordIter", module = "longshore")]
+pub(crate) struct PyRecordIter {
+    rx: crossbeam_channel::Receiver<Result<Rendered, DataError>>,
+    fields: Arc<[Field]>,
+    image: (String, Vec<usize>),
+}
+
+impl PyRecordIter {
+    /// Worker `worker` of `num_workers`'s stream of `records`' epoch `epoch`, laid out in
+    /// batches of `batch_size` (`drop_last`), read by a thread of its own.
+    pub(crate) fn start(
+        records: FieldShards,
+        epoch: u64,
+        worker: usize,
+        num_workers: usize,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> PyResult<PyRecordIter> {
+        use longshore::data::{EpochLayout, IterableDataset, WorkerInfo};
+        let layout = EpochLayout::new(epoch, 0, batch_size.max(1), drop_last, num_workers);
+        records
+            .begin_epoch(&layout, None)
+            .map_err(crate::errors::data_err)?;
+        let info = WorkerInfo::new(worker, num_workers.max(1), 0)
+            .map_err(crate::errors::data_err)?
+            .with_epoch(epoch);
+        let fields = records.fields().clone();
+        let image = records
+            .transform()
+            .map_or((String::new(), Vec::new()), |c| {
+                let f = c.field();
+                (npy_str(f.dtype), f.shape.dims().to_vec())
+            });
+        let (tx, rx) = crossbeam_channel::bounded(8);
+        let names = fields.clone();
+        std::thread::Builder::new()
+            .name("longshore-records".into())
+            .spawn(move || {
+                let collate = records.collate();
+                for item in records.iter(info) {
+                    let out = item.and_then(|r| render(&collate, &names, &r));
+                    if tx.send(out).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| PyValueError::new_err(format!("cannot start a reader thread: {e}")))?;
+        Ok(PyRecordIter { rx, fields, image })
+    }
+}
+
+#[pymethods]
+impl PyRecordIter {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let rx = self.rx.clone();
+        let (values, key) = match py.detach(move || rx.recv()) {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Err(crate::errors::data_err(e)),
+            Err(_) => return Err(pyo3::exceptions::PyStopIteration::new_err(())),
+        };
+        let dict = PyDict::new(py);
+        dict.set_item("__key__", key)?;
+        for (f, v) in self.fields.iter().zip(values) {
+            let value: Bound<'_, PyAny> = match v {
+                Out::Image(b) => (PyBytes::new(py, &b), &self.image.0, self.image.1.clone())
+                    .into_pyobject(py)?
+                    .into_any(),
+                Out::Array(dtype, shape, b) => (PyBytes::new(py, &b), npy_str(dtype), shape)
+                    .into_pyobject(py)?
+                    .into_any(),
+                Out::Int(x) => x.into_pyobject(py)?.into_any(),
+                Out::Float(x) => x.into_pyobject(py)?.into_any(),
+                Out::Text(t) | Out::Json(t) => PyString::new(py, &t).into_any(),
+                Out::Bytes(b) => PyBytes::new(py, &b).into_any(),
+            };
+            dict.set_item(&f.name, value)?;
+        }
+        Ok(dict.into_any().unbind())
+    }
+}

@@ -58,6 +58,7 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tokens::PyTokenSequences>()?;
     m.add_class::<shards::PyShards>()?;
     m.add_class::<shards::PyShardIter>()?;
+    m.add_class::<fields::PyRecordIter>()?;
     m.add_function(wrap_pyfunction!(shards::write_image_shards, m)?)?;
     m.add_class::<pydata::PyProcessSource>()?;
     m.add_function(wrap_pyfunction!(pydata::_at_exit, m)?)?;

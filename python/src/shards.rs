@@ -311,6 +311,43 @@ impl PyShards {
         })
     }
 
+    /// Worker `worker` of `num_workers`'s records of this rank's epoch `epoch` (laid out in
+    /// batches of `batch_size`, `drop_last`), for a dataset read with `fields=` whose samples a
+    /// Python function maps in worker processes (`map=`): see
+    /// [`PyRecordIter`](crate::fields::PyRecordIter).
+    #[pyo3(signature = (epoch, worker = 0, num_workers = 1, batch_size = 1, drop_last = false))]
+    fn records(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        worker: usize,
+        num_workers: usize,
+        batch_size: usize,
+        drop_last: bool,
+    ) -> PyResult<crate::fields::PyRecordIter> {
+        if self.fields.is_none() {
+            return Err(PyValueError::new_err(
+                "records() reads a dataset made with fields=",
+            ));
+        }
+        let (_, reader) = py
+            .detach(|| self.for_loader(OnSampleError::Raise))
+            .map_err(shard_err)?;
+        let Reader::Fields(records) = reader else {
+            return Err(PyValueError::new_err("not a dataset of fields"));
+        };
+        py.detach(|| {
+            crate::fields::PyRecordIter::start(
+                records,
+                epoch,
+                worker,
+                num_workers,
+                batch_size,
+                drop_last,
+            )
+        })
+    }
+
     /// Each member's draws in an epoch, for a mixture (`None` otherwise).
     #[getter]
     fn member_draws(&self) -> Option<Vec<u64>> {

@@ -393,3 +393,64 @@ def test_parquet_list_columns(arrays, tmp_path):
         seen += check_arrays({"tok": np.asarray(batch["tok"]), "cls": batch["cls"],
                               "emb": emb.reshape(-1, 2, 3)})
     assert sorted(seen) == list(range(N))
+
+
+def caption_length(sample):
+    """A map= function (module level: workers started by spawn unpickle it)."""
+    assert sample["__key__"].split("#")[1].startswith("sample")
+    return sample["jpg"], len(sample["txt"]), sample["cls"], sample["json"]["id"]
+
+
+@pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_map_runs_in_worker_processes_on_the_decoded_fields(data, tmp_path, workers, context):
+    torch = pytest.importorskip("torch")
+    fields = {"jpg": "image", "txt": "text", "json": "json", "cls": "int"}
+    ds = web(data, tmp_path / "cache", fields=fields, map=caption_length, shuffle=True, seed=2)
+    assert longshore.data._native_or_none(ds) is None  # a Python dataset
+    loader = longshore.DataLoader(ds, batch_size=4, num_workers=workers,
+                                  multiprocessing_context=context)
+    seen = {}
+    for images, lengths, labels, ids in loader:
+        assert images.shape[1:] == (3, 16, 16) and images.dtype == torch.float32
+        assert labels.tolist() == ids.tolist()
+        for img, n, i in zip(images, lengths.tolist(), labels.tolist()):
+            assert n == len(caption(i)) and i not in seen
+            seen[i] = img
+    assert sorted(seen) == list(range(N))
+    # The pixels are the native fields path's: the same pipeline, the same per-sample seed.
+    native = web(data, tmp_path / "cache2", fields=fields, shuffle=True, seed=2)
+    for batch in longshore.DataLoader(native, batch_size=4, num_workers=2):
+        for img, i in zip(batch["jpg"], batch["cls"].tolist()):
+            assert torch.equal(img, seen[i]), i
+
+
+def test_map_needs_fields_and_stays_out_of_mixtures(data, tmp_path):
+    with pytest.raises(ValueError, match="fields="):
+        web(data, tmp_path / "cache", fields=None, map=caption_length)
+    ds = web(data, tmp_path / "cache", fields={"cls": "int"}, transform=None, map=dict)
+    other = web(data, tmp_path / "cache", fields={"cls": "int"}, transform=None)
+    with pytest.raises(ValueError, match="map="):
+        longshore.data.Mixture([ds, other], [1, 1])
+
+
+def label_of(sample):
+    return sample["cls"]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_map_keeps_ranks_equal(data, tmp_path, drop_last):
+    pytest.importorskip("torch")
+    per_rank = []
+    for rank in range(3):
+        ds = web(data, tmp_path / "cache", fields={"cls": "int"}, transform=None,
+                 map=label_of, shuffle=True, rank=rank, world_size=3)
+        loader = longshore.DataLoader(ds, batch_size=3, num_workers=2, drop_last=drop_last,
+                                      multiprocessing_context="forkserver")
+        per_rank.append([b.tolist() for b in loader])
+    assert len({len(b) for b in per_rank}) == 1, [len(b) for b in per_rank]
+    labels = [i for batches in per_rank for b in batches for i in b]
+    if drop_last:
+        assert len(labels) == len(set(labels)) and all(len(b) == 3 for r in per_rank for b in r)
+    else:
+        assert set(labels) == set(range(N))  # 24 over 3 ranks: 8 each, no padding
+        assert len(labels) == N

@@ -550,6 +550,25 @@ impl RecordCollate {
         &self.fields
     }
 
+    /// Field `index` of `record`, an image, decoded and transformed by the pipeline as its
+    /// batch slot would be (the same generator of the record's seed): the pipeline's output
+    /// bytes, `None` when the field is no image.
+    ///
+    /// # Errors
+    /// A decode error naming the shard, the key and the field; a missing pipeline.
+    pub fn decode_image(
+        &self,
+        record: &FieldRecord,
+        index: usize,
+    ) -> Result<Option<Vec<u8>>, DataError> {
+        let Some((path, bytes)) = record.image(index) else {
+            return Ok(None);
+        };
+        let mut out = vec![0u8; self.pipeline()?.output_bytes()];
+        self.decode_into(path, bytes, record.seed, &mut out)?;
+        Ok(Some(out))
+    }
+
     fn pipeline(&self) -> Result<&Compose, DataError> {
         self.transform
             .as_deref()
