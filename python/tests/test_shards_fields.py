@@ -454,3 +454,22 @@ def test_map_keeps_ranks_equal(data, tmp_path, drop_last):
     else:
         assert set(labels) == set(range(N))  # 24 over 3 ranks: 8 each, no padding
         assert len(labels) == N
+
+
+def test_map_resumes_exactly(data, tmp_path):
+    pytest.importorskip("torch")
+
+    def loader():
+        ds = web(data, tmp_path / "cache", fields={"cls": "int"}, transform=None,
+                 map=label_of, shuffle=True, seed=5)
+        return longshore.DataLoader(ds, batch_size=4, num_workers=2)
+
+    full = [b.tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(2)]
+    state = first.state_dict()
+    it.close()
+    again = loader()
+    again.load_state_dict(state)
+    assert head + [b.tolist() for b in again] == full
