@@ -7,6 +7,19 @@ waits for data in a real training step.
     python3 examples/python/train_resnet.py --loader torch
     python3 examples/python/train_resnet.py --loader synthetic   # the model alone, data on the GPU
     python3 examples/python/train_resnet.py --loader longshore --decode nvjpeg --no-model
+    python3 examples/python/train_resnet.py --step captured      # the step in a CUDA graph
+    python3 examples/python/train_resnet.py --model resnet50
+    torchrun --nproc-per-node 2 examples/python/train_resnet.py --ddp
+
+``--step captured`` replays the whole training step (forward, backward, optimizer) as one CUDA
+graph (torch.cuda.graphs' whole-network capture: static input buffers the batch is copied
+into), so the Python thread launches one graph a step instead of hundreds of kernels: what is
+left of the gap to the synthetic rate is then the loader's, not the launch path's. ``--ddp``
+runs one process per GPU under torchrun (NCCL, DistributedDataParallel, each rank its share
+of the folder: torch's DistributedSampler, longshore's ``data.DistributedSampler``); the
+images/s are all ranks' together. The JSON line also gives the CPU time the machine spent per
+1,000 images over the timed epochs (all its cores' busy time: workers, decoding, the training
+process).
 
 The folder (default: 10,000 JPEGs in 100 classes, about 400x350 and 110 KB each) is generated
 once by longshore's synthetic writer. Steady state: one warm-up epoch, then `--epochs` whole
@@ -39,7 +52,36 @@ def parse():
                         "report what the GPU's compute stream waits for")
     p.add_argument("--trace", default="target/train-resnet/trace.json",
                    help="where --profile writes its Chrome trace")
+    p.add_argument("--model", choices=["resnet18", "resnet50"], default="resnet18")
+    p.add_argument("--step", choices=["eager", "captured"], default="eager",
+                   help="captured: the training step replayed as one CUDA graph")
+    p.add_argument("--ddp", action="store_true",
+                   help="one process per GPU under torchrun (NCCL, DistributedDataParallel)")
     return p.parse_args()
+
+
+def cpu_jiffies():
+    """Busy and total jiffies of the whole machine (/proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def distributed(args):
+    """(rank, world size, local rank): torchrun's, with the NCCL process group up (--ddp), or
+    a single process."""
+    if not args.ddp:
+        return 0, 1, 0
+    import torch
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl")
+    return dist.get_rank(), dist.get_world_size(), local
 
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -67,12 +109,19 @@ def torch_loader(args, root):
 
     ds = D.ImageFolder(root, T.Compose([
         T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    sampler = (torch.utils.data.distributed.DistributedSampler(ds, shuffle=True)
+               if args.ddp else None)
     # An expert's configuration: all workers, pinned memory, persistent workers, deeper prefetch.
     dl = torch.utils.data.DataLoader(
-        ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, pin_memory=True,
-        persistent_workers=True, prefetch_factor=4, drop_last=True)
+        ds, batch_size=args.batch_size, shuffle=sampler is None, sampler=sampler,
+        num_workers=args.workers, pin_memory=True, persistent_workers=True, prefetch_factor=4,
+        drop_last=True)
+    count = [0]
 
     def epoch():
+        if sampler is not None:
+            sampler.set_epoch(count[0])
+        count[0] += 1
         for x, y in dl:
             yield x.cuda(non_blocking=True), y.cuda(non_blocking=True)
     return epoch
@@ -84,17 +133,26 @@ def longshore_loader(args, root):
 
     ds = longshore.datasets.ImageFolder(root, T.Compose([
         T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]))
+    # Each rank its share of the folder (the loader's epoch reaches the sampler).
+    sampler = longshore.data.DistributedSampler(ds, shuffle=True) if args.ddp else None
     dl = longshore.DataLoader(
-        ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
-        persistent_workers=True, drop_last=True, seed=args.seed, device="cuda", decode=args.decode,
+        ds, batch_size=args.batch_size, shuffle=sampler is None, sampler=sampler,
+        num_workers=args.workers, persistent_workers=True, drop_last=True, seed=args.seed,
+        device=f"cuda:{args.local_rank}", decode=args.decode,
         worker_priority=args.worker_priority)
-    return lambda: iter(dl)
+    count = [0]
+
+    def epoch():
+        dl.set_epoch(count[0])  # the loader's order and the sampler's
+        count[0] += 1
+        return iter(dl)
+    return epoch
 
 
 def synthetic_loader(args, _root):
     import torch
 
-    steps = args.images // args.batch_size
+    steps = args.images // args.batch_size // args.world_size
     x = torch.randn(args.batch_size, 3, 224, 224, device="cuda")
     y = torch.randint(0, 100, (args.batch_size,), device="cuda")
 
@@ -226,37 +284,81 @@ def gpu_profile(args, epoch, step):
     }
 
 
+def make_step(args):
+    """The training step: eager, or (``--step captured``) the whole step captured once in a
+    CUDA graph over static input buffers, each call copying the batch in and replaying it."""
+    import torch
+    import torchvision
+
+    model = getattr(torchvision.models, args.model)(num_classes=100).cuda()
+    model = model.to(memory_format=torch.channels_last)
+    if args.ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.local_rank])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def eager(x, y):
+        x = x.contiguous(memory_format=torch.channels_last)
+        # cache_enabled=False: autocast's weight cache may not outlive a graph capture.
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=args.step == "eager"):
+            loss = loss_fn(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss
+
+    if args.step == "eager":
+        return eager
+    static_x = torch.randn(args.batch_size, 3, 224, 224, device="cuda")
+    static_x = static_x.contiguous(memory_format=torch.channels_last)
+    static_y = torch.randint(0, 100, (args.batch_size,), device="cuda")
+    # Warm-up on a side stream (cuDNN's choices, the optimizer's state, DDP's buckets: DDP
+    # wants 11 iterations before a capture), then the capture, as torch.cuda.graphs documents.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(11 if args.ddp else 3):
+            eager(static_x, static_y)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = eager(static_x, static_y)
+
+    def captured(x, y):
+        static_x.copy_(x)  # channels_last from the batch's layout, one copy kernel
+        static_y.copy_(y)
+        graph.replay()
+        return static_loss
+    return captured
+
+
 def main():
     args = parse()
     import torch
 
+    args.rank, args.world_size, args.local_rank = distributed(args)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.benchmark = True
-    root = folder(args) if args.loader != "synthetic" else None
+    root = None
+    if args.loader != "synthetic":
+        # Rank 0 writes the folder (once), the other ranks then find it.
+        if args.rank == 0:
+            root = folder(args)
+        if args.ddp:
+            torch.distributed.barrier()
+        root = root or folder(args)
     make = {"torch": torch_loader, "longshore": longshore_loader, "synthetic": synthetic_loader}
     epoch = make[args.loader](args, root)
-    step = None
-    if not args.no_model:
-        import torchvision
+    step = None if args.no_model else make_step(args)
 
-        model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-        loss_fn = torch.nn.CrossEntropyLoss()
-
-        def step(x, y):
-            x = x.contiguous(memory_format=torch.channels_last)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = loss_fn(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            return loss
-
-    rates, waits = [], []
+    rates, waits, cpu = [], [], []
     for e in range(args.epochs + 1):
         seen, waited = 0, 0.0
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        if args.ddp:
+            torch.distributed.barrier()
+        t0, jiffies = time.perf_counter(), cpu_jiffies()
         it = epoch()
         while True:
             t = time.perf_counter()
@@ -269,19 +371,36 @@ def main():
                 step(x, y)
             seen += x.shape[0]
         torch.cuda.synchronize()
+        if args.ddp:
+            # Every rank's images, over the slowest rank's time.
+            total = torch.tensor([seen], device="cuda")
+            torch.distributed.all_reduce(total)
+            torch.distributed.barrier()
+            seen = int(total.item())
         wall = time.perf_counter() - t0
+        now = cpu_jiffies()
         if e > 0:  # the first epoch warms up (workers, cuDNN, nvJPEG states)
             rates.append(seen / wall)
             waits.append(waited / wall)
-        print(f"epoch {e}{' (warm-up)' if e == 0 else ''}: {seen / wall:,.0f} images/s, "
-              f"waited for data {100 * waited / wall:.1f}% of the time", flush=True)
+            if jiffies is not None and now is not None and now[1] > jiffies[1]:
+                share = (now[0] - jiffies[0]) / (now[1] - jiffies[1])
+                cpu.append(share * (os.cpu_count() or 1) * wall / seen * 1e3)
+        if args.rank == 0:
+            print(f"epoch {e}{' (warm-up)' if e == 0 else ''}: {seen / wall:,.0f} images/s, "
+                  f"waited for data {100 * waited / wall:.1f}% of the time", flush=True)
     profile = gpu_profile(args, epoch, step) if args.profile else None
-    print(json.dumps({
-        "profile": profile,
-        "loader": args.loader, "decode": args.decode if args.loader == "longshore" else None,
-        "model": not args.no_model, "workers": args.workers, "batch_size": args.batch_size,
-        "images_per_s": sum(rates) / len(rates), "wait_fraction": sum(waits) / len(waits),
-        "gpu": torch.cuda.get_device_name(0)}))
+    if args.rank == 0:
+        print(json.dumps({
+            "profile": profile,
+            "loader": args.loader, "decode": args.decode if args.loader == "longshore" else None,
+            "model": None if args.no_model else args.model, "step": args.step,
+            "world_size": args.world_size, "workers": args.workers,
+            "batch_size": args.batch_size, "images_per_s": sum(rates) / len(rates),
+            "wait_fraction": sum(waits) / len(waits),
+            "cpu_s_per_1000_images": sum(cpu) / len(cpu) if cpu else None,
+            "gpu": torch.cuda.get_device_name(0)}))
+    if args.ddp:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,22 @@
 
 use serde_json::Value;
 
+/// The machine's CPU time a run spent per 1,000 images: its share of every core's time over
+/// its rate (the whole machine is counted: the loader's workers and consumer, or PyTorch's
+/// worker processes and main process alike).
+fn cpu_seconds(run: &Value, cores: &Value) -> String {
+    match (
+        run["cpu_share"].as_f64(),
+        cores.as_f64(),
+        run["samples_per_s"].as_f64(),
+    ) {
+        (Some(share), Some(cores), Some(rate)) if rate > 0.0 => {
+            format!("{:.2}", share * cores / rate * 1e3)
+        }
+        _ => "-".to_owned(),
+    }
+}
+
 pub(crate) fn markdown(r: &Value) -> String {
     let f = |v: &Value| v.as_f64().map_or("-".to_owned(), |x| format!("{x:.0}"));
     let pct = |v: &Value| {
@@ -12,7 +28,7 @@ pub(crate) fn markdown(r: &Value) -> String {
     let mut s = format!(
         "## jpeg: ImageNet-like folder ({} images, {:.0} KB mean, {:.0} px mean), {} cores, cuda: {}\n\n\
          One core: decode {} images/s; train decode+transform {} (transform alone {}); val {} ({}).\n\n\
-         | pipeline | who | workers | pin | images/s | CPU share |\n|---|---|---|---|---|---|\n",
+         | pipeline | who | workers | pin | images/s | CPU share | CPU s per 1,000 images |\n|---|---|---|---|---|---|---|\n",
         r["folder"]["images"],
         pc["mean_file_bytes"].as_f64().unwrap_or(0.0) / 1e3,
         pc["mean_pixels"].as_f64().unwrap_or(0.0),
@@ -45,11 +61,12 @@ pub(crate) fn markdown(r: &Value) -> String {
                 }
             };
             s += &format!(
-                "| {name} | {who} (best) | {} | {} | {} | {} |\n",
+                "| {name} | {who} (best) | {} | {} | {} | {} | {} |\n",
                 or_dash(&b["num_workers"]),
                 or_dash(&b["pin_memory"]),
                 f(&b["samples_per_s"]),
-                pct(&b["cpu_share"])
+                pct(&b["cpu_share"]),
+                cpu_seconds(b, &r["machine"]["cores"]),
             );
         }
     }
