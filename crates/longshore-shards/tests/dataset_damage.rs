@@ -11,10 +11,9 @@ use std::path::Path;
 use longshore_loader::SampleErrorPolicy;
 use longshore_shards::ShardError;
 use longshore_shards::dataset::{OnSampleError, ShardedDataset, ShardedDatasetBuilder};
-use longshore_shards::webdataset::ShardReader;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use support::data::{Read, Seen, pattern, planned, run_rank, write_shards};
+use support::data::{Read, Seen, pattern, planned, run_rank, spans, truncate, write_shards};
 
 const COUNTS: [u64; 6] = [9, 4, 13, 7, 1, 11]; // 45 samples
 
@@ -23,21 +22,6 @@ fn builder(dir: &Path, n: usize) -> ShardedDatasetBuilder {
         .cache_dir(dir.join("cache"))
         .seed(5)
         .shuffle_block(8)
-}
-
-/// The byte spans of shard `i`'s samples.
-fn spans(dir: &Path, i: usize) -> Vec<longshore_shards::webdataset::SampleSpan> {
-    let bytes = std::fs::read(dir.join(format!("shard-{i:06}.tar"))).unwrap();
-    ShardReader::new("x", bytes.as_slice()).scan().unwrap()
-}
-
-/// Cuts shard `i` in the middle of sample `sample`'s data.
-fn truncate(dir: &Path, i: usize, sample: usize) {
-    let path = dir.join(format!("shard-{i:06}.tar"));
-    let s = &spans(dir, i)[sample];
-    let cut = s.offset + 512 + (s.end - s.offset - 512) / 2;
-    let bytes = std::fs::read(&path).unwrap();
-    std::fs::write(&path, &bytes[..cut as usize]).unwrap();
 }
 
 /// Breaks the checksum of sample `sample`'s first header in shard `i` (its size unchanged).

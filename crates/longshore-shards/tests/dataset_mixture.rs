@@ -474,3 +474,67 @@ fn the_guides_example() {
         .unwrap();
     assert_eq!(mix.member_draws(), Some(vec![700, 300]));
 }
+
+/// A damaged member: a mixture of it is refused under `Raise`, naming the shard; under
+/// `Skip` every rank still yields its planned batches, the failed samples (all of the damaged
+/// shard) counted and made up for.
+#[test]
+fn a_damaged_member_is_named_or_its_losses_counted_on_every_rank() {
+    use longshore_loader::SampleErrorPolicy;
+    use longshore_shards::dataset::OnSampleError;
+    use support::data::{planned, run_rank, truncate};
+    let dir = tempfile::tempdir().unwrap();
+    let counts = [vec![9u64, 7, 11], vec![13u64, 6]];
+    let urls = write_members(dir.path(), &counts);
+    truncate(&dir.path().join("m1"), 0, 6); // member 1's first shard: cut in sample 6 of 13
+    let members: Vec<ShardedDataset> = urls
+        .iter()
+        .map(|u| {
+            ShardedDataset::webdataset([u.clone()])
+                .rank(0)
+                .world_size(1)
+                .on_sample_error(OnSampleError::Skip)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let ids = Ids::new(&counts);
+    let mixture = || {
+        ShardedDataset::mixture(&[&members[0], &members[1]], &[1.0, 1.0], Stop::AllExhausted)
+            .unwrap()
+            .cache_dir(dir.path().join("cache"))
+    };
+    let err = mixture().rank(0).world_size(1).build().unwrap_err();
+    assert!(
+        matches!(&err, ShardError::Damaged { shard, .. } if shard.ends_with("m1/shard-000000.tar")),
+        "{err}"
+    );
+    for drop_last in [false, true] {
+        let (mut failed, mut padded) = (0, 0);
+        let mut seen = Vec::new();
+        for ds in ranks_of(2, || mixture().on_sample_error(OnSampleError::Skip)) {
+            let read = Read::new(4, 2)
+                .drop_last(drop_last)
+                .policy(SampleErrorPolicy::Skip);
+            let batches = run_rank(&ds, read, None);
+            assert_eq!(batches.len(), planned(&ds, read), "drop_last {drop_last}");
+            let stats = ds.stats();
+            failed += stats.failed();
+            padded += stats.padded;
+            seen.extend(delivered(batches).into_iter().flatten());
+        }
+        assert!(
+            failed > 0 && failed == padded,
+            "{failed} failed, {padded} padded"
+        );
+        seen.iter().for_each(|s| ids.check(s));
+        // What is lost is of the damaged shard (member 1's globals 27..40, from sample 6 on,
+        // the 5 before the cut possibly distrusted).
+        let got: std::collections::BTreeSet<u64> =
+            seen.iter().filter(|s| !s.pad).map(|s| s.global).collect();
+        if !drop_last {
+            let lost: Vec<u64> = (0..46).filter(|g| !got.contains(g)).collect();
+            assert!(lost.iter().all(|g| (27 + 5..40).contains(g)), "{lost:?}");
+        }
+    }
+}

@@ -290,3 +290,20 @@ pub fn ranks_of(
         .map(|rank| make().rank(rank).world_size(world).build().unwrap())
         .collect()
 }
+
+/// The byte spans of shard `i`'s samples.
+pub fn spans(dir: &Path, i: usize) -> Vec<longshore_shards::webdataset::SampleSpan> {
+    let bytes = std::fs::read(dir.join(format!("shard-{i:06}.tar"))).unwrap();
+    longshore_shards::webdataset::ShardReader::new("x", bytes.as_slice())
+        .scan()
+        .unwrap()
+}
+
+/// Cuts shard `i` in the middle of sample `sample`'s data.
+pub fn truncate(dir: &Path, i: usize, sample: usize) {
+    let path = dir.join(format!("shard-{i:06}.tar"));
+    let s = &spans(dir, i)[sample];
+    let cut = s.offset + 512 + (s.end - s.offset - 512) / 2;
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..cut as usize]).unwrap();
+}
