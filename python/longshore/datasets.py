@@ -31,7 +31,7 @@ from .data import _dist_world
 from .transforms import Compose as _Compose
 
 __all__ = ["ImageFolder", "IMG_EXTENSIONS", "WebDataset", "StreamingDataset", "ParquetDataset",
-           "TokenDataset", "write_shards", "write_synthetic_folder"]
+           "TokenDataset", "write_shards", "write_synthetic_folder", "write_token_file"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -611,6 +611,35 @@ def _token_dtype(dtype):
         raise ValueError(
             f"dtype={dtype!r}: token files hold little-endian uint16 (nanoGPT's) or uint32 tokens")
     return dt.name
+
+
+def write_token_file(dataset, path, field, *, dtype=_np.uint16, separator=None):
+    """Writes the token documents of a sharded dataset into one flat token file, the file
+    :class:`TokenDataset` reads: field ``field`` of every sample (a 1-D integer array: a
+    Parquet list column such as a Hugging Face tokenized dataset's ``input_ids``, an MDS
+    ``ndarray`` column, a ``.npy`` member), in the dataset's canonical order (the shards as
+    listed, each in file order, every rank's samples), each document followed by
+    ``separator`` when given (GPT-2's ``<|endoftext|>``: 50256). ``dataset``: a
+    :class:`WebDataset`, :class:`StreamingDataset` or :class:`ParquetDataset` (local or in
+    object storage, read through its shard cache). Returns ``(tokens, documents)``.
+
+    A token that ``dtype`` (uint16 or uint32) cannot hold, a negative one, or a field that is
+    not a 1-D integer array is an error naming the sample; the file is written beside
+    ``path`` and put in place at the end, so an interrupted conversion leaves none.
+
+    >>> tokens, docs = longshore.datasets.write_token_file(
+    ...     longshore.datasets.ParquetDataset("s3://bucket/tokenized/*.parquet",
+    ...                                       fields={"input_ids": "array"}),
+    ...     "train.bin", "input_ids", separator=50256)                       # doctest: +SKIP
+    >>> train = longshore.datasets.TokenDataset("train.bin", seq_len=2048,
+    ...                                         separator=50256)            # doctest: +SKIP
+    """
+    native = getattr(dataset, "_native", None)
+    if not isinstance(native, _longshore._Shards):
+        raise TypeError("write_token_file reads a WebDataset, StreamingDataset or "
+                        f"ParquetDataset, not {type(dataset).__name__}")
+    return native.write_tokens(str(path), str(field), dtype=_token_dtype(dtype),
+                               separator=None if separator is None else int(separator))
 
 
 def _output_dtype(output_dtype):

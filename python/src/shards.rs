@@ -348,6 +348,77 @@ impl PyShards {
         })
     }
 
+    /// Writes field `field` of every sample (a 1-D integer array: a Parquet list, an MDS
+    /// `ndarray` column, a `.npy`), in the dataset's canonical order (shard list order, each
+    /// shard in file order, all ranks), as the documents of a flat token file (`dtype`
+    /// `"uint16"` or `"uint32"`, little-endian, `separator` after each document): what
+    /// `datasets.TokenDataset` reads. Returns `(tokens, documents)`.
+    #[pyo3(signature = (path, field, *, dtype = "uint16", separator = None))]
+    fn write_tokens(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        field: String,
+        dtype: &str,
+        separator: Option<u32>,
+    ) -> PyResult<(u64, u64)> {
+        use longshore::data::formats::tokens::TokenWriter;
+        let dtype = match dtype {
+            "uint16" => DType::U16,
+            "uint32" => DType::U32,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "dtype must be 'uint16' or 'uint32', not {other:?}"
+                )));
+            }
+        };
+        if self.resolved.spec().mixture.is_some() {
+            return Err(PyValueError::new_err(
+                "write_token_file reads one dataset in its canonical order: write each member \
+                 of the mixture",
+            ));
+        }
+        let b = ShardedDataset::from_spec(self.resolved.spec().clone())
+            .store(self.resolved.store().clone());
+        // The whole dataset, every rank's samples, in list and file order.
+        let b = self.options.apply(b).rank(0).world_size(1).shuffle(false);
+        let written = py.detach(|| -> Result<(u64, u64), longshore::data::DataError> {
+            let shards = b
+                .on_sample_error(OnSampleError::Raise)
+                .build()
+                .map_err(longshore::data::DataError::from)?;
+            let records = FieldShards::new(
+                shards,
+                vec![Field::new(field.clone(), crate::fields::Kind::Array)],
+                None,
+                DecodeOptions::default(),
+            );
+            let mut w = TokenWriter::create(&path, dtype)?;
+            if let Some(s) = separator {
+                w = w.separator(s);
+            }
+            for item in records.iter(WorkerInfo::single(0)) {
+                let r = item?;
+                let Some((dt, shape, data)) = r.array(0) else {
+                    continue;
+                };
+                let doing = || format!("writing field {field:?} of {} as tokens", r.origin());
+                if shape.len() != 1 {
+                    return Err(longshore::data::DataError::custom(
+                        doing(),
+                        longshore::data::DataError::ShapeMismatch(format!(
+                            "a document is a 1-D array of tokens, not of shape {shape:?}"
+                        )),
+                    ));
+                }
+                w.write_array(dt, data)
+                    .map_err(|e| longshore::data::DataError::custom(doing(), e))?;
+            }
+            w.finish()
+        });
+        written.map_err(data_err)
+    }
+
     /// Each member's draws in an epoch, for a mixture (`None` otherwise).
     #[getter]
     fn member_draws(&self) -> Option<Vec<u64>> {

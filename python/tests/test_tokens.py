@@ -368,3 +368,43 @@ def test_guide_example(tmp_path, monkeypatch):
     assert len(blocks) == 1, "one Python example in the section"
     monkeypatch.chdir(tmp_path)
     exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {})
+
+
+def test_write_token_file_from_parquet_documents(tmp_path):
+    """A tokenized Parquet dataset (documents of varying length in a list column, as Hugging
+    Face stores input_ids) becomes one token file that TokenDataset packs, documents in the
+    files' order, separators between them."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    docs = [list(range(100 * d, 100 * d + 3 + d % 7)) for d in range(40)]
+    (tmp_path / "pq").mkdir()
+    for f in range(3):
+        part = docs[f * 14:(f + 1) * 14]
+        table = pa.table({"input_ids": pa.array(part, pa.list_(pa.int32())),
+                          "n": pa.array([len(d) for d in part], pa.int64())})
+        pq.write_table(table, tmp_path / "pq" / f"part-{f}.parquet", row_group_size=5)
+    ds = longshore.datasets.ParquetDataset(str(tmp_path / "pq") + "/part-{0..2}.parquet",
+                                           fields={"input_ids": "array"},
+                                           cache_dir=tmp_path / "cache", shuffle=True, rank=1,
+                                           world_size=2)
+    out = tmp_path / "train.bin"
+    tokens, n = longshore.datasets.write_token_file(ds, out, "input_ids", separator=65535)
+    want = [t for d in docs for t in d + [65535]]
+    assert (tokens, n) == (len(want), 40)
+    assert np.fromfile(out, dtype="<u2").tolist() == want  # every rank's, in order
+    seqs = TokenDataset(out, seq_len=16, separator=65535)
+    first = seqs[0]
+    assert first["input_ids"].tolist() == want[:16]
+    # Document 1 starts after document 0's 3 tokens and its separator: position 0 there.
+    assert first["position_ids"].tolist()[:6] == [0, 1, 2, 3, 0, 1]
+    # Errors name the sample; nothing is left behind.
+    big = longshore.datasets.ParquetDataset(str(tmp_path / "pq") + "/part-{0..2}.parquet",
+                                            fields={"input_ids": "array"},
+                                            cache_dir=tmp_path / "cache")
+    with pytest.raises(Exception) as e:
+        longshore.datasets.write_token_file(big, tmp_path / "u8.bin", "n", dtype="uint16")
+    # A scalar column is no array: named with its file and row.
+    assert "field \"n\"" in str(e.value) and "part-0.parquet" in str(e.value), str(e.value)
+    assert not (tmp_path / "u8.bin").exists()
+    with pytest.raises(ValueError, match="uint16"):
+        longshore.datasets.write_token_file(big, tmp_path / "x.bin", "input_ids", dtype="int64")

@@ -59,9 +59,10 @@ pub enum ShardError {
         /// What is wrong, and what to do.
         reason: String,
     },
-    /// A WebDataset sample that breaks the format's rules: a field twice, a field that is
-    /// required but missing, a field that does not decode as asked.
-    #[error("webdataset shard {shard:?}, sample {key:?} (at byte {offset}): {reason}")]
+    /// A sample that breaks its format's rules: a field twice (WebDataset), a field that is
+    /// required but missing, a field that does not decode as asked (any format; for a Parquet
+    /// row the offset is the row's number).
+    #[error("shard {shard:?}, sample {key:?} (at byte {offset}): {reason}")]
     Sample {
         /// The shard's name or URL.
         shard: String,

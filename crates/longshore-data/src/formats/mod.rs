@@ -27,7 +27,7 @@ pub mod tokens;
 pub(crate) use mmap::open_map;
 pub use npy::{NpyArray, NpyDataset, NpyHeader, NpyShards, write_npy};
 pub use records::{RecordDataset, RecordField, RecordLayout};
-pub use tokens::{TokenSequences, TokenSequencesBuilder};
+pub use tokens::{TokenSequences, TokenSequencesBuilder, TokenWriter};
 
 /// How a mapped file will be read: passed to the kernel as an `madvise` hint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

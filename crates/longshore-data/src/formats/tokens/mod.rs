@@ -45,6 +45,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod writer;
+
+pub use writer::TokenWriter;
+
 use memmap2::Mmap;
 
 use super::{AccessPattern, advise, open_map};
