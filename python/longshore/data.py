@@ -189,6 +189,110 @@ def _native_or_none(dataset):
     return _native_or_none(inner)
 
 
+def _python_iterable(dataset):
+    """A Python iterable dataset: a torch ``IterableDataset``, or an object with ``__iter__``
+    that cannot be indexed (not one of longshore's own)."""
+    if _native_or_none(dataset) is not None:
+        return False
+    iterable = getattr(sys.modules.get("torch.utils.data"), "IterableDataset", None)
+    if iterable is not None and isinstance(dataset, iterable):
+        return True
+    return hasattr(dataset, "__iter__") and not (
+        hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"))
+
+
+class _IterableMixtureBase:
+    """What :class:`Mixture` makes of Python iterable datasets (torch ``IterableDataset``s,
+    streams of unknown length): in each worker, position ``p`` of its stream draws the next
+    sample of the member the mixture's schedule names (the same schedule, weights and
+    interleaving as a map-style mixture), each member sharding itself over the workers as
+    torch's iterable datasets do. ``stop``: ``"first_exhausted"`` ends the worker's stream when
+    the member drawn has no sample left; ``"all_exhausted"`` starts an exhausted member again
+    (``iter()`` anew) until every member with weight has run out once. A number of positions
+    needs map-style members (their lengths). Resuming a checkpoint replays the epoch (exact
+    when the members' streams are a function of the epoch); ``set_epoch`` reaches members that
+    have one. Per-member counts are not in ``loader.stats`` (the draws happen in the workers)."""
+
+    def __init__(self, datasets, weights, *, stop="first_exhausted", seed=0):
+        self.datasets = list(datasets)
+        try:
+            self.weights = [float(w) for w in weights]
+        except (TypeError, ValueError):
+            raise ValueError(f"weights={weights!r}: one number per dataset") from None
+        if len(self.weights) != len(self.datasets):
+            raise ValueError(f"weights: {len(self.weights)} weights for "
+                             f"{len(self.datasets)} datasets")
+        if stop not in ("first_exhausted", "all_exhausted"):
+            raise ValueError(f"stop={stop!r}: a mixture of iterable datasets stops at "
+                             "\"first_exhausted\" or \"all_exhausted\" (a number of positions "
+                             "needs map-style members)")
+        self.stop = stop
+        self.seed = seed
+        self._weights = _longshore._Weights(self.weights)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_weights"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._weights = _longshore._Weights(self.weights)
+
+    def set_epoch(self, epoch):
+        """Passes the epoch to the members that take one."""
+        for d in self.datasets:
+            if callable(getattr(d, "set_epoch", None)):
+                d.set_epoch(epoch)
+
+    def __iter__(self):
+        m = len(self.datasets)
+        drawn = [w > 0 for w in self.weights]
+        its = [iter(d) for d in self.datasets]
+        exhausted = [False] * m
+        p, schedule = 0, []
+        while True:
+            if not schedule:
+                schedule = self._weights.members(p, 1024)[::-1]
+            s = schedule.pop()
+            try:
+                sample = next(its[s])
+            except StopIteration:
+                if self.stop == "first_exhausted":
+                    return
+                exhausted[s] = True
+                if all(exhausted[i] or not drawn[i] for i in range(m)):
+                    return
+                its[s] = iter(self.datasets[s])
+                try:
+                    sample = next(its[s])
+                except StopIteration:
+                    raise ValueError(f"Mixture: member {s} yields no sample (in this worker)"
+                                     ) from None
+            yield sample
+            p += 1
+
+    def __repr__(self):
+        return (f"Mixture({len(self.datasets)} iterable members, weights={self.weights}, "
+                f"stop={self.stop!r})")
+
+
+_ITERABLE_MIXTURE = None
+
+
+def _iterable_mixture():
+    """The class of iterable mixtures: a torch ``IterableDataset`` when torch is imported (so
+    that torch's DataLoader takes it as one), made once and kept at module level (workers
+    started by spawn unpickle it by name)."""
+    global _ITERABLE_MIXTURE
+    if _ITERABLE_MIXTURE is None:
+        base = getattr(sys.modules.get("torch.utils.data"), "IterableDataset", None)
+        bases = (_IterableMixtureBase,) if base is None else (_IterableMixtureBase, base)
+        cls = type("IterableMixture", bases, {"__module__": __name__})
+        globals()["IterableMixture"] = _ITERABLE_MIXTURE = cls
+    return _ITERABLE_MIXTURE
+
+
 class Subset:
     """``torch.utils.data.Subset``: the samples of ``dataset`` at ``indices``. Over a longshore
     dataset the loader maps the indices in Rust (negative indices count from the end, and an
@@ -350,6 +454,13 @@ class Mixture:
     ``draws`` are per member; ``loader.stats["sources"]`` counts the samples its workers read,
     by member. Member 0's cache options and store are used.
 
+    Over Python iterable datasets (torch ``IterableDataset``s, streams of unknown length) it is
+    an iterable dataset (a torch ``IterableDataset`` when torch is imported): in each worker,
+    the same schedule names the member whose next sample each position draws, each member
+    sharding itself over the workers as torch's iterable datasets do; ``stop`` is
+    ``"first_exhausted"`` or ``"all_exhausted"`` (an exhausted member starts again until
+    every member ran out once). Its checkpoint resumes by replay.
+
     Over longshore datasets (``NpyDataset``, ``RecordDataset``, ``datasets.ImageFolder`` with a
     transform, ``datasets.TokenDataset``, :class:`ArrayDataset`, :class:`TensorDataset`, and
     :class:`Subset` / :class:`ConcatDataset` / ``Mixture`` of them), whose samples must have the
@@ -384,6 +495,14 @@ class Mixture:
         if any(sharded):
             raise ValueError("Mixture: members are all sharded datasets (WebDataset, "
                              "StreamingDataset, ParquetDataset) or all map-style datasets")
+        iterable = [_python_iterable(d) for d in datasets]
+        if datasets and all(iterable):
+            # Python iterable datasets (torch's IterableDataset): drawn by the same schedule
+            # from each worker's streams.
+            return _iterable_mixture()(datasets, weights, stop=stop, seed=seed)
+        if any(iterable):
+            raise ValueError("Mixture: members are all iterable datasets (torch "
+                             "IterableDataset) or all map-style datasets")
         return super().__new__(cls)
 
     def __init__(self, datasets, weights, *, stop="first_exhausted", seed=0, shuffle=True):
@@ -510,3 +629,11 @@ class Mixture:
         kind = "native" if self._native is not None else "python"
         return (f"Mixture({len(self.datasets)} datasets, weights={self.weights}, "
                 f"stop={self.stop!r}, len={len(self)}, {kind})")
+
+
+def __getattr__(name):
+    # `IterableMixture` is made on first use (a torch IterableDataset when torch is there):
+    # a worker process started by spawn finds it by name when it unpickles a mixture.
+    if name == "IterableMixture":
+        return _iterable_mixture()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

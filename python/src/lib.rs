@@ -43,6 +43,7 @@ fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyNative>()?;
     m.add_class::<mixture::PyMixture>()?;
     m.add_class::<mixture::PySchedule>()?;
+    m.add_class::<mixture::PyWeights>()?;
     m.add_class::<sampler::PyEpochOrder>()?;
     m.add_function(wrap_pyfunction!(sampler::_random_indices, m)?)?;
     m.add_function(wrap_pyfunction!(sampler::_permutation, m)?)?;

@@ -278,3 +278,27 @@ schedule_methods!(PySchedule, {
         )
     }
 });
+
+/// The schedule by the weights alone (no lengths): the member each position draws from, for a
+/// mixture of Python iterable datasets, whose lengths are not known.
+#[pyclass(name = "_Weights", module = "longshore", frozen)]
+pub(crate) struct PyWeights {
+    schedule: longshore::data::dataset::mixture::Schedule,
+}
+
+#[pymethods]
+impl PyWeights {
+    #[new]
+    fn new(weights: Vec<f64>) -> PyResult<Self> {
+        longshore::data::dataset::mixture::Schedule::new(&weights)
+            .map(|schedule| Self { schedule })
+            .map_err(data_err)
+    }
+
+    /// The members positions `start..start + n` draw from.
+    fn members(&self, start: u64, n: u64) -> Vec<usize> {
+        (start..start.saturating_add(n))
+            .map(|p| self.schedule.at(p).0)
+            .collect()
+    }
+}

@@ -410,3 +410,53 @@ def test_sharded_and_map_style_members_do_not_mix(tmp_path):
                        transform=None, cache_dir=tmp_path / "cache")
     with pytest.raises(ValueError, match="fields"):
         Mixture([wds, other], [1, 1])
+
+
+class Stream:
+    """A torch-style iterable dataset of ids m * BASE + i, sharded over the workers."""
+
+    def __init__(self, m, n):
+        self.m, self.n = m, n
+
+    def __iter__(self):
+        import longshore._workers as w
+        info = w.get_worker_info()
+        k, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(k, self.n, step):
+            yield (np.int64(self.m * BASE + i),)
+
+
+@pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+@pytest.mark.parametrize("stop", ["first_exhausted", "all_exhausted"])
+def test_iterable_members_are_drawn_by_the_schedule(workers, context, stop):
+    need_torch()
+    mix = Mixture([Stream(0, 300), Stream(1, 40)], [3, 1], stop=stop)
+    assert "iterable" in repr(mix)
+    got = ids(longshore.DataLoader(mix, batch_size=8, num_workers=workers,
+                                   multiprocessing_context=context))
+    counts = collections.Counter(x // BASE for x in got)
+    per_worker = max(workers, 1)
+    if stop == "first_exhausted":
+        # Each worker stops when its share of member 1 (40 / workers) runs out: 3 of member 0
+        # for each of member 1, every sample at most once.
+        assert counts[1] == 40 and len(set(got)) == len(got)
+        assert abs(counts[0] - 3 * 40) <= 3 * per_worker
+    else:
+        # Every sample of both, member 1 passing again until member 0 (the larger share) ran out.
+        assert set(got) == set(range(300)) | set(range(BASE, BASE + 40))
+        assert abs(counts[1] - 100) <= 3 * per_worker
+
+
+def test_iterable_mixture_in_torch_dataloader():
+    torch = need_torch()
+    mix = Mixture([Stream(0, 30), Stream(1, 10)], [3, 1])
+    assert isinstance(mix, torch.utils.data.IterableDataset)
+    got = [int(x) for (b,) in torch.utils.data.DataLoader(mix, batch_size=4) for x in b]
+    assert collections.Counter(x // BASE for x in got) == {0: 30, 1: 10}
+
+
+def test_iterable_mixture_refusals():
+    with pytest.raises(ValueError, match="iterable"):
+        Mixture([Stream(0, 5), members(5)[0]], [1, 1])
+    with pytest.raises(ValueError, match="positions"):
+        Mixture([Stream(0, 5), Stream(1, 5)], [1, 1], stop=7)
