@@ -460,3 +460,32 @@ def test_iterable_mixture_refusals():
         Mixture([Stream(0, 5), members(5)[0]], [1, 1])
     with pytest.raises(ValueError, match="positions"):
         Mixture([Stream(0, 5), Stream(1, 5)], [1, 1], stop=7)
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "mds"])
+def test_image_shard_members_mix_images_and_labels(tmp_path, fmt):
+    """Image-classification shards (WebDataset or MDS members, no fields): batches of
+    (images, labels), each member's labels its own range, the draws per member."""
+    from longshore import transforms as T
+    from longshore.datasets import ImageFolder, StreamingDataset, WebDataset
+    longshore.datasets.write_synthetic_folder(tmp_path / "img", classes=2, per_class=10)
+    jpgs = [open(p, "rb").read() for p, _ in ImageFolder(tmp_path / "img").samples]
+    tf = T.Compose([T.Resize(16), T.CenterCrop(16), T.ToTensor()])
+    members = []
+    for m, n in enumerate([20, 6]):
+        out = tmp_path / f"m{m}"
+        names = longshore.datasets.write_shards(
+            out, [(jpgs[i % 20], m * BASE + i) for i in range(n)], format=fmt, shard_size=20_000)
+        if fmt == "webdataset":
+            members.append(WebDataset([str(out / x) for x in names], transform=tf,
+                                      cache_dir=tmp_path / "cache"))
+        else:
+            members.append(StreamingDataset(local=str(out), transform=tf))
+    mix = Mixture(members, [1, 1], stop="all_exhausted", seed=1)
+    loader = longshore.DataLoader(mix, batch_size=5, num_workers=2, framework="numpy")
+    labels = []
+    for images, y in loader:
+        assert images.shape[1:] == (3, 16, 16)
+        labels += np.asarray(y).tolist()
+    counts = collections.Counter(x // BASE for x in labels)
+    assert [counts[0], counts[1]] == mix.draws and set(labels) >= set(range(20))
