@@ -69,3 +69,18 @@ def fresh_env():
     here = os.path.dirname(os.path.dirname(os.path.abspath(longshore.__file__)))
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return dict(os.environ, PYTHONPATH=os.pathsep.join([here] + rest))
+
+
+def interrupted(make, before, after, k, read):
+    """An uninterrupted epoch of ``make(before)``, and the same epoch checkpointed after ``k``
+    batches of ``make(before)`` and resumed by ``make(after, seed=99)`` (the checkpoint's order,
+    not that seed's): ``(full, taken, rest)``, each read by ``read`` from a list of batches."""
+    full = read(make(before))
+    first = make(before)
+    it = iter(first)
+    taken = read([next(it) for _ in range(k)])
+    state = first.state_dict()
+    it.close()
+    resumed = make(after, seed=99)
+    resumed.load_state_dict(state)
+    return full, taken, read(resumed)

@@ -17,7 +17,7 @@ import longshore
 from longshore import _longshore
 from longshore.data import ArrayDataset, ConcatDataset, Mixture, Subset
 
-from conftest import fresh_env, need_torch
+from conftest import fresh_env, interrupted, need_torch
 
 BASE = 1000  # member m's sample i has id m * BASE + i
 
@@ -190,15 +190,7 @@ def test_resume_on_other_workers(workers):
         return longshore.DataLoader(mix, batch_size=7, shuffle=True, num_workers=num_workers,
                                     seed=seed)
 
-    full = ids(make(before))
-    first = make(before)
-    it = iter(first)
-    taken = ids([next(it) for _ in range(4)])
-    state = first.state_dict()
-    it.close()
-    resumed = make(after, seed=99)  # the checkpoint's order, not this seed's
-    resumed.load_state_dict(state)
-    rest = ids(resumed)
+    full, taken, rest = interrupted(make, before, after, 4, ids)
     assert taken + rest == full
     assert len(full) == len(mix)
 

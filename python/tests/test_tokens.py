@@ -14,7 +14,7 @@ import longshore
 from longshore import _longshore
 from longshore.datasets import TokenDataset
 
-from conftest import fresh_env, need_torch
+from conftest import fresh_env, interrupted, need_torch
 
 SEP = 3
 SIZES = (301, 170)  # tokens per file
@@ -190,15 +190,7 @@ def test_resume_on_other_workers(tmp_path, workers):
         return longshore.DataLoader(ds, batch_size=4, shuffle=True, num_workers=num_workers,
                                     seed=seed)
 
-    full = rows(make(before))
-    first = make(before)
-    it = iter(first)
-    taken = rows([next(it) for _ in range(3)])
-    state = first.state_dict()
-    it.close()
-    resumed = make(after, seed=99)  # the checkpoint's order, not this seed's
-    resumed.load_state_dict(state)
-    rest = rows(resumed)
+    full, taken, rest = interrupted(make, before, after, 3, rows)
     assert len(taken) + len(rest) == len(full) == len(ds)
     for g, w in zip(taken + rest, full):
         assert_same(g, w)
