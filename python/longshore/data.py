@@ -189,6 +189,17 @@ def _native_or_none(dataset):
     return _native_or_none(inner)
 
 
+def _weights_of(weights, datasets):
+    """``weights`` as floats, one per dataset (a ``ValueError`` otherwise)."""
+    try:
+        weights = [float(w) for w in weights]
+    except (TypeError, ValueError):
+        raise ValueError(f"weights={weights!r}: one number per dataset") from None
+    if len(weights) != len(datasets):
+        raise ValueError(f"weights: {len(weights)} weights for {len(datasets)} datasets")
+    return weights
+
+
 def _python_iterable(dataset):
     """A Python iterable dataset: a torch ``IterableDataset``, or an object with ``__iter__``
     that cannot be indexed (not one of longshore's own)."""
@@ -215,13 +226,7 @@ class _IterableMixtureBase:
 
     def __init__(self, datasets, weights, *, stop="first_exhausted", seed=0):
         self.datasets = list(datasets)
-        try:
-            self.weights = [float(w) for w in weights]
-        except (TypeError, ValueError):
-            raise ValueError(f"weights={weights!r}: one number per dataset") from None
-        if len(self.weights) != len(self.datasets):
-            raise ValueError(f"weights: {len(self.weights)} weights for "
-                             f"{len(self.datasets)} datasets")
+        self.weights = _weights_of(weights, self.datasets)
         if stop not in ("first_exhausted", "all_exhausted"):
             raise ValueError(f"stop={stop!r}: a mixture of iterable datasets stops at "
                              "\"first_exhausted\" or \"all_exhausted\" (a number of positions "
@@ -509,13 +514,7 @@ class Mixture:
         self.datasets = list(datasets)
         if not self.datasets:
             raise ValueError("Mixture needs at least one dataset")
-        try:
-            self.weights = [float(w) for w in weights]
-        except (TypeError, ValueError):
-            raise ValueError(f"weights={weights!r}: one number per dataset") from None
-        if len(self.weights) != len(self.datasets):
-            raise ValueError(f"weights: {len(self.weights)} weights for "
-                             f"{len(self.datasets)} datasets")
+        self.weights = _weights_of(weights, self.datasets)
         if not (isinstance(stop, str) and stop in _STOPS) and (
                 isinstance(stop, bool) or not isinstance(stop, int) or stop <= 0):
             raise ValueError(f"stop={stop!r}: must be \"first_exhausted\", \"all_exhausted\" "
