@@ -84,3 +84,17 @@ def interrupted(make, before, after, k, read):
     resumed = make(after, seed=99)
     resumed.load_state_dict(state)
     return full, taken, read(resumed)
+
+
+def guide_python(page, heading):
+    """The one Python example of section ``heading`` (``"## ..."``) of ``docs/guide/<page>``,
+    as code to run."""
+    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide", page)
+    with open(guide) as f:
+        text = f.read()
+    section = text[text.index(heading):]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
+    blocks = section.split("```python\n")[1:]
+    assert len(blocks) == 1, f"one Python example in {page}'s {heading!r}"
+    return compile(blocks[0].split("```")[0], page, "exec")

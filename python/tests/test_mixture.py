@@ -17,7 +17,7 @@ import longshore
 from longshore import _longshore
 from longshore.data import ArrayDataset, ConcatDataset, Mixture, Subset
 
-from conftest import fresh_env, interrupted, need_torch
+from conftest import fresh_env, guide_python, interrupted, need_torch
 
 BASE = 1000  # member m's sample i has id m * BASE + i
 
@@ -309,15 +309,7 @@ def test_snippet_in_a_fresh_interpreter(tmp_path):
 
 def test_guide_example():
     """The Python example of the guide's "Mixtures" section runs as written."""
-    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide",
-                         "migrating-from-pytorch.md")
-    text = open(guide).read()
-    section = text[text.index("## Mixtures"):]
-    end = section.find("\n## ", 1)
-    section = section if end < 0 else section[:end]
-    blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 1, "one Python example in the section"
-    exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {"__name__": "guide"})
+    exec(guide_python("migrating-from-pytorch.md", "## Mixtures"), {"__name__": "guide"})
 
 
 def write_tars(root, name, n, shards=3):

@@ -19,6 +19,8 @@ import pytest
 import longshore
 from longshore import transforms as T
 
+from conftest import guide_python
+
 N = 24
 SHARDS = 3
 
@@ -254,15 +256,7 @@ def test_device_batches_keep_their_text(data, tmp_path, monkeypatch, size, in_pu
 
 def test_guide_example():
     """The fields example of docs/guide/object-storage.md runs as written."""
-    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide",
-                         "object-storage.md")
-    text = open(guide).read()
-    section = text[text.index("## Fields beyond image and label"):]
-    end = section.find("\n## ", 1)
-    section = section if end < 0 else section[:end]
-    blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 1, "one Python example in the section"
-    exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {})
+    exec(guide_python("object-storage.md", "## Fields beyond image and label"), {})
 
 
 def tokens(i):

@@ -14,7 +14,7 @@ import longshore
 from longshore import _longshore
 from longshore.datasets import TokenDataset
 
-from conftest import fresh_env, interrupted, need_torch
+from conftest import fresh_env, guide_python, interrupted, need_torch
 
 SEP = 3
 SIZES = (301, 170)  # tokens per file
@@ -350,16 +350,9 @@ def test_snippet_in_a_fresh_interpreter(tmp_path):
 def test_guide_example(tmp_path, monkeypatch):
     """The Python example of the guide's "Token sequences" section runs as written."""
     need_torch()
-    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide",
-                         "migrating-from-pytorch.md")
-    text = open(guide).read()
-    section = text[text.index("## Token sequences"):]
-    end = section.find("\n## ", 1)
-    section = section if end < 0 else section[:end]
-    blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 1, "one Python example in the section"
+    code = guide_python("migrating-from-pytorch.md", "## Token sequences")
     monkeypatch.chdir(tmp_path)
-    exec(compile(blocks[0].split("```")[0], "guide.md", "exec"), {})
+    exec(code, {})
 
 
 def test_write_token_file_from_parquet_documents(tmp_path):
