@@ -5,7 +5,6 @@ per-member counts are the schedule's draws, every position once per epoch in the
 epoch, the stop rules' lengths against a hand count, a checkpoint resumed on other workers, and
 named errors."""
 import collections
-import os
 import pickle
 import subprocess
 import sys

@@ -3,7 +3,6 @@ fixed-length sequences, checked against a NumPy reference (the files memory-mapp
 stream): values by index and through the loader (dicts of [B, L] tensors, as torch's
 default_collate batches dict samples), every sequence once per epoch on any number of workers
 and across ranks, and a checkpoint resumed on another number of workers."""
-import os
 import subprocess
 import sys
 
