@@ -238,6 +238,9 @@ class Handler:
         if self.stream is None:  # this epoch's stream ended
             return b"X"
         items = []
+        # The loader's epoch, for iterable datasets whose stream depends on it (a sharded
+        # dataset with map=), while this worker's stream runs.
+        _local.epoch = epoch
         try:
             for _ in range(batch_size):
                 items.append(next(self.stream))
@@ -246,6 +249,8 @@ class Handler:
         except Exception:
             self.stream = None
             return self._error(None)
+        finally:
+            _local.epoch = None
         if not items or (drop_last and len(items) < batch_size):
             self.stream = None
             return b"X"

@@ -467,3 +467,20 @@ def test_map_resumes_exactly(data, tmp_path):
     again = loader()
     again.load_state_dict(state)
     assert head + [b.tolist() for b in again] == full
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_map_reads_each_epoch_of_the_loader(data, tmp_path, workers):
+    """Every epoch its own order, in the loader's process or in persistent spawn workers
+    (whose streams learn the loader's epoch)."""
+    pytest.importorskip("torch")
+    ds = web(data, tmp_path / "cache", fields={"cls": "int"}, transform=None, map=label_of,
+             shuffle=True, seed=9)
+    kw = dict(persistent_workers=True, multiprocessing_context="spawn") if workers else {}
+    loader = longshore.DataLoader(ds, batch_size=5, num_workers=workers, **kw)
+    epochs = [[i for b in loader for i in b.tolist()] for _ in range(3)]
+    for e in epochs:
+        assert sorted(e) == list(range(N))
+    assert epochs[0] != epochs[1] != epochs[2], "each epoch its own order"
+    loader.set_epoch(0)
+    assert [i for b in loader for i in b.tolist()] == epochs[0]
