@@ -395,14 +395,16 @@ def caption_length(sample):
     return sample["jpg"], len(sample["txt"]), sample["cls"], sample["json"]["id"]
 
 
-@pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+@pytest.mark.parametrize("workers,context", [(0, None), (2, "fork"), (2, "spawn"),
+                                             (2, "thread")])
 def test_map_runs_in_worker_processes_on_the_decoded_fields(data, tmp_path, workers, context):
     torch = pytest.importorskip("torch")
     fields = {"jpg": "image", "txt": "text", "json": "json", "cls": "int"}
     ds = web(data, tmp_path / "cache", fields=fields, map=caption_length, shuffle=True, seed=2)
     assert longshore.data._native_or_none(ds) is None  # a Python dataset
-    loader = longshore.DataLoader(ds, batch_size=4, num_workers=workers,
-                                  multiprocessing_context=context)
+    kw = ({"worker_mode": "thread"} if context == "thread"
+          else {"multiprocessing_context": context})
+    loader = longshore.DataLoader(ds, batch_size=4, num_workers=workers, **kw)
     seen = {}
     for images, lengths, labels, ids in loader:
         assert images.shape[1:] == (3, 16, 16) and images.dtype == torch.float32
