@@ -106,10 +106,19 @@ impl Dataset for Length {
 /// A class's `#[pymethods]`: its own `$own` items and the schedule's methods, which both
 /// classes share (one `#[pymethods]` block per class).
 macro_rules! schedule_methods {
-    ($ty:ty, { $($own:tt)* }) => {
+    ($ty:ty, $name:literal, { $($own:tt)* }) => {
         #[pymethods]
         impl $ty {
             $($own)*
+
+            fn __repr__(&self) -> String {
+                format!(
+                    "{}(members={}, len={})",
+                    $name,
+                    self.mixture.members().len(),
+                    self.mixture.len()
+                )
+            }
 
             /// `(member, index)` that `position` (negative: from the end) reads in `epoch`.
             fn source(&self, position: i64, epoch: u64) -> PyResult<(usize, usize)> {
@@ -181,7 +190,7 @@ impl PyMixture {
     }
 }
 
-schedule_methods!(PyMixture, {
+schedule_methods!(PyMixture, "_Mixture", {
     #[new]
     #[pyo3(signature = (datasets, weights, stop, *, seed = 0, shuffle = true))]
     fn new(
@@ -234,14 +243,6 @@ schedule_methods!(PyMixture, {
             },
         })
     }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "_Mixture(members={}, len={})",
-            self.mixture.members().len(),
-            self.mixture.len()
-        )
-    }
 });
 
 /// The schedule of a mixture over members of these lengths: which member and index each
@@ -251,7 +252,7 @@ pub(crate) struct PySchedule {
     mixture: Mixture<Length>,
 }
 
-schedule_methods!(PySchedule, {
+schedule_methods!(PySchedule, "_MixtureSchedule", {
     #[new]
     #[pyo3(signature = (lengths, weights, stop, *, seed = 0, shuffle = true))]
     fn new(
@@ -268,14 +269,6 @@ schedule_methods!(PySchedule, {
             .seed(seed)
             .shuffle_members(shuffle);
         Ok(Self { mixture })
-    }
-
-    fn __repr__(&self) -> String {
-        format!(
-            "_MixtureSchedule(members={}, len={})",
-            self.mixture.members().len(),
-            self.mixture.len()
-        )
     }
 });
 

@@ -71,6 +71,19 @@ def fresh_env():
     return dict(os.environ, PYTHONPATH=os.pathsep.join([here] + rest))
 
 
+def run_fresh(snippet, cwd):
+    """Runs ``snippet`` in a fresh interpreter (no warm thread pools or caches) importing the
+    ``longshore`` these tests import, in ``cwd``; returns its standard output (its exit status
+    checked, its standard error shown on failure)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", snippet], cwd=cwd, env=fresh_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def interrupted(make, before, after, k, read):
     """An uninterrupted epoch of ``make(before)``, and the same epoch checkpointed after ``k``
     batches of ``make(before)`` and resumed by ``make(after, seed=99)`` (the checkpoint's order,

@@ -6,8 +6,6 @@ epoch, the stop rules' lengths against a hand count, a checkpoint resumed on oth
 named errors."""
 import collections
 import pickle
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -16,7 +14,7 @@ import longshore
 from longshore import _longshore
 from longshore.data import ArrayDataset, ConcatDataset, Mixture, Subset
 
-from conftest import fresh_env, guide_python, interrupted, need_torch
+from conftest import guide_python, interrupted, need_torch, run_fresh
 
 BASE = 1000  # member m's sample i has id m * BASE + i
 
@@ -299,11 +297,8 @@ print("ok", len(mix))
 
 def test_snippet_in_a_fresh_interpreter(tmp_path):
     need_torch()
-    env = fresh_env()
-    out = subprocess.run([sys.executable, "-c", SNIPPET], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[0] == "ok"
+    out = run_fresh(SNIPPET, tmp_path)
+    assert out.split()[0] == "ok"
 
 
 def test_guide_example():

@@ -3,8 +3,6 @@ fixed-length sequences, checked against a NumPy reference (the files memory-mapp
 stream): values by index and through the loader (dicts of [B, L] tensors, as torch's
 default_collate batches dict samples), every sequence once per epoch on any number of workers
 and across ranks, and a checkpoint resumed on another number of workers."""
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,7 +11,7 @@ import longshore
 from longshore import _longshore
 from longshore.datasets import TokenDataset
 
-from conftest import fresh_env, guide_python, interrupted, need_torch
+from conftest import guide_python, interrupted, need_torch, run_fresh
 
 SEP = 3
 SIZES = (301, 170)  # tokens per file
@@ -339,11 +337,8 @@ print("ok", n)
 
 def test_snippet_in_a_fresh_interpreter(tmp_path):
     need_torch()
-    env = fresh_env()
-    out = subprocess.run([sys.executable, "-c", SNIPPET], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ok", str((10_000 - 1) // 64)]
+    out = run_fresh(SNIPPET, tmp_path)
+    assert out.split() == ["ok", str((10_000 - 1) // 64)]
 
 
 def test_guide_example(tmp_path, monkeypatch):
