@@ -57,6 +57,10 @@ def parse():
                    help="captured: the training step replayed as one CUDA graph")
     p.add_argument("--ddp", action="store_true",
                    help="one process per GPU under torchrun (NCCL, DistributedDataParallel)")
+    p.add_argument("--sched", choices=["auto", "spin", "yield", "blocking"], default="auto",
+                   help="how the CUDA context's host threads wait for the GPU (the primary "
+                        "context's CU_CTX_SCHED_* flag, set before torch creates it): spin "
+                        "polls, blocking sleeps on an OS primitive")
     return p.parse_args()
 
 
@@ -68,6 +72,25 @@ def cpu_jiffies():
     except (OSError, ValueError):
         return None
     return sum(v) - v[3] - v[4], sum(v)
+
+
+def set_sched(mode, ordinal):
+    """Sets the primary context's scheduling flag on `ordinal` before anything creates it (torch
+    and longshore share that context): how a thread blocked in a synchronisation waits. The
+    driver's default (auto) spins while there are fewer active contexts than cores."""
+    if mode == "auto":
+        return
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    flag = {"spin": 1, "yield": 2, "blocking": 4}[mode]
+    dev = ctypes.c_int()
+    for call, rc in (("cuInit", cuda.cuInit(0)),
+                     ("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(dev), ordinal)),
+                     ("cuDevicePrimaryCtxSetFlags",
+                      cuda.cuDevicePrimaryCtxSetFlags_v2(dev, flag))):
+        if rc != 0:
+            raise RuntimeError(f"{call} failed with CUresult {rc} (setting --sched {mode})")
 
 
 def distributed(args):
@@ -255,11 +278,23 @@ def gpu_profile(args, epoch, step):
     others = [iv for v in other.values() for iv in v]
     gap_total = union(gaps)
     gap_other = overlap(gaps, others) if others and gaps else 0.0
-    # Host-side CUDA calls (runtime and driver API), by total time: where the host blocked.
-    api = {}
+    # Host-side CUDA calls (runtime and driver API), by total time: where the host blocked;
+    # and by thread (the training thread's launches against the decode thread's calls).
+    api, threads = {}, {}
     for ev in trace.get("traceEvents", []):
         if ev.get("cat") in ("cuda_runtime", "cuda_driver") and "dur" in ev:
-            api[ev.get("name", "")] = api.get(ev.get("name", ""), 0.0) + ev["dur"]
+            name = ev.get("name", "")
+            api[name] = api.get(name, 0.0) + ev["dur"]
+            t = threads.setdefault(ev.get("tid"), {"calls": 0, "ms": 0.0, "top": {}})
+            t["calls"] += 1
+            t["ms"] += ev["dur"] / 1e3
+            t["top"][name] = t["top"].get(name, 0.0) + ev["dur"] / 1e3
+    by_thread = []
+    for tid, t in sorted(threads.items(), key=lambda kv: -kv[1]["calls"])[:4]:
+        top3 = sorted(t["top"].items(), key=lambda kv: -kv[1])[:4]
+        by_thread.append({"tid": tid, "calls_per_step": t["calls"] / args.profile,
+                          "ms": round(t["ms"], 1),
+                          "top_ms": {k: round(v, 1) for k, v in top3}})
     top = {}
     for k, v in streams.items():
         for s, e, cat, name in v:
@@ -278,6 +313,7 @@ def gpu_profile(args, epoch, step):
         "host_step_launch_ms": 1e3 * launch / args.profile,
         "top_host_cuda_calls_ms": dict(sorted(((k, v / 1e3) for k, v in api.items()),
                                               key=lambda kv: -kv[1])[:8]),
+        "host_cuda_calls_by_thread": by_thread,
         "top_other_kernels_ms": dict(sorted(((k, v / 1e3) for k, v in top.items()),
                                             key=lambda kv: -kv[1])[:8]),
         "trace": args.trace,
@@ -335,6 +371,7 @@ def make_step(args):
 
 def main():
     args = parse()
+    set_sched(args.sched, int(os.environ.get("LOCAL_RANK", "0")))
     import torch
 
     args.rank, args.world_size, args.local_rank = distributed(args)
@@ -395,7 +432,7 @@ def main():
             "loader": args.loader, "decode": args.decode if args.loader == "longshore" else None,
             "model": None if args.no_model else args.model, "step": args.step,
             "world_size": args.world_size, "workers": args.workers,
-            "batch_size": args.batch_size, "images_per_s": sum(rates) / len(rates),
+            "batch_size": args.batch_size, "sched": args.sched, "images_per_s": sum(rates) / len(rates),
             "wait_fraction": sum(waits) / len(waits),
             "cpu_s_per_1000_images": sum(cpu) / len(cpu) if cpu else None,
             "gpu": torch.cuda.get_device_name(0)}))
