@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use longshore_data::{Batch, BatchLayout, DType, DataError, Storage};
 use longshore_host::{HostBuffer, HostMemory};
 use longshore_loader::{DeviceBatch, DevicePart, LoaderError, SampleErrorPolicy};
-use longshore_transfer::{Device, DeviceBuffer, DeviceId, Event, Stream, TransferError};
+use longshore_transfer::{
+    Device, DeviceBuffer, DeviceId, Event, Stream, StreamPriority, TransferError,
+};
 
 use super::batch::{Backend, DecodedBy, NvjpegInfo, NvjpegStats};
 use super::encoded::{EncodedEntry, Payload, check_limit, entries};
@@ -92,6 +94,8 @@ pub type SampleNames = Arc<dyn Fn(usize) -> std::path::PathBuf + Send + Sync>;
 pub struct NvjpegDecoder {
     device: Device,
     stream: Stream,
+    /// The scheduling priority of `stream` (and of lanes' streams).
+    priority: StreamPriority,
     /// Names a sample (by dataset index) in errors.
     names: SampleNames,
     transform: Arc<Compose>,

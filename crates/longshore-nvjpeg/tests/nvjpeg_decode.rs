@@ -577,3 +577,41 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0f32, f32::max)
 }
+
+#[test]
+fn the_decoders_stream_has_the_greatest_priority_and_a_normal_one_decodes_the_same() {
+    let Some(dev) = gpu() else { return };
+    use longshore_transfer::StreamPriority;
+    let dir = tempfile::tempdir().unwrap();
+    write_mixed(dir.path(), false);
+    let data = encoded(dir.path(), Compose::imagenet_val());
+    let indices: Vec<usize> = (0..data.len()).collect();
+    let priority = |s: &Stream| {
+        let mut p = 1234;
+        // SAFETY: the raw handle is a live stream of the device's context, `s` outlives the call.
+        unsafe {
+            cudarc::driver::sys::cuStreamGetPriority(s.as_raw().unwrap().cast(), &mut p)
+                .result()
+                .unwrap()
+        };
+        p
+    };
+    let mut high = NvjpegDecoder::new(&dev, &data).unwrap();
+    let (least, greatest) = cudarc::driver::result::stream::get_priority_range().unwrap();
+    assert!(greatest < least, "({least}, {greatest})");
+    assert_eq!(priority(high.stream()), greatest);
+    assert_eq!(priority(high.lane().unwrap().stream()), greatest, "a lane inherits it");
+    let a = decode_once(&mut high, &data, &indices);
+    let mut normal = NvjpegDecoder::new(&dev, &data)
+        .unwrap()
+        .stream_priority(StreamPriority::Normal)
+        .unwrap();
+    assert_eq!(priority(normal.stream()), 0);
+    assert_eq!(priority(normal.lane().unwrap().stream()), 0);
+    let b = decode_once(&mut normal, &data, &indices);
+    let read = |d: &DeviceBatch| -> Vec<u8> {
+        let s = dev.new_stream().unwrap();
+        s.read_to_vec::<u8>(d.buffer(0).unwrap()).unwrap()
+    };
+    assert_eq!(read(&a), read(&b), "the same pixels on either stream");
+}

@@ -79,6 +79,6 @@ pub use event::{Event, EventFuture};
 pub use id::DeviceId;
 pub use pending::Pending;
 pub use staging::{Stager, StagingConfig, UploadMode};
-pub use stream::Stream;
+pub use stream::{Stream, StreamPriority};
 pub use topology::{GpuTopology, TopologyError};
 pub use upload::upload_new;

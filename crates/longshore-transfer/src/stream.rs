@@ -73,12 +73,33 @@ fn bounds(op: &'static str, bytes: usize, offset: usize, capacity: usize) -> Res
     }
 }
 
+/// How the GPU schedules a stream's kernels against other streams' of the same context
+/// ([`Device::new_stream_with_priority`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StreamPriority {
+    /// The context's default priority (what `cuStreamCreate` gives).
+    #[default]
+    Normal,
+    /// The greatest priority the context allows (`cuCtxGetStreamPriorityRange`): when both
+    /// have blocks waiting, the GPU starts this stream's before normal streams' as SMs free
+    /// up, so a short kernel (a decode stage's) is not queued behind a long run of another
+    /// stream's (a training step's); running blocks are not preempted. Equal to `Normal` where
+    /// the device has no priorities and on the `Cpu` device.
+    High,
+}
+
 impl Device {
     /// A new stream on this device.
     pub fn new_stream(&self) -> Result<Stream> {
+        self.new_stream_with_priority(StreamPriority::Normal)
+    }
+
+    /// A new stream on this device with a scheduling priority.
+    pub fn new_stream_with_priority(&self, priority: StreamPriority) -> Result<Stream> {
         let id = next_stream_id();
-        let backend = self.shared.backend.new_stream(id)?;
-        tracing::debug!(target: "longshore::transfer", stream_id = id, device = %self.id(), "stream created");
+        let backend = self.shared.backend.new_stream(id, priority)?;
+        tracing::debug!(target: "longshore::transfer", stream_id = id, device = %self.id(), ?priority, "stream created");
         Ok(Stream::with_backend(self, id, backend))
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use longshore_loader::SampleErrorPolicy;
-use longshore_transfer::{Device, TransferError};
+use longshore_transfer::{Device, StreamPriority, TransferError};
 use longshore_vision::compose::Compose;
 use longshore_vision::decode::DecodeOptions;
 
@@ -125,10 +125,11 @@ impl NvjpegDecoder {
                 what: "creating an nvjpeg handle with NVJPEG_BACKEND_HARDWARE (does this GPU have JPEG engines?)".into(),
             });
         }
-        let stream = device.new_stream()?;
+        let stream = device.new_stream_with_priority(StreamPriority::High)?;
         let mut decoder = NvjpegDecoder {
             device: device.clone(),
             stream,
+            priority: StreamPriority::High,
             names,
             transform: Arc::new(transform.clone()),
             options,
@@ -150,6 +151,28 @@ impl NvjpegDecoder {
         Ok(decoder)
     }
 
+    /// The priority of the decoder's stream, [`StreamPriority::High`] by default: its
+    /// kernels (nvJPEG's colour conversion, the crop/resize/normalise kernel) start ahead of
+    /// the training step's waiting blocks as SMs free up, instead of queueing behind a whole
+    /// captured or eager step; the next batch's decode, which waits for the previous one's,
+    /// then keeps pace with the model (measured: `docs/benchmarks.md`, ResNet-18 section).
+    /// The decoder's work in flight completes first; lanes made after this take it too.
+    ///
+    /// # Errors
+    /// Driver errors waiting for the stream or creating the new one.
+    pub fn stream_priority(
+        mut self,
+        priority: StreamPriority,
+    ) -> Result<NvjpegDecoder, TransferError> {
+        if priority != self.priority {
+            self.stream.synchronize()?;
+            self.sync_slots();
+            self.stream = self.device.new_stream_with_priority(priority)?;
+            self.priority = priority;
+        }
+        Ok(self)
+    }
+
     /// Another decoder sharing this one's nvJPEG handles and compiled kernel, with its own
     /// stream, decoding states (as many as this one's) and counts: a lane of a parallel device
     /// stage ([`DeviceLoader::lanes`](longshore_loader::DeviceLoader::lanes)). nvJPEG's handles are
@@ -161,7 +184,8 @@ impl NvjpegDecoder {
     pub fn lane(&self) -> Result<NvjpegDecoder, TransferError> {
         let mut lane = NvjpegDecoder {
             device: self.device.clone(),
-            stream: self.device.new_stream()?,
+            stream: self.device.new_stream_with_priority(self.priority)?,
+            priority: self.priority,
             names: self.names.clone(),
             transform: self.transform.clone(),
             options: self.options,

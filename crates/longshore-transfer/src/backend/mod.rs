@@ -83,11 +83,16 @@ impl DeviceImpl {
     }
 
     /// A new stream; `id` is its process-unique id.
-    pub(crate) fn new_stream(&self, id: u64) -> Result<StreamImpl> {
+    pub(crate) fn new_stream(
+        &self,
+        id: u64,
+        priority: crate::StreamPriority,
+    ) -> Result<StreamImpl> {
         match self {
+            // One host thread runs a Cpu stream's work: there is nothing to prioritise.
             Self::Cpu => cpu::CpuStream::new(id).map(StreamImpl::Cpu),
             #[cfg(feature = "cuda")]
-            Self::Cuda(d) => cuda::CuStream::new(d, id).map(StreamImpl::Cuda),
+            Self::Cuda(d) => cuda::CuStream::new(d, id, priority).map(StreamImpl::Cuda),
         }
     }
 

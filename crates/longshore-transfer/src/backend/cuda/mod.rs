@@ -137,10 +137,33 @@ impl CudaDevice {
             .map_err(|e| err("cuCtxSetCurrent", e, self.ordinal, "binding the context"))
     }
 
-    fn new_stream(&self) -> Result<Arc<CudaStream>> {
-        self.ctx
-            .new_stream()
-            .map_err(|e| err("cuStreamCreate", e, self.ordinal, "creating a stream"))
+    fn new_stream(&self, priority: crate::StreamPriority) -> Result<Arc<CudaStream>> {
+        match priority {
+            crate::StreamPriority::High => {
+                self.bind()?;
+                // (least, greatest); numerically smaller is higher, (0, 0) without priorities.
+                let (_, greatest) = result::stream::get_priority_range().map_err(|e| {
+                    err(
+                        "cuCtxGetStreamPriorityRange",
+                        e,
+                        self.ordinal,
+                        "reading the stream priorities",
+                    )
+                })?;
+                self.ctx.new_stream_with_priority(greatest).map_err(|e| {
+                    err(
+                        "cuStreamCreateWithPriority",
+                        e,
+                        self.ordinal,
+                        format!("creating a stream of priority {greatest}"),
+                    )
+                })
+            }
+            _ => self
+                .ctx
+                .new_stream()
+                .map_err(|e| err("cuStreamCreate", e, self.ordinal, "creating a stream")),
+        }
     }
 
     pub(crate) fn name(&self) -> Option<String> {
@@ -158,10 +181,14 @@ pub(crate) struct CuStream {
 }
 
 impl CuStream {
-    pub(crate) fn new(dev: &Arc<CudaDevice>, id: u64) -> Result<Self> {
+    pub(crate) fn new(
+        dev: &Arc<CudaDevice>,
+        id: u64,
+        priority: crate::StreamPriority,
+    ) -> Result<Self> {
         Ok(Self {
             dev: dev.clone(),
-            stream: dev.new_stream()?,
+            stream: dev.new_stream(priority)?,
             id,
         })
     }
