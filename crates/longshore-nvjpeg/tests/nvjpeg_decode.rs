@@ -600,7 +600,11 @@ fn the_decoders_stream_has_the_greatest_priority_and_a_normal_one_decodes_the_sa
     let (least, greatest) = cudarc::driver::result::stream::get_priority_range().unwrap();
     assert!(greatest < least, "({least}, {greatest})");
     assert_eq!(priority(high.stream()), greatest);
-    assert_eq!(priority(high.lane().unwrap().stream()), greatest, "a lane inherits it");
+    assert_eq!(
+        priority(high.lane().unwrap().stream()),
+        greatest,
+        "a lane inherits it"
+    );
     let a = decode_once(&mut high, &data, &indices);
     let mut normal = NvjpegDecoder::new(&dev, &data)
         .unwrap()

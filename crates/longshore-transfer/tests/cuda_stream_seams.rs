@@ -94,7 +94,9 @@ fn a_high_priority_stream_has_the_contexts_greatest_priority_and_runs_work() {
     let Some(dev) = gpu() else { return };
     use longshore_transfer::StreamPriority;
     let high = dev.new_stream_with_priority(StreamPriority::High).unwrap();
-    let normal = dev.new_stream_with_priority(StreamPriority::Normal).unwrap();
+    let normal = dev
+        .new_stream_with_priority(StreamPriority::Normal)
+        .unwrap();
     // The context is current on this thread after making the streams.
     let (least, greatest) = result::stream::get_priority_range().unwrap();
     let priority = |s: &Stream| {
@@ -109,13 +111,21 @@ fn a_high_priority_stream_has_the_contexts_greatest_priority_and_runs_work() {
     };
     assert_eq!(priority(&high), greatest, "range ({least}, {greatest})");
     assert_eq!(priority(&normal), 0);
-    assert!(greatest < least, "an H100/H200 has stream priorities: ({least}, {greatest})");
+    assert!(
+        greatest < least,
+        "an H100/H200 has stream priorities: ({least}, {greatest})"
+    );
     // Work on it completes and is ordered as on any stream.
     let n = 1 << 20;
     let mut buf = high.alloc(n).unwrap();
     let src = HostBuffer::from_slice(MemoryKind::PageLocked, &vec![7u8; n]).unwrap();
     drop(high.upload(src, &mut buf).unwrap());
-    assert!(high.read_to_vec::<u8>(&buf).unwrap().iter().all(|&b| b == 7));
+    assert!(
+        high.read_to_vec::<u8>(&buf)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 7)
+    );
     // On the Cpu device the priority is accepted and changes nothing.
     let cpu = longshore_transfer::Device::cpu();
     let s = cpu.new_stream_with_priority(StreamPriority::High).unwrap();

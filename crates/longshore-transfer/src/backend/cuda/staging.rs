@@ -19,7 +19,9 @@ use crate::error::{Result, TransferError};
 
 /// `n` lanes on `dev`.
 pub(crate) fn new_lanes(dev: &Arc<CudaDevice>, n: usize) -> Result<Vec<CuStream>> {
-    (0..n).map(|_| CuStream::new(dev, 0, crate::StreamPriority::Normal)).collect()
+    (0..n)
+        .map(|_| CuStream::new(dev, 0, crate::StreamPriority::Normal))
+        .collect()
 }
 
 /// Stages `src` to device address `dst` on `lanes`, ordered on `stream`.
