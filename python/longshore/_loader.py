@@ -597,6 +597,15 @@ class DataLoader:
             if callable(getattr(s, "set_epoch", None)):
                 s.set_epoch(epoch)
 
+    def _num_replicas(self):
+        """The number of ranks of a sampler that takes one rank's share (longshore's or
+        PyTorch's ``DistributedSampler``, also inside a batch sampler), else None."""
+        for s in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            n = getattr(s, "num_replicas", None)
+            if isinstance(n, int) and hasattr(s, "rank"):
+                return n
+        return None
+
     def state_dict(self):
         """Where the loader stands (epoch, delivered batches), as a JSON-serialisable dict.
 
@@ -613,6 +622,9 @@ class DataLoader:
         if self._sharded:
             # The loader's state, holding the dataset's position.
             return {"epoch": state["epoch"], "sharded": state}
+        replicas = self._num_replicas()
+        if replicas is not None:
+            state["num_replicas"] = replicas
         if self._epoch_rng is not None and self._epoch_rng[1] == state["epoch"]:
             # An epoch under way (a finished one's successor draws afresh from the generator).
             import base64
@@ -627,7 +639,9 @@ class DataLoader:
         the batches the saved epoch had not delivered. Where the state holds PyTorch's
         generator state, that iteration draws the saved epoch's order again from it (the
         generator, ``generator`` or PyTorch's global one, is put back afterwards, except
-        under a sampler the loader iterates, which draws as it goes)."""
+        under a sampler the loader iterates, which draws as it goes). A state taken under a
+        ``DistributedSampler`` over another number of ranks is refused (``ValueError``): a
+        map-style dataset resumes on the same number of ranks, with any number of workers."""
         state = dict(state)
         if self._sharded:
             if "sharded" not in state:
@@ -640,6 +654,13 @@ class DataLoader:
         if "sharded" in state:
             raise ValueError("this state is a sharded dataset's loader state; this loader "
                              "does not read a sharded dataset")
+        saved, here = state.pop("num_replicas", None), self._num_replicas()
+        if saved is not None and here is not None and int(saved) != here:
+            raise ValueError(
+                f"the state was taken with a DistributedSampler over {saved} ranks, this "
+                f"loader's is over {here}: a map-style dataset's checkpoint resumes on the same "
+                "number of ranks (each rank's position names samples of its own share; sharded "
+                "datasets resume on any number)")
         rng, base_seed = state.pop("torch_rng_state", None), state.pop("base_seed", None)
         self._loader.load_state_dict_json(_json.dumps(state))
         if rng is not None:

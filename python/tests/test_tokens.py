@@ -4,6 +4,8 @@ stream): values by index and through the loader (dicts of [B, L] tensors, as tor
 default_collate batches dict samples), every sequence once per epoch on any number of workers
 and across ranks, and a checkpoint resumed on another number of workers."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -387,3 +389,38 @@ def test_write_token_file_from_parquet_documents(tmp_path):
     assert not (tmp_path / "u8.bin").exists()
     with pytest.raises(ValueError, match="uint16"):
         longshore.datasets.write_token_file(big, tmp_path / "x.bin", "input_ids", dtype="int64")
+
+
+@pytest.mark.parametrize("kind", ["longshore", "torch"])
+def test_a_checkpoint_resumes_on_the_same_number_of_ranks_only(tmp_path, kind):
+    paths = write(tmp_path)
+    ds = TokenDataset(paths, 13)
+    assert len(ds) == 36
+    if kind == "torch":
+        Sampler = need_torch().utils.data.distributed.DistributedSampler
+    else:
+        Sampler = longshore.data.DistributedSampler
+
+    def make(world, rank, workers=0):
+        sampler = Sampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=2)
+        return longshore.DataLoader(ds, batch_size=10, sampler=sampler, num_workers=workers,
+                                    seed=1)
+
+    full = [key(g) for g in rows(make(2, 1))]
+    first = make(2, 1)
+    it = iter(first)
+    taken = [key(g) for g in rows([next(it)])]
+    state = json.loads(json.dumps(first.state_dict()))
+    it.close()
+    assert state["num_replicas"] == 2
+    # The same number of ranks: exactly the rest of rank 1's epoch, on other workers too.
+    resumed = make(2, 1, workers=2)
+    resumed.load_state_dict(state)
+    assert taken + [key(g) for g in rows(resumed)] == full
+    # Another number: refused by name, even where the batch counts agree (18 and 12 sequences
+    # a rank are both 2 batches of 10), and the loader is left as it was.
+    other = make(3, 1)
+    assert len(other) == len(first) == 2
+    with pytest.raises(ValueError, match="over 2 ranks, this loader's is over 3"):
+        other.load_state_dict(state)
+    assert len([key(g) for g in rows(other)]) == 12

@@ -364,6 +364,10 @@ impl<F: Fetch> DataLoader<F> {
                 })
             }
         };
+        let num_replicas = lock(&self.inner.plan)
+            .sampler
+            .get()
+            .and_then(|s| s.num_replicas());
         let num_batches = match (&current, self.inner.fetch.indexed()) {
             (_, true) => lock(&self.inner.plan).sampler.len().unwrap_or(0) as u64,
             (Some(_), false) => num_batches,
@@ -379,6 +383,7 @@ impl<F: Fetch> DataLoader<F> {
             done_prefix: prefix,
             done_extra: extra,
             stream,
+            num_replicas,
         })
     }
 
@@ -429,6 +434,17 @@ impl<F: Fetch> DataLoader<F> {
         }
         let mut plan = lock(&self.inner.plan);
         let plan = &mut *plan;
+        let replicas = plan.sampler.get().and_then(|s| s.num_replicas());
+        if let (Some(saved), Some(here)) = (state.num_replicas, replicas)
+            && saved != here
+        {
+            return Err(LoaderError::State(format!(
+                "the state was taken with a DistributedSampler over {saved} ranks, this loader's \
+                 is over {here}: a map-style dataset's checkpoint resumes on the same number of \
+                 ranks (each rank's position names samples of its own share; sharded datasets \
+                 resume on any number)"
+            )));
+        }
         // Everything is checked before anything changes: a refused state leaves the loader as
         // it was (its seed and sampler included).
         let reseeded: Option<SamplerSource> = match &plan.sampler {

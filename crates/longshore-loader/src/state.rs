@@ -43,6 +43,12 @@ pub struct LoaderState {
     /// (`None` for map-style datasets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<StreamState>,
+    /// Map-style datasets under a sampler of one rank's share (a
+    /// [`DistributedSampler`](longshore_data::DistributedSampler)): the number of ranks. A
+    /// loader whose sampler splits the dataset over another number refuses the state: each
+    /// rank's positions would name other samples (sharded datasets resume on any number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_replicas: Option<usize>,
 }
 
 /// The part of a [`LoaderState`] that an iterable dataset's epoch adds.

@@ -62,6 +62,7 @@ proptest! {
             done_prefix: prefix,
             done_extra: extra,
             stream: None,
+            num_replicas: None,
         };
         let resumed = loader(len, batch_size, workers, true, shuffle);
         resumed.load_state_dict(&state).unwrap();

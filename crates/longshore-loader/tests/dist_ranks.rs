@@ -216,3 +216,54 @@ fn launcher_variables_are_read_and_checked() {
         );
     }
 }
+
+/// A checkpoint of one rank's share is refused on another number of ranks, also when the
+/// batch counts happen to agree (100 samples, batch 32: 50 a rank on 2 ranks and 34 on 3 are
+/// both 2 batches), which without the recorded rank count resumed a position in another list.
+#[test]
+fn a_checkpoint_resumes_on_the_same_number_of_ranks_only() {
+    let two = rank_loader(100, 2, 0, false, 32, 0);
+    let mut it = two.iter();
+    it.next().unwrap().unwrap();
+    let state = two.state_dict().unwrap();
+    drop(it);
+    assert_eq!(state.num_replicas, Some(2));
+    let json = serde_json::to_string(&state).unwrap();
+    assert!(json.contains("\"num_replicas\":2"), "{json}");
+
+    let three = rank_loader(100, 3, 0, false, 32, 0);
+    assert_eq!(
+        three.len(),
+        two.len(),
+        "the case where the batch counts agree"
+    );
+    let err = three.load_state_dict(&state).unwrap_err().to_string();
+    assert!(
+        err.contains("over 2 ranks") && err.contains("over 3") && err.contains("same number"),
+        "{err}"
+    );
+    // Refused: the loader is as it was, and yields its own full epoch.
+    assert_eq!(three.iter().count(), 2);
+
+    // The same number of ranks resumes: the second batch of rank 0's epoch.
+    let again = rank_loader(100, 2, 0, false, 32, 2);
+    again.load_state_dict(&state).unwrap();
+    let rest: Vec<Vec<usize>> = again.iter().map(|b| ids(b.unwrap())).collect();
+    let whole: Vec<Vec<usize>> = rank_loader(100, 2, 0, false, 32, 0)
+        .iter()
+        .map(|b| ids(b.unwrap()))
+        .collect();
+    assert_eq!(rest, whole[1..]);
+
+    // A state from before the field (or of a loader without such a sampler) still loads.
+    let mut old = state.clone();
+    old.num_replicas = None;
+    let fresh = rank_loader(100, 2, 0, false, 32, 0);
+    fresh.load_state_dict(&old).unwrap();
+    // And a loader without a DistributedSampler records none.
+    let plain = DataLoader::builder(VecDataset::new(vec![([1u32],); 10]))
+        .batch_size(4)
+        .build()
+        .unwrap();
+    assert_eq!(plain.state_dict().unwrap().num_replicas, None);
+}

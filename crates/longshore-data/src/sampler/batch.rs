@@ -59,6 +59,11 @@ pub trait BatchSampling: Send + Sync + fmt::Debug {
         }
     }
 
+    /// The number of ranks the indices are one share of (see [`Sampler::num_replicas`]).
+    fn num_replicas(&self) -> Option<usize> {
+        None
+    }
+
     /// Sets the epoch from `state`; returns the batch position for [`BatchSampling::iter_from`].
     ///
     /// # Errors
@@ -174,6 +179,9 @@ impl<S: Sampler> BatchSampling for BatchSampler<S> {
     fn set_epoch(&mut self, epoch: u64) {
         self.sampler.set_epoch(epoch);
     }
+    fn num_replicas(&self) -> Option<usize> {
+        self.sampler.num_replicas()
+    }
     fn iter(&self) -> BatchIter<'_> {
         self.iter_from(0)
     }
@@ -232,6 +240,9 @@ impl<S: BatchSampling + ?Sized> BatchSampling for Box<S> {
     }
     fn state(&self, batches_done: usize) -> SamplerState {
         (**self).state(batches_done)
+    }
+    fn num_replicas(&self) -> Option<usize> {
+        (**self).num_replicas()
     }
     fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
         (**self).restore(state)

@@ -85,6 +85,9 @@ impl Sampler for DistributedSampler {
     fn set_epoch(&mut self, epoch: u64) {
         self.epoch = epoch;
     }
+    fn num_replicas(&self) -> Option<usize> {
+        Some(self.num_replicas)
+    }
     fn iter(&self) -> IndexIter<'_> {
         self.iter_owned_from(0)
     }

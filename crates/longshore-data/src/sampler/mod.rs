@@ -82,6 +82,14 @@ pub trait Sampler: Send + Sync + fmt::Debug {
         }
     }
 
+    /// The number of ranks the dataset is split over when this sampler takes one rank's share
+    /// ([`DistributedSampler`]: `num_replicas`), `None` otherwise. A loader records it in its
+    /// checkpoints and refuses to resume one on another number of ranks, whose shares are
+    /// other index lists.
+    fn num_replicas(&self) -> Option<usize> {
+        None
+    }
+
     /// Sets the epoch from `state` and returns the position to pass to
     /// [`Sampler::iter_from`].
     ///
@@ -132,6 +140,9 @@ impl<S: Sampler + ?Sized> Sampler for Box<S> {
     }
     fn state(&self, position: usize) -> SamplerState {
         (**self).state(position)
+    }
+    fn num_replicas(&self) -> Option<usize> {
+        (**self).num_replicas()
     }
     fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
         (**self).restore(state)
