@@ -658,9 +658,9 @@ class DataLoader:
         if saved is not None and here is not None and int(saved) != here:
             raise ValueError(
                 f"the state was taken with a DistributedSampler over {saved} ranks, this "
-                f"loader's is over {here}: a map-style dataset's checkpoint resumes on the same "
-                "number of ranks (each rank's position names samples of its own share; sharded "
-                "datasets resume on any number)")
+                f"loader's is over {here}: from Python, a map-style dataset's checkpoint resumes "
+                "on the same number of ranks (each rank's position names samples of its own "
+                "share; sharded datasets resume on any number)")
         rng, base_seed = state.pop("torch_rng_state", None), state.pop("base_seed", None)
         self._loader.load_state_dict_json(_json.dumps(state))
         if rng is not None:

@@ -364,10 +364,21 @@ impl<F: Fetch> DataLoader<F> {
                 })
             }
         };
-        let num_replicas = lock(&self.inner.plan)
-            .sampler
-            .get()
-            .and_then(|s| s.num_replicas());
+        // One rank's share: its number of ranks, batch size and the epoch's offset.
+        let (num_replicas, batch_size, share_offset) = {
+            let mut plan = lock(&self.inner.plan);
+            match plan.sampler.get() {
+                Some(s) if s.num_replicas().is_some() => {
+                    // The offset of the epoch the state is of (a resumed epoch's, or 0).
+                    let offset = match s.resumed_share() {
+                        Some((e, offset)) if e == epoch => offset,
+                        _ => 0,
+                    };
+                    (s.num_replicas(), Some(s.batch_size()), offset as u64)
+                }
+                _ => (None, None, 0),
+            }
+        };
         let num_batches = match (&current, self.inner.fetch.indexed()) {
             (_, true) => lock(&self.inner.plan).sampler.len().unwrap_or(0) as u64,
             (Some(_), false) => num_batches,
@@ -384,6 +395,8 @@ impl<F: Fetch> DataLoader<F> {
             done_extra: extra,
             stream,
             num_replicas,
+            batch_size,
+            share_offset,
         })
     }
 
@@ -434,17 +447,14 @@ impl<F: Fetch> DataLoader<F> {
         }
         let mut plan = lock(&self.inner.plan);
         let plan = &mut *plan;
-        let replicas = plan.sampler.get().and_then(|s| s.num_replicas());
-        if let (Some(saved), Some(here)) = (state.num_replicas, replicas)
-            && saved != here
-        {
-            return Err(LoaderError::State(format!(
-                "the state was taken with a DistributedSampler over {saved} ranks, this loader's \
-                 is over {here}: a map-style dataset's checkpoint resumes on the same number of \
-                 ranks (each rank's position names samples of its own share; sharded datasets \
-                 resume on any number)"
-            )));
-        }
+        // A checkpoint of one rank's share (a DistributedSampler): on another number of ranks
+        // or batch size, the epoch resumes from what every rank together consumed.
+        let share = match (state.num_replicas, plan.sampler.get()) {
+            (Some(saved), Some(s)) if s.num_replicas().is_some() => {
+                Some(share_resume(state, saved, &**s, len)?)
+            }
+            _ => None,
+        };
         // Everything is checked before anything changes: a refused state leaves the loader as
         // it was (its seed and sampler included).
         let reseeded: Option<SamplerSource> = match &plan.sampler {
@@ -464,12 +474,36 @@ impl<F: Fetch> DataLoader<F> {
             _ => None,
         };
         let mut reseeded = reseeded;
+        // The share's sampler takes the epoch's consumed entries out (and puts them back if
+        // the state is refused below).
+        let undo = match (&share, plan.sampler.get()) {
+            (Some(r), Some(s)) => {
+                let undo = (s.epoch(), s.resumed_share());
+                s.resume_share(state.epoch, r.consumed)?;
+                Some(undo)
+            }
+            _ => None,
+        };
         let n = match reseeded.as_mut() {
             Some(s) => s.len(),
             None => plan.sampler.len(),
         }
         .unwrap_or(0) as u64;
-        if n != state.num_batches {
+        let (num_batches, prefix, extra) = match &share {
+            Some(r) if r.elastic => (n, 0, Vec::new()),
+            _ => (
+                state.num_batches,
+                state.done_prefix,
+                state.done_extra.clone(),
+            ),
+        };
+        if n != num_batches {
+            if let (Some((epoch, resumed)), Some(s)) = (undo, plan.sampler.get()) {
+                // Put back what resume_share changed: a refused state changes nothing.
+                let (e, offset) = resumed.unwrap_or((state.epoch, 0));
+                s.resume_share(e, offset)?;
+                s.set_epoch(epoch);
+            }
             return Err(LoaderError::State(format!(
                 "state has {} batches per epoch, this loader {n} (batch_size or drop_last differ?)",
                 state.num_batches
@@ -484,13 +518,12 @@ impl<F: Fetch> DataLoader<F> {
         plan.config.seed = state.seed;
         // A next epoch started ahead is not what the restored position runs.
         plan.revision += 1;
-        let mut p = Progress::new(state.epoch, state.num_batches);
-        p.prefix = state.done_prefix.min(state.num_batches);
-        p.extra = state
-            .done_extra
+        let mut p = Progress::new(state.epoch, num_batches);
+        p.prefix = prefix.min(num_batches);
+        p.extra = extra
             .iter()
             .copied()
-            .filter(|&s| s >= p.prefix && s < state.num_batches)
+            .filter(|&s| s >= p.prefix && s < num_batches)
             .collect();
         // Lock order: plan (held) -> progress.
         *lock(&self.inner.progress) = p.clone();
@@ -588,4 +621,62 @@ impl<F: Fetch> IntoIterator for &DataLoader<F> {
     fn into_iter(self) -> LoaderIter<F> {
         self.iter()
     }
+}
+
+/// How a map-style checkpoint of one rank's share resumes on this loader's sampler.
+#[derive(Debug)]
+struct ShareResume {
+    /// Entries of the epoch's global order to take out before the shares are split.
+    consumed: usize,
+    /// On another number of ranks or batch size: the epoch's batches are all of what is left
+    /// (no batch of it delivered yet); else the state's own positions apply.
+    elastic: bool,
+}
+
+/// The share resume of `state` (taken with a sampler over `saved` ranks) on `sampler`.
+///
+/// Ranks step together (data-parallel training checkpoints after the same step on every
+/// rank), so after `done_prefix` batches of `batch_size` on each of `saved` ranks the first
+/// `saved * done_prefix * batch_size` entries of the epoch's global order were consumed,
+/// after those the state's own epoch had already taken out (`share_offset`).
+fn share_resume(
+    state: &LoaderState,
+    saved: usize,
+    sampler: &dyn longshore_data::BatchSampling,
+    dataset_len: usize,
+) -> Result<ShareResume, LoaderError> {
+    let here = sampler.num_replicas().unwrap_or(saved);
+    let same = here == saved && state.batch_size.is_none_or(|b| b == sampler.batch_size());
+    if same {
+        return Ok(ShareResume {
+            consumed: state.share_offset as usize,
+            elastic: false,
+        });
+    }
+    let Some(batch_size) = state.batch_size else {
+        return Err(LoaderError::State(format!(
+            "the state was taken with a DistributedSampler over {saved} ranks, this loader's is \
+             over {here}, and the state does not say its batch size (a state of an older \
+             version): it resumes on {saved} ranks only"
+        )));
+    };
+    if !state.done_extra.is_empty() {
+        return Err(LoaderError::State(format!(
+            "the state was taken with a DistributedSampler over {saved} ranks, this loader's is \
+             over {here}, after batches delivered out of order (in_order=false): such a \
+             checkpoint resumes on {saved} ranks with batch size {batch_size} only"
+        )));
+    }
+    let consumed = if state.done_prefix >= state.num_batches {
+        // The epoch was done: nothing of it is left.
+        dataset_len
+    } else {
+        let per_rank = state.done_prefix as usize * batch_size;
+        (state.share_offset as usize + saved * per_rank).min(dataset_len)
+    };
+    tracing::info!(target: "longshore::loader", from_ranks = saved, to_ranks = here, from_batch = batch_size, to_batch = sampler.batch_size(), consumed, epoch = state.epoch, "resuming a checkpoint of another number of ranks or batch size");
+    Ok(ShareResume {
+        consumed,
+        elastic: true,
+    })
 }

@@ -49,6 +49,19 @@ pub struct LoaderState {
     /// rank's positions would name other samples (sharded datasets resume on any number).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub num_replicas: Option<usize>,
+    /// With [`num_replicas`](LoaderState::num_replicas): the batch size, so that a loader of
+    /// another number of ranks or batch size knows how much of the epoch was consumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    /// With [`num_replicas`](LoaderState::num_replicas): the entries of the epoch's global
+    /// order consumed before this epoch's shares were split (non-zero in an epoch resumed
+    /// from another number of ranks).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub share_offset: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The part of a [`LoaderState`] that an iterable dataset's epoch adds.

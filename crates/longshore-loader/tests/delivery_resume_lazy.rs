@@ -63,6 +63,8 @@ proptest! {
             done_extra: extra,
             stream: None,
             num_replicas: None,
+            batch_size: None,
+            share_offset: 0,
         };
         let resumed = loader(len, batch_size, workers, true, shuffle);
         resumed.load_state_dict(&state).unwrap();

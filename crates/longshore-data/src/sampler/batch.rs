@@ -64,6 +64,24 @@ pub trait BatchSampling: Send + Sync + fmt::Debug {
         None
     }
 
+    /// See [`Sampler::resumed_share`].
+    fn resumed_share(&self) -> Option<(u64, usize)> {
+        None
+    }
+
+    /// See [`Sampler::resume_share`]; the batches are then those of what is left.
+    ///
+    /// # Errors
+    /// As [`Sampler::resume_share`].
+    fn resume_share(&mut self, epoch: u64, consumed: usize) -> Result<(), DataError> {
+        let _ = (epoch, consumed);
+        Err(DataError::StateMismatch(
+            "only a sampler of one rank's share (DistributedSampler) resumes a checkpoint of \
+             another number of ranks"
+                .into(),
+        ))
+    }
+
     /// Sets the epoch from `state`; returns the batch position for [`BatchSampling::iter_from`].
     ///
     /// # Errors
@@ -182,6 +200,12 @@ impl<S: Sampler> BatchSampling for BatchSampler<S> {
     fn num_replicas(&self) -> Option<usize> {
         self.sampler.num_replicas()
     }
+    fn resumed_share(&self) -> Option<(u64, usize)> {
+        self.sampler.resumed_share()
+    }
+    fn resume_share(&mut self, epoch: u64, consumed: usize) -> Result<(), DataError> {
+        self.sampler.resume_share(epoch, consumed)
+    }
     fn iter(&self) -> BatchIter<'_> {
         self.iter_from(0)
     }
@@ -243,6 +267,12 @@ impl<S: BatchSampling + ?Sized> BatchSampling for Box<S> {
     }
     fn num_replicas(&self) -> Option<usize> {
         (**self).num_replicas()
+    }
+    fn resumed_share(&self) -> Option<(u64, usize)> {
+        (**self).resumed_share()
+    }
+    fn resume_share(&mut self, epoch: u64, consumed: usize) -> Result<(), DataError> {
+        (**self).resume_share(epoch, consumed)
     }
     fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
         (**self).restore(state)

@@ -23,6 +23,9 @@ pub struct DistributedSampler {
     drop_last: bool,
     epoch: u64,
     num_samples: usize,
+    /// An epoch resumed from another number of ranks ([`Sampler::resume_share`]): that epoch
+    /// and how many entries of its order were consumed before.
+    resumed: Option<(u64, usize)>,
 }
 
 impl DistributedSampler {
@@ -49,18 +52,41 @@ impl DistributedSampler {
         }
     }
 
-    /// Indices over all replicas (`num_samples * num_replicas`).
+    /// Indices over all replicas (`num_samples * num_replicas`; in an epoch resumed from
+    /// another number of ranks, what is left of it, split the same way).
     pub fn total_size(&self) -> usize {
-        self.num_samples * self.num_replicas
+        self.share_len() * self.num_replicas
+    }
+
+    /// The entries of the current epoch's order consumed before its shares were split
+    /// (non-zero only in an epoch resumed from another number of ranks).
+    fn offset(&self) -> usize {
+        match self.resumed {
+            Some((epoch, offset)) if epoch == self.epoch => offset.min(self.dataset_len),
+            _ => 0,
+        }
+    }
+
+    /// This replica's indices in the current epoch: PyTorch's rule over what is left.
+    fn share_len(&self) -> usize {
+        let left = self.dataset_len - self.offset();
+        if self.offset() == 0 {
+            self.num_samples
+        } else if self.drop_last {
+            left / self.num_replicas
+        } else {
+            left.div_ceil(self.num_replicas)
+        }
     }
 
     /// The full padded (or truncated) index list of this epoch, before it is split
-    /// between replicas.
+    /// between replicas (in a resumed epoch, the entries left after those consumed before).
     pub fn global_indices(&self) -> Vec<usize> {
         let mut indices: Vec<usize> = (0..self.dataset_len).collect();
         if self.shuffle {
             shuffle(&mut indices, &mut epoch_rng(self.seed, self.epoch));
         }
+        indices.drain(..self.offset());
         let total = self.total_size();
         if indices.len() >= total {
             indices.truncate(total);
@@ -77,7 +103,7 @@ impl DistributedSampler {
 
 impl Sampler for DistributedSampler {
     fn len(&self) -> usize {
-        self.num_samples
+        self.share_len()
     }
     fn epoch(&self) -> u64 {
         self.epoch
@@ -87,6 +113,20 @@ impl Sampler for DistributedSampler {
     }
     fn num_replicas(&self) -> Option<usize> {
         Some(self.num_replicas)
+    }
+    fn resumed_share(&self) -> Option<(u64, usize)> {
+        self.resumed
+    }
+    fn resume_share(&mut self, epoch: u64, consumed: usize) -> Result<(), DataError> {
+        if consumed > self.dataset_len {
+            return Err(DataError::StateMismatch(format!(
+                "{consumed} entries of epoch {epoch}'s order consumed, of a dataset of {}",
+                self.dataset_len
+            )));
+        }
+        self.resumed = (consumed > 0).then_some((epoch, consumed));
+        self.epoch = epoch;
+        Ok(())
     }
     fn iter(&self) -> IndexIter<'_> {
         self.iter_owned_from(0)
@@ -98,7 +138,7 @@ impl Sampler for DistributedSampler {
                 .into_iter()
                 .skip(self.rank)
                 .step_by(self.num_replicas)
-                .take(self.num_samples)
+                .take(self.share_len())
                 .skip(position),
         )
     }
@@ -177,6 +217,7 @@ impl DistributedSamplerBuilder {
             drop_last,
             epoch: 0,
             num_samples,
+            resumed: None,
         })
     }
 }

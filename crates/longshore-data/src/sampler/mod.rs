@@ -90,6 +90,30 @@ pub trait Sampler: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The epoch resumed from another number of ranks ([`resume_share`](Sampler::resume_share))
+    /// and the entries of its global order consumed before its shares were split; `None`
+    /// when no epoch was.
+    fn resumed_share(&self) -> Option<(u64, usize)> {
+        None
+    }
+
+    /// Sets the epoch to `epoch` with its first `consumed` entries of the global order (every
+    /// rank's share together, as a [`DistributedSampler`] lays them out) taken out, and what is
+    /// left split over this sampler's ranks by the same rule: how a checkpoint taken on
+    /// another number of ranks resumes. Only samplers of one rank's share can.
+    ///
+    /// # Errors
+    /// [`DataError::StateMismatch`] for a sampler that is not one rank's share, or `consumed`
+    /// past the epoch.
+    fn resume_share(&mut self, epoch: u64, consumed: usize) -> Result<(), DataError> {
+        let _ = (epoch, consumed);
+        Err(DataError::StateMismatch(
+            "only a sampler of one rank's share (DistributedSampler) resumes a checkpoint of \
+             another number of ranks"
+                .into(),
+        ))
+    }
+
     /// Sets the epoch from `state` and returns the position to pass to
     /// [`Sampler::iter_from`].
     ///
@@ -143,6 +167,12 @@ impl<S: Sampler + ?Sized> Sampler for Box<S> {
     }
     fn num_replicas(&self) -> Option<usize> {
         (**self).num_replicas()
+    }
+    fn resumed_share(&self) -> Option<(u64, usize)> {
+        (**self).resumed_share()
+    }
+    fn resume_share(&mut self, epoch: u64, consumed: usize) -> Result<(), DataError> {
+        (**self).resume_share(epoch, consumed)
     }
     fn restore(&mut self, state: &SamplerState) -> Result<usize, DataError> {
         (**self).restore(state)
