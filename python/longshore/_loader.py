@@ -597,14 +597,71 @@ class DataLoader:
             if callable(getattr(s, "set_epoch", None)):
                 s.set_epoch(epoch)
 
-    def _num_replicas(self):
-        """The number of ranks of a sampler that takes one rank's share (longshore's or
-        PyTorch's ``DistributedSampler``, also inside a batch sampler), else None."""
+    def _share_sampler(self):
+        """A sampler that takes one rank's share (longshore's or PyTorch's
+        ``DistributedSampler``, also inside a batch sampler), else None."""
         for s in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
-            n = getattr(s, "num_replicas", None)
-            if isinstance(n, int) and hasattr(s, "rank"):
-                return n
+            if isinstance(getattr(s, "num_replicas", None), int) and hasattr(s, "rank"):
+                return s
         return None
+
+    def _share_state(self, state):
+        """Adds what a checkpoint of one rank's share needs to resume on another number of
+        ranks or batch size: the ranks, the batch size, the epoch's offset."""
+        s = self._share_sampler()
+        if s is None:
+            return
+        state["num_replicas"] = s.num_replicas
+        batch_size = getattr(self._batches, "batch_size", None)
+        if isinstance(batch_size, int):
+            state["batch_size"] = batch_size
+        resumed = getattr(s, "_resumed", None)
+        if resumed is not None and resumed[0] == state["epoch"]:
+            state["share_offset"] = int(resumed[1])
+
+    def _load_share(self, state):
+        """Takes the share entries out of ``state`` and, on another number of ranks or batch
+        size, turns it into the resumed epoch's start (see :meth:`load_state_dict`)."""
+        saved = state.pop("num_replicas", None)
+        saved_batch = state.pop("batch_size", None)
+        offset = int(state.pop("share_offset", 0))
+        s = self._share_sampler()
+        if saved is None or s is None:
+            return
+        batch_size = getattr(self._batches, "batch_size", None)
+        same = int(saved) == s.num_replicas and saved_batch in (None, batch_size)
+        ours = callable(getattr(s, "_resume_share", None))
+        epoch = int(state["epoch"])
+        if same:
+            if ours:
+                s._resume_share(epoch, offset)
+                self._order.set_len(len(self._batches))
+            return
+        if not ours:
+            raise ValueError(
+                f"the state was taken with a DistributedSampler over {saved} ranks, this "
+                f"loader's (PyTorch's) is over {s.num_replicas}: it resumes on the same number "
+                "of ranks and batch size only; longshore.data.DistributedSampler resumes on "
+                "any")
+        if saved_batch is None:
+            raise ValueError(
+                f"the state was taken with a DistributedSampler over {saved} ranks, this "
+                f"loader's is over {s.num_replicas}, and the state does not say its batch "
+                "size: it resumes on the same number of ranks only")
+        if state.get("done_extra"):
+            raise ValueError(
+                f"the state was taken with a DistributedSampler over {saved} ranks, this "
+                f"loader's is over {s.num_replicas}, after batches delivered out of order "
+                "(in_order=False): it resumes on the same number of ranks and batch size only")
+        n = len(self.dataset)
+        if int(state["done_prefix"]) >= int(state["num_batches"]):
+            consumed = n  # the epoch was done
+        else:
+            consumed = min(offset + int(saved) * int(state["done_prefix"]) * int(saved_batch), n)
+        s._resume_share(epoch, consumed)
+        left = len(self._batches)
+        self._order.set_len(left)
+        state.update(done_prefix=0, done_extra=[], num_batches=left)
 
     def state_dict(self):
         """Where the loader stands (epoch, delivered batches), as a JSON-serialisable dict.
@@ -622,9 +679,7 @@ class DataLoader:
         if self._sharded:
             # The loader's state, holding the dataset's position.
             return {"epoch": state["epoch"], "sharded": state}
-        replicas = self._num_replicas()
-        if replicas is not None:
-            state["num_replicas"] = replicas
+        self._share_state(state)
         if self._epoch_rng is not None and self._epoch_rng[1] == state["epoch"]:
             # An epoch under way (a finished one's successor draws afresh from the generator).
             import base64
@@ -639,9 +694,15 @@ class DataLoader:
         the batches the saved epoch had not delivered. Where the state holds PyTorch's
         generator state, that iteration draws the saved epoch's order again from it (the
         generator, ``generator`` or PyTorch's global one, is put back afterwards, except
-        under a sampler the loader iterates, which draws as it goes). A state taken under a
-        ``DistributedSampler`` over another number of ranks is refused (``ValueError``): a
-        map-style dataset resumes on the same number of ranks, with any number of workers."""
+        under a sampler the loader iterates, which draws as it goes).
+
+        Under :class:`data.DistributedSampler`, a state resumes on another number of ranks
+        or batch size too: ranks step together, so after ``k`` batches of ``B`` on ``W``
+        ranks the first ``W * k * B`` entries of the epoch's global order were consumed, and
+        the rest is split over this loader's ranks by the sampler's rule (every new rank loads
+        any old rank's state). PyTorch's ``DistributedSampler``, a state of an older version
+        or one taken after out-of-order delivery resume on the same layout only
+        (``ValueError`` otherwise)."""
         state = dict(state)
         if self._sharded:
             if "sharded" not in state:
@@ -654,13 +715,7 @@ class DataLoader:
         if "sharded" in state:
             raise ValueError("this state is a sharded dataset's loader state; this loader "
                              "does not read a sharded dataset")
-        saved, here = state.pop("num_replicas", None), self._num_replicas()
-        if saved is not None and here is not None and int(saved) != here:
-            raise ValueError(
-                f"the state was taken with a DistributedSampler over {saved} ranks, this "
-                f"loader's is over {here}: from Python, a map-style dataset's checkpoint resumes "
-                "on the same number of ranks (each rank's position names samples of its own "
-                "share; sharded datasets resume on any number)")
+        self._load_share(state)
         rng, base_seed = state.pop("torch_rng_state", None), state.pop("base_seed", None)
         self._loader.load_state_dict_json(_json.dumps(state))
         if rng is not None:

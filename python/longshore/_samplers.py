@@ -317,41 +317,76 @@ class DistributedSampler(Sampler):
         self.total_size = self.num_samples * self.num_replicas
         self.shuffle = shuffle
         self.seed = seed
+        # An epoch resumed from a checkpoint of another number of ranks: (epoch, entries of
+        # its global order consumed before), see DataLoader.load_state_dict.
+        self._resumed = None
+
+    def _offset(self):
+        """Entries of this epoch's global order consumed before its shares were split."""
+        r = self._resumed
+        return min(r[1], len(self.dataset)) if r is not None and r[0] == self.epoch else 0
+
+    def _share_len(self):
+        """This rank's indices in this epoch: PyTorch's rule over what is left of it."""
+        offset = self._offset()
+        if offset == 0:
+            return self.num_samples
+        left = len(self.dataset) - offset
+        return left // self.num_replicas if self.drop_last else -(-left // self.num_replicas)
+
+    def _resume_share(self, epoch, consumed):
+        """Sets ``epoch`` with its first ``consumed`` entries of the global order (every rank's
+        share together) taken out; the rest is split over this sampler's ranks."""
+        if consumed > len(self.dataset):
+            raise ValueError(f"{consumed} entries of epoch {epoch}'s order consumed, of a "
+                             f"dataset of {len(self.dataset)}")
+        self._resumed = (epoch, consumed) if consumed > 0 else None
+        self.epoch = epoch
 
     def _epoch(self):
         n = len(self.dataset)
         torch = _torch()
-        if torch is None:
+        offset = self._offset()
+        if torch is None and offset == 0:
             return _indices_from(
                 _longshore._distributed_indices(
                     n, self.num_replicas, self.rank, bool(self.shuffle),
                     (self.seed + self.epoch) & (2**64 - 1), bool(self.drop_last), 0,
                 )
             )
-        if self.shuffle:
+        if torch is None:
+            # The global order: one replica's share of one.
+            indices = _indices_from(_longshore._distributed_indices(
+                n, 1, 0, bool(self.shuffle), (self.seed + self.epoch) & (2**64 - 1), False, 0))
+        elif self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + self.epoch)
             indices = torch.randperm(n, generator=g).numpy()
         else:
             indices = _np.arange(n, dtype=_np.int64)
+        indices = indices[offset:]
+        num_samples = self._share_len()
+        total_size = num_samples * self.num_replicas
+        if len(indices) == 0:
+            return indices[:0]
         if not self.drop_last:
-            padding_size = self.total_size - len(indices)
+            padding_size = total_size - len(indices)
             if padding_size <= len(indices):
                 indices = _np.concatenate([indices, indices[:padding_size]])
             else:
                 reps = math.ceil(padding_size / len(indices))
                 indices = _np.concatenate([indices, _np.tile(indices, reps)[:padding_size]])
         else:
-            indices = indices[: self.total_size]
-        if len(indices) != self.total_size:
+            indices = indices[:total_size]
+        if len(indices) != total_size:
             raise AssertionError(
-                f"Number of indices ({len(indices)}) does not match total_size ({self.total_size})"
+                f"Number of indices ({len(indices)}) does not match total_size ({total_size})"
             )
-        indices = indices[self.rank : self.total_size : self.num_replicas]
-        if len(indices) != self.num_samples:
+        indices = indices[self.rank : total_size : self.num_replicas]
+        if len(indices) != num_samples:
             raise AssertionError(
                 f"Number of subsampled indices ({len(indices)}) does not match num_samples "
-                f"({self.num_samples})"
+                f"({num_samples})"
             )
         return indices
 
@@ -359,7 +394,7 @@ class DistributedSampler(Sampler):
         return iter(self._epoch().tolist())
 
     def __len__(self):
-        return self.num_samples
+        return self._share_len()
 
     def set_epoch(self, epoch):
         """Sets the epoch: with ``shuffle``, each epoch has its own order (the same on every

@@ -378,6 +378,12 @@ impl PyEpochOrder {
         }
     }
 
+    /// The next epoch has `len` batches: set before a checkpoint of an epoch whose length
+    /// differs from the sampler's usual one (resumed from another number of ranks) loads.
+    fn set_len(&self, len: usize) {
+        self.order.lock().len = len;
+    }
+
     /// The dataset has `dataset_len` samples now (read at each epoch: a dataset may grow).
     fn set_dataset_len(&self, dataset_len: usize) {
         self.order.lock().dataset_len = dataset_len;

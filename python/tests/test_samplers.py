@@ -340,3 +340,40 @@ def test_without_torch_the_loader_runs_every_sampler(no_torch, monkeypatch):
     every = [i for r in ranks for i in r]
     assert set(every) == set(range(30)) and len(every) == 32 and {len(r) for r in ranks} == {8}
     assert ids(batch_size=4, shuffle=True, seed=3) == ids(batch_size=4, shuffle=True, seed=3)
+
+
+def _resumed_shares(n, world, offset, drop_last, epoch=3):
+    """The ranks' shares of epoch `epoch` with its first `offset` global entries taken out,
+    interleaved back into one list, and the whole epoch's global order (one rank of one)."""
+    whole = L.DistributedSampler(range(n), 1, 0, seed=5)
+    whole.set_epoch(epoch)
+    order = list(whole)
+    shares = []
+    for r in range(world):
+        s = L.DistributedSampler(range(n), world, r, seed=5, drop_last=drop_last)
+        s._resume_share(epoch, offset)
+        assert len(s) == len(list(s))
+        shares.append(list(s))
+    assert len({len(s) for s in shares}) == 1, "equal shares"
+    return [s[i] for i in range(len(shares[0])) for s in shares], order
+
+
+@pytest.mark.parametrize("torch_present", [True, False])
+@pytest.mark.parametrize("n, world, offset, drop_last",
+                         [(10, 3, 4, False), (10, 3, 4, True), (7, 4, 6, False), (9, 2, 9, False),
+                          (5, 3, 0, False)])
+def test_a_resumed_share_is_the_rest_of_the_global_order(
+        monkeypatch, torch_present, n, world, offset, drop_last):
+    if torch_present:
+        need_torch()
+    else:
+        from longshore import _samplers
+        monkeypatch.setattr(L, "_torch", lambda: None)
+        monkeypatch.setattr(_samplers, "_torch", lambda: None)
+    got, order = _resumed_shares(n, world, offset, drop_last)
+    rest = order[offset:]
+    if drop_last:
+        assert got == rest[:len(rest) // world * world]
+    else:
+        size = -(-len(rest) // world) * world
+        assert got == (rest + rest * world)[:size]

@@ -392,7 +392,7 @@ def test_write_token_file_from_parquet_documents(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["longshore", "torch"])
-def test_a_checkpoint_resumes_on_the_same_number_of_ranks_only(tmp_path, kind):
+def test_a_checkpoint_resumes_exactly_on_the_same_ranks(tmp_path, kind):
     paths = write(tmp_path)
     ds = TokenDataset(paths, 13)
     assert len(ds) == 36
@@ -412,15 +412,63 @@ def test_a_checkpoint_resumes_on_the_same_number_of_ranks_only(tmp_path, kind):
     taken = [key(g) for g in rows([next(it)])]
     state = json.loads(json.dumps(first.state_dict()))
     it.close()
-    assert state["num_replicas"] == 2
-    # The same number of ranks: exactly the rest of rank 1's epoch, on other workers too.
+    assert (state["num_replicas"], state["batch_size"]) == (2, 10)
     resumed = make(2, 1, workers=2)
     resumed.load_state_dict(state)
     assert taken + [key(g) for g in rows(resumed)] == full
-    # Another number: refused by name, even where the batch counts agree (18 and 12 sequences
-    # a rank are both 2 batches of 10), and the loader is left as it was.
-    other = make(3, 1)
-    assert len(other) == len(first) == 2
-    with pytest.raises(ValueError, match="over 2 ranks, this loader's is over 3"):
-        other.load_state_dict(state)
-    assert len([key(g) for g in rows(other)]) == 12
+    if kind == "torch":
+        # PyTorch's sampler cannot leave out what was consumed: refused by name, even where
+        # the batch counts agree (18 and 12 sequences a rank are both 2 batches of 10).
+        other = make(3, 1)
+        assert len(other) == len(first) == 2
+        with pytest.raises(ValueError, match="over 2 ranks, this loader's .PyTorch's. is over 3"):
+            other.load_state_dict(state)
+        assert len([key(g) for g in rows(other)]) == 12
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_checkpoint_resumes_on_other_numbers_of_ranks_and_batch_sizes(tmp_path, workers):
+    paths = write(tmp_path)
+    ds = TokenDataset(paths, 13)
+    want = {key(w) for w in reference(paths, np.uint16, 13)[0]}
+    assert len(ds) == len(want) == 36
+
+    def make(world, rank, batch_size):
+        sampler = longshore.data.DistributedSampler(ds, num_replicas=world, rank=rank,
+                                                    shuffle=True, seed=4)
+        return longshore.DataLoader(ds, batch_size=batch_size, sampler=sampler,
+                                    num_workers=workers, seed=1)
+
+    def run(world, batch_size, state, take):
+        """Every rank's sequences (each rank `take` batches, or all); rank 0's state after."""
+        seen, counts, after = [], [], None
+        for rank in range(world):
+            loader = make(world, rank, batch_size)
+            if state is not None:
+                loader.load_state_dict(json.loads(json.dumps(state)))
+            it = iter(loader)
+            got = rows([b for _, b in zip(range(take), it)] if take else list(it))
+            if rank == 0:
+                after = loader.state_dict()
+            it.close()
+            seen += [key(g) for g in got]
+            counts.append(len(got))
+        assert len(set(counts)) == 1, f"equal shares: {counts}"
+        return seen, after
+
+    # 2 ranks deliver a batch of 10 each (20 of 36), then checkpoint; 3 ranks take a batch
+    # of 4 each of the 16 left (12), checkpoint again; 1 rank with batches of 5 the rest.
+    seen, s1 = run(2, 10, None, 1)
+    assert len(seen) == 20
+    more, s2 = run(3, 4, s1, 1)
+    assert s2["share_offset"] == 20 and s2["num_replicas"] == 3 and s2["batch_size"] == 4
+    rest, _ = run(1, 5, s2, None)
+    together = seen + more + rest
+    assert set(together) == want, "every sequence"
+    assert len(together) == len(want), "each once (no padding needed here)"
+    # PyTorch's own sampler on the new ranks cannot resume it.
+    torch = need_torch()
+    sampler = torch.utils.data.distributed.DistributedSampler(ds, num_replicas=3, rank=0)
+    loader = longshore.DataLoader(ds, batch_size=4, sampler=sampler)
+    with pytest.raises(ValueError, match="PyTorch's"):
+        loader.load_state_dict(s1)
