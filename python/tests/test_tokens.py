@@ -472,3 +472,38 @@ def test_a_checkpoint_resumes_on_other_numbers_of_ranks_and_batch_sizes(tmp_path
     loader = longshore.DataLoader(ds, batch_size=4, sampler=sampler)
     with pytest.raises(ValueError, match="PyTorch's"):
         loader.load_state_dict(s1)
+
+
+def test_an_elastic_resume_in_a_fresh_interpreter(tmp_path):
+    """The user's path after a preemption: the checkpoint written to a file by a job on 2
+    ranks, read by a new process that runs 3 ranks."""
+    paths = write(tmp_path)
+    ds = TokenDataset(paths, 13)
+    want = sorted(key(w) for w in reference(paths, np.uint16, 13)[0])
+    seen = []
+    for rank in range(2):
+        sampler = longshore.data.DistributedSampler(ds, num_replicas=2, rank=rank, seed=4)
+        loader = longshore.DataLoader(ds, batch_size=6, sampler=sampler, num_workers=2)
+        it = iter(loader)
+        seen += [key(g) for g in rows([next(it), next(it)])]
+        if rank == 0:
+            (tmp_path / "loader.json").write_text(json.dumps(loader.state_dict()))
+        it.close()
+    snippet = f"""
+import json
+import longshore
+from longshore.datasets import TokenDataset
+ds = TokenDataset({[str(p) for p in paths]!r}, 13)
+state = json.loads(open("loader.json").read())
+out = []
+for rank in range(3):
+    sampler = longshore.data.DistributedSampler(ds, num_replicas=3, rank=rank, seed=4)
+    loader = longshore.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2)
+    loader.load_state_dict(state)
+    assert len(loader) == 1, len(loader)
+    out += [b["input_ids"].tolist() for b in loader]
+print(json.dumps(out))
+"""
+    for batch in json.loads(run_fresh(snippet, tmp_path)):
+        seen += [np.asarray(row, dtype=np.int64).tobytes() for row in batch]
+    assert sorted(seen) == want, "every sequence once: 24 before, 12 after"

@@ -75,11 +75,7 @@ pub trait BatchSampling: Send + Sync + fmt::Debug {
     /// As [`Sampler::resume_share`].
     fn resume_share(&mut self, epoch: u64, consumed: usize) -> Result<(), DataError> {
         let _ = (epoch, consumed);
-        Err(DataError::StateMismatch(
-            "only a sampler of one rank's share (DistributedSampler) resumes a checkpoint of \
-             another number of ranks"
-                .into(),
-        ))
+        Err(super::not_a_share())
     }
 
     /// Sets the epoch from `state`; returns the batch position for [`BatchSampling::iter_from`].

@@ -107,11 +107,7 @@ pub trait Sampler: Send + Sync + fmt::Debug {
     /// past the epoch.
     fn resume_share(&mut self, epoch: u64, consumed: usize) -> Result<(), DataError> {
         let _ = (epoch, consumed);
-        Err(DataError::StateMismatch(
-            "only a sampler of one rank's share (DistributedSampler) resumes a checkpoint of \
-             another number of ranks"
-                .into(),
-        ))
+        Err(not_a_share())
     }
 
     /// Sets the epoch from `state` and returns the position to pass to
@@ -125,6 +121,15 @@ pub trait Sampler: Send + Sync + fmt::Debug {
         self.set_epoch(state.epoch);
         Ok(state.position)
     }
+}
+
+/// [`Sampler::resume_share`]'s refusal by a sampler that is not one rank's share.
+pub(crate) fn not_a_share() -> DataError {
+    DataError::StateMismatch(
+        "only a sampler of one rank's share (DistributedSampler) resumes a checkpoint of \
+         another number of ranks"
+            .into(),
+    )
 }
 
 pub(crate) fn check_state(state: &SamplerState, len: usize, what: &str) -> Result<(), DataError> {
