@@ -217,15 +217,21 @@ fn launcher_variables_are_read_and_checked() {
     }
 }
 
-/// A checkpoint of one rank's share records its number of ranks and batch size; on the same
-/// number it resumes the rank's own epoch exactly.
-#[test]
-fn a_checkpoint_records_its_ranks_and_resumes_on_the_same_number_exactly() {
+/// Rank 0's state after one batch of 32, 100 samples over 2 ranks.
+fn after_one_batch_of_two_ranks() -> longshore_loader::LoaderState {
     let two = rank_loader(100, 2, 0, false, 32, 0);
     let mut it = two.iter();
     it.next().unwrap().unwrap();
     let state = two.state_dict().unwrap();
     drop(it);
+    state
+}
+
+/// A checkpoint of one rank's share records its number of ranks and batch size; on the same
+/// number it resumes the rank's own epoch exactly.
+#[test]
+fn a_checkpoint_records_its_ranks_and_resumes_on_the_same_number_exactly() {
+    let state = after_one_batch_of_two_ranks();
     assert_eq!((state.num_replicas, state.batch_size), (Some(2), Some(32)));
     let json = serde_json::to_string(&state).unwrap();
     assert!(json.contains("\"num_replicas\":2"), "{json}");
@@ -251,11 +257,7 @@ fn a_checkpoint_records_its_ranks_and_resumes_on_the_same_number_exactly() {
 /// delivered out of order is refused by name, and the loader is left as it was.
 #[test]
 fn a_checkpoint_that_cannot_say_what_was_consumed_is_refused_on_other_ranks() {
-    let two = rank_loader(100, 2, 0, false, 32, 0);
-    let mut it = two.iter();
-    it.next().unwrap().unwrap();
-    let state = two.state_dict().unwrap();
-    drop(it);
+    let state = after_one_batch_of_two_ranks();
     let three = rank_loader(100, 3, 0, false, 32, 0);
     let mut old = state.clone();
     old.batch_size = None;
