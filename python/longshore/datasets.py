@@ -459,8 +459,10 @@ class WebDataset(_ImageShards):
     UTF-8 or JSON not JSON, is a sample error naming the shard, key and field (the loader's
     ``on_sample_error`` applies). Text, JSON and bytes travel from the Rust workers as one
     byte tensor and its offsets per batch, turned into Python lists as each batch is
-    delivered. ``decode="nvjpeg"`` is refused with ``fields`` for now (a ``ValueError``), and
-    such a dataset is iterated through ``longshore.DataLoader`` only.
+    delivered. With ``DataLoader(..., device="cuda", decode="nvjpeg")`` the image field is
+    decoded on the GPU by nvJPEG (the same crops, from the same per-sample seeds) and the
+    other fields travel beside it into the same dict. Such a dataset is iterated through
+    ``longshore.DataLoader`` only.
 
     ``map``: a Python function run on each sample, for what no decoder does (a tokenizer, an
     audio decoder, your own augmentation): with ``fields``, each sample's fields are decoded

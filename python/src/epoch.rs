@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded};
 use longshore::dlpack::{DlpackError, DlpackTensor, ExportOptions, export_batch, export_host};
+use longshore::nvjpeg::NvjpegInfo;
 use longshore::loader::{LoaderError, LoaderState};
 use longshore::transfer::{Device, Stream};
 use pyo3::exceptions::PyRuntimeError;
@@ -354,11 +355,15 @@ fn pump(
                         Err(e) => return Reply::Failed(LoaderError::Data(e)),
                     }
                 }
-                (Some(Ok(Handoff::Device(_))), Some(_)) => {
-                    return Reply::Failed(LoaderError::State(
-                        "a fields batch reached the device before its text was read".into(),
-                    ));
-                }
+                // nvJPEG's device stage keeps them on the host for us.
+                (Some(Ok(Handoff::Device(d))), Some(_)) => match d.extension::<NvjpegInfo>() {
+                    Some(info) => Some(info.variable_fields().to_vec()),
+                    None => {
+                        return Reply::Failed(LoaderError::State(
+                            "a fields batch reached the device before its text was read".into(),
+                        ));
+                    }
+                },
                 _ => None,
             };
             match (next, uploader.as_mut()) {

@@ -11,7 +11,7 @@ use longshore::host::{
 use longshore::loader::{
     DataLoader, LoaderError, LoaderOptions, LoaderState, SampleErrorPolicy, WorkerPriority,
 };
-use longshore::nvjpeg::{EncodedCollate, EncodedShards};
+use longshore::nvjpeg::{EncodedCollate, EncodedFields, EncodedShards};
 use longshore::shards::dataset::{OnSampleError, ShardedDataset};
 use longshore::transfer::Device;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -294,11 +294,12 @@ impl PyLoader {
                     ));
                 }
                 if let Ok(s) = dataset.cast::<PyShards>()
-                    && s.get().fields().is_some()
+                    && let Some(fields) = s.get().fields()
+                    && !fields.iter().any(|f| f.kind == crate::fields::Kind::Image)
                 {
                     return Err(PyValueError::new_err(
-                        "decode=\"nvjpeg\" with fields= is not supported yet: leave \
-                         decode=\"cpu\" (the image field is decoded by the CPU workers)",
+                        "decode=\"nvjpeg\" decodes an image field: these fields have none \
+                         (name one {field: \"image\"}, or leave decode=\"cpu\")",
                     ));
                 }
                 folder.map(|d| d.get().encoded()).transpose()?
@@ -396,8 +397,22 @@ impl PyLoader {
                 // Each worker reads its planned stream; no batch of an epoch is made before
                 // Python selects that epoch.
                 (_, Some(d), _, _) if nvjpeg_shards => {
-                    let Some((_, Reader::Images(images))) = sharded else {
-                        return Err(LoaderError::State("nvJPEG decodes image shards".into()));
+                    let images = match sharded {
+                        Some((_, Reader::Images(images))) => images,
+                        // Fields: the image decoded on the device, the others carried beside it.
+                        Some((_, Reader::Fields(fields))) => {
+                            let encoded = EncodedFields::new(fields).map_err(LoaderError::from)?;
+                            let decoder = encoded.decoder(d)?;
+                            let collate = encoded.collate();
+                            let loader = configure(
+                                DataLoader::iterable(encoded).collate(collate),
+                                options,
+                            )
+                            .prefetch_next_epoch(false)
+                            .build_boxed()?;
+                            return Ok(Loader::Nvjpeg(loader.with_stage(decoder).depth(2)));
+                        }
+                        None => return Err(LoaderError::State("no dataset".into())),
                     };
                     let encoded = EncodedShards::new(images).map_err(LoaderError::from)?;
                     let decoder = encoded.decoder(d)?;

@@ -190,21 +190,67 @@ def test_bad_fields_are_refused(data, tmp_path, fields, words):
         assert w in str(e.value), str(e.value)
 
 
-def test_image_field_needs_a_transform_and_nvjpeg_is_refused(data, tmp_path):
+def test_image_field_needs_a_transform_and_nvjpeg_needs_an_image_field(data, tmp_path):
     with pytest.raises(ValueError, match="'jpg'.*transform"):
         web(data, tmp_path / "cache", transform=None)
     with pytest.raises(TypeError, match="dict"):
         web(data, tmp_path / "cache", fields=["jpg"])
-    ds = web(data, tmp_path / "cache")
+    ds = web(data, tmp_path / "cache", transform=None, fields={"txt": "text", "cls": "int"})
     # Refused before any GPU is touched (the Rust loader of DataLoader(device="cuda")).
     options = dict(batch_size=4, shuffle=False, num_workers=0, pin_memory=False,
                    drop_last=False, prefetch_factor=None, persistent_workers=False,
                    timeout=0.0, seed=0, in_order=True, on_sample_error="raise",
                    worker_priority="normal")
-    with pytest.raises(ValueError, match="nvjpeg.*fields"):
+    with pytest.raises(ValueError, match="nvjpeg.*image field.*none"):
         longshore._longshore._Loader(ds._native, options, device=0, decode="nvjpeg")
     with pytest.raises(TypeError, match="DataLoader"):
         next(iter(ds))
+
+
+def test_nvjpeg_decodes_the_image_field_and_carries_the_others(data, tmp_path):
+    """On a GPU: decode="nvjpeg" with fields decodes the image on the device (the CPU
+    path's pixels within nvJPEG's decoding differences, the same crops) and delivers every
+    other field as the CPU path does; a checkpoint after 2 batches resumes the rest exactly."""
+    from conftest import need_cuda
+
+    torch = need_cuda()
+    train = T.Compose([T.RandomResizedCrop(24), T.RandomHorizontalFlip(), T.ToTensor()])
+
+    def loader(decode, cache, state=None):
+        ds = web(data, tmp_path / cache, transform=train, shuffle=True, seed=5)
+        out = longshore.DataLoader(ds, batch_size=5, num_workers=2, device="cuda",
+                                   decode=decode)
+        if state is not None:
+            out.load_state_dict(state)
+        return out
+
+    got = {}
+    for decode in ("cpu", "nvjpeg"):
+        images, order = {}, []
+        for batch in loader(decode, decode):
+            assert list(batch) == list(FIELDS)
+            assert batch["jpg"].is_cuda and batch["cls"].is_cuda
+            assert tuple(batch["jpg"].shape) == (len(batch["txt"]), 3, 24, 24)
+            labels = batch["cls"].tolist()
+            assert batch["txt"] == [caption(i) for i in labels]
+            assert batch["json"] == [meta(i) for i in labels]
+            for img, i in zip(batch["jpg"].cpu(), labels):
+                images[i] = img
+            order.append(labels)
+        got[decode] = (images, order)
+    torch.cuda.synchronize()
+    (cpu, cpu_order), (gpu, gpu_order) = got["cpu"], got["nvjpeg"]
+    assert gpu_order == cpu_order and sorted(gpu) == list(range(N))
+    worst = max(float((gpu[i] - cpu[i]).abs().mean()) * 255 for i in range(N))
+    assert worst < 2.0, f"mean difference {worst:.2f} levels"
+    first = loader("nvjpeg", "resume")
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = first.state_dict()
+    del it
+    rest = [b["cls"].tolist() for b in loader("nvjpeg", "resume2", state)]
+    assert rest == gpu_order[2:]
 
 
 @pytest.mark.parametrize("workers_after", [0, 2])

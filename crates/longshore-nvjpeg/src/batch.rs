@@ -152,6 +152,10 @@ impl std::ops::AddAssign<&NvjpegStats> for NvjpegStats {
 pub struct NvjpegInfo {
     pub(crate) indices: Vec<usize>,
     pub(crate) labels: Vec<i64>,
+    /// Each sample's row in the host batch.
+    pub(crate) rows: Vec<usize>,
+    /// A record batch's variable-length fields, on the host.
+    pub(crate) variable: Vec<(Vec<u8>, Vec<i64>)>,
     pub(crate) decoded_by: Vec<DecodedBy>,
 }
 
@@ -161,7 +165,18 @@ impl NvjpegInfo {
         &self.indices
     }
 
-    /// The labels, on the host (the batch's `"label"` tensor holds them on the device).
+    /// The variable-length fields (text, JSON, bytes) of a batch of
+    /// [`EncodedFields`](crate::EncodedFields) records, on the host, in field order: each the
+    /// samples' bytes back to back and their offsets (`[B + 1]`: sample `k` is
+    /// `bytes[offsets[k]..offsets[k + 1]]`), as the batch's own `<name>` and `<name>.offsets`
+    /// tensors hold them on the device. Empty for image batches.
+    pub fn variable_fields(&self) -> &[(Vec<u8>, Vec<i64>)] {
+        &self.variable
+    }
+
+    /// The labels, on the host (the batch's `"label"` tensor holds them on the device; zeros
+    /// for a batch of [`EncodedFields`](crate::EncodedFields) records, whose label, if any, is
+    /// one of its fields).
     pub fn labels(&self) -> &[i64] {
         &self.labels
     }

@@ -30,6 +30,9 @@ mod build;
 #[cfg(feature = "ceiling")]
 mod ceiling;
 mod enqueue;
+mod fields;
+
+pub(crate) use fields::FieldOut;
 
 #[cfg(feature = "ceiling")]
 pub use ceiling::{CeilingRun, CeilingStage};
@@ -79,6 +82,8 @@ enum Route {
 
 struct Item {
     entry: EncodedEntry,
+    /// The sample's row in the host batch.
+    row: usize,
     route: Route,
     /// Offset of the decoded pixels in the decode buffer.
     at: usize,
@@ -111,6 +116,11 @@ pub struct NvjpegDecoder {
     next: usize,
     /// Check every JPEG with nvJPEG, ignoring the workers' routes.
     verify: bool,
+    /// The fields of a record batch beside its images (`EncodedFields`), in field order:
+    /// the host batch's tensors after the encoded images' three.
+    fields: Option<Arc<[FieldOut]>>,
+    /// The slot of the batch under way.
+    current: usize,
     stats: NvjpegStats,
     /// The end of the last timed phase: consecutive laps partition the stage's time.
     clock: Instant,
@@ -310,7 +320,12 @@ impl NvjpegDecoder {
         // The time since the last batch is not the decoder's.
         self.lap();
         let mut fence = None;
-        let out = self.run(seq, &batch, &mut fence);
+        let out = match (self.run(seq, &batch, &mut fence), self.fields.clone()) {
+            (Ok(Some(images)), Some(fields)) => {
+                self.carry_fields(&fields, &batch, images, &mut fence)
+            }
+            (out, _) => out,
+        };
         let (_, mut storage) = batch.into_parts();
         // Whatever was enqueued reads the host batch: it goes back to its pool after that.
         if let Some(ev) = fence {
@@ -325,6 +340,7 @@ impl NvjpegDecoder {
     /// The slot the next batch uses, once its previous batch's work has completed.
     pub(super) fn next_slot(&mut self) -> Result<usize, TransferError> {
         let slot_i = self.next;
+        self.current = slot_i;
         self.next = (self.next + 1) % self.slots.len();
         if let Some(ev) = self.slots[slot_i].last.take() {
             ev.synchronize()?;
@@ -349,7 +365,7 @@ impl NvjpegDecoder {
         self.stats.setup_time += lap;
         let trust = !self.verify && self.slots[slot_i].hardware.is_some();
         let mut items = Vec::with_capacity(rows.len());
-        for e in rows {
+        for (row, e) in rows.into_iter().enumerate() {
             let data = &bytes[e.offset..e.offset + e.len];
             let route = match e.payload {
                 Payload::Rgb => Some(Route::HostRgb),
@@ -371,6 +387,7 @@ impl NvjpegDecoder {
             };
             items.push(Item {
                 entry: e,
+                row,
                 route,
                 at: 0,
                 dropped: false,
@@ -472,6 +489,8 @@ impl NvjpegDecoder {
         let info = NvjpegInfo {
             indices: kept.iter().map(|i| i.entry.index).collect(),
             labels: kept.iter().map(|i| i.entry.label).collect(),
+            rows: kept.iter().map(|i| i.row).collect(),
+            variable: Vec::new(),
             decoded_by: kept
                 .iter()
                 .map(|i| match i.route {

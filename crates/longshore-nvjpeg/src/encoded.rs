@@ -544,10 +544,35 @@ fn write_placed<'a, S: Storage>(
     Ok(batch)
 }
 
+/// The layout [`EncodedCollate`] gives `samples` (also the front of a record batch's).
+pub(crate) fn planned_layout<'a>(
+    samples: impl Iterator<Item = &'a PlannedSample>,
+) -> Result<BatchLayout, DataError> {
+    let (entries, total) = place(samples.map(|p| (p.index, &p.sample, p.plan)))?;
+    batch_layout(entries.len(), total)
+}
+
+/// Writes `samples` into `storage` as [`EncodedCollate`] does, for `layout` (the three
+/// tensors first; a record batch's others follow).
+pub(crate) fn write_planned<'a, S: Storage>(
+    samples: impl Iterator<Item = &'a PlannedSample> + Clone,
+    layout: BatchLayout,
+    storage: S,
+) -> Result<Batch<S>, DataError> {
+    let (entries, _) = place(samples.clone().map(|p| (p.index, &p.sample, p.plan)))?;
+    write_placed(
+        layout,
+        entries
+            .iter()
+            .zip(samples)
+            .map(|(e, p)| (e, p.sample.bytes.as_slice())),
+        storage,
+    )
+}
+
 impl Collate<PlannedSample> for EncodedCollate {
     fn layout(&self, samples: &[PlannedSample]) -> Result<BatchLayout, DataError> {
-        let (entries, total) = place(samples.iter().map(|p| (p.index, &p.sample, p.plan)))?;
-        batch_layout(entries.len(), total)
+        planned_layout(samples.iter())
     }
 
     fn collate_into<S: Storage>(
@@ -556,14 +581,6 @@ impl Collate<PlannedSample> for EncodedCollate {
         layout: BatchLayout,
         storage: S,
     ) -> Result<Batch<S>, DataError> {
-        let (entries, _) = place(samples.iter().map(|p| (p.index, &p.sample, p.plan)))?;
-        write_placed(
-            layout,
-            entries
-                .iter()
-                .zip(samples)
-                .map(|(e, p)| (e, p.sample.bytes.as_slice())),
-            storage,
-        )
+        write_planned(samples.iter(), layout, storage)
     }
 }

@@ -106,6 +106,8 @@ mod ffi;
 #[allow(unsafe_code)]
 mod kernel;
 #[cfg(feature = "shards")]
+mod fields;
+#[cfg(feature = "shards")]
 mod shards;
 mod stage;
 
@@ -120,6 +122,8 @@ pub use encoded::{
 pub use ffi::NVJPEG;
 pub use header::{JpegHeader, JpegRoute};
 pub use plan::{PLAN_FIELDS, SamplePlan, check_steps, render_reference};
+#[cfg(feature = "shards")]
+pub use fields::{EncodedFields, EncodedRecord, FieldsCollate};
 #[cfg(feature = "shards")]
 pub use shards::EncodedShards;
 

@@ -90,32 +90,36 @@ impl EncodedShards {
     /// # Errors
     /// As [`NvjpegDecoder::new`]: libnvjpeg or NVRTC missing, the `Cpu` device, driver errors.
     pub fn decoder(&self, device: &Device) -> Result<NvjpegDecoder, TransferError> {
-        let spec = self.images.dataset().spec();
-        let urls: Vec<String> = spec.shards.shards.iter().map(|s| s.url.clone()).collect();
-        let starts: Vec<u64> = spec
-            .counts
-            .iter()
-            .scan(0u64, |acc, &c| {
-                let start = *acc;
-                *acc += c;
-                Some(start)
-            })
-            .collect();
-        let names: SampleNames = Arc::new(move |global| {
-            let global = global as u64;
-            let shard = starts.partition_point(|&s| s <= global).saturating_sub(1);
-            match urls.get(shard) {
-                Some(url) => PathBuf::from(format!("{url}#sample {}", global - starts[shard])),
-                None => PathBuf::from(format!("sample {global}")),
-            }
-        });
         NvjpegDecoder::for_pipeline(
             device,
             self.images.transform(),
             *self.images.options(),
-            names,
+            sample_names(self.images.dataset()),
         )
     }
+}
+
+/// Names a sample of `dataset` by its global id: `shard-url#sample k`.
+pub(crate) fn sample_names(dataset: &ShardedDataset) -> SampleNames {
+    let spec = dataset.spec();
+    let urls: Vec<String> = spec.shards.shards.iter().map(|s| s.url.clone()).collect();
+    let starts: Vec<u64> = spec
+        .counts
+        .iter()
+        .scan(0u64, |acc, &c| {
+            let start = *acc;
+            *acc += c;
+            Some(start)
+        })
+        .collect();
+    Arc::new(move |global| {
+        let global = global as u64;
+        let shard = starts.partition_point(|&s| s <= global).saturating_sub(1);
+        match urls.get(shard) {
+            Some(url) => PathBuf::from(format!("{url}#sample {}", global - starts[shard])),
+            None => PathBuf::from(format!("sample {global}")),
+        }
+    })
 }
 
 impl IterableDataset for EncodedShards {

@@ -141,6 +141,8 @@ impl NvjpegDecoder {
             slots: Vec::new(),
             next: 0,
             verify: false,
+            fields: None,
+            current: 0,
             stats: NvjpegStats::default(),
             clock: Instant::now(),
         };
@@ -197,6 +199,8 @@ impl NvjpegDecoder {
             slots: Vec::new(),
             next: 0,
             verify: self.verify,
+            fields: self.fields.clone(),
+            current: 0,
             stats: NvjpegStats::default(),
             clock: Instant::now(),
         };

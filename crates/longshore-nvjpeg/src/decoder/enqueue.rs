@@ -29,20 +29,7 @@ impl NvjpegDecoder {
         let id = self.device.id();
         let raw = self.stream.as_raw()?;
         let cu: cudarc::driver::sys::CUstream = raw.cast();
-        let copy = |dst: u64, src: &[u8]| -> Result<(), TransferError> {
-            // SAFETY: `dst` is inside an allocation of this context sized for `src` (laid out
-            // by the caller); `src` is the host batch, a buffer in `slot.keep` or the slot's
-            // page-locked staging, all kept alive and unchanged until the batch's event (the
-            // lease's fence, the slot's reuse wait).
-            unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, cu) }.map_err(|e| {
-                TransferError::Cuda {
-                    call: "cuMemcpyHtoDAsync",
-                    code: format!("{:?}", e.0),
-                    device: id,
-                    what: "uploading to the nvjpeg stage".into(),
-                }
-            })
-        };
+        let copy = |dst: u64, src: &[u8]| htod(cu, id, dst, src);
         let range = |e: &EncodedEntry| -> Range<usize> { e.offset..e.offset + e.len };
         // 1. Pixels decoded on the CPU.
         for it in items.iter() {
@@ -253,4 +240,25 @@ fn check_plan(p: &crate::SamplePlan, e: &EncodedEntry) -> Result<(), TransferErr
             e.index, p
         )))
     }
+}
+
+/// Enqueues the copy of `src` to device address `dst` on stream `cu` (of device `id`).
+pub(super) fn htod(
+    cu: cudarc::driver::sys::CUstream,
+    id: longshore_transfer::DeviceId,
+    dst: u64,
+    src: &[u8],
+) -> Result<(), TransferError> {
+    // SAFETY: the callers lay out `dst` inside an allocation of this context sized for `src`;
+    // `src` is the host batch, a buffer in `slot.keep` or the slot's page-locked staging, all
+    // kept alive and unchanged until the batch's event (the lease's fence, the slot's reuse
+    // wait).
+    unsafe { cudarc::driver::result::memcpy_htod_async(dst, src, cu) }.map_err(|e| {
+        TransferError::Cuda {
+            call: "cuMemcpyHtoDAsync",
+            code: format!("{:?}", e.0),
+            device: id,
+            what: "uploading to the nvjpeg stage".into(),
+        }
+    })
 }

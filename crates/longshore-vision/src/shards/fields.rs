@@ -259,6 +259,20 @@ impl FieldRecord {
         }
     }
 
+    /// Takes the encoded image out of the record (for a decoder elsewhere: nvJPEG's
+    /// `EncodedFields`): its name in errors (`shard-url#key.ext`) and bytes. The record then
+    /// holds the other fields, in order, as [`RecordCollate::without_image`] collates them.
+    pub fn take_image(&mut self) -> Option<(PathBuf, Vec<u8>)> {
+        let at = self
+            .values
+            .iter()
+            .position(|v| matches!(v, Value::Image(..)))?;
+        match self.values.remove(at) {
+            Value::Image(path, bytes) => Some((path, bytes)),
+            _ => None,
+        }
+    }
+
     /// Field `f`'s bytes when variable-length, else none.
     fn var(&self, f: usize) -> &[u8] {
         match &self.values[f] {
@@ -326,6 +340,11 @@ impl FieldRecords {
     /// The pipeline of the image field, if any.
     pub fn transform(&self) -> Option<&Compose> {
         self.transform.as_deref()
+    }
+
+    /// The image field's decoding options (the pixel limit).
+    pub fn options(&self) -> &DecodeOptions {
+        &self.decode
     }
 
     /// The collation of this dataset's items.
@@ -567,6 +586,21 @@ impl RecordCollate {
         let mut out = vec![0u8; self.pipeline()?.output_bytes()];
         self.decode_into(path, bytes, record.seed, &mut out)?;
         Ok(Some(out))
+    }
+
+    /// The collation of the fields other than the image, in order: for records whose image
+    /// was [taken out](FieldRecord::take_image) to be decoded elsewhere (nvJPEG).
+    pub fn without_image(&self) -> RecordCollate {
+        RecordCollate {
+            fields: self
+                .fields
+                .iter()
+                .filter(|f| f.kind != FieldKind::Image)
+                .cloned()
+                .collect(),
+            transform: None,
+            decode: self.decode,
+        }
     }
 
     fn pipeline(&self) -> Result<&Compose, DataError> {
