@@ -44,7 +44,9 @@ pin_memory on CUDA; the best configuration of each loader is reported.
 ``.txt`` member, 40-160 characters, written once into wds-clip/ beside wds/), read as image +
 text: webdataset ``.to_tuple("jpg", "txt")`` batched with ``default_collate`` (a list of
 captions), longshore ``WebDataset(fields={"jpg": "image", "txt": "text"})`` (a dict: the image
-tensor and the captions as ``list[str]``). Only the webdataset and longshore rows run.
+tensor and the captions as ``list[str]``; on a GPU also with ``decode="nvjpeg"``, the image
+field decoded by nvJPEG and the captions carried beside it). Only the webdataset and longshore
+rows run.
 
 Prints a table and writes JSON (--out).
 
@@ -416,8 +418,8 @@ def bench_longshore(args, shard_urls, data, cuda, rows):
     # On a GPU, the image datasets decoded by nvJPEG too (`decode="nvjpeg"`), shards against
     # the folder: the same comparison on the GPU's JPEG engines.
     runs = [(cls, "cpu") for cls in makers if not args.clip or cls == "WebDataset"]
-    if cuda and "nvjpeg" in args.decode and not args.clip:
-        runs += [("WebDataset", "nvjpeg"), ("ImageFolder", "nvjpeg")]
+    if cuda and "nvjpeg" in args.decode:
+        runs += [("WebDataset", "nvjpeg")] + ([] if args.clip else [("ImageFolder", "nvjpeg")])
     if "cpu" not in args.decode:
         runs = [r for r in runs if r[1] != "cpu"]
     for cls, decode in runs:
