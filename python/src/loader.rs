@@ -617,7 +617,13 @@ impl PyLoader {
         d.set_item("pinned_wait_fraction", s.pinned_wait_fraction())?;
         d.set_item("reloaded", s.reloaded)?;
         d.set_item("worker_restarts", s.worker_restarts)?;
-        d.set_item("skipped_samples", s.skipped_samples)?;
+        // With nvJPEG, the samples its device stage could not decode and dropped (skip) too,
+        // counted as each epoch ends.
+        let dropped = match &*self.inner {
+            Loader::Nvjpeg(d) => d.stats().dropped,
+            Loader::Host(_) => 0,
+        };
+        d.set_item("skipped_samples", s.skipped_samples + dropped)?;
         if !s.sources.is_empty() {
             d.set_item("sources", s.sources.clone())?;
         }

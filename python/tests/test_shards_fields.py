@@ -253,6 +253,49 @@ def test_nvjpeg_decodes_the_image_field_and_carries_the_others(data, tmp_path):
     assert rest == gpu_order[2:]
 
 
+def test_nvjpeg_skips_an_undecodable_image_from_every_field(data, tmp_path):
+    """On a GPU: a JPEG whose header reads but whose data is cut (the workers pass it, nvJPEG
+    and the CPU fallback cannot decode it) is, under on_sample_error="skip", dropped from the
+    image and from every other field, and counted in stats["skipped_samples"]; under "raise"
+    it is an error."""
+    from conftest import need_cuda
+
+    torch = need_cuda()
+    folder = longshore.datasets.ImageFolder(data / "img")
+    out = tmp_path / "cut"
+    out.mkdir()
+    jpgs = [open(p, "rb").read() for p, _ in folder.samples[:10]]
+    # A baseline JPEG (SOF0): nvJPEG's engines take it, so the device stage finds the damage.
+    cut = next(i for i, j in enumerate(jpgs) if b"\xff\xc0" in j)
+    with tarfile.open(out / "shard-000000.tar", "w") as t:
+        for i, jpg in enumerate(jpgs):
+            if i == cut:
+                jpg = jpg[:len(jpg) // 2]
+            for ext, payload in (("jpg", jpg), ("txt", caption(i).encode()),
+                                 ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"sample{i:05d}.{ext}")
+                info.size = len(payload)
+                t.addfile(info, io.BytesIO(payload))
+    fields = {"jpg": "image", "txt": "text", "cls": "int"}
+
+    def loader(policy, cache):
+        ds = longshore.datasets.WebDataset(str(out / "shard-000000.tar"), transform=tf(),
+                                           fields=fields, cache_dir=tmp_path / cache)
+        return longshore.DataLoader(ds, batch_size=10, device="cuda", decode="nvjpeg",
+                                    on_sample_error=policy)
+
+    skip = loader("skip", "a")
+    (batch,) = list(skip)
+    labels = batch["cls"].tolist()
+    assert labels == [i for i in range(10) if i != cut]
+    assert batch["txt"] == [caption(i) for i in labels]
+    assert tuple(batch["jpg"].shape) == (9, 3, 16, 16)
+    assert skip.stats["skipped_samples"] == 1, skip.stats
+    torch.cuda.synchronize()
+    with pytest.raises(Exception, match=f"sample {cut}|sample{cut:05d}"):
+        list(loader("raise", "b"))
+
+
 @pytest.mark.parametrize("workers_after", [0, 2])
 def test_resume_gives_the_remaining_batches(data, tmp_path, workers_after):
     def loader(workers):

@@ -303,6 +303,10 @@ fn dropped_and_failed_batches_land_in_place_and_count_as_delivered() {
             })
             .collect();
         assert_eq!(out, expect, "lanes {lanes}");
+        // The dropped batches' samples are counted as the stage's drops; the failed one's are
+        // not delivered and not dropped (an error was handed out).
+        let stats = on_device.stats();
+        assert_eq!((stats.dropped, stats.samples), (8, 28), "lanes {lanes}");
         // Batches 0..=8 counted, the dropped and the failed ones included; 9 was taken by the
         // stage (depth 2) but not received, so it does not count.
         let state = state_after_8.unwrap();

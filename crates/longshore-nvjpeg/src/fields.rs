@@ -168,7 +168,7 @@ impl EncodedFields {
             .fields()
             .iter()
             .map(|f| match f.kind {
-                FieldKind::Image => FieldOut::Image,
+                FieldKind::Image => FieldOut::Image(f.name.as_str().into()),
                 k if k.is_variable() => FieldOut::Variable,
                 _ => FieldOut::Rows,
             })

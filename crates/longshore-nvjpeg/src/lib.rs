@@ -103,10 +103,10 @@ mod batch;
 mod decoder;
 #[allow(unsafe_code)]
 mod ffi;
-#[allow(unsafe_code)]
-mod kernel;
 #[cfg(feature = "shards")]
 mod fields;
+#[allow(unsafe_code)]
+mod kernel;
 #[cfg(feature = "shards")]
 mod shards;
 mod stage;
@@ -120,10 +120,10 @@ pub use encoded::{
     Payload, PlannedSample, entries,
 };
 pub use ffi::NVJPEG;
-pub use header::{JpegHeader, JpegRoute};
-pub use plan::{PLAN_FIELDS, SamplePlan, check_steps, render_reference};
 #[cfg(feature = "shards")]
 pub use fields::{EncodedFields, EncodedRecord, FieldsCollate};
+pub use header::{JpegHeader, JpegRoute};
+pub use plan::{PLAN_FIELDS, SamplePlan, check_steps, render_reference};
 #[cfg(feature = "shards")]
 pub use shards::EncodedShards;
 

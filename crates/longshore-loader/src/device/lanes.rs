@@ -24,6 +24,8 @@ pub(crate) struct Job {
 /// What a lane made of a job, and the time its stage took.
 pub(crate) struct Answer {
     pub(crate) tag: Option<(u64, bool)>,
+    /// Samples in the host batch of the job.
+    pub(crate) taken: usize,
     pub(crate) result: Result<Option<DeviceBatch>, LoaderError>,
     pub(crate) busy: Duration,
 }
@@ -102,6 +104,7 @@ impl<S: DeviceStage> LaneThread<S> {
             Some(Ok(a)) => a,
             _ => Answer {
                 tag: None,
+                taken: 0,
                 result: Err(LoaderError::WorkerPanicked {
                     worker: self.id,
                     batch: seq,
@@ -150,6 +153,7 @@ fn lane_loop<S: DeviceStage>(
     let mut prepared = false;
     for (n, Job { tag, item }) in jobs.iter().enumerate() {
         let started = Instant::now();
+        let taken = item.as_ref().map_or(0, Batch::batch_size);
         let run = catch_unwind(AssertUnwindSafe(|| {
             if !prepared {
                 stage.prepare(&context)?;
@@ -174,7 +178,13 @@ fn lane_loop<S: DeviceStage>(
                 )
             }
         };
-        if answers.send(Answer { tag, result, busy }).is_err() || panicked {
+        let answer = Answer {
+            tag,
+            taken,
+            result,
+            busy,
+        };
+        if answers.send(answer).is_err() || panicked {
             if panicked {
                 tracing::error!(target: "longshore::loader", lane = id, "a device stage lane panicked; it is not kept");
                 return None;

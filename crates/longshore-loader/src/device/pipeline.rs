@@ -241,6 +241,8 @@ type Pulled = (Option<(u64, bool)>, Result<Batch<PoolBuffer>, LoaderError>);
 /// counts as delivered), and what the stage made of it.
 struct Item {
     tag: Option<(u64, bool)>,
+    /// Samples in the host batch the stage was given.
+    taken: usize,
     result: Result<Option<DeviceBatch>, LoaderError>,
 }
 
@@ -411,6 +413,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceIter<F, S> {
                 return;
             };
             let t = Instant::now();
+            let taken = item.as_ref().map_or(0, Batch::batch_size);
             let result = (|| {
                 if !*prepared {
                     stage.prepare(&self.context)?;
@@ -421,7 +424,7 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceIter<F, S> {
                 stage.run(seq, batch)
             })();
             self.stats.stage_time += t.elapsed();
-            self.queue.push_back(Item { tag, result });
+            self.queue.push_back(Item { tag, taken, result });
         }
     }
 
@@ -479,11 +482,16 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> DeviceIter<F, S> {
                 let answer = threads[lane].recv(*answered);
                 self.stats.lane_wait += t.elapsed();
                 *answered += 1;
-                let Answer { tag, result, busy } = answer;
+                let Answer {
+                    tag,
+                    taken,
+                    result,
+                    busy,
+                } = answer;
                 self.stats.stage_time += busy;
                 // Keep the lanes busy while the consumer works on this batch.
                 self.deal();
-                Some(Item { tag, result })
+                Some(Item { tag, taken, result })
             }
         }
     }
@@ -531,9 +539,14 @@ impl<F: Fetch<Output = Batch<PoolBuffer>>, S: DeviceStage> Iterator for DeviceIt
             self.stats.consumer_time += entered - last;
         }
         let out = loop {
-            let Some(Item { tag, result }) = self.next_item() else {
+            let Some(Item { tag, taken, result }) = self.next_item() else {
                 break None;
             };
+            if let Ok(b) = &result {
+                // What the stage left out of the batch it was given (skipped samples).
+                let kept = b.as_ref().map_or(0, DeviceBatch::batch_size);
+                self.stats.dropped += taken.saturating_sub(kept) as u64;
+            }
             match result {
                 Ok(Some(batch)) => {
                     if let Some((seq, _)) = tag {

@@ -15,6 +15,10 @@ pub struct DeviceStats {
     pub samples: u64,
     /// Errors handed out.
     pub errors: u64,
+    /// Samples the stage left out of the batches it was given (under
+    /// [`SampleErrorPolicy::Skip`](crate::SampleErrorPolicy::Skip), samples that failed in it:
+    /// nvJPEG's undecodable JPEGs), counted here whatever the stage.
+    pub dropped: u64,
     /// Times the iterator waited for handed-out batches' device work before taking another
     /// batch (the bound of [`DeviceLoader::max_copies`](crate::DeviceLoader::max_copies)).
     pub throttled: u64,
@@ -62,6 +66,7 @@ impl std::ops::AddAssign<&DeviceStats> for DeviceStats {
         self.batches += o.batches;
         self.samples += o.samples;
         self.errors += o.errors;
+        self.dropped += o.dropped;
         self.throttled += o.throttled;
         self.throttle_time += o.throttle_time;
         self.source_wait += o.source_wait;

@@ -14,11 +14,13 @@ use super::NvjpegDecoder;
 use super::enqueue::htod;
 use crate::batch::NvjpegInfo;
 
-/// How the device stage carries one field of a record batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the device stage carries one field of a record batch (made by `EncodedFields`, feature
+/// `shards`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "shards"), allow(dead_code))]
 pub(crate) enum FieldOut {
-    /// The decoded images (the stage's own output).
-    Image,
+    /// The decoded images (the stage's own output), named after their field.
+    Image(Arc<str>),
     /// One host tensor `[B, ...]`, one row per sample.
     Rows,
     /// Two host tensors: the samples' bytes back to back (`u8`) and their offsets (`i64`,
@@ -42,6 +44,7 @@ fn shape_err(what: String) -> LoaderError {
 impl NvjpegDecoder {
     /// Makes this decoder carry a record batch's fields (`fields`, in order, one of them
     /// [`FieldOut::Image`]) beside the images it decodes.
+    #[cfg_attr(not(feature = "shards"), allow(dead_code))]
     pub(crate) fn carry(mut self, fields: Arc<[FieldOut]>) -> NvjpegDecoder {
         self.fields = Some(fields);
         self
@@ -75,15 +78,25 @@ impl NvjpegDecoder {
         let spec = |i: usize| {
             batch
                 .spec(i)
-                .map(|s| s.clone())
+                .cloned()
                 .map_err(|_| shape_err(format!("no tensor {i} for its fields")))
         };
         for f in fields {
             match f {
-                FieldOut::Image => {
-                    let part = image
+                FieldOut::Image(name) => {
+                    let mut part = image
                         .take()
                         .ok_or_else(|| shape_err("two image fields".into()))?;
+                    // The stage's "image" tensor, under its field's name.
+                    let decoded = part
+                        .layout
+                        .tensors()
+                        .first()
+                        .cloned()
+                        .ok_or_else(|| shape_err("no decoded images".into()))?;
+                    let mut layout = BatchLayout::new(b);
+                    layout.push(Some(name.clone()), decoded.dtype, decoded.shape)?;
+                    part.layout = layout;
                     out.push(part);
                 }
                 FieldOut::Rows => {
@@ -105,7 +118,9 @@ impl NvjpegDecoder {
                     } else {
                         let mut v = Vec::with_capacity(b * per);
                         for &r in &rows {
-                            v.extend_from_slice(&host[s.offset + r * per..s.offset + (r + 1) * per]);
+                            v.extend_from_slice(
+                                &host[s.offset + r * per..s.offset + (r + 1) * per],
+                            );
                         }
                         self.slots[slot_i].keep.push(v);
                         Source::Kept(self.slots[slot_i].keep.len() - 1)
@@ -137,9 +152,9 @@ impl NvjpegDecoder {
                         let (mut v, mut o) = (Vec::new(), vec![0i64]);
                         for &r in &rows {
                             let (start, end) = (at(r)?, at(r + 1)?);
-                            let item = bytes.get(start..end).ok_or_else(|| {
-                                shape_err(format!("{:?} decreasing", offs.name))
-                            })?;
+                            let item = bytes
+                                .get(start..end)
+                                .ok_or_else(|| shape_err(format!("{:?} decreasing", offs.name)))?;
                             v.extend_from_slice(item);
                             o.push(v.len() as i64);
                         }
@@ -172,10 +187,7 @@ impl NvjpegDecoder {
         }
         let (id, stream) = (self.device.id(), self.stream.clone());
         let keep = &self.slots[slot_i].keep;
-        let writes: Vec<&DeviceBuffer> = uploads
-            .iter()
-            .map(|&(p, _, _)| &out[p].storage)
-            .collect();
+        let writes: Vec<&DeviceBuffer> = uploads.iter().map(|&(p, _, _)| &out[p].storage).collect();
         let ev = stream.enqueue_work(&[], &writes, || {
             let cu: cudarc::driver::sys::CUstream = stream.as_raw()?.cast();
             for (p, at, source) in &uploads {
@@ -203,9 +215,7 @@ impl NvjpegDecoder {
         *fence = Some(ev.clone());
         self.slots[slot_i].last = Some(ev.clone());
         info.rows = rows;
-        Ok(Some(
-            DeviceBatch::from_parts(out, ev)?.with_extension(info),
-        ))
+        Ok(Some(DeviceBatch::from_parts(out, ev)?.with_extension(info)))
     }
 
     /// A device part for `layout` (at least one byte: a field may be empty).
