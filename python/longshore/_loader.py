@@ -125,10 +125,9 @@ class DataLoader:
     (:meth:`state_dict`), and PyTorch's generator is not touched; ``device`` delivers batches
     on a GPU. ``pool`` (a :class:`PinnedPool`) bounds the host memory batches may hold;
     ``framework`` picks ``"torch"`` or ``"numpy"`` outputs (default: torch when installed).
-    ``decode="nvjpeg"`` (with an ImageFolder, image shards or shards with an image field,
-    and ``device="cuda"``) decodes the JPEGs on the
-    GPU with nvJPEG: the workers only read the files and draw the crops (the same crops as
-    ``decode="cpu"`` for a seed). ``worker_priority="background"`` runs the worker threads at a
+    ``decode="nvjpeg"`` (an ImageFolder, image shards or shards with an image field, and
+    ``device="cuda"``) decodes the JPEGs on the GPU with nvJPEG: the workers only read the
+    files and draw the crops (the same crops as ``decode="cpu"`` for a seed). ``worker_priority="background"`` runs the worker threads at a
     lower priority (Linux: ``SCHED_BATCH``, nice 10), so that with about as many busy workers
     as cores the threads that hand batches to Python (the epoch thread and the one calling
     ``next``) still get a core when they wake; ``"normal"`` (the default) leaves them as
