@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError, bounded};
 use longshore::dlpack::{DlpackError, DlpackTensor, ExportOptions, export_batch, export_host};
-use longshore::nvjpeg::NvjpegInfo;
 use longshore::loader::{LoaderError, LoaderState};
+use longshore::nvjpeg::NvjpegInfo;
 use longshore::transfer::{Device, Stream};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;

@@ -404,12 +404,10 @@ impl PyLoader {
                             let encoded = EncodedFields::new(fields).map_err(LoaderError::from)?;
                             let decoder = encoded.decoder(d)?;
                             let collate = encoded.collate();
-                            let loader = configure(
-                                DataLoader::iterable(encoded).collate(collate),
-                                options,
-                            )
-                            .prefetch_next_epoch(false)
-                            .build_boxed()?;
+                            let loader =
+                                configure(DataLoader::iterable(encoded).collate(collate), options)
+                                    .prefetch_next_epoch(false)
+                                    .build_boxed()?;
                             return Ok(Loader::Nvjpeg(loader.with_stage(decoder).depth(2)));
                         }
                         None => return Err(LoaderError::State("no dataset".into())),
