@@ -33,8 +33,16 @@ use super::encoded::{EncodedSample, PlannedSample, planned_layout, write_planned
 use super::plan::check_steps;
 use super::shards::sample_names;
 
-/// Shards read field by field with their image decoded on the GPU; see the
-/// [module docs](self).
+/// Shards read field by field with their image decoded on the GPU: vision's
+/// [`FieldRecords`] whose workers read each sample's fields and its JPEG's header and draw its
+/// crop from the sample's seed (the boxes the CPU path draws), leaving the JPEG for nvJPEG.
+///
+/// The device batch holds the fields in their order, as the CPU path's batch does
+/// ([`RecordCollate`]'s layout): the image field the decoded `[B, 3, H, W]` tensor (named after
+/// its field), an int, float or array field its `[B, ...]` tensor, a text, JSON or bytes field
+/// its `<name>` bytes and `<name>.offsets` tensors. Those variable-length fields also stay on
+/// the host, in [`NvjpegInfo::variable_fields`](crate::NvjpegInfo::variable_fields). A sample
+/// the device stage drops (under `SampleErrorPolicy::Skip`) is dropped from every field.
 ///
 /// ```no_run
 /// # use longshore_shards::dataset::ShardedDataset;
