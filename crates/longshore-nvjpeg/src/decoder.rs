@@ -337,6 +337,26 @@ impl NvjpegDecoder {
         out
     }
 
+    /// The end of a batch's enqueued work (`ev`), kept as the host batch's fence and the
+    /// slot's last use. When enqueueing failed, whatever was enqueued may still read the host
+    /// batch and the slot: an event recorded now is kept in their place, and the error returned.
+    pub(super) fn settle(
+        &mut self,
+        slot_i: usize,
+        ev: Result<Event, TransferError>,
+        fence: &mut Option<Event>,
+    ) -> Result<Event, LoaderError> {
+        let (kept, out) = match ev {
+            Ok(ev) => (Some(ev.clone()), Ok(ev)),
+            Err(e) => (self.stream.record().ok(), Err(e.into())),
+        };
+        if let Some(ev) = kept {
+            *fence = Some(ev.clone());
+            self.slots[slot_i].last = Some(ev);
+        }
+        out
+    }
+
     /// The slot the next batch uses, once its previous batch's work has completed.
     pub(super) fn next_slot(&mut self) -> Result<usize, TransferError> {
         let slot_i = self.next;
@@ -445,19 +465,7 @@ impl NvjpegDecoder {
         };
         self.slots[slot_i].decoded = Some(decoded);
         self.slots[slot_i].params = Some(params_buf);
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(e) => {
-                // Whatever was enqueued may still read the host batch: keep it until then.
-                if let Ok(ev) = stream.record() {
-                    *fence = Some(ev.clone());
-                    self.slots[slot_i].last = Some(ev);
-                }
-                return Err(e.into());
-            }
-        };
-        *fence = Some(ev.clone());
-        self.slots[slot_i].last = Some(ev.clone());
+        let ev = self.settle(slot_i, ev, fence)?;
         self.stats.batches += 1;
         if let Some(e) = late {
             return Err(e);

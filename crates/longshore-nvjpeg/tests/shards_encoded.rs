@@ -18,8 +18,9 @@ use longshore_transfer::Device;
 use longshore_vision::decode::{DecodeOptions, decode_rgb};
 use longshore_vision::shards::ImageShards;
 use longshore_vision::synth::{FolderSpec, write_folder};
-use longshore_vision::transforms::{RandomResizedCrop, Resize};
 use longshore_vision::{Compose, Output};
+
+mod shards_support;
 
 const IMAGES: usize = 24;
 
@@ -36,24 +37,7 @@ fn shards(dir: &Path) -> ShardedDataset {
     write_folder(&folder, &spec).unwrap();
     let out = dir.join("shards");
     let index = pack_image_folder(&folder, &out, 150_000, Some(1)).unwrap();
-    assert!(
-        index.shardlist.len() > 2,
-        "{} shards",
-        index.shardlist.len()
-    );
-    let pattern = format!(
-        "{}/shard-{{000000..{:06}}}.tar",
-        out.display(),
-        index.shardlist.len() - 1
-    );
-    ShardedDataset::webdataset([pattern])
-        .seed(3)
-        .shuffle_block(8)
-        .rank(0)
-        .world_size(1)
-        .cache_dir(dir.join("cache"))
-        .build()
-        .unwrap()
+    shards_support::dataset_over(&out, &index, 3, 8, dir)
 }
 
 /// Every sample of epoch `epoch` by global id: its image bytes, label and the CPU pipeline's
@@ -146,14 +130,7 @@ fn a_pipeline_the_device_cannot_run_is_refused() {
         .is_ok()
     );
     // Two resizing steps: the device kernel resamples once.
-    let twice = Compose::new(
-        vec![
-            Resize::new(64).unwrap().into(),
-            RandomResizedCrop::with_size(32, 32).unwrap().into(),
-        ],
-        Output::imagenet(),
-    )
-    .unwrap();
+    let twice = shards_support::resizing_twice();
     let err = EncodedShards::new(ImageShards::new(ds, twice)).unwrap_err();
     assert!(err.to_string().contains("2 resizing steps"), "{err}");
 }

@@ -20,8 +20,9 @@ use longshore_transfer::Device;
 use longshore_vision::decode::decode_rgb;
 use longshore_vision::shards::fields::{FieldKind, FieldRecords, ShardField};
 use longshore_vision::synth::{FolderSpec, image_jpeg};
-use longshore_vision::transforms::{RandomResizedCrop, Resize};
 use longshore_vision::{Compose, DecodeOptions, Output};
+
+mod shards_support;
 
 const SAMPLES: usize = 22;
 
@@ -64,24 +65,7 @@ fn shards(dir: &Path, truncated: bool) -> ShardedDataset {
             .unwrap();
     }
     let index = writer.finish().unwrap();
-    assert!(
-        index.shardlist.len() > 2,
-        "{} shards",
-        index.shardlist.len()
-    );
-    let pattern = format!(
-        "{}/shard-{{000000..{:06}}}.tar",
-        out.display(),
-        index.shardlist.len() - 1
-    );
-    ShardedDataset::webdataset([pattern])
-        .seed(4)
-        .shuffle_block(6)
-        .rank(0)
-        .world_size(1)
-        .cache_dir(dir.join("cache"))
-        .build()
-        .unwrap()
+    shards_support::dataset_over(&out, &index, 4, 6, dir)
 }
 
 /// The fields, the image in the middle: the device batch keeps their order.
@@ -233,14 +217,7 @@ fn one_image_field_and_a_pipeline_the_device_runs_are_required() {
     let image = ShardField::new("jpg", FieldKind::Image);
     let err = make(vec![image.clone(), text.clone()], None).unwrap_err();
     assert!(err.to_string().contains("needs a pipeline"), "{err}");
-    let twice = Compose::new(
-        vec![
-            Resize::new(64).unwrap().into(),
-            RandomResizedCrop::with_size(32, 32).unwrap().into(),
-        ],
-        Output::imagenet(),
-    )
-    .unwrap();
+    let twice = shards_support::resizing_twice();
     let err = make(vec![image.clone(), text.clone()], Some(twice)).unwrap_err();
     assert!(err.to_string().contains("2 resizing steps"), "{err}");
     assert!(make(vec![image, text], val).is_ok());

@@ -201,19 +201,7 @@ impl NvjpegDecoder {
             }
             Ok(())
         });
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(e) => {
-                // Whatever was enqueued may still read the host batch: keep it until then.
-                if let Ok(ev) = stream.record() {
-                    *fence = Some(ev.clone());
-                    self.slots[slot_i].last = Some(ev);
-                }
-                return Err(e.into());
-            }
-        };
-        *fence = Some(ev.clone());
-        self.slots[slot_i].last = Some(ev.clone());
+        let ev = self.settle(slot_i, ev, fence)?;
         info.rows = rows;
         Ok(Some(DeviceBatch::from_parts(out, ev)?.with_extension(info)))
     }
