@@ -253,6 +253,30 @@ def test_nvjpeg_decodes_the_image_field_and_carries_the_others(data, tmp_path):
     assert rest == gpu_order[2:]
 
 
+def test_nvjpeg_fields_of_a_sharded_mixture(data, tmp_path):
+    """On a GPU: a Mixture of two WebDatasets with fields, decoded by nvJPEG: the draws of
+    each member, every field of a row its own sample's, the members' counts in stats."""
+    from conftest import need_cuda
+    from longshore.data import Mixture
+
+    need_cuda()
+    members = [longshore.datasets.WebDataset(str(data / "wds" / f"shard-{s:06d}.tar"),
+                                             transform=tf(), fields=FIELDS,
+                                             cache_dir=tmp_path / "cache") for s in range(2)]
+    mix = Mixture(members, [3, 1], stop="first_exhausted", seed=2)
+    loader = longshore.DataLoader(mix, batch_size=4, num_workers=2, device="cuda",
+                                  decode="nvjpeg")
+    labels = []
+    for batch in loader:
+        assert batch["jpg"].is_cuda and tuple(batch["jpg"].shape)[1:] == (3, 16, 16)
+        labels += check_batch({k: v.cpu() if hasattr(v, "cpu") else v
+                               for k, v in batch.items()})
+    # Shard s holds the samples i with i % SHARDS == s.
+    drawn = [sum(1 for i in labels if i % SHARDS == s) for s in range(2)]
+    assert drawn == mix.draws and len(set(labels)) == len(labels)
+    assert loader.stats["sources"] == mix.draws
+
+
 def test_nvjpeg_skips_an_undecodable_image_from_every_field(data, tmp_path):
     """On a GPU: a JPEG whose header reads but whose data is cut (the workers pass it, nvJPEG
     and the CPU fallback cannot decode it) is, under on_sample_error="skip", dropped from the
