@@ -116,12 +116,7 @@ impl NvjpegDecoder {
                     let source = if all {
                         Source::Host(s.range())
                     } else {
-                        let mut v = Vec::with_capacity(b * per);
-                        for &r in &rows {
-                            v.extend_from_slice(
-                                &host[s.offset + r * per..s.offset + (r + 1) * per],
-                            );
-                        }
+                        let v = gather_rows(&host[s.range()], per, &rows);
                         self.slots[slot_i].keep.push(v);
                         Source::Kept(self.slots[slot_i].keep.len() - 1)
                     };
@@ -140,25 +135,11 @@ impl NvjpegDecoder {
                             offsets.len()
                         )));
                     }
-                    let at = |k: usize| {
-                        usize::try_from(offsets[k])
-                            .ok()
-                            .filter(|&o| o <= bytes.len())
-                            .ok_or_else(|| shape_err(format!("{:?} out of range", offs.name)))
-                    };
                     let (kept, kept_offsets) = if all {
                         (bytes.to_vec(), offsets.to_vec())
                     } else {
-                        let (mut v, mut o) = (Vec::new(), vec![0i64]);
-                        for &r in &rows {
-                            let (start, end) = (at(r)?, at(r + 1)?);
-                            let item = bytes
-                                .get(start..end)
-                                .ok_or_else(|| shape_err(format!("{:?} decreasing", offs.name)))?;
-                            v.extend_from_slice(item);
-                            o.push(v.len() as i64);
-                        }
-                        (v, o)
+                        gather_items(bytes, offsets, &rows)
+                            .map_err(|why| shape_err(format!("{:?}: {why}", offs.name)))?
                     };
                     let mut layout = BatchLayout::new(b);
                     layout.push(data.name.clone(), data.dtype, vec![kept.len()])?;
@@ -210,5 +191,113 @@ impl NvjpegDecoder {
     fn part(&self, layout: BatchLayout) -> Result<DevicePart, TransferError> {
         let storage = self.stream.alloc(layout.total_bytes().max(1))?;
         Ok(DevicePart { layout, storage })
+    }
+}
+
+/// Rows `rows` of a `[n, ...]` tensor's bytes `data` (`per` bytes a row), back to back: a
+/// fixed-size field without the samples the stage dropped.
+fn gather_rows(data: &[u8], per: usize, rows: &[usize]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rows.len() * per);
+    for &r in rows {
+        out.extend_from_slice(&data[r * per..(r + 1) * per]);
+    }
+    out
+}
+
+/// Items `rows` of a variable-length field (its items' `bytes` back to back, `offsets` of
+/// `n + 1`), back to back, and their offsets: the field without the samples the stage dropped.
+fn gather_items(
+    bytes: &[u8],
+    offsets: &[i64],
+    rows: &[usize],
+) -> Result<(Vec<u8>, Vec<i64>), String> {
+    let at = |k: usize| {
+        offsets
+            .get(k)
+            .and_then(|&o| usize::try_from(o).ok())
+            .filter(|&o| o <= bytes.len())
+            .ok_or_else(|| format!("offset {k} missing or past the {} bytes", bytes.len()))
+    };
+    let (mut out, mut ends) = (Vec::new(), vec![0i64]);
+    for &r in rows {
+        let (start, end) = (at(r)?, at(r + 1)?);
+        let item = bytes
+            .get(start..end)
+            .ok_or_else(|| format!("offsets {r} and {} decrease", r + 1))?;
+        out.extend_from_slice(item);
+        ends.push(i64::try_from(out.len()).map_err(|_| "too many bytes".to_owned())?);
+    }
+    Ok((out, ends))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{gather_items, gather_rows};
+
+    /// Items of a few bytes each (some empty), and which of them the stage keeps.
+    fn items_and_kept() -> impl Strategy<Value = (Vec<Vec<u8>>, Vec<bool>)> {
+        prop::collection::vec(prop::collection::vec(any::<u8>(), 0..6), 1..12).prop_flat_map(
+            |items| {
+                let n = items.len();
+                (Just(items), prop::collection::vec(any::<bool>(), n))
+            },
+        )
+    }
+
+    proptest! {
+        /// The kept rows, in order, whatever the row size and the rows dropped.
+        #[test]
+        fn gathered_rows_are_the_kept_ones_in_order(
+            (items, keep) in items_and_kept(), per in 1usize..9
+        ) {
+            let rows: Vec<usize> = (0..items.len()).filter(|&k| keep[k]).collect();
+            let data: Vec<u8> = (0..items.len() * per).map(|i| (i * 7) as u8).collect();
+            let got = gather_rows(&data, per, &rows);
+            let want: Vec<u8> =
+                rows.iter().flat_map(|&r| data[r * per..(r + 1) * per].to_vec()).collect();
+            prop_assert_eq!(got, want);
+        }
+
+        /// The kept items, each whole and in order, with offsets that start at 0 and end at
+        /// their total; keeping every row gives the field back as it was.
+        #[test]
+        fn gathered_items_are_the_kept_ones_with_their_offsets((items, keep) in items_and_kept()) {
+            let bytes: Vec<u8> = items.concat();
+            let mut offsets = vec![0i64];
+            for it in &items {
+                offsets.push(offsets.last().unwrap() + it.len() as i64);
+            }
+            let rows: Vec<usize> = (0..items.len()).filter(|&k| keep[k]).collect();
+            let (got, ends) = gather_items(&bytes, &offsets, &rows).unwrap();
+            prop_assert_eq!(ends.len(), rows.len() + 1);
+            for (k, &r) in rows.iter().enumerate() {
+                prop_assert_eq!(&got[ends[k] as usize..ends[k + 1] as usize], &items[r][..]);
+            }
+            prop_assert_eq!(*ends.last().unwrap() as usize, got.len());
+            let every: Vec<usize> = (0..items.len()).collect();
+            prop_assert_eq!(gather_items(&bytes, &offsets, &every).unwrap(), (bytes, offsets));
+        }
+    }
+
+    #[test]
+    fn offsets_that_decrease_or_run_past_the_bytes_are_refused() {
+        let bytes = b"abcdef";
+        assert!(
+            gather_items(bytes, &[0, 4, 2, 6], &[1])
+                .unwrap_err()
+                .contains("decrease")
+        );
+        assert!(
+            gather_items(bytes, &[0, 9], &[0])
+                .unwrap_err()
+                .contains("past the 6 bytes")
+        );
+        assert!(
+            gather_items(bytes, &[0, 3], &[1])
+                .unwrap_err()
+                .contains("missing")
+        );
     }
 }
