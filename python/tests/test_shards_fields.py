@@ -253,6 +253,30 @@ def test_nvjpeg_decodes_the_image_field_and_carries_the_others(data, tmp_path):
     assert rest == gpu_order[2:]
 
 
+def test_nvjpeg_fields_in_a_fresh_interpreter(data, tmp_path):
+    """On a GPU, the user's path in a fresh interpreter (no CUDA context, no warm pools): a
+    WebDataset with fields decoded by nvJPEG, every sample once with its own caption."""
+    from conftest import need_cuda, run_fresh
+
+    need_cuda()
+    pattern = str(data / "wds") + "/shard-{000000..%06d}.tar" % (SHARDS - 1)
+    out = run_fresh(f"""
+import longshore
+from longshore import transforms as T
+ds = longshore.datasets.WebDataset({pattern!r}, shuffle=True, seed=1, cache_dir={str(tmp_path)!r},
+    transform=T.Compose([T.RandomResizedCrop(16), T.ToTensor()]),
+    fields={{"jpg": "image", "txt": "text", "cls": "int"}})
+loader = longshore.DataLoader(ds, batch_size=5, num_workers=2, device="cuda", decode="nvjpeg")
+for batch in loader:
+    assert batch["jpg"].is_cuda and batch["jpg"].shape[1:] == (3, 16, 16)
+    for i, text in zip(batch["cls"].tolist(), batch["txt"]):
+        print(i, text.encode().hex())
+""", tmp_path)
+    rows = [line.split(" ", 1) for line in out.splitlines()]
+    assert sorted(int(i) for i, _ in rows) == list(range(N))
+    assert all(bytes.fromhex(text).decode() == caption(int(i)) for i, text in rows)
+
+
 def test_nvjpeg_fields_of_a_sharded_mixture(data, tmp_path):
     """On a GPU: a Mixture of two WebDatasets with fields, decoded by nvJPEG: the draws of
     each member, every field of a row its own sample's, the members' counts in stats."""
