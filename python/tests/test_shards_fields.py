@@ -526,6 +526,46 @@ def test_parquet_list_columns(arrays, tmp_path):
     assert sorted(seen) == list(range(N))
 
 
+@pytest.mark.parametrize("decode", ["cpu", "nvjpeg"])
+def test_parquet_image_struct_with_caption_and_label(data, tmp_path, decode):
+    """Hugging Face's image layout (an ``image`` struct<bytes, path> column) with a caption
+    and a ``label`` column read as fields, on the CPU and (on a GPU) by nvJPEG: every row
+    once, each field its own row's (a field named ``label`` beside the decoder's own tensors)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    device = None
+    if decode == "nvjpeg":
+        from conftest import need_cuda
+
+        need_cuda()
+        device = "cuda"
+    folder = longshore.datasets.ImageFolder(data / "img")
+    jpgs = [open(p, "rb").read() for p, _ in folder.samples]
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    (tmp_path / "pq").mkdir()
+    for part in range(SHARDS):
+        ids = list(range(part, N, SHARDS))
+        pq.write_table(pa.table({
+            "image": pa.array([{"bytes": jpgs[i], "path": f"{i}.jpg"} for i in ids], image_type),
+            "text": pa.array([caption(i) for i in ids]),
+            "label": pa.array(ids, pa.int64()),
+        }), tmp_path / "pq" / f"part-{part}.parquet", row_group_size=3)
+    ds = longshore.datasets.ParquetDataset(
+        str(tmp_path / "pq") + "/part-{0..%d}.parquet" % (SHARDS - 1), transform=tf(),
+        cache_dir=tmp_path / "cache", shuffle=True, seed=3,
+        fields={"image": "image", "text": "text", "label": "int"})
+    loader = longshore.DataLoader(ds, batch_size=5, num_workers=2, device=device,
+                                  decode=decode)
+    seen = []
+    for batch in loader:
+        assert list(batch) == ["image", "text", "label"]
+        labels = [int(v) for v in batch["label"].tolist()]
+        assert tuple(batch["image"].shape) == (len(labels), 3, 16, 16)
+        assert batch["text"] == [caption(i) for i in labels]
+        seen += labels
+    assert sorted(seen) == list(range(N))
+
+
 def caption_length(sample):
     """A map= function (module level: workers started by spawn unpickle it)."""
     assert sample["__key__"].split("#")[1].startswith("sample")
