@@ -216,24 +216,26 @@ impl IterableDataset for EncodedFields {
 }
 
 /// Writes batches of [`EncodedRecord`]s: the encoded images' three tensors first, as
-/// [`EncodedCollate`](crate::EncodedCollate) writes them (`bytes`, `meta`, `label`), then the other fields' tensors
-/// in field order, as [`RecordCollate`] writes them. Made by [`EncodedFields::collate`].
+/// [`EncodedCollate`](crate::EncodedCollate) writes them (`bytes`, `meta`, `label`), then the
+/// other fields' tensors in field order, as [`RecordCollate`] writes them. Made by
+/// [`EncodedFields::collate`].
 #[derive(Debug, Clone)]
 pub struct FieldsCollate {
     rest: RecordCollate,
 }
 
 impl FieldsCollate {
-    fn fields(samples: &[EncodedRecord]) -> Vec<FieldRecord> {
-        samples.iter().map(|s| s.fields.clone()).collect()
+    /// The records' other fields, borrowed.
+    fn fields(samples: &[EncodedRecord]) -> Vec<&FieldRecord> {
+        samples.iter().map(|s| &s.fields).collect()
     }
 
     /// The layout of the other fields alone (a batch of `rest`'s own).
-    fn rest_layout(&self, fields: &[FieldRecord]) -> Result<Option<BatchLayout>, DataError> {
+    fn rest_layout(&self, fields: &[&FieldRecord]) -> Result<Option<BatchLayout>, DataError> {
         if self.rest.fields().is_empty() {
             return Ok(None);
         }
-        self.rest.layout(fields).map(Some)
+        self.rest.layout_of(fields).map(Some)
     }
 }
 
@@ -270,7 +272,7 @@ impl Collate<EncodedRecord> for FieldsCollate {
             // The other fields into a buffer of their own layout, then each tensor to its
             // place after the images'.
             let scratch = AlignedBuf::zeroed(rest.total_bytes().max(1));
-            let written = self.rest.collate_into(&fields, rest, scratch)?;
+            let written = self.rest.collate_records(&fields, rest, scratch)?;
             for (k, t) in written.layout().tensors().iter().enumerate() {
                 let to = &layout.tensors()[3 + k];
                 if to.len != t.len {

@@ -72,6 +72,7 @@
 //! # fn main() {}
 //! ```
 
+use std::borrow::Borrow;
 use std::cell::RefCell;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -506,15 +507,16 @@ fn read_npy(bytes: &[u8]) -> Result<(DType, Vec<usize>, Vec<u8>), String> {
 }
 
 /// The dtype and shape of field `f`'s arrays in `samples`, all equal (they are stacked).
-fn stacked(
-    samples: &[FieldRecord],
+fn stacked<R: Borrow<FieldRecord>>(
+    samples: &[R],
     f: usize,
     name: &str,
 ) -> Result<(DType, Vec<usize>), DataError> {
     let first = samples[0]
+        .borrow()
         .array(f)
         .ok_or_else(|| DataError::ShapeMismatch(format!("field {name:?} holds no array")))?;
-    for (k, s) in samples.iter().enumerate().skip(1) {
+    for (k, s) in samples.iter().map(Borrow::borrow).enumerate().skip(1) {
         let (dtype, shape, _) = s
             .array(f)
             .ok_or_else(|| DataError::ShapeMismatch(format!("field {name:?} holds no array")))?;
@@ -524,7 +526,10 @@ fn stacked(
                  default_collate stacks them), but sample {k} of the batch ({}) is {dtype} \
                  {shape:?} where sample 0 ({}) is {} {:?}; give every sample's array one dtype \
                  and shape, or read the field as bytes and decode it yourself",
-                s.origin, samples[0].origin, first.0, first.1
+                s.origin,
+                samples[0].borrow().origin,
+                first.0,
+                first.1
             )));
         }
     }
@@ -624,6 +629,42 @@ impl RecordCollate {
 
 impl Collate<FieldRecord> for RecordCollate {
     fn layout(&self, samples: &[FieldRecord]) -> Result<BatchLayout, DataError> {
+        self.layout_of(samples)
+    }
+
+    fn collate_into<S: Storage>(
+        &self,
+        samples: &[FieldRecord],
+        layout: BatchLayout,
+        storage: S,
+    ) -> Result<Batch<S>, DataError> {
+        self.collate_records(samples, layout, storage)
+    }
+
+    fn check_item(&self, item: &FieldRecord) -> Result<(), DataError> {
+        for v in &item.values {
+            if let Value::Image(path, bytes) = v {
+                let per = self.pipeline()?.output_bytes();
+                SLOT.with_borrow_mut(|slot| {
+                    slot.resize(per, 0);
+                    self.decode_into(path, bytes, item.seed, slot)
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RecordCollate {
+    /// The layout of a batch of `samples` ([`Collate::layout`], for records held elsewhere:
+    /// `&[&FieldRecord]` as well as `&[FieldRecord]`).
+    ///
+    /// # Errors
+    /// As [`Collate::layout`]: an empty batch, arrays that do not stack, a missing pipeline.
+    pub fn layout_of<R: Borrow<FieldRecord>>(
+        &self,
+        samples: &[R],
+    ) -> Result<BatchLayout, DataError> {
         if samples.is_empty() {
             return Err(DataError::Empty { what: "batch" });
         }
@@ -651,7 +692,7 @@ impl Collate<FieldRecord> for RecordCollate {
                     layout.push(name, dtype, shape)?;
                 }
                 FieldKind::Text | FieldKind::Json | FieldKind::Bytes => {
-                    let total = samples.iter().map(|s| s.var(i).len()).sum();
+                    let total = samples.iter().map(|s| s.borrow().var(i).len()).sum();
                     layout.push(name, DType::U8, vec![total])?;
                     let offsets = Some(Arc::<str>::from(format!("{}.offsets", f.name)));
                     layout.push(offsets, DType::I64, vec![n + 1])?;
@@ -661,9 +702,14 @@ impl Collate<FieldRecord> for RecordCollate {
         Ok(layout)
     }
 
-    fn collate_into<S: Storage>(
+    /// Writes `samples` into `storage` for `layout` ([`Collate::collate_into`], for records
+    /// held elsewhere, as [`layout_of`](RecordCollate::layout_of)).
+    ///
+    /// # Errors
+    /// As [`Collate::collate_into`]: a buffer too small, an image that does not decode.
+    pub fn collate_records<R: Borrow<FieldRecord>, S: Storage>(
         &self,
-        samples: &[FieldRecord],
+        samples: &[R],
         layout: BatchLayout,
         mut storage: S,
     ) -> Result<Batch<S>, DataError> {
@@ -701,7 +747,11 @@ impl Collate<FieldRecord> for RecordCollate {
                             samples.len()
                         )));
                     }
-                    for (s, slot) in samples.iter().zip(out[range].chunks_exact_mut(per.max(1))) {
+                    for (s, slot) in samples
+                        .iter()
+                        .map(Borrow::borrow)
+                        .zip(out[range].chunks_exact_mut(per.max(1)))
+                    {
                         if let Value::Image(path, bytes) = &s.values[i] {
                             self.decode_into(path, bytes, s.seed, slot)?;
                         }
@@ -709,7 +759,11 @@ impl Collate<FieldRecord> for RecordCollate {
                 }
                 FieldKind::Int | FieldKind::Float => {
                     let range = next()?;
-                    for (s, slot) in samples.iter().zip(out[range].chunks_exact_mut(8)) {
+                    for (s, slot) in samples
+                        .iter()
+                        .map(Borrow::borrow)
+                        .zip(out[range].chunks_exact_mut(8))
+                    {
                         let bytes = match s.values[i] {
                             Value::Int(v) => v.to_ne_bytes(),
                             Value::Float(v) => v.to_ne_bytes(),
@@ -721,7 +775,11 @@ impl Collate<FieldRecord> for RecordCollate {
                 FieldKind::Array => {
                     let range = next()?;
                     let per = range.len() / samples.len().max(1);
-                    for (s, slot) in samples.iter().zip(out[range].chunks_exact_mut(per.max(1))) {
+                    for (s, slot) in samples
+                        .iter()
+                        .map(Borrow::borrow)
+                        .zip(out[range].chunks_exact_mut(per.max(1)))
+                    {
                         match &s.values[i] {
                             Value::Array(_, _, data) if data.len() == slot.len() => {
                                 slot.copy_from_slice(data);
@@ -741,7 +799,7 @@ impl Collate<FieldRecord> for RecordCollate {
                     let mut off = 0i64;
                     let start = offsets.start;
                     out[start..start + 8].copy_from_slice(&off.to_ne_bytes());
-                    for (k, s) in samples.iter().enumerate() {
+                    for (k, s) in samples.iter().map(Borrow::borrow).enumerate() {
                         let b = s.var(i);
                         out[at..at + b.len()].copy_from_slice(b);
                         at += b.len();
@@ -754,18 +812,5 @@ impl Collate<FieldRecord> for RecordCollate {
             }
         }
         Batch::from_parts(layout, storage)
-    }
-
-    fn check_item(&self, item: &FieldRecord) -> Result<(), DataError> {
-        for v in &item.values {
-            if let Value::Image(path, bytes) = v {
-                let per = self.pipeline()?.output_bytes();
-                SLOT.with_borrow_mut(|slot| {
-                    slot.resize(per, 0);
-                    self.decode_into(path, bytes, item.seed, slot)
-                })?;
-            }
-        }
-        Ok(())
     }
 }
