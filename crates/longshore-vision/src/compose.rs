@@ -17,7 +17,9 @@ use fast_image_resize::Resizer;
 use longshore_data::rng::Rng;
 use longshore_data::{DType, DataError, FieldSpec, ImageLayout, Shape, Tensor};
 
-use crate::decode::{DecodeOptions, decode_rgb_into};
+#[cfg(feature = "libjpeg")]
+use crate::decode::DecodeError;
+use crate::decode::{DecodeOptions, PlanFailed, decode_planned};
 use crate::image::RgbImage;
 use crate::plan::{Geometry, PlannedStep};
 use crate::resize::{Rect, SubBox, resize_box};
@@ -309,9 +311,19 @@ impl Compose {
     ) -> Result<(), DataError> {
         with_scratch(|s| {
             let mut decoded = std::mem::take(&mut s.decoded);
-            let r = decode_rgb_into(bytes, decode, &mut decoded)
-                .map_err(|e| crate::folder::invalid(path, e))
-                .and_then(|(w, h)| self.run(&decoded, w, h, rng, s, out));
+            // The plan is drawn from the header's size; a JPEG whose plan starts with a crop is
+            // decoded only there (the same pixels), and the plan re-based onto the crop.
+            let draw = |w, h| self.geometry(w, h, rng);
+            let r = match decode_planned(bytes, decode, draw, &mut decoded) {
+                Ok(p) => self.write(&p.geometry, &decoded, p.width, p.height, s, out),
+                Err(PlanFailed::Decode(e)) => Err(crate::folder::invalid(path, e)),
+                Err(PlanFailed::Plan(e)) => Err(e),
+                #[cfg(feature = "libjpeg")]
+                Err(PlanFailed::Jpeg(e)) => Err(crate::folder::invalid(
+                    path,
+                    DecodeError::Jpeg(e.to_string()),
+                )),
+            };
             s.decoded = decoded;
             r
         })

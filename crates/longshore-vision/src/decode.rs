@@ -5,21 +5,24 @@
 //! over the pixel limit ([`DecodeOptions::max_pixels`], PIL's decompression-bomb check) is
 //! refused without allocating it.
 //!
-//! * JPEG: [`zune_jpeg`] (baseline and progressive; grayscale, YCbCr, CMYK and YCCK to RGB).
-//!   Truncated or corrupt data is an error, as in PIL without `LOAD_TRUNCATED_IMAGES`.
+//! * JPEG: libjpeg-turbo, PIL's own decoder, through [`longshore_jpeg`] (feature `libjpeg`, on
+//!   by default): baseline, progressive and arithmetic-coded; grey, YCbCr and RGB, with
+//!   libjpeg's defaults as PIL uses them (accurate integer IDCT, fancy upsampling). CMYK and
+//!   YCCK files, and every JPEG without the feature, go to [`zune_jpeg`]. Truncated or corrupt
+//!   data is an error, as in PIL without `LOAD_TRUNCATED_IMAGES`. A pipeline that starts with a
+//!   crop decodes only the crop's rows and columns ([`Compose::decode_into`](crate::Compose::decode_into)),
+//!   with the pixels of a whole decode.
 //! * PNG: [`zune_png`] (every colour type and bit depth, interlaced, palette with or without
 //!   transparency). Conversion to RGB follows PIL's `convert("RGB")`: alpha is dropped,
 //!   1/2/4-bit grey is scaled to 0..255, 16-bit colour keeps the high byte, and 16-bit grey
 //!   (PIL's mode `I;16`) is *clipped* to 255, as PIL does.
 //!
-//! Reduced-scale decoding (PIL's `draft`, libjpeg's DCT scaling) is not offered: zune-jpeg
-//! has no scaled IDCT, and torchvision's ImageFolder does not use draft mode either, so
-//! decoding at full size is also what keeps the pixels equal to torchvision's. Nor would it
-//! pay on ImageNet-sized images: a scaled IDCT needs the output to be at most half the source
-//! on both sides, and `RandomResizedCrop(224)` would need a crop of at least 448x448 (larger
-//! than a whole 500x375 ImageNet photo), `Resize(256)` a short side of at least 512. It pays
-//! only for high-resolution sources, where the `jpeg-decoder` crate's `scale` is the
-//! alternative to measure.
+//! Reduced-scale decoding (PIL's `draft`, libjpeg's DCT scaling) is not used: torchvision's
+//! ImageFolder does not use draft mode, so decoding at full size is what keeps the pixels equal
+//! to torchvision's. Nor would it pay on ImageNet-sized images: a scaled IDCT needs the output
+//! to be at most half the source on both sides, and `RandomResizedCrop(224)` would need a crop
+//! of at least 448x448 (larger than a whole 500x375 ImageNet photo), `Resize(256)` a short side
+//! of at least 512. Decoding only the crop's region saves more there, without changing a pixel.
 
 use zune_core::bytestream::ZCursor;
 use zune_core::colorspace::ColorSpace;
@@ -28,7 +31,10 @@ use zune_core::result::DecodingResult;
 use zune_jpeg::JpegDecoder;
 use zune_png::PngDecoder;
 
+use longshore_data::DataError;
+
 use crate::image::RgbImage;
+use crate::plan::Geometry;
 
 /// PIL's `Image.MAX_IMAGE_PIXELS`: `1024 * 1024 * 1024 // 4 // 3` pixels.
 ///
@@ -283,27 +289,168 @@ pub fn decode_rgb_into(
 ) -> Result<(usize, usize), DecodeError> {
     let format = sniff(bytes)?;
     // A decoder bug must not take a loader worker down: a panic is this file's error.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match format {
+    catch_decoder_panic(format, || match format {
         ImageFormat::Jpeg => decode_jpeg(bytes, options, out),
         ImageFormat::Png => {
             let header = probe(bytes)?;
             options.check_header(&header)?;
             decode_png(bytes, out)
         }
-    }))
-    .unwrap_or_else(|panic| {
+    })
+}
+
+/// Decodes a JPEG with one header parse: the headers are read, the size is checked against
+/// `options` (before any pixel buffer is sized), then the same decoder decodes into `out`:
+/// libjpeg-turbo, or zune-jpeg for what libjpeg does not convert to RGB (and without the
+/// `libjpeg` feature).
+fn decode_jpeg(
+    bytes: &[u8],
+    options: &DecodeOptions,
+    out: &mut Vec<u8>,
+) -> Result<(usize, usize), DecodeError> {
+    #[cfg(feature = "libjpeg")]
+    {
+        let admit = |h: &longshore_jpeg::Header| {
+            options.check_header(&jpeg_header(h))?;
+            Ok::<_, PlanFailed>(None)
+        };
+        match longshore_jpeg::decode_rgb(bytes, admit, out) {
+            Ok(d) => return Ok((d.region.width, d.region.height)),
+            Err(PlanFailed::Decode(e)) => return Err(e),
+            Err(PlanFailed::Jpeg(longshore_jpeg::JpegError::UnsupportedColor(_))) => {}
+            Err(PlanFailed::Jpeg(e)) => return Err(DecodeError::Jpeg(e.to_string())),
+            Err(PlanFailed::Plan(_)) => unreachable!("no plan is drawn"),
+        }
+    }
+    decode_jpeg_zune(bytes, options, out)
+}
+
+#[cfg(feature = "libjpeg")]
+fn jpeg_header(h: &longshore_jpeg::Header) -> ImageHeader {
+    ImageHeader {
+        format: ImageFormat::Jpeg,
+        width: h.width,
+        height: h.height,
+    }
+}
+
+/// What [`decode_planned`] returns: the decoded pixels' size and the plan to render on them.
+#[derive(Debug)]
+pub(crate) struct Planned {
+    /// The decoded pixels' width.
+    pub(crate) width: usize,
+    /// The decoded pixels' height.
+    pub(crate) height: usize,
+    /// The plan, drawn for the whole image and re-based onto the decoded region.
+    pub(crate) geometry: Geometry,
+}
+
+/// Why [`decode_planned`] failed: the file, or the plan.
+#[derive(Debug)]
+pub(crate) enum PlanFailed {
+    /// The bytes do not decode.
+    Decode(DecodeError),
+    /// The plan could not be drawn.
+    Plan(DataError),
+    /// libjpeg-turbo's error (turned into [`DecodeError::Jpeg`], or a fall back to zune-jpeg
+    /// for a colour model it does not convert).
+    #[cfg(feature = "libjpeg")]
+    Jpeg(longshore_jpeg::JpegError),
+}
+
+impl From<DecodeError> for PlanFailed {
+    fn from(e: DecodeError) -> Self {
+        PlanFailed::Decode(e)
+    }
+}
+
+#[cfg(feature = "libjpeg")]
+impl From<longshore_jpeg::JpegError> for PlanFailed {
+    fn from(e: longshore_jpeg::JpegError) -> Self {
+        PlanFailed::Jpeg(e)
+    }
+}
+
+/// Decodes `bytes` for a pipeline: reads the header, draws the plan with `draw` from the
+/// image's size, and decodes only the region the plan reads when it starts with a crop (a
+/// JPEG through libjpeg-turbo), else the whole image. The plan returned is re-based onto the
+/// pixels decoded, which equal the whole decode's there, so it renders what the whole plan
+/// renders on the whole image.
+pub(crate) fn decode_planned(
+    bytes: &[u8],
+    options: &DecodeOptions,
+    draw: impl FnOnce(usize, usize) -> Result<Geometry, DataError>,
+    out: &mut Vec<u8>,
+) -> Result<Planned, PlanFailed> {
+    let format = sniff(bytes)?;
+    #[cfg(feature = "libjpeg")]
+    if format == ImageFormat::Jpeg {
+        let mut draw = Some(draw);
+        let mut planned = None;
+        let admit = |h: &longshore_jpeg::Header| {
+            options.check_header(&jpeg_header(h))?;
+            let draw = draw.take().expect("admit is called once");
+            let geometry = draw(h.width, h.height).map_err(PlanFailed::Plan)?;
+            let (region, geometry) = match geometry.source_region() {
+                Some((r, rebased)) => (
+                    Some(longshore_jpeg::Region::new(r.x, r.y, r.w, r.h)),
+                    rebased,
+                ),
+                None => (None, geometry),
+            };
+            planned = Some(geometry);
+            Ok::<_, PlanFailed>(region)
+        };
+        let r = catch_decoder_panic(format, || longshore_jpeg::decode_rgb(bytes, admit, out));
+        match r {
+            Err(PlanFailed::Jpeg(longshore_jpeg::JpegError::UnsupportedColor(_))) => {}
+            Err(PlanFailed::Jpeg(e)) => return Err(DecodeError::Jpeg(e.to_string()).into()),
+            Err(e) => return Err(e),
+            Ok(d) => {
+                return Ok(Planned {
+                    width: d.region.width,
+                    height: d.region.height,
+                    geometry: planned.expect("admitted"),
+                });
+            }
+        }
+        let (width, height) = decode_rgb_into(bytes, options, out)?;
+        let geometry = draw.take().expect("not drawn")(width, height).map_err(PlanFailed::Plan)?;
+        return Ok(Planned {
+            width,
+            height,
+            geometry,
+        });
+    }
+    let _ = format;
+    let (width, height) = decode_rgb_into(bytes, options, out)?;
+    let geometry = draw(width, height).map_err(PlanFailed::Plan)?;
+    Ok(Planned {
+        width,
+        height,
+        geometry,
+    })
+}
+
+/// Runs a decoder, turning a panic (a decoder bug) into this file's error: it must not take a
+/// loader worker down.
+fn catch_decoder_panic<T, E: From<DecodeError>>(
+    format: ImageFormat,
+    f: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
         let message = longshore_data::worker::panic_message(panic);
         let e = format!("the decoder panicked: {message}");
         Err(match format {
             ImageFormat::Jpeg => DecodeError::Jpeg(e),
             ImageFormat::Png => DecodeError::Png(e),
-        })
+        }
+        .into())
     })
 }
 
-/// Decodes a JPEG with one header parse: the headers are read, the size is checked against
-/// `options` (before any pixel buffer is sized), then the same decoder decodes into `out`.
-fn decode_jpeg(
+/// [`decode_jpeg`] by zune-jpeg.
+fn decode_jpeg_zune(
     bytes: &[u8],
     options: &DecodeOptions,
     out: &mut Vec<u8>,

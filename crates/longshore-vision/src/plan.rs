@@ -163,4 +163,68 @@ impl Geometry {
     pub fn output_size(&self) -> (usize, usize) {
         self.output
     }
+
+    /// When the plan reads only part of its input (its first step after any flips is a
+    /// resized crop, or a crop inside the image), that part in the input's coordinates, and
+    /// the plan re-based onto it: rendered on those pixels alone, the re-based plan writes what
+    /// this plan writes on the whole image. `None` when the plan reads every pixel.
+    #[cfg(feature = "libjpeg")]
+    pub(crate) fn source_region(&self) -> Option<(SourceRegion, Geometry)> {
+        let (width, height) = self.input;
+        let first = self.steps.iter().position(|s| *s != PlannedStep::Flip)?;
+        let mirrored = first % 2 == 1;
+        let (crop, clamp) = match self.steps[first] {
+            PlannedStep::ResizedCrop { crop, .. } => (crop, true),
+            PlannedStep::Crop(crop) => (crop, false),
+            _ => return None,
+        };
+        let (left, top) = (crop.left.max(0) as usize, crop.top.max(0) as usize);
+        if !clamp
+            && (crop.left < 0
+                || crop.top < 0
+                || left + crop.width > width
+                || top + crop.height > height)
+        {
+            // A crop that pads: the renderer's zeros are outside any region.
+            return None;
+        }
+        // As the renderer clamps a resized crop's box to the image.
+        let (left, top) = (left.min(width), top.min(height));
+        let (w, h) = (crop.width.min(width - left), crop.height.min(height - top));
+        if w == 0 || h == 0 || (w, h) == (width, height) {
+            return None;
+        }
+        // The box is in the mirrored image's coordinates when an odd number of flips came first.
+        let x = if mirrored { width - left - w } else { left };
+        let mut steps = self.steps.clone();
+        let whole = CropBox {
+            top: 0,
+            left: 0,
+            height: h,
+            width: w,
+        };
+        match &mut steps[first] {
+            PlannedStep::ResizedCrop { crop, .. } | PlannedStep::Crop(crop) => *crop = whole,
+            _ => unreachable!("matched above"),
+        }
+        let region = SourceRegion { x, y: top, w, h };
+        Some((
+            region,
+            Geometry {
+                input: (w, h),
+                steps,
+                output: self.output,
+            },
+        ))
+    }
+}
+
+/// The part of an image a [`Geometry`] reads: `w x h` pixels from column `x`, row `y`.
+#[cfg(feature = "libjpeg")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SourceRegion {
+    pub(crate) x: usize,
+    pub(crate) y: usize,
+    pub(crate) w: usize,
+    pub(crate) h: usize,
 }
