@@ -47,8 +47,9 @@
 //!   this builds and runs on machines without CUDA; `Device::cuda` then returns an error.
 //! * `stream` (default): `DataLoader::stream`, an epoch as an async `futures_core::Stream`
 //!   for any executor.
-//! * `vision` (default): `longshore::vision`, the image pipeline (pure Rust: zune-jpeg,
-//!   zune-png, fast_image_resize).
+//! * `vision` (default): `longshore::vision`, the image pipeline (JPEGs by libjpeg-turbo,
+//!   built from source and linked statically by longshore-jpeg, only the crop's region when a
+//!   pipeline starts with one; PNGs by zune-png; resizing by fast_image_resize).
 //! * `shards`: `longshore::shards`, datasets in object storage (S3 and S3-compatible stores,
 //!   GCS, Azure, HTTP, local files, through `object_store`); with `vision`,
 //!   `vision::shards::ImageShards` decodes image shards with the vision pipelines, and with
