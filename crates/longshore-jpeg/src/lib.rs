@@ -28,7 +28,8 @@
 //! assert_eq!((header.width, header.height), (64, 48));
 //! let mut pixels = Vec::new();
 //! // The header comes first, so a caller can refuse an image or choose the region from its size.
-//! let decoded = decode_rgb(&jpeg, |h| Ok::<_, JpegError>(Some(Region::new(8, 4, h.width / 2, 10))), &mut pixels)?;
+//! let region = |h: &longshore_jpeg::Header| Ok::<_, JpegError>(Some(Region::new(8, 4, h.width / 2, 10)));
+//! let decoded = decode_rgb(&jpeg, region, &mut pixels)?;
 //! assert_eq!((decoded.region.width, decoded.region.height), (32, 10));
 //! assert_eq!(pixels.len(), 32 * 10 * 3);
 //! # Ok::<(), JpegError>(())

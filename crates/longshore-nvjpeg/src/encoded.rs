@@ -328,8 +328,8 @@ impl EncodedImages {
     ///
     /// Which JPEGs go to the CPU is a fixed function of the dataset index (a hash compared
     /// with the share), so a run decodes the same files the same way each time; the pixels of
-    /// a CPU-decoded file are zune-jpeg's instead of nvJPEG's (within a few levels, see the
-    /// [module docs](super)). Values outside 0..=1 are clamped; NaN counts as 0.
+    /// a CPU-decoded file are libjpeg-turbo's (PIL's) instead of nvJPEG's (within a few
+    /// levels, see the [module docs](super)). Values outside 0..=1 are clamped; NaN counts as 0.
     pub fn cpu_share(self, share: f64) -> EncodedImages {
         self.set_cpu_share(share);
         self

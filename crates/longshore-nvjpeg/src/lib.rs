@@ -76,8 +76,8 @@
 //! instead of 16-bit fixed point: on the same decoded pixels the outputs differ by at most 1
 //! level, on about 1 value in 150, and by 2 at most (rarely) where the CPU path fuses Resize +
 //! CenterCrop into one resize of the crop's source box (`tests/nvjpeg_plan.rs` checks this on
-//! the CPU with [`render_reference`]). The decoded pixels are
-//! nvJPEG's, not zune-jpeg's: IDCT and chroma upsampling differ slightly (chroma interpolation
+//! the CPU with [`render_reference`]). The decoded pixels are nvJPEG's, not libjpeg-turbo's
+//! (the CPU path's, PIL's): IDCT and chroma upsampling differ slightly (chroma interpolation
 //! is requested with `NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION` where the library knows it),
 //! so expect mean absolute differences around 1 on 0..255 and maxima of a few levels at sharp
 //! colour edges; `tests/nvjpeg_decode.rs` measures both on the GPU.

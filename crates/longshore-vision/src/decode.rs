@@ -10,8 +10,8 @@
 //!   libjpeg's defaults as PIL uses them (accurate integer IDCT, fancy upsampling). CMYK and
 //!   YCCK files, and every JPEG without the feature, go to [`zune_jpeg`]. Truncated or corrupt
 //!   data is an error, as in PIL without `LOAD_TRUNCATED_IMAGES`. A pipeline that starts with a
-//!   crop decodes only the crop's rows and columns ([`Compose::decode_into`](crate::Compose::decode_into)),
-//!   with the pixels of a whole decode.
+//!   crop decodes only the crop's rows and columns
+//!   ([`Compose::decode_into`](crate::Compose::decode_into)), with the pixels of a whole decode.
 //! * PNG: [`zune_png`] (every colour type and bit depth, interlaced, palette with or without
 //!   transparency). Conversion to RGB follows PIL's `convert("RGB")`: alpha is dropped,
 //!   1/2/4-bit grey is scaled to 0..255, 16-bit colour keeps the high byte, and 16-bit grey

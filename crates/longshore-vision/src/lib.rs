@@ -38,7 +38,7 @@
 //! - [`folder`]: [`ImageFolder`] (torchvision's semantics: sorted classes, `class_to_idx`,
 //!   sample order, [`IMG_EXTENSIONS`], `allow_empty`) and
 //!   [`ImageFolder::from_samples`].
-//! - [`decode`]: [`decode_rgb`](decode::decode_rgb) (JPEG with zune-jpeg, PNG with zune-png,
+//! - [`decode`]: [`decode_rgb`](decode::decode_rgb) (JPEG with libjpeg-turbo, PNG with zune-png,
 //!   converted to RGB as PIL's `convert("RGB")`), the pixel limit of
 //!   [`DecodeOptions`].
 //! - [`transforms`]: `RandomResizedCrop`, `Resize`, `CenterCrop`, with torchvision's
