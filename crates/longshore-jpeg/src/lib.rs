@@ -9,7 +9,9 @@
 //!
 //! A region is decoded by libjpeg-turbo's `jpeg_skip_scanlines` (rows above it: entropy
 //! decoding only, no IDCT or colour conversion), `jpeg_crop_scanline` (columns outside it:
-//! the same) and stopping after its last row. The region's pixels are those of a whole
+//! the same) and stopping after its last row (or the image's last, when the data do not end
+//! with an end-of-image marker: a file cut short is an error whichever region is asked, as it
+//! is for a whole decode). The region's pixels are those of a whole
 //! decode, bit for bit: the crop is widened by one column on each side before libjpeg-turbo
 //! aligns it to its blocks, so the upsampling at the region's edges sees the same neighbours
 //! (property-tested against whole decodes over subsamplings, progressive files and restart
@@ -41,7 +43,6 @@
 //! `tracing`'s debug level. Nothing is printed.
 
 use std::ffi::{CStr, c_int, c_ulong};
-use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use mozjpeg_sys as sys;
@@ -294,7 +295,8 @@ struct Decompressor<'a> {
     cinfo: Box<sys::jpeg_decompress_struct>,
     // Boxed: `cinfo.common.err` points to it.
     _err: Box<sys::jpeg_error_mgr>,
-    _bytes: PhantomData<&'a [u8]>,
+    /// The data libjpeg reads (it keeps a pointer to them).
+    bytes: &'a [u8],
 }
 
 impl<'a> Decompressor<'a> {
@@ -320,7 +322,7 @@ impl<'a> Decompressor<'a> {
         let mut d = Decompressor {
             cinfo,
             _err: err,
-            _bytes: PhantomData,
+            bytes,
         };
         let len = c_ulong::try_from(bytes.len()).map_err(|_| JpegError::Corrupt {
             message: format!(
@@ -342,7 +344,7 @@ impl<'a> Decompressor<'a> {
         })?;
         d.guard(|cinfo| {
             // SAFETY: a created decompressor; libjpeg keeps the pointer to `bytes`, which
-            // outlive `d` (the `'a` of `_bytes`).
+            // outlive `d` (its field `bytes: &'a [u8]`).
             unsafe { sys::jpeg_mem_src(cinfo, bytes.as_ptr(), len) }
         })?;
         Ok(d)
@@ -407,6 +409,7 @@ impl<'a> Decompressor<'a> {
         out: &mut Vec<u8>,
     ) -> Result<(), JpegError> {
         let whole_rows = region.left == 0 && region.width == header.width;
+        let complete = ends_with_eoi(self.bytes);
         // Zeroed, not only sized: nothing of a previous image may show if a row is not written.
         out.clear();
         out.resize(region.width * region.height * 3, 0);
@@ -437,26 +440,35 @@ impl<'a> Decompressor<'a> {
             let row_bytes = cinfo.output_width as usize * 3;
             let skip = (region.left - x0 as usize) * 3;
             let take = region.width * 3;
-            // Whole rows are decoded straight into `out`; cropped rows into a few scratch rows.
-            let mut scratch = if whole_rows {
+            // Rows are read through the region's last, or through the image's last when the
+            // data may be cut short (see `complete`), so that a truncated file is an error
+            // whichever region is asked; rows past the region are read and dropped.
+            let through = if complete {
+                region.height
+            } else {
+                header.height - region.top
+            };
+            // Whole rows of the region are decoded straight into `out`; others into scratch rows.
+            let mut scratch = if whole_rows && through == region.height {
                 Vec::new()
             } else {
                 vec![0u8; row_bytes * ROWS]
             };
             let mut done = 0;
-            while done < region.height {
-                let n = (region.height - done).min(ROWS);
+            while done < through {
+                let n = (through - done).min(ROWS);
+                let direct = whole_rows && done + n <= region.height;
                 let mut rows = [std::ptr::null_mut::<u8>(); ROWS];
                 for (i, row) in rows.iter_mut().take(n).enumerate() {
-                    *row = if whole_rows {
+                    *row = if direct {
                         out[(done + i) * take..].as_mut_ptr()
                     } else {
                         scratch[i * row_bytes..].as_mut_ptr()
                     };
                 }
                 // SAFETY: `n` row pointers, each to at least `output_width * 3` writable bytes
-                // (a row of `out` when whole rows are read, where `take == row_bytes`; else a
-                // scratch row of `row_bytes`).
+                // (a row of `out` when whole rows of the region are read, where
+                // `take == row_bytes`; else a scratch row of `row_bytes`).
                 let got = unsafe { sys::jpeg_read_scanlines(cinfo, rows.as_mut_ptr(), n as u32) }
                     as usize;
                 if got == 0 {
@@ -465,8 +477,8 @@ impl<'a> Decompressor<'a> {
                         region.top + done
                     ));
                 }
-                if !whole_rows {
-                    for i in 0..got {
+                if !direct {
+                    for i in (0..got).filter(|i| done + i < region.height) {
                         let src = &scratch[i * row_bytes + skip..][..take];
                         out[(done + i) * take..][..take].copy_from_slice(src);
                     }
@@ -480,6 +492,18 @@ impl<'a> Decompressor<'a> {
         .map_err(|message| JpegError::Corrupt { message, code: 0 })
     }
 }
+
+/// Whether `bytes` end with the end-of-image marker (`FF D9`, allowing a few bytes of padding
+/// after it). Entropy-coded data never contains `FF D9`, so a file cut anywhere in its scans
+/// fails this check; a complete file may fail it too (data appended after the image, a missing
+/// marker), and is then only read to its last row, as a whole decode reads it.
+fn ends_with_eoi(bytes: &[u8]) -> bool {
+    let tail = &bytes[bytes.len().saturating_sub(EOI_SLACK)..];
+    tail.windows(2).any(|w| w == [0xFF, 0xD9])
+}
+
+/// Bytes after the end-of-image marker that [`ends_with_eoi`] allows.
+const EOI_SLACK: usize = 32;
 
 /// Rows asked of libjpeg per `jpeg_read_scanlines` call.
 const ROWS: usize = 16;

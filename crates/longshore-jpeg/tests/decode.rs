@@ -228,14 +228,36 @@ fn damaged_files_are_errors_naming_the_damage() {
     let cut = &jpeg[..jpeg.len() * 2 / 3];
     let e = decode(cut, &mut out).unwrap_err();
     assert!(e.to_string().contains("Premature end of JPEG file"), "{e}");
-    // A region above the cut still needs the rows up to its own end only: a region in the
-    // first rows of a file cut near its end decodes, as those bytes are all there.
-    let top = decode_rgb(
-        &jpeg[..jpeg.len() - 200],
-        |_| Ok::<_, JpegError>(Some(Region::new(0, 0, 64, 8))),
-        &mut out,
-    );
-    assert!(top.is_ok(), "{top:?}");
+    // A region whose rows all lie before the cut: still an error (the file is damaged,
+    // whichever crop an epoch draws), for every region and a few cut points.
+    for keep in [jpeg.len() - 3, jpeg.len() - 200, jpeg.len() / 2] {
+        for region in [
+            Region::new(0, 0, 64, 8),
+            Region::new(8, 0, 16, 4),
+            Region::new(0, 8, 3, 3),
+        ] {
+            let r = decode_rgb(
+                &jpeg[..keep],
+                |_| Ok::<_, JpegError>(Some(region)),
+                &mut out,
+            );
+            let e = r.unwrap_err();
+            assert!(
+                e.to_string().contains("Premature end"),
+                "{region:?} of {keep} bytes: {e}"
+            );
+        }
+    }
+    // Bytes appended after the end-of-image marker: the file is whole, regions decode (read
+    // through the image's last row) and equal the whole decode's pixels.
+    let mut padded = jpeg.clone();
+    padded.extend_from_slice(&[0u8; 100]);
+    let (full, _, _) = whole(&padded);
+    let region = Region::new(5, 7, 20, 9);
+    decode_rgb(&padded, |_| Ok::<_, JpegError>(Some(region)), &mut out).unwrap();
+    for y in 0..9 {
+        assert_eq!(&out[y * 60..][..60], &full[((7 + y) * 64 + 5) * 3..][..60]);
+    }
     // Cut in the header.
     let e = decode(&jpeg[..40], &mut out).unwrap_err();
     assert!(matches!(e, JpegError::Corrupt { .. }), "{e}");
