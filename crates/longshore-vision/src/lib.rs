@@ -65,6 +65,7 @@ pub mod decode;
 pub mod folder;
 pub mod image;
 pub mod plan;
+mod render;
 mod resize;
 #[cfg(feature = "shards")]
 pub mod shards;
