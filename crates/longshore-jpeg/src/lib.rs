@@ -418,12 +418,17 @@ impl<'a> Decompressor<'a> {
             // SAFETY: a decompressor whose header was read.
             unsafe { sys::jpeg_start_decompress(cinfo) };
             // Columns: one more on each side, so the chroma upsampling at the region's edges
-            // has the neighbours it has in a whole decode; libjpeg-turbo widens the crop
-            // further, to its block columns, and says where it starts.
+            // has the neighbours it has in a whole decode, and at least `MIN_CROP_COLUMNS`
+            // (libjpeg-turbo upsamples chroma fewer than 3 samples wide without interpolation,
+            // unlike a whole decode); libjpeg-turbo widens the crop further, to its block
+            // columns, and says where it starts.
             let mut x0 = 0;
             if !whole_rows {
-                let left = region.left.saturating_sub(1);
-                let right = (region.left + region.width + 1).min(header.width);
+                let mut left = region.left.saturating_sub(1);
+                let mut right = (region.left + region.width + 1).min(header.width);
+                let short = MIN_CROP_COLUMNS.saturating_sub(right - left);
+                right = (right + short).min(header.width);
+                left = left.saturating_sub(MIN_CROP_COLUMNS.saturating_sub(right - left));
                 x0 = left as u32;
                 let mut cw = (right - left) as u32;
                 // SAFETY: called after `jpeg_start_decompress`, before any scanline is read,
@@ -504,6 +509,12 @@ fn ends_with_eoi(bytes: &[u8]) -> bool {
 
 /// Bytes after the end-of-image marker that [`ends_with_eoi`] allows.
 const EOI_SLACK: usize = 32;
+
+/// The fewest columns asked of `jpeg_crop_scanline`: libjpeg-turbo interpolates chroma only
+/// when it is more than 2 samples wide after the crop, which 4:1:1 files (4 pixels a sample)
+/// reach from 9 columns; a whole image that narrow is decoded the same way, so the pixels
+/// agree either way.
+const MIN_CROP_COLUMNS: usize = 32;
 
 /// Rows asked of libjpeg per `jpeg_read_scanlines` call.
 const ROWS: usize = 16;

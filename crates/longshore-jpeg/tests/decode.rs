@@ -115,6 +115,50 @@ proptest! {
     }
 }
 
+/// Narrow regions at every column and row, where libjpeg-turbo would upsample a crop a few
+/// chroma samples wide without interpolation (the case the proptest found): the whole decode's
+/// pixels, for every subsampling and tiny heights.
+#[test]
+fn narrow_regions_at_every_column_and_row() {
+    let samplings = [
+        SamplingFactor::R_4_2_0,
+        SamplingFactor::R_4_2_2,
+        SamplingFactor::R_4_1_1,
+        SamplingFactor::R_4_4_0,
+        SamplingFactor::R_4_4_4,
+    ];
+    for (i, sampling) in samplings.into_iter().enumerate() {
+        for (width, height) in [(37usize, 4usize), (9, 3), (70, 17), (33, 1)] {
+            let form = Form {
+                sampling,
+                progressive: i % 2 == 1,
+                restart: 0,
+                grey: false,
+            };
+            let jpeg = encode(width, height, form, i as u64);
+            let (full, _, _) = whole(&jpeg);
+            let mut out = Vec::new();
+            for left in 0..width {
+                for top in 0..height {
+                    for (rw, rh) in [(1, 1), (1, 2), (2, 1), (3, 3), (5, 2)] {
+                        let (rw, rh) = (rw.min(width - left), rh.min(height - top));
+                        let region = Region::new(left, top, rw, rh);
+                        decode_rgb(&jpeg, |_| Ok::<_, JpegError>(Some(region)), &mut out).unwrap();
+                        for y in 0..rh {
+                            let want = &full[((top + y) * width + left) * 3..][..rw * 3];
+                            assert_eq!(
+                                &out[y * rw * 3..][..rw * 3],
+                                want,
+                                "{sampling:?} {width}x{height}, region {region:?}, row {y}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Whole decodes agree with zune-jpeg (another decoder of the same files) within the IDCT's
 /// and upsampling's rounding: checks the colour conversion and the row order.
 #[test]

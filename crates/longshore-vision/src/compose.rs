@@ -20,7 +20,7 @@ use crate::decode::{DecodeOptions, PlanFailed, decode_planned};
 use crate::image::RgbImage;
 use crate::plan::Geometry;
 pub(crate) use crate::render::with_scratch;
-use crate::render::{Current, Scratch, render};
+use crate::render::{Current, Scratch, Source, render};
 use crate::transforms::{
     CenterCrop, CropBox, Normalize, RandomHorizontalFlip, RandomResizedCrop, Resize,
 };
@@ -313,7 +313,15 @@ impl Compose {
             // decoded only there (the same pixels), and the plan re-based onto the crop.
             let draw = |w, h| self.geometry(w, h, rng);
             let r = match decode_planned(bytes, decode, draw, &mut decoded) {
-                Ok(p) => self.write(&p.geometry, &decoded, p.width, p.height, s, out),
+                Ok(p) => {
+                    let src = Source {
+                        pixels: &decoded,
+                        width: p.width,
+                        height: p.height,
+                        origin: p.origin,
+                    };
+                    self.write(&p.geometry, src, s, out)
+                }
                 Err(PlanFailed::Decode(e)) => Err(crate::folder::invalid(path, e)),
                 Err(PlanFailed::Plan(e)) => Err(e),
                 #[cfg(feature = "libjpeg")]
@@ -355,14 +363,8 @@ impl Compose {
         out: &mut [u8],
     ) -> Result<(), DataError> {
         with_scratch(|s| {
-            self.write(
-                geometry,
-                image.as_bytes(),
-                image.width(),
-                image.height(),
-                s,
-                out,
-            )
+            let src = Source::whole(image.as_bytes(), image.width(), image.height());
+            self.write(geometry, src, s, out)
         })
     }
 
@@ -376,16 +378,14 @@ impl Compose {
         out: &mut [u8],
     ) -> Result<(), DataError> {
         let geometry = self.geometry(width, height, rng)?;
-        self.write(&geometry, src, width, height, s, out)
+        self.write(&geometry, Source::whole(src, width, height), s, out)
     }
 
     /// Renders `geometry` on `src` and writes the output.
     fn write(
         &self,
         geometry: &Geometry,
-        src: &[u8],
-        width: usize,
-        height: usize,
+        src: Source<'_>,
         s: &mut Scratch,
         out: &mut [u8],
     ) -> Result<(), DataError> {
@@ -396,7 +396,7 @@ impl Compose {
                 got: out.len(),
             });
         }
-        let cur = render(geometry, src, width, height, s)?;
+        let cur = render(geometry, src, s)?;
         let (h, w) = self.size;
         if (cur.view.h, cur.view.w) != (h, w) {
             return Err(DataError::ShapeMismatch(format!(
@@ -454,5 +454,5 @@ fn run_steps<'a>(
     s: &mut Scratch,
 ) -> Result<Current<'a>, DataError> {
     let geometry = Geometry::draw(steps, width, height, rng)?;
-    render(&geometry, src, width, height, s)
+    render(&geometry, Source::whole(src, width, height), s)
 }

@@ -341,8 +341,12 @@ pub(crate) struct Planned {
     pub(crate) width: usize,
     /// The decoded pixels' height.
     pub(crate) height: usize,
-    /// The plan, drawn for the whole image and re-based onto the decoded region.
+    /// The plan, drawn for the whole image (and re-based onto the decoded region, or
+    /// rendered with `origin`).
     pub(crate) geometry: Geometry,
+    /// Where the decoded pixels lie in the image the plan was drawn for, when the plan is
+    /// rendered on a region of it as drawn (`RegionPlan::Offset`).
+    pub(crate) origin: Option<crate::plan::SourceRegion>,
 }
 
 /// Why [`decode_planned`] failed: the file, or the plan.
@@ -391,14 +395,17 @@ pub(crate) fn decode_planned(
             options.check_header(&jpeg_header(h))?;
             let draw = draw.take().expect("admit is called once");
             let geometry = draw(h.width, h.height).map_err(PlanFailed::Plan)?;
-            let (region, geometry) = match geometry.source_region() {
-                Some((r, rebased)) => (
-                    Some(longshore_jpeg::Region::new(r.x, r.y, r.w, r.h)),
-                    rebased,
-                ),
-                None => (None, geometry),
+            let (region, geometry, origin) = match geometry.source_region() {
+                Some((r, plan)) => {
+                    let region = Some(longshore_jpeg::Region::new(r.x, r.y, r.w, r.h));
+                    match plan {
+                        crate::plan::RegionPlan::Rebased(rebased) => (region, rebased, None),
+                        crate::plan::RegionPlan::Offset => (region, geometry, Some(r)),
+                    }
+                }
+                None => (None, geometry, None),
             };
-            planned = Some(geometry);
+            planned = Some((geometry, origin));
             Ok::<_, PlanFailed>(region)
         };
         let r = catch_decoder_panic(format, || longshore_jpeg::decode_rgb(bytes, admit, out));
@@ -407,10 +414,12 @@ pub(crate) fn decode_planned(
             Err(PlanFailed::Jpeg(e)) => return Err(DecodeError::Jpeg(e.to_string()).into()),
             Err(e) => return Err(e),
             Ok(d) => {
+                let (geometry, origin) = planned.expect("admitted");
                 return Ok(Planned {
                     width: d.region.width,
                     height: d.region.height,
-                    geometry: planned.expect("admitted"),
+                    geometry,
+                    origin,
                 });
             }
         }
@@ -420,6 +429,7 @@ pub(crate) fn decode_planned(
             width,
             height,
             geometry,
+            origin: None,
         });
     }
     let _ = format;
@@ -429,6 +439,7 @@ pub(crate) fn decode_planned(
         width,
         height,
         geometry,
+        origin: None,
     })
 }
 

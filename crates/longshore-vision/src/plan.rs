@@ -164,14 +164,60 @@ impl Geometry {
         self.output
     }
 
-    /// When the plan reads only part of its input (its first step after any flips is a
-    /// resized crop, or a crop inside the image), that part in the input's coordinates, and
-    /// the plan re-based onto it: rendered on those pixels alone, the re-based plan writes what
-    /// this plan writes on the whole image. `None` when the plan reads every pixel.
+    /// When the plan reads only part of its input, that part in the input's coordinates and
+    /// how to render the plan on those pixels alone, writing what it writes on the whole image:
+    /// a first step (after any flips) that is a resized crop or a crop inside the image reads
+    /// its box, and the plan is re-based onto it; a first `Resize` whose result is cropped
+    /// inside (the val pipeline, computed as one resize of the crop's source box) reads that
+    /// box and its filter's reach, and the plan is rendered with the region's corner as its
+    /// source's origin. `None` when the plan reads every pixel.
     #[cfg(feature = "libjpeg")]
-    pub(crate) fn source_region(&self) -> Option<(SourceRegion, Geometry)> {
+    pub(crate) fn source_region(&self) -> Option<(SourceRegion, RegionPlan)> {
         let (width, height) = self.input;
         let first = self.steps.iter().position(|s| *s != PlannedStep::Flip)?;
+        if let (
+            0,
+            PlannedStep::Resize {
+                width: w,
+                height: h,
+                interpolation,
+            },
+            Some(PlannedStep::Crop(b)),
+        ) = (first, self.steps[0], self.steps.get(1))
+        {
+            let sub = crate::render::fused_sub_box(width, height, w, h, interpolation, *b)?;
+            // fast_image_resize reads, for each output pixel, the source pixels within the
+            // filter's support times the scale of its centre (a centre lies inside the box);
+            // two more pixels on each side absorb the floating-point rounding of the bounds.
+            let support = match interpolation {
+                Interpolation::Bilinear => 1.0,
+                Interpolation::Bicubic => 2.0,
+                Interpolation::Nearest => return None,
+            };
+            let (rx, ry) = (
+                support * (sub.width / b.width as f64).max(1.0),
+                support * (sub.height / b.height as f64).max(1.0),
+            );
+            let span = |lo: f64, len: f64, reach: f64, all: usize| {
+                let start = (lo - reach).floor() - 2.0;
+                let end = (lo + len + reach).ceil() + 2.0;
+                let start = start.max(0.0) as usize;
+                let end = (end.max(0.0) as usize).min(all);
+                (start.min(end), end)
+            };
+            let (x0, x1) = span(sub.left, sub.width, rx, width);
+            let (y0, y1) = span(sub.top, sub.height, ry, height);
+            if x1 <= x0 || y1 <= y0 || (x1 - x0, y1 - y0) == (width, height) {
+                return None;
+            }
+            let region = SourceRegion {
+                x: x0,
+                y: y0,
+                w: x1 - x0,
+                h: y1 - y0,
+            };
+            return Some((region, RegionPlan::Offset));
+        }
         let mirrored = first % 2 == 1;
         let (crop, clamp) = match self.steps[first] {
             PlannedStep::ResizedCrop { crop, .. } => (crop, true),
@@ -210,17 +256,28 @@ impl Geometry {
         let region = SourceRegion { x, y: top, w, h };
         Some((
             region,
-            Geometry {
+            RegionPlan::Rebased(Geometry {
                 input: (w, h),
                 steps,
                 output: self.output,
-            },
+            }),
         ))
     }
 }
 
-/// The part of an image a [`Geometry`] reads: `w x h` pixels from column `x`, row `y`.
+/// How a [`Geometry`] is rendered on the region of its input it reads
+/// ([`Geometry::source_region`]).
 #[cfg(feature = "libjpeg")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RegionPlan {
+    /// This plan, drawn for the region's pixels alone.
+    Rebased(Geometry),
+    /// The plan as drawn, its source's origin at the region's corner.
+    Offset,
+}
+
+/// The part of an image a [`Geometry`] reads: `w x h` pixels from column `x`, row `y`.
+#[cfg_attr(not(feature = "libjpeg"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SourceRegion {
     pub(crate) x: usize,

@@ -8,29 +8,42 @@ use std::cell::RefCell;
 use fast_image_resize::Resizer;
 use longshore_data::{DataError, ImageLayout};
 
-use crate::plan::{Geometry, PlannedStep};
+use crate::plan::{Geometry, PlannedStep, SourceRegion};
 use crate::resize::{Rect, SubBox, resize_box};
 use crate::transforms::{CropBox, Interpolation, Normalize};
 
 /// Executes `geometry` on the pixels `src` (`width x height`, RGB HWC): the CPU renderer of
 /// a plan. A crop only narrows a view of the current pixels, a resize reads only its box, a
 /// flip waits for the next geometric step or the output writer.
+///
+/// A source with an `origin` holds only that region of the image the plan was drawn for (a
+/// JPEG decoded there alone): the plan must start with a `Resize` and a crop inside its result
+/// ([`Geometry::source_region`]'s offset case), whose source box is read from the region.
 pub(crate) fn render<'a>(
     geometry: &Geometry,
-    src: &'a [u8],
-    width: usize,
-    height: usize,
+    src: Source<'a>,
     s: &mut Scratch,
 ) -> Result<Current<'a>, DataError> {
-    if geometry.input_size() != (width, height) {
+    let (width, height) = (src.width, src.height);
+    let drawn_for = match src.origin {
+        Some(r) if r.x + r.w <= geometry.input_size().0 && r.y + r.h <= geometry.input_size().1 => {
+            (r.w, r.h)
+        }
+        Some(_) => (0, 0),
+        None => geometry.input_size(),
+    };
+    if drawn_for != (width, height) {
         return Err(DataError::ShapeMismatch(format!(
-            "a plan drawn for a {}x{} image, rendered on a {width}x{height} one",
+            "a plan drawn for a {}x{} image, rendered on a {width}x{height} one{}",
             geometry.input_size().0,
-            geometry.input_size().1
+            geometry.input_size().1,
+            src.origin
+                .map(|r| format!(" at {:?}", r))
+                .unwrap_or_default()
         )));
     }
     let mut cur = Current {
-        pixels: Cow::Borrowed(src),
+        pixels: Cow::Borrowed(src.pixels),
         width,
         height,
         view: Rect {
@@ -42,6 +55,35 @@ pub(crate) fn render<'a>(
         flip: false,
     };
     let mut steps = geometry.steps().iter().peekable();
+    if let Some(r) = src.origin {
+        // The region's fused resize + crop: the source box as the whole image's, moved by the
+        // region's corner (integers: the move is exact), read from the region's pixels.
+        let (w_all, h_all) = geometry.input_size();
+        let fused = match (steps.next(), steps.next()) {
+            (
+                Some(&PlannedStep::Resize {
+                    width: w,
+                    height: h,
+                    interpolation,
+                }),
+                Some(&PlannedStep::Crop(b)),
+            ) => fused_sub_box(w_all, h_all, w, h, interpolation, b)
+                .map(|sub| (sub, b, interpolation)),
+            _ => None,
+        };
+        let Some((sub, b, interpolation)) = fused else {
+            return Err(DataError::ShapeMismatch(
+                "a plan rendered on a region must start with a resize and a crop inside it".into(),
+            ));
+        };
+        let sub = SubBox {
+            left: sub.left - r.x as f64,
+            top: sub.top - r.y as f64,
+            ..sub
+        };
+        let rect = cur.view;
+        cur.resize(s, rect, sub, b.width, b.height, interpolation)?;
+    }
     while let Some(step) = steps.next() {
         match *step {
             PlannedStep::ResizedCrop {
@@ -71,31 +113,11 @@ pub(crate) fn render<'a>(
             } => {
                 cur.apply_flip();
                 // Resize then a crop inside the result (the val pipeline): only the cropped
-                // part is computed, from the source box that maps onto it. Only when
-                // shrinking (the ImageNet case), and not for nearest neighbour: upscaling a
-                // fractional box and nearest neighbour's pick of a source pixel are not
-                // shift-invariant in fast_image_resize (a proptest found 2 levels off when
-                // upscaling 50x75 to 60x90).
-                let fusable =
-                    interpolation != Interpolation::Nearest && w <= cur.view.w && h <= cur.view.h;
-                if let (true, Some(PlannedStep::Crop(b))) = (fusable, steps.peek()) {
-                    let b = *b;
-                    if b.top >= 0
-                        && b.left >= 0
-                        && b.top as usize + b.height <= h
-                        && b.left as usize + b.width <= w
-                    {
+                // part is computed, from the source box that maps onto it.
+                if let Some(&&PlannedStep::Crop(b)) = steps.peek() {
+                    let (vw, vh) = (cur.view.w, cur.view.h);
+                    if let Some(sub) = fused_sub_box(vw, vh, w, h, interpolation, b) {
                         steps.next();
-                        let (sx, sy) = (cur.view.w as f64 / w as f64, cur.view.h as f64 / h as f64);
-                        let (left, top) = (b.left as f64 * sx, b.top as f64 * sy);
-                        // Clamped to the view: `b.width * sx` can exceed it by a rounding
-                        // error when the crop reaches the edge (55x54 -> 21x21, crop 21).
-                        let sub = SubBox {
-                            left,
-                            top,
-                            width: (b.width as f64 * sx).min(cur.view.w as f64 - left),
-                            height: (b.height as f64 * sy).min(cur.view.h as f64 - top),
-                        };
                         let rect = cur.view;
                         cur.resize(s, rect, sub, b.width, b.height, interpolation)?;
                         continue;
@@ -112,6 +134,61 @@ pub(crate) fn render<'a>(
         }
     }
     Ok(cur)
+}
+
+/// The pixels a plan is rendered on: a whole image, or (with `origin`) the region of it a
+/// JPEG was decoded in.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Source<'a> {
+    pub(crate) pixels: &'a [u8],
+    pub(crate) width: usize,
+    pub(crate) height: usize,
+    pub(crate) origin: Option<SourceRegion>,
+}
+
+impl<'a> Source<'a> {
+    /// A whole `width x height` image.
+    pub(crate) fn whole(pixels: &'a [u8], width: usize, height: usize) -> Source<'a> {
+        Source {
+            pixels,
+            width,
+            height,
+            origin: None,
+        }
+    }
+}
+
+/// The source box of a `Resize` to `w x h` of a `view_w x view_h` view followed by the crop `b`
+/// of its result, in the view's coordinates, when the two are computed as one resize of that
+/// box: `b` inside the resize, shrinking (the ImageNet case), not nearest neighbour (upscaling a
+/// fractional box and nearest neighbour's pick of a source pixel are not shift-invariant in
+/// fast_image_resize: a proptest found 2 levels off when upscaling 50x75 to 60x90).
+pub(crate) fn fused_sub_box(
+    view_w: usize,
+    view_h: usize,
+    w: usize,
+    h: usize,
+    interpolation: Interpolation,
+    b: CropBox,
+) -> Option<SubBox> {
+    let fusable = interpolation != Interpolation::Nearest && w <= view_w && h <= view_h;
+    let inside = b.top >= 0
+        && b.left >= 0
+        && b.top as usize + b.height <= h
+        && b.left as usize + b.width <= w;
+    if !(fusable && inside) {
+        return None;
+    }
+    let (sx, sy) = (view_w as f64 / w as f64, view_h as f64 / h as f64);
+    let (left, top) = (b.left as f64 * sx, b.top as f64 * sy);
+    // Clamped to the view: `b.width * sx` can exceed it by a rounding error when the crop
+    // reaches the edge (55x54 -> 21x21, crop 21).
+    Some(SubBox {
+        left,
+        top,
+        width: (b.width as f64 * sx).min(view_w as f64 - left),
+        height: (b.height as f64 * sy).min(view_h as f64 - top),
+    })
 }
 
 /// Buffers a worker thread reuses for every image.

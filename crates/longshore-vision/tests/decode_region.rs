@@ -127,3 +127,63 @@ fn imagenet_train_on_a_photo_sized_jpeg() {
         assert!(x == y, "seed {seed}: the region's tensor differs");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(160))]
+
+    /// The val pipeline (a resize whose result is cropped inside, computed as one resize of the
+    /// crop's source box) reads that box and its filter's reach alone: the same bytes as on the
+    /// whole decoded image, for both antialiasing filters and shrinking of every ratio.
+    #[test]
+    fn a_resize_then_crop_reads_its_source_box_alone(
+        w in 16usize..200,
+        h in 16usize..200,
+        size in 4usize..120,
+        crop_frac in 0.1f64..1.0,
+        bicubic in any::<bool>(),
+        sampling in sampling(),
+        seed in any::<u64>(),
+    ) {
+        let interpolation = if bicubic { Interpolation::Bicubic } else { Interpolation::Bilinear };
+        let resize = Resize::new(size).unwrap().interpolation(interpolation);
+        let crop = CenterCrop::new(((size as f64 * crop_frac) as usize).max(1)).unwrap();
+        let compose = Compose::new([resize.into(), crop.into()], Output::U8Hwc).unwrap();
+        let bytes = jpeg(w, h, sampling, false, seed);
+        let options = DecodeOptions::default();
+        let mut region = vec![0u8; compose.output_bytes()];
+        compose.decode_into(Path::new("v.jpg"), &bytes, &options, &mut epoch_rng(0, 0), &mut region).unwrap();
+        let whole = decode_rgb(&bytes, &options).unwrap();
+        let mut applied = vec![0u8; compose.output_bytes()];
+        compose.apply_into(&whole, &mut epoch_rng(0, 0), &mut applied).unwrap();
+        prop_assert!(region == applied, "pixels differ ({}x{} -> {}, crop {:?})", w, h, size, crop);
+    }
+}
+
+/// The ImageNet val pipeline on photo-sized JPEGs of several shapes: the same tensors.
+#[test]
+fn imagenet_val_on_photo_sized_jpegs() {
+    let compose = Compose::imagenet_val();
+    let options = DecodeOptions::default();
+    for (i, (w, h)) in [(500, 375), (375, 500), (640, 480), (333, 500), (1024, 683)]
+        .into_iter()
+        .enumerate()
+    {
+        let bytes = jpeg(w, h, SamplingFactor::R_4_2_0, i % 2 == 1, i as u64);
+        let whole = decode_rgb(&bytes, &options).unwrap();
+        let mut x = vec![0u8; compose.output_bytes()];
+        let mut y = vec![0u8; compose.output_bytes()];
+        compose
+            .decode_into(
+                Path::new("v.jpg"),
+                &bytes,
+                &options,
+                &mut epoch_rng(0, 0),
+                &mut x,
+            )
+            .unwrap();
+        compose
+            .apply_into(&whole, &mut epoch_rng(0, 0), &mut y)
+            .unwrap();
+        assert!(x == y, "{w}x{h}: the region's tensor differs");
+    }
+}
