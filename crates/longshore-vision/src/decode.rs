@@ -319,7 +319,8 @@ fn decode_jpeg(
             Err(PlanFailed::Decode(e)) => return Err(e),
             Err(PlanFailed::Jpeg(longshore_jpeg::JpegError::UnsupportedColor(_))) => {}
             Err(PlanFailed::Jpeg(e)) => return Err(DecodeError::Jpeg(e.to_string())),
-            Err(PlanFailed::Plan(_)) => unreachable!("no plan is drawn"),
+            // `admit` draws no plan: no such error comes back.
+            Err(PlanFailed::Plan(e)) => return Err(DecodeError::Jpeg(e.to_string())),
         }
     }
     decode_jpeg_zune(bytes, options, out)
@@ -386,9 +387,8 @@ pub(crate) fn decode_planned(
     draw: impl FnOnce(usize, usize) -> Result<Geometry, DataError>,
     out: &mut Vec<u8>,
 ) -> Result<Planned, PlanFailed> {
-    let format = sniff(bytes)?;
     #[cfg(feature = "libjpeg")]
-    if format == ImageFormat::Jpeg {
+    if sniff(bytes)? == ImageFormat::Jpeg {
         let mut draw = Some(draw);
         let mut planned = None;
         let admit = |h: &longshore_jpeg::Header| {
@@ -408,7 +408,9 @@ pub(crate) fn decode_planned(
             planned = Some((geometry, origin));
             Ok::<_, PlanFailed>(region)
         };
-        let r = catch_decoder_panic(format, || longshore_jpeg::decode_rgb(bytes, admit, out));
+        let r = catch_decoder_panic(ImageFormat::Jpeg, || {
+            longshore_jpeg::decode_rgb(bytes, admit, out)
+        });
         match r {
             Err(PlanFailed::Jpeg(longshore_jpeg::JpegError::UnsupportedColor(_))) => {}
             Err(PlanFailed::Jpeg(e)) => return Err(DecodeError::Jpeg(e.to_string()).into()),
@@ -432,7 +434,6 @@ pub(crate) fn decode_planned(
             origin: None,
         });
     }
-    let _ = format;
     let (width, height) = decode_rgb_into(bytes, options, out)?;
     let geometry = draw(width, height).map_err(PlanFailed::Plan)?;
     Ok(Planned {
