@@ -115,6 +115,36 @@ def test_center_crop_flip_and_normalize_match_a_numpy_reference(tmp_path):
     np.testing.assert_array_equal(x, np.stack([center_crop_ref(a, 4, 4).transpose(2, 0, 1) for a in images]))
 
 
+@pytest.mark.parametrize("form", ["4:2:0", "4:2:2", "4:4:4", "progressive", "grey"])
+def test_jpegs_decode_to_pils_pixels_whole_and_cropped(tmp_path, form):
+    """JPEGs decode with PIL's own library (libjpeg-turbo) and its defaults: a crop of the whole
+    image (a whole decode) and a smaller centre crop (only the crop's rows and columns are
+    decoded) equal PIL's pixels exactly."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(7)
+    root = tmp_path / "jpegs"
+    (root / "c").mkdir(parents=True)
+    shapes = [(75, 100), (61, 47), (120, 33)]
+    for i, (h, w) in enumerate(shapes):
+        yy, xx = np.mgrid[0:h, 0:w]
+        smooth = np.stack([(xx * 3 + yy) % 256, (yy * 2 + 40) % 256, (xx + yy * 5) % 256], -1)
+        a = np.clip(smooth + rng.integers(0, 40, (h, w, 3)), 0, 255).astype(np.uint8)
+        im = Image.fromarray(a).convert("L") if form == "grey" else Image.fromarray(a)
+        kw = {"quality": 88}
+        if form == "progressive":
+            kw.update(progressive=True, subsampling="4:2:0")
+        elif form != "grey":
+            kw["subsampling"] = form
+        im.save(root / "c" / f"{i:03d}.jpg", **kw)
+    pil = [np.asarray(Image.open(root / "c" / f"{i:03d}.jpg").convert("RGB")) for i in range(3)]
+    for i, (h, w) in enumerate(shapes):
+        for crop in [(h, w), (max(h // 3, 1), max(w // 2, 1))]:
+            ds = longshore.datasets.ImageFolder(str(root), T.Compose([T.CenterCrop(crop), T.PILToTensor()]))
+            image, _ = ds[i]
+            want = center_crop_ref(pil[i], *crop).transpose(2, 0, 1)
+            np.testing.assert_array_equal(image, want, err_msg=f"{form}, image {i}, crop {crop}")
+
+
 def test_resize_shapes_and_a_uniform_image_stays_uniform(tmp_path):
     colours = [(10, 200, 30), (255, 0, 128), (77, 77, 77)]
     shapes = [(40, 30), (25, 60), (33, 33)]
