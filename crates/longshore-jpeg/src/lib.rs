@@ -171,9 +171,6 @@ pub enum JpegError {
         /// The image's height.
         height: usize,
     },
-    /// A bug: the decoder panicked (reported instead of unwinding into the caller).
-    #[error("the JPEG decoder panicked: {0}")]
-    Panicked(String),
 }
 
 /// Reads a JPEG's header (markers up to the first scan) without decoding pixels.
@@ -350,7 +347,8 @@ impl<'a> Decompressor<'a> {
         Ok(d)
     }
 
-    /// Runs `f` on the struct; libjpeg's `error_exit` (an unwind) becomes an error.
+    /// Runs `f` on the struct; libjpeg's `error_exit` (an unwind) becomes an error. Any other
+    /// panic (a bug) goes on unwinding, once the struct is destroyed.
     fn guard<R>(
         &mut self,
         f: impl FnOnce(&mut sys::jpeg_decompress_struct) -> R,
@@ -362,13 +360,7 @@ impl<'a> Decompressor<'a> {
                     message: fatal.message,
                     code: fatal.code,
                 },
-                Err(other) => JpegError::Panicked(
-                    other
-                        .downcast_ref::<&str>()
-                        .map(|s| (*s).to_owned())
-                        .or_else(|| other.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "a panic without a message".to_owned()),
-                ),
+                Err(other) => resume_unwind(other),
             }
         })
     }

@@ -14,8 +14,6 @@ use std::path::Path;
 use longshore_data::rng::Rng;
 use longshore_data::{DType, DataError, FieldSpec, ImageLayout, Shape, Tensor};
 
-#[cfg(feature = "libjpeg")]
-use crate::decode::DecodeError;
 use crate::decode::{DecodeOptions, PlanFailed, decode_planned};
 use crate::image::RgbImage;
 use crate::plan::Geometry;
@@ -324,11 +322,6 @@ impl Compose {
                 }
                 Err(PlanFailed::Decode(e)) => Err(crate::folder::invalid(path, e)),
                 Err(PlanFailed::Plan(e)) => Err(e),
-                #[cfg(feature = "libjpeg")]
-                Err(PlanFailed::Jpeg(e)) => Err(crate::folder::invalid(
-                    path,
-                    DecodeError::Jpeg(e.to_string()),
-                )),
             };
             s.decoded = decoded;
             r

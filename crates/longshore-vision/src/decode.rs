@@ -312,18 +312,57 @@ fn decode_jpeg(
     {
         let admit = |h: &longshore_jpeg::Header| {
             options.check_header(&jpeg_header(h))?;
-            Ok::<_, PlanFailed>(None)
+            Ok(None)
         };
-        match longshore_jpeg::decode_rgb(bytes, admit, out) {
-            Ok(d) => return Ok((d.region.width, d.region.height)),
+        match libjpeg_rgb(bytes, admit, out) {
+            Ok(Some(d)) => return Ok((d.region.width, d.region.height)),
+            Ok(None) => {}
             Err(PlanFailed::Decode(e)) => return Err(e),
-            Err(PlanFailed::Jpeg(longshore_jpeg::JpegError::UnsupportedColor(_))) => {}
-            Err(PlanFailed::Jpeg(e)) => return Err(DecodeError::Jpeg(e.to_string())),
             // `admit` draws no plan: no such error comes back.
             Err(PlanFailed::Plan(e)) => return Err(DecodeError::Jpeg(e.to_string())),
         }
     }
     decode_jpeg_zune(bytes, options, out)
+}
+
+/// Why an `admit` hook of [`libjpeg_rgb`] or libjpeg-turbo itself stopped a decode.
+#[cfg(feature = "libjpeg")]
+enum Admit {
+    Failed(PlanFailed),
+    Jpeg(longshore_jpeg::JpegError),
+}
+
+#[cfg(feature = "libjpeg")]
+impl From<longshore_jpeg::JpegError> for Admit {
+    fn from(e: longshore_jpeg::JpegError) -> Self {
+        Admit::Jpeg(e)
+    }
+}
+
+#[cfg(feature = "libjpeg")]
+impl From<DecodeError> for Admit {
+    fn from(e: DecodeError) -> Self {
+        Admit::Failed(PlanFailed::Decode(e))
+    }
+}
+
+/// libjpeg-turbo's decode of `bytes` (a decoder panic is this file's error): `None` for a
+/// colour model it does not convert to RGB, which zune-jpeg decodes instead.
+#[cfg(feature = "libjpeg")]
+fn libjpeg_rgb(
+    bytes: &[u8],
+    admit: impl FnOnce(&longshore_jpeg::Header) -> Result<Option<longshore_jpeg::Region>, Admit>,
+    out: &mut Vec<u8>,
+) -> Result<Option<longshore_jpeg::Decoded>, PlanFailed> {
+    let r = catch_decoder_panic(ImageFormat::Jpeg, || {
+        longshore_jpeg::decode_rgb(bytes, admit, out)
+    });
+    match r {
+        Ok(d) => Ok(Some(d)),
+        Err(Admit::Jpeg(longshore_jpeg::JpegError::UnsupportedColor(_))) => Ok(None),
+        Err(Admit::Jpeg(e)) => Err(PlanFailed::Decode(DecodeError::Jpeg(e.to_string()))),
+        Err(Admit::Failed(e)) => Err(e),
+    }
 }
 
 #[cfg(feature = "libjpeg")]
@@ -357,22 +396,11 @@ pub(crate) enum PlanFailed {
     Decode(DecodeError),
     /// The plan could not be drawn.
     Plan(DataError),
-    /// libjpeg-turbo's error (turned into [`DecodeError::Jpeg`], or a fall back to zune-jpeg
-    /// for a colour model it does not convert).
-    #[cfg(feature = "libjpeg")]
-    Jpeg(longshore_jpeg::JpegError),
 }
 
 impl From<DecodeError> for PlanFailed {
     fn from(e: DecodeError) -> Self {
         PlanFailed::Decode(e)
-    }
-}
-
-#[cfg(feature = "libjpeg")]
-impl From<longshore_jpeg::JpegError> for PlanFailed {
-    fn from(e: longshore_jpeg::JpegError) -> Self {
-        PlanFailed::Jpeg(e)
     }
 }
 
@@ -394,7 +422,8 @@ pub(crate) fn decode_planned(
         let admit = |h: &longshore_jpeg::Header| {
             options.check_header(&jpeg_header(h))?;
             let draw = draw.take().expect("admit is called once");
-            let geometry = draw(h.width, h.height).map_err(PlanFailed::Plan)?;
+            let geometry =
+                draw(h.width, h.height).map_err(|e| Admit::Failed(PlanFailed::Plan(e)))?;
             let (region, geometry, origin) = match geometry.source_region() {
                 Some((r, plan)) => {
                     let region = Some(longshore_jpeg::Region::new(r.x, r.y, r.w, r.h));
@@ -406,24 +435,16 @@ pub(crate) fn decode_planned(
                 None => (None, geometry, None),
             };
             planned = Some((geometry, origin));
-            Ok::<_, PlanFailed>(region)
+            Ok(region)
         };
-        let r = catch_decoder_panic(ImageFormat::Jpeg, || {
-            longshore_jpeg::decode_rgb(bytes, admit, out)
-        });
-        match r {
-            Err(PlanFailed::Jpeg(longshore_jpeg::JpegError::UnsupportedColor(_))) => {}
-            Err(PlanFailed::Jpeg(e)) => return Err(DecodeError::Jpeg(e.to_string()).into()),
-            Err(e) => return Err(e),
-            Ok(d) => {
-                let (geometry, origin) = planned.expect("admitted");
-                return Ok(Planned {
-                    width: d.region.width,
-                    height: d.region.height,
-                    geometry,
-                    origin,
-                });
-            }
+        if let Some(d) = libjpeg_rgb(bytes, admit, out)? {
+            let (geometry, origin) = planned.expect("admitted");
+            return Ok(Planned {
+                width: d.region.width,
+                height: d.region.height,
+                geometry,
+                origin,
+            });
         }
         let (width, height) = decode_rgb_into(bytes, options, out)?;
         let geometry = draw.take().expect("not drawn")(width, height).map_err(PlanFailed::Plan)?;
