@@ -33,6 +33,18 @@ struct Form {
     grey: bool,
 }
 
+impl Form {
+    /// A colour file of `sampling`, no restart markers.
+    fn color(sampling: SamplingFactor, progressive: bool) -> Form {
+        Form {
+            sampling,
+            progressive,
+            restart: 0,
+            grey: false,
+        }
+    }
+}
+
 fn encode(width: usize, height: usize, form: Form, seed: u64) -> Vec<u8> {
     let channels = if form.grey { 1 } else { 3 };
     let px = pixels(width, height, channels, seed);
@@ -129,12 +141,7 @@ fn narrow_regions_at_every_column_and_row() {
     ];
     for (i, sampling) in samplings.into_iter().enumerate() {
         for (width, height) in [(37usize, 4usize), (9, 3), (70, 17), (33, 1)] {
-            let form = Form {
-                sampling,
-                progressive: i % 2 == 1,
-                restart: 0,
-                grey: false,
-            };
+            let form = Form::color(sampling, i % 2 == 1);
             let jpeg = encode(width, height, form, i as u64);
             let (full, _, _) = whole(&jpeg);
             let mut out = Vec::new();
@@ -170,12 +177,7 @@ fn whole_decodes_match_a_second_decoder() {
         .into_iter()
         .enumerate()
     {
-        let form = Form {
-            sampling,
-            progressive: i == 1,
-            restart: 0,
-            grey: false,
-        };
+        let form = Form::color(sampling, i == 1);
         let jpeg = encode(97, 61, form, 7 + i as u64);
         let (ours, w, h) = whole(&jpeg);
         let options = DecoderOptions::default().jpeg_set_out_colorspace(ColorSpace::RGB);
@@ -200,10 +202,8 @@ fn whole_decodes_match_a_second_decoder() {
 #[test]
 fn grey_files_decode_to_equal_channels() {
     let form = Form {
-        sampling: SamplingFactor::R_4_4_4,
-        progressive: false,
-        restart: 0,
         grey: true,
+        ..Form::color(SamplingFactor::R_4_4_4, false)
     };
     let jpeg = encode(33, 17, form, 3);
     assert_eq!(read_header(&jpeg).unwrap().color, ColorModel::Grayscale);
@@ -213,12 +213,7 @@ fn grey_files_decode_to_equal_channels() {
 
 #[test]
 fn the_header_comes_first_and_admit_can_refuse() {
-    let form = Form {
-        sampling: SamplingFactor::R_4_2_0,
-        progressive: false,
-        restart: 0,
-        grey: false,
-    };
+    let form = Form::color(SamplingFactor::R_4_2_0, false);
     let jpeg = encode(40, 30, form, 1);
     let h = read_header(&jpeg).unwrap();
     assert_eq!(
@@ -258,12 +253,7 @@ fn the_header_comes_first_and_admit_can_refuse() {
 
 #[test]
 fn damaged_files_are_errors_naming_the_damage() {
-    let form = Form {
-        sampling: SamplingFactor::R_4_2_0,
-        progressive: false,
-        restart: 0,
-        grey: false,
-    };
+    let form = Form::color(SamplingFactor::R_4_2_0, false);
     let jpeg = encode(64, 64, form, 9);
     let mut out = Vec::new();
     let decode =
