@@ -14,6 +14,7 @@ mod loader;
 mod logs;
 mod mixture;
 mod nvjpeg;
+mod pump;
 mod pydata;
 mod sampler;
 mod shards;

@@ -20,7 +20,7 @@ use pyo3::types::PyDict;
 
 use crate::boxed::{Handoff, Loader, Options, configure};
 use crate::dataset::{Native, native_of};
-use crate::epoch::{Convert, Position, PyEpoch};
+use crate::epoch::{Convert, Feeding, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::pydata::{Parts, PyProcessSource};
 use crate::sampler::PyEpochOrder;
@@ -239,6 +239,9 @@ pub(crate) struct PyLoader {
     export: ExportOptions,
     position: Arc<Position>,
     num_workers: usize,
+    /// How an epoch's batches are made for Python (a Python dataset loaded in this process is
+    /// loaded when asked for, as PyTorch loads it).
+    feeding: Feeding,
     /// A sharded dataset's loader: its shards (for their stats; the loader drives their epochs
     /// and resume state).
     shards: Option<ShardedDataset>,
@@ -392,6 +395,11 @@ impl PyLoader {
             .transpose()
             .map_err(crate::errors::shard_err)?;
         let shards = sharded.as_ref().map(|(s, _)| s.clone());
+        let feeding = match &process {
+            Some(Parts::Map(..)) if num_workers == 0 => Feeding::OnCallingThread,
+            Some(Parts::Iterable(..)) if num_workers == 0 => Feeding::WhenAsked,
+            _ => Feeding::Ahead,
+        };
         let inner = py
             .detach(|| match (nvjpeg_files, device.as_ref(), process, source) {
                 // Each worker reads its planned stream; no batch of an epoch is made before
@@ -479,6 +487,7 @@ impl PyLoader {
             export: ExportOptions::default().pinned(pinned),
             position: Arc::new(Position::default()),
             num_workers,
+            feeding,
             shards,
         })
     }
@@ -525,7 +534,8 @@ impl PyLoader {
             self.form.clone(),
             self.meta,
             copies,
-            crate::epoch::poll_for(self.num_workers),
+            self.feeding,
+            crate::pump::poll_for(self.num_workers),
         )
     }
 

@@ -66,6 +66,30 @@ pub(crate) fn _at_exit(py: Python<'_>) {
     py.detach(|| *FINALIZING.write().unwrap_or_else(|p| p.into_inner()) = true);
 }
 
+thread_local! {
+    /// A `BaseException` that is not an `Exception` (`KeyboardInterrupt`, `SystemExit`) that a
+    /// Python dataset run on this thread raised, for `__next__` to raise as itself
+    /// ([`take_interrupt`]).
+    static INTERRUPT: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// The interrupt a Python dataset run on this thread raised since the last call, if any.
+pub(crate) fn take_interrupt() -> Option<PyErr> {
+    INTERRUPT.with(|i| i.borrow_mut().take())
+}
+
+/// The error of an in-process handler's call that raised `e`: an interrupt is kept for
+/// [`take_interrupt`] and fails its batch under every sample-error policy (no skip runs the
+/// dataset on after a Ctrl-C).
+fn handler_failed(py: Python<'_>, e: PyErr) -> DataError {
+    if e.is_instance_of::<pyo3::exceptions::PyException>(py) {
+        return DataError::Other(format!("the dataset's handler failed: {e}"));
+    }
+    let message = e.to_string();
+    INTERRUPT.with(|i| *i.borrow_mut() = Some(e));
+    DataError::unskippable("the dataset's code was interrupted", message)
+}
+
 fn shutting_down() -> DataError {
     DataError::Other("the Python interpreter is shutting down".into())
 }
@@ -339,7 +363,7 @@ impl Workers {
             Endpoint::InProcess(handler) => with_python(|py| {
                 let reply = handler
                     .call_method1(py, "handle", (PyBytes::new(py, request),))
-                    .map_err(|e| DataError::Other(format!("the dataset's handler failed: {e}")))?;
+                    .map_err(|e| handler_failed(py, e))?;
                 reply
                     .extract::<Vec<u8>>(py)
                     .map_err(|e| DataError::Other(format!("the dataset's handler answered: {e}")))

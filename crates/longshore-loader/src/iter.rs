@@ -1,6 +1,8 @@
 //! [`LoaderIter`]: one epoch of a loader, on the consumer's thread. It deals tasks to the
 //! workers, keeps the reorder buffer, enforces the timeout, detects dead workers and relieves
-//! a starved pool; with `num_workers == 0` it loads on the calling thread.
+//! a starved pool; with `num_workers == 0` it loads each batch when asked for (a map-style
+//! dataset on the calling thread, an iterable one's stream on a thread of its own, one batch
+//! in flight).
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -29,7 +29,9 @@ pub struct LoaderOptions {
     pub batch_size: usize,
     /// Reshuffle every epoch (a seeded [`RandomSampler`](longshore_data::RandomSampler)).
     pub shuffle: bool,
-    /// Worker threads (0: load on the consumer's thread).
+    /// Worker threads (0: each batch is loaded when the consumer asks for it, nothing ahead,
+    /// as PyTorch loads in the calling process: a map-style dataset on the consumer's thread,
+    /// an iterable dataset's stream on one thread of its own).
     pub num_workers: usize,
     /// Batches each worker loads ahead (`None`: 2 with workers, as PyTorch; refused without
     /// workers).

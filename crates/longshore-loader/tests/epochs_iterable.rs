@@ -250,3 +250,53 @@ fn a_checkpoint_at_an_epochs_start_loads_on_another_layout() {
     uninterrupted.set_epoch(1);
     assert_eq!(resumed, batches(uninterrupted.iter()));
 }
+
+/// A stream of `len` numbers that counts the items pulled from it.
+struct Pulls {
+    len: usize,
+    pulled: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl IterableDataset for Pulls {
+    type Item = (u64,);
+
+    fn iter(&self, _worker: WorkerInfo) -> ItemIter<'_, (u64,)> {
+        let pulled = self.pulled.clone();
+        Box::new((0..self.len).map(move |i| {
+            pulled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok((i as u64,))
+        }))
+    }
+}
+
+#[test]
+fn without_workers_a_batch_is_loaded_only_when_asked_for() {
+    // PyTorch's num_workers=0 loads in the calling process when a batch is asked for; the
+    // stream's thread here pulls a batch's items only then (none ahead, none at the start).
+    let pulled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let ds = Pulls {
+        len: 23,
+        pulled: pulled.clone(),
+    };
+    let loader = DataLoader::iterable(ds).batch_size(4).build().unwrap();
+    for epoch in 0..2 {
+        let before = pulled.load(std::sync::atomic::Ordering::SeqCst);
+        let mut it = loader.iter();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(pulled.load(std::sync::atomic::Ordering::SeqCst), before);
+        for k in 1..=5 {
+            let b = it.next().unwrap().unwrap();
+            assert_eq!(b.tensor::<u64>(0).unwrap().len(), 4);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert_eq!(
+                pulled.load(std::sync::atomic::Ordering::SeqCst) - before,
+                4 * k,
+                "epoch {epoch}: after {k} batches"
+            );
+        }
+        let last = it.next().unwrap().unwrap();
+        assert_eq!(last.tensor::<u64>(0).unwrap().to_vec(), vec![20, 21, 22]);
+        assert!(it.next().is_none());
+        assert_eq!(loader.stats().in_flight_limit, 1);
+    }
+}

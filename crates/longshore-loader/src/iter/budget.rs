@@ -36,8 +36,15 @@ pub(crate) fn budget_limit(workers: usize, wanted: usize, block: usize, budget: 
 }
 
 impl<F: Fetch> LoaderIter<F> {
-    /// Most batches in flight (this epoch's and the next one's started ahead).
+    /// Most batches in flight (this epoch's and the next one's started ahead). With
+    /// `num_workers == 0` (an iterable dataset, whose stream one thread runs): one, sent when
+    /// the consumer asks for it, so nothing is loaded ahead, as PyTorch's loader loads in the
+    /// calling process only when asked.
     pub(super) fn in_flight_limit(&mut self) -> usize {
+        if self.config.options.num_workers == 0 {
+            self.pending.in_flight_limit = 1;
+            return 1;
+        }
         let wanted = self.outstanding.len().max(1) * self.config.prefetch_factor.max(1);
         let block = self.inner.block_bytes.load(Ordering::Relaxed);
         let workers = self.outstanding.len();
