@@ -57,6 +57,9 @@ struct Args {
     mds_budget: u64,
     #[arg(long, default_value_t = 1 << 18)]
     block: u64,
+    /// The shuffle blocks of the tables, in shards (`0`: shard order, `all`: the whole epoch).
+    #[arg(long, default_value = "0,1.5,2.5,10,all")]
+    blocks: String,
 }
 
 fn write_shards(dir: &Path, args: &Args) -> Result<()> {
@@ -251,12 +254,18 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
     let src = root.join("src");
     std::fs::create_dir_all(&src)?;
     write_shards(&src, args)?;
-    let blocks: [(u64, &str); 4] = [
-        (0, "0 (shard order)"),
-        (args.samples * 5 / 2, "2.5 shards"),
-        (args.samples * 10, "10 shards"),
-        (u64::MAX, "all (default here)"),
-    ];
+    let blocks = args
+        .blocks
+        .split(',')
+        .map(|b| match b.trim() {
+            "0" => Ok((0, "0 (shard order)".to_owned())),
+            "all" => Ok((u64::MAX, "all (default here)".to_owned())),
+            b => {
+                let shards: f64 = b.parse().map_err(|e| anyhow!("--blocks {b}: {e}"))?;
+                Ok(((shards * args.samples as f64) as u64, format!("{b} shards")))
+            }
+        })
+        .collect::<Result<Vec<(u64, String)>>>()?;
     if args.only.contains("downloads") {
         println!(
             "## downloads per epoch ({} shards, {} workers, batch {})\n",
@@ -266,7 +275,8 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
             "| shuffle block | budget (shards) | working set (shards) | downloads (epochs 1..) | Belady, as read | as read, one shard less | Belady, delivery order | Belady, workers interleaved | LRU |"
         );
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-        for &(block, label) in &blocks {
+        for (block, label) in &blocks {
+            let block = *block;
             for budget_shards in [2u64, 3, 4, 8, 12, 20] {
                 let cache = fresh(root, &mut n)?;
                 let probe = build(&src, &cache, args, block, u64::MAX, Duration::ZERO)?;
@@ -327,7 +337,8 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
             "| shuffle block | unbounded | 4 shards per worker | ratio | downloads/epoch (4 per worker) |"
         );
         println!("| --- | --- | --- | --- | --- |");
-        for &(block, label) in &blocks {
+        for (block, label) in &blocks {
+            let block = *block;
             let mut rates = Vec::new();
             let mut downloads = String::new();
             for bounded in [false, true] {

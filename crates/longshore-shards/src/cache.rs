@@ -20,10 +20,14 @@
 //!   evicts the least recently used unleased shard, consumed ones first.
 //! - **Prefetch.** [`ShardCache::prefetch`] takes the shards the caller will read next and
 //!   downloads ahead on background threads, in need order (the shard read soonest first) and
-//!   within the budget, and stops at the first shard that does not fit. With a schedule a
-//!   prefetch never evicts a shard that any reader still needs and only takes room the
-//!   schedule leaves free until the shard's first read, so it never adds a download; without
-//!   one it evicts only consumed shards.
+//!   within the budget. A shard that does not fit waits, first in the queue, until room
+//!   changes (a lease let go, checked again within 50 ms for other processes), so the next
+//!   shards are downloaded as soon as the current ones are read for the last time, together,
+//!   rather than missed one by one. With a schedule a prefetch takes only room the schedule
+//!   leaves free until the shard's first read, or that of shards no reader needs before the
+//!   prefetched shard's last read (Belady's rule: what it evicts is needed later than
+//!   everything it brings; the shard two workers' runs share, read by one at the start and by
+//!   the other at the end, is the usual one); without one it evicts only consumed shards.
 //! - **Stats.** [`ShardCache::stats`] counts hits, downloads, re-downloads, evictions, waits and
 //!   bytes; [`ShardCache::epoch_stats`] the downloads, re-downloads, evictions (and those of a
 //!   shard still needed) and bytes of each epoch.
@@ -203,7 +207,15 @@ struct Prefetch {
     queue: VecDeque<ShardInfo>,
     shutdown: bool,
     threads_pid: Option<u32>,
+    /// When the queue's first shard found no room, and when to try it again: once room
+    /// changes (a lease let go, a shard evicted, a download done: [`Inner::room_changed`]),
+    /// else after [`PREFETCH_RETRY`]`.1` (other processes' releases are not announced here).
+    blocked: Option<(Instant, Instant)>,
 }
+
+/// The shortest interval between two tries of a prefetch that found no room (what a stream of
+/// releases costs the index) and the longest a refused prefetch waits without being woken.
+const PREFETCH_RETRY: (Duration, Duration) = (Duration::from_millis(2), Duration::from_millis(50));
 
 #[derive(Debug)]
 struct Inner {
@@ -394,9 +406,10 @@ impl ShardCache {
                 None => {
                     if let Some(reserved) = inner.reserve(&mut l, &key, shard, Need::Now)? {
                         drop(l);
-                        return inner
+                        let r = inner
                             .download(reserved, shard, true)
                             .map(|lease| lease.expect("a lease was asked for"));
+                        return r;
                     }
                     drop(l);
                     inner.announce(&mut waiting)?;
@@ -438,10 +451,16 @@ impl ShardCache {
         Ok(lease)
     }
 
-    /// Downloads, in the background, the shards the caller will read next, in this order,
-    /// while they fit without evicting shards that are not yet consumed. Replaces the previous
-    /// prefetch order; call it again as reading moves on. Errors are logged (a later `get`
-    /// of the shard reports them).
+    /// Whether the shard is complete on disk now (a file test: no index, no lease).
+    pub(crate) fn is_complete(&self, shard: &ShardInfo) -> bool {
+        self.inner.data_path(&key_for(&shard.url)).exists()
+    }
+
+    /// Downloads, in the background, the shards the caller will read next, in need order,
+    /// as they fit without evicting shards still needed first (see the [module docs](self)):
+    /// one that does not fit yet waits for room. Replaces the previous prefetch order; call
+    /// it again as reading moves on. Errors are logged (a later `get` of the shard reports
+    /// them).
     pub fn prefetch(&self, upcoming: &[ShardInfo]) {
         let mut queue: Vec<ShardInfo> = upcoming.to_vec();
         let keys: Vec<String> = queue.iter().map(|s| key_for(&s.url)).collect();
@@ -459,6 +478,7 @@ impl ShardCache {
         let (state, cond) = &*self.inner.prefetch;
         let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
         s.queue = queue.into();
+        s.blocked = None;
         let pid = std::process::id();
         if s.threads_pid != Some(pid) {
             s.threads_pid = Some(pid);
@@ -479,7 +499,10 @@ impl ShardCache {
 }
 
 /// A prefetch thread: takes the next shard and reserves its room while holding the queue,
-/// so that the threads reserve in the caller's order, then downloads it.
+/// so that the threads reserve in the caller's order, then downloads it. A shard that finds no
+/// room stays first in the queue until room changes (see [`Prefetch::blocked`]): the room an
+/// epoch's next shards need is often freed only as the current ones are read for the last
+/// time, and they should be downloaded together then, not one by one as the reader misses.
 fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
     let (state, cond) = shared;
     loop {
@@ -487,6 +510,16 @@ fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
         let next = loop {
             if s.shutdown {
                 return;
+            }
+            if let Some((_, retry)) = s.blocked {
+                let now = Instant::now();
+                if now < retry {
+                    s = cond
+                        .wait_timeout(s, retry - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    continue;
+                }
             }
             if let Some(n) = s.queue.pop_front() {
                 break n;
@@ -498,8 +531,10 @@ fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
             Ok(Some(Some(r))) => r,
             Ok(Some(None)) => continue, // present, or being downloaded
             Ok(None) => {
-                tracing::debug!(target: TARGET, url = %next.url, "prefetch stops: no room");
-                s.queue.clear();
+                tracing::trace!(target: TARGET, url = %next.url, "prefetch waits for room");
+                s.queue.push_front(next);
+                let now = Instant::now();
+                s.blocked = Some((now, now + PREFETCH_RETRY.1));
                 continue;
             }
             Err(e) => {
@@ -511,12 +546,25 @@ fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
         if let Err(e) = inner.download(reserved, &next, false) {
             tracing::warn!(target: TARGET, url = %next.url, error = %e, "prefetch failed");
         }
+        inner.room_changed();
     }
 }
 
 impl Inner {
     fn data_path(&self, key: &str) -> PathBuf {
         self.config.dir.join("data").join(key)
+    }
+
+    /// Room in the cache may have changed (a lease let go, a shard evicted): a prefetch that
+    /// found none tries again, no sooner than [`PREFETCH_RETRY`]`.0` after its last try.
+    pub(super) fn room_changed(&self) {
+        let (state, cond) = &*self.prefetch;
+        let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((tried, retry)) = s.blocked {
+            s.blocked = Some((tried, retry.min(tried + PREFETCH_RETRY.0)));
+            drop(s);
+            cond.notify_one();
+        }
     }
 
     fn usage(&self, index: &Index) -> CacheUsage {
@@ -604,7 +652,8 @@ impl Inner {
         if l.index.entries.contains_key(&key) {
             return Ok(Some(None));
         }
-        Ok(self.reserve(&mut l, &key, shard, Need::Ahead)?.map(Some))
+        let r = self.reserve(&mut l, &key, shard, Need::Ahead)?;
+        Ok(r.map(Some))
     }
 
     /// Deletes a download's reservation whose writer died.

@@ -147,17 +147,47 @@ impl Inner {
             let ws = *working_set.get_or_insert_with(|| view.working_set());
             (ws.0 <= budget, ws)
         };
+        // With a shard fetched ahead: the shards read next only after its last read, which
+        // it may displace (see below).
+        let mut after = None;
         if need == Need::Ahead {
             // Room the schedule keeps live before the shard's read, or that shards fetched
             // ahead hold, is not its to take: taking it would have a shard still needed
-            // evicted and downloaded again (more downloads than Belady's rule makes).
+            // evicted and downloaded again (more downloads than Belady's rule makes)...
             let cached = l
                 .index
                 .entries
                 .keys()
                 .filter_map(|k| self.schedule.shard_of(k));
-            if view.needed_until(at, cached) + shard.size > budget {
+            let needed = view.needed_until(at, cached);
+            if needed + shard.size > budget && sufficient().0 {
                 return Ok(false);
+            }
+            if needed + shard.size > budget {
+                // ...except, below the working set (where shards are downloaded again anyway),
+                // the room of shards not read again until this one is read for the last time:
+                // Belady's rule evicts them for it (the shard straddling two
+                // workers' runs, read by one at the start and by the other at the end, is
+                // the usual one), so that a worker's next shards are on disk when it
+                // starts them rather than missed one by one.
+                let last = self
+                    .schedule
+                    .shard_of(key)
+                    .and_then(|s| view.last_use(s))
+                    .unwrap_or(at);
+                let spare: u64 = l
+                    .index
+                    .entries
+                    .iter()
+                    .filter(|(k, e)| {
+                        e.downloading.is_none() && next_of(k).is_some_and(|n| n > last)
+                    })
+                    .map(|(_, e)| e.size)
+                    .sum();
+                if needed.saturating_sub(spare) + shard.size > budget {
+                    return Ok(false);
+                }
+                after = Some(last);
             }
         }
         if !over {
@@ -170,8 +200,10 @@ impl Inner {
             .filter(|(_, e)| e.downloading.is_none())
             .filter_map(|(k, e)| {
                 let next = next_of(k).unwrap_or(u64::MAX);
-                // A shard fetched ahead displaces only shards no reader needs again.
-                let eligible = need == Need::Now || next == u64::MAX;
+                // A shard fetched ahead displaces only shards no reader needs again, or that
+                // are read next only after its last read.
+                let eligible =
+                    need == Need::Now || next == u64::MAX || after.is_some_and(|last| next > last);
                 eligible.then(|| (next, !e.done, e.last_used, k.clone()))
             })
             .collect();

@@ -88,6 +88,15 @@ impl CachedShard {
 
 impl Drop for CachedShard {
     fn drop(&mut self) {
+        self.let_go();
+        // Its room may be what a prefetch waits for.
+        self.cache.room_changed();
+    }
+}
+
+impl CachedShard {
+    /// Unlocks the file, and marks the shard consumed when it is.
+    fn let_go(&mut self) {
         if !self.consumed {
             drop(self.file.take());
             return;

@@ -200,6 +200,14 @@ impl ReaderPlan {
             .map(|&r| self.runs[r as usize].start.saturating_sub(p))
     }
 
+    /// How many ticks ahead of its progress this reader reads `shard` for the last time.
+    fn last_ahead(&self, shard: usize) -> Option<u64> {
+        let p = self.progress();
+        let runs = self.by_shard.get(&u32::try_from(shard).ok()?)?;
+        let end = self.runs[*runs.last()? as usize].end;
+        (end >= p).then(|| end - p)
+    }
+
     /// Each shard's first and last tick in the whole schedule.
     fn spans(&self) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
         self.by_shard.iter().map(|(&s, runs)| {
@@ -630,6 +638,18 @@ impl View {
         own.chain(others).min()
     }
 
+    /// How far ahead the node reads `shard` for the last time this epoch, in the ticks of
+    /// [`next_use`](Self::next_use); `None` if no reader reads it again.
+    pub(super) fn last_use(&self, shard: usize) -> Option<u64> {
+        let own = self.own.iter().filter_map(|r| r.last_ahead(shard));
+        let s = u32::try_from(shard).ok();
+        let others = self.others.iter().filter_map(|o| {
+            let &(_, _, last) = o.table.spans.iter().find(|&&(x, _, _)| Some(x) == s)?;
+            (last >= self.now).then(|| last - self.now)
+        });
+        own.chain(others).max()
+    }
+
     /// Each shard's first and last tick on the node this epoch, with its bytes.
     fn intervals(&self) -> HashMap<usize, (u64, u64, u64)> {
         let mut out: HashMap<usize, (u64, u64, u64)> = HashMap::new();
@@ -656,21 +676,18 @@ impl View {
     }
 
     /// The most bytes the schedule keeps live at once from now until `ahead` ticks from now
-    /// (exclusive), and the bytes of `cached` shards (by index) first read after now: shards
-    /// fetched ahead.
+    /// (exclusive), and the bytes of `cached` shards (by index) first read after that: shards
+    /// fetched ahead of the window (those first read inside it are in its peak already).
     pub(super) fn needed_until(&self, ahead: u64, cached: impl Iterator<Item = usize>) -> u64 {
         let iv = self.intervals();
-        let live = peak(
-            iv.values().copied(),
-            self.now,
-            self.now.saturating_add(ahead),
-        );
-        let ahead: u64 = cached
+        let until = self.now.saturating_add(ahead);
+        let live = peak(iv.values().copied(), self.now, until);
+        let early: u64 = cached
             .filter_map(|s| iv.get(&s))
-            .filter(|&&(a, _, _)| a > self.now)
+            .filter(|&&(a, _, _)| a >= until)
             .map(|&(_, _, bytes)| bytes)
             .sum();
-        live + ahead
+        live + early
     }
 }
 

@@ -309,15 +309,22 @@ impl WorkerReader {
         }
     }
 
-    /// Asks the cache to prefetch the next shards of the window that are not leased.
+    /// Asks the cache to prefetch the next shards of the window that are neither leased nor
+    /// on disk: under a shuffle the window's first shards are mostly the current block's,
+    /// already cached, and the next block's would otherwise be asked for only as they are read.
     fn update_prefetch(&mut self, leases: &HashMap<usize, CachedShard>) {
         let mut next = Vec::with_capacity(self.ds.prefetch_shards);
+        let mut seen = Vec::new();
         for slot in &self.window {
             if next.len() >= self.ds.prefetch_shards {
                 break;
             }
             let s = slot.sample.shard;
-            if !leases.contains_key(&s) && !next.contains(&s) {
+            if leases.contains_key(&s) || seen.contains(&s) {
+                continue;
+            }
+            seen.push(s);
+            if !self.ds.cache.is_complete(&self.ds.spec.shards.shards[s]) {
                 next.push(s);
             }
         }
