@@ -16,11 +16,12 @@
 //! For the same reason a small batch's device copy is enqueued by `__next__` too
 //! ([`crate::upload`]); a large one's by the pump, ahead of Python.
 //!
-//! A Python dataset loaded in this process (`num_workers=0`) has no pump: `__next__` loads
-//! each batch itself, on the calling thread, when it is asked for, as PyTorch does. The
-//! dataset's code then draws from the global random generators (torch's, NumPy's, Python's)
-//! exactly where PyTorch's loader would, between the training loop's own draws, and sees the
-//! calling thread's state (grad mode, autocast, thread-locals).
+//! A Python dataset loaded in this process (`num_workers=0`) is loaded only when asked for, as
+//! PyTorch loads it ([`Feeding`]): a map-style one by `__next__` itself, on the calling thread
+//! (no pump; the dataset sees that thread's grad mode, autocast and thread-locals), an
+//! iterable one by the pump, one batch per `__next__`, while `__next__` waits. Either way the
+//! dataset's code draws from the global random generators (torch's, NumPy's, Python's)
+//! exactly where PyTorch's loader would, between the training loop's own draws.
 //!
 //! Guarantees:
 //! - A `KeyboardInterrupt` while waiting takes nothing from the queue: the next `__next__`
