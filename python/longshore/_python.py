@@ -282,8 +282,15 @@ class _PythonBatches:
             message = self._timed_out(str(e))
             self._finish(broken=True)
             raise LoaderTimeout(message) from None
+        except KeyboardInterrupt:
+            # With num_workers=0 the epoch goes on, as torch's: the interrupted batch is lost
+            # (raised in the dataset's code) or comes with the next ``next()`` (raised while
+            # waiting). With workers the epoch is over, its workers with it.
+            if self._python.num_workers != 0:
+                self._finish(broken=True)
+            raise
         except BaseException:
-            # KeyboardInterrupt, a loader failure: the epoch is over, its workers with it.
+            # A loader failure: the epoch is over, its workers with it.
             self._finish(broken=True)
             raise
         tree, objects, dtypes = self._python.unpack(meta)

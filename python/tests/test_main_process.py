@@ -3,7 +3,8 @@ asks for it, never ahead, so a Python dataset's draws from the global generators
 NumPy's, Python's) fall between the training loop's own exactly where PyTorch's loader puts
 them, and a seeded run is the same run with either loader. A map-style dataset runs on the
 thread that iterates the loader (its grad mode and thread-locals); a ``KeyboardInterrupt``
-raised in the dataset's code arrives as itself, under every sample-error policy.
+raised in the dataset's code arrives as itself, under every sample-error policy, and the
+epoch goes on, as torch's does.
 
 Checked in this process and in a fresh interpreter (no warm thread pools or caches).
 """
@@ -176,7 +177,7 @@ def test_a_map_style_dataset_runs_on_the_loops_thread_with_its_state():
 
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 def test_a_keyboard_interrupt_in_the_dataset_arrives_as_itself(policy):
-    need_torch()
+    torch = need_torch()
 
     class Interrupts:
         def __len__(self):
@@ -187,14 +188,50 @@ def test_a_keyboard_interrupt_in_the_dataset_arrives_as_itself(policy):
                 raise KeyboardInterrupt
             return np.int64(i)
 
+    def run(DataLoader, **kw):
+        it = iter(DataLoader(Interrupts(), batch_size=2, **kw))
+        got = []
+        while True:
+            try:
+                got.append(next(it).tolist())
+            except KeyboardInterrupt:
+                got.append("interrupted")
+            except StopIteration:
+                return got
+
+    # Never skipped; the interrupted batch is lost and the epoch goes on, as torch's does.
+    expected = run(torch.utils.data.DataLoader)
+    assert expected == [[0, 1], [2, 3], "interrupted", [6, 7], [8, 9]]
     loader = longshore.DataLoader(Interrupts(), batch_size=2, on_sample_error=policy)
-    it = iter(loader)
-    assert [next(it).tolist() for _ in range(2)] == [[0, 1], [2, 3]]
-    with pytest.raises(KeyboardInterrupt):
-        next(it)
-    # Never skipped: the epoch ends with it, as an interrupted epoch with workers does.
-    assert list(it) == []
+    assert run(lambda ds, **kw: loader) == expected
     assert loader.stats["skipped_samples"] == 0
-    # The next epoch starts afresh and stops at the same place.
-    it = iter(loader)
+
+
+def test_ctrl_c_interrupts_the_wait_for_an_iterable_datasets_batch():
+    torch = need_torch()
+    import os
+    import signal
+    import time
+
+    class Slow(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in range(4):
+                time.sleep(0.6 if i == 2 else 0)
+                yield np.int64(i)
+
+    it = iter(longshore.DataLoader(Slow(), batch_size=2))
     assert next(it).tolist() == [0, 1]
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        # Interrupted while the batch is being made, not after it.
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        signal.signal(signal.SIGINT, old)
+    # The batch being made was asked for once and comes with the next call: nothing lost,
+    # nothing made twice.
+    assert next(it).tolist() == [2, 3]
+    assert list(it) == []
