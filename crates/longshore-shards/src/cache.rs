@@ -208,8 +208,8 @@ struct Prefetch {
     shutdown: bool,
     threads_pid: Option<u32>,
     /// When the queue's first shard found no room, and when to try it again: once room
-    /// changes (a lease let go, a shard evicted, a download done: [`Inner::room_changed`]),
-    /// else after [`PREFETCH_RETRY`]`.1` (other processes' releases are not announced here).
+    /// changes (a lease let go, a prefetch done: [`Inner::room_changed`]), else after
+    /// [`PREFETCH_RETRY`]`.1` (other processes' releases are not announced here).
     blocked: Option<(Instant, Instant)>,
 }
 
@@ -406,10 +406,9 @@ impl ShardCache {
                 None => {
                     if let Some(reserved) = inner.reserve(&mut l, &key, shard, Need::Now)? {
                         drop(l);
-                        let r = inner
+                        return inner
                             .download(reserved, shard, true)
                             .map(|lease| lease.expect("a lease was asked for"));
-                        return r;
                     }
                     drop(l);
                     inner.announce(&mut waiting)?;
@@ -555,7 +554,7 @@ impl Inner {
         self.config.dir.join("data").join(key)
     }
 
-    /// Room in the cache may have changed (a lease let go, a shard evicted): a prefetch that
+    /// Room in the cache may have changed (a lease let go, a prefetch done): a prefetch that
     /// found none tries again, no sooner than [`PREFETCH_RETRY`]`.0` after its last try.
     pub(super) fn room_changed(&self) {
         let (state, cond) = &*self.prefetch;
