@@ -119,7 +119,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -222,6 +222,9 @@ struct Inner {
     config: CacheConfig,
     store: ShardStore,
     prefetch: Arc<(Mutex<Prefetch>, Condvar)>,
+    /// Whether a prefetch waits for room ([`Prefetch::blocked`]): what a lease's drop looks at
+    /// before it takes the queue's lock (which a prefetch thread holds while it reserves).
+    prefetch_blocked: AtomicBool,
     hits: AtomicU64,
     downloads: AtomicU64,
     downloaded_bytes: AtomicU64,
@@ -298,6 +301,7 @@ impl ShardCache {
                 },
                 store,
                 prefetch: Arc::default(),
+                prefetch_blocked: AtomicBool::new(false),
                 hits: AtomicU64::new(0),
                 downloads: AtomicU64::new(0),
                 downloaded_bytes: AtomicU64::new(0),
@@ -478,6 +482,7 @@ impl ShardCache {
         let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
         s.queue = queue.into();
         s.blocked = None;
+        self.inner.prefetch_blocked.store(false, Ordering::Relaxed);
         let pid = std::process::id();
         if s.threads_pid != Some(pid) {
             s.threads_pid = Some(pid);
@@ -526,9 +531,18 @@ fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
             s = cond.wait(s).unwrap_or_else(|p| p.into_inner());
         };
         let Some(inner) = cache.upgrade() else { return };
-        let reserved = match inner.prefetch_reserve(&next) {
-            Ok(Some(Some(r))) => r,
-            Ok(Some(None)) => continue, // present, or being downloaded
+        let reserved = inner.prefetch_reserve(&next);
+        let blocked = matches!(reserved, Ok(None));
+        inner.prefetch_blocked.store(blocked, Ordering::Relaxed);
+        let reserved = match reserved {
+            Ok(Some(Some(r))) => {
+                s.blocked = None;
+                r
+            }
+            Ok(Some(None)) => {
+                s.blocked = None;
+                continue; // present, or being downloaded
+            }
             Ok(None) => {
                 tracing::trace!(target: TARGET, url = %next.url, "prefetch waits for room");
                 s.queue.push_front(next);
@@ -537,6 +551,7 @@ fn prefetch_thread(cache: &Weak<Inner>, shared: &(Mutex<Prefetch>, Condvar)) {
                 continue;
             }
             Err(e) => {
+                s.blocked = None;
                 tracing::warn!(target: TARGET, url = %next.url, error = %e, "prefetch failed");
                 continue;
             }
@@ -557,6 +572,11 @@ impl Inner {
     /// Room in the cache may have changed (a lease let go, a prefetch done): a prefetch that
     /// found none tries again, no sooner than [`PREFETCH_RETRY`]`.0` after its last try.
     pub(super) fn room_changed(&self) {
+        // Cheap when no prefetch waits (every lease's drop calls this); a wake-up missed in the
+        // race with a refusal being recorded comes with the 50 ms retry.
+        if !self.prefetch_blocked.load(Ordering::Relaxed) {
+            return;
+        }
         let (state, cond) = &*self.prefetch;
         let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((tried, retry)) = s.blocked {

@@ -160,10 +160,10 @@ impl Inner {
                 .keys()
                 .filter_map(|k| self.schedule.shard_of(k));
             let needed = view.needed_until(at, cached);
-            if needed + shard.size > budget && sufficient().0 {
-                return Ok(false);
-            }
             if needed + shard.size > budget {
+                if sufficient().0 {
+                    return Ok(false);
+                }
                 // ...except, below the working set (where shards are downloaded again anyway),
                 // the room of shards not read again until this one is read for the last time:
                 // Belady's rule evicts them for it (the shard straddling two
