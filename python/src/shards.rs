@@ -492,8 +492,9 @@ impl PyShards {
 
 /// A sharded dataset's [`ShardStats`] as a dict: `failed` (samples whose read failed),
 /// `failed_by_reason`, `padded` (repeats that made up for them), `unpadded`, `damaged_shards`,
-/// the cache's `downloads`, `redownloads` and `forced_evictions` since the loader was built and
-/// `cache_epochs` (a dict of those and `downloaded_bytes`, `evictions` per epoch).
+/// the cache's `downloads`, `redownloads`, `forced_evictions` and `range_reads` (samples read
+/// by range below the working set) since the loader was built and `cache_epochs` (a dict of
+/// those and `downloaded_bytes`, `evictions`, `range_bytes` per epoch).
 pub(crate) fn stats_dict<'py>(
     py: Python<'py>,
     s: &ShardStats,
@@ -510,7 +511,7 @@ pub(crate) fn stats_dict<'py>(
     // The cache's counts per epoch, and their sums: re-downloads are what a budget below the
     // shuffle window's working set costs (warned once through logging).
     let epochs = pyo3::types::PyList::empty(py);
-    let (mut downloads, mut redownloads, mut forced) = (0u64, 0u64, 0u64);
+    let (mut downloads, mut redownloads, mut forced, mut ranges) = (0u64, 0u64, 0u64, 0u64);
     for e in &s.cache {
         let x = pyo3::types::PyDict::new(py);
         x.set_item("epoch", e.epoch)?;
@@ -519,14 +520,18 @@ pub(crate) fn stats_dict<'py>(
         x.set_item("downloaded_bytes", e.downloaded_bytes)?;
         x.set_item("evictions", e.evictions)?;
         x.set_item("forced_evictions", e.forced_evictions)?;
+        x.set_item("range_reads", e.range_reads)?;
+        x.set_item("range_bytes", e.range_bytes)?;
         epochs.append(x)?;
         downloads += e.downloads;
         redownloads += e.redownloads;
         forced += e.forced_evictions;
+        ranges += e.range_reads;
     }
     d.set_item("downloads", downloads)?;
     d.set_item("redownloads", redownloads)?;
     d.set_item("forced_evictions", forced)?;
+    d.set_item("range_reads", ranges)?;
     d.set_item("cache_epochs", epochs)?;
     Ok(d)
 }

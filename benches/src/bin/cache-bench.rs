@@ -272,9 +272,9 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
             args.shards, args.workers, args.batch
         );
         println!(
-            "| shuffle block | budget (shards) | working set (shards) | downloads (epochs 1..) | Belady, as read | as read, one shard less | Belady, delivery order | Belady, workers interleaved | LRU |"
+            "| shuffle block | budget (shards) | working set (shards) | downloads (epochs 1..) | range reads | Belady, as read | as read, one shard less | Belady, delivery order | Belady, workers interleaved | LRU |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for (block, label) in &blocks {
             let block = *block;
             for budget_shards in [2u64, 3, 4, 8, 12, 20] {
@@ -285,7 +285,7 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                 let budget = largest * budget_shards;
                 drop(probe);
                 let ds = build(&src, &cache, args, block, budget, Duration::ZERO)?;
-                let mut online = Vec::new();
+                let (mut online, mut ranged) = (Vec::new(), Vec::new());
                 let (mut bel, mut lru, mut ws) = (Vec::new(), Vec::new(), 0.0f64);
                 let (mut fine, mut read, mut less) = (Vec::new(), Vec::new(), Vec::new());
                 for e in 0..=args.epochs {
@@ -296,11 +296,9 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                         continue;
                     }
                     let stats = ds.cache().epoch_stats();
-                    let d = stats
-                        .iter()
-                        .find(|s| s.epoch == e)
-                        .map_or(0, |s| s.downloads);
-                    online.push(d.to_string());
+                    let st = stats.iter().find(|s| s.epoch == e);
+                    online.push(st.map_or(0, |s| s.downloads).to_string());
+                    ranged.push(st.map_or(0, |s| s.range_reads).to_string());
                     read.push(belady_downloads(trace.iter().copied(), &sizes, budget).to_string());
                     // The room one download in flight reserves: what another worker's
                     // concurrent miss leaves the rest of the node.
@@ -314,8 +312,9 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                     fine.push(belady_downloads(f, &sizes, budget).to_string());
                 }
                 println!(
-                    "| {label} | {budget_shards} | {ws:.1} | {} | {} | {} | {} | {} | {} |",
+                    "| {label} | {budget_shards} | {ws:.1} | {} | {} | {} | {} | {} | {} | {} |",
                     online.join(", "),
+                    ranged.join(", "),
                     read.join(", "),
                     less.join(", "),
                     bel.join(", "),
@@ -334,13 +333,13 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
             args.latency_ms, args.work_us, args.workers
         );
         println!(
-            "| shuffle block | unbounded | 4 shards per worker | ratio | downloads/epoch (4 per worker) |"
+            "| shuffle block | unbounded | 4 shards per worker | ratio | downloads/epoch (4 per worker) | range reads/epoch |"
         );
-        println!("| --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- |");
         for (block, label) in &blocks {
             let block = *block;
             let mut rates = Vec::new();
-            let mut downloads = String::new();
+            let (mut downloads, mut ranged) = (String::new(), String::new());
             for bounded in [false, true] {
                 let cache = fresh(root, &mut n)?;
                 let total =
@@ -368,11 +367,17 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                         .map(|s| s.downloads.to_string())
                         .collect::<Vec<_>>()
                         .join(", ");
+                    ranged = st
+                        .iter()
+                        .skip(1)
+                        .map(|s| s.range_reads.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ");
                 }
                 rates.push(best);
             }
             println!(
-                "| {label} | {:.0} | {:.0} | {:.2}x | {downloads} |",
+                "| {label} | {:.0} | {:.0} | {:.2}x | {downloads} | {ranged} |",
                 rates[0],
                 rates[1],
                 rates[1] / rates[0]

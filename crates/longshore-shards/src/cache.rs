@@ -422,6 +422,20 @@ impl ShardCache {
         }
     }
 
+    /// Counts a sample read by a range `GET` (`bytes` long) into the epoch's stats; the
+    /// first warns that the budget is below the working set, if no eviction did.
+    pub(crate) fn count_range_read(&self, bytes: u64) {
+        let schedule = &self.inner.schedule;
+        schedule.count(|e| {
+            e.range_reads += 1;
+            e.range_bytes += bytes;
+        });
+        if schedule.first_warning() {
+            let (ws, shards) = schedule.view(&self.inner.config.dir).working_set();
+            evict::warn_below_working_set(self.inner.config.budget_bytes, ws, shards);
+        }
+    }
+
     /// The shard leased if it is complete on disk now, else `None`: never downloads and never
     /// waits (for room or for another's download). A reader holding leases asks this first
     /// and releases them before a blocking [`get`](Self::get), so that readers never wait

@@ -1,7 +1,8 @@
 //! Damaged shards are an error or a counted skip, never a smaller dataset, and under
 //! `OnSampleError::Skip` every rank still yields exactly its planned number of batches:
 //! truncated shards with and without an index, a broken tar header, over ranks x workers x
-//! `drop_last` (a property test with random damage).
+//! `drop_last` x a budget below the working set (range reads; a property test with random
+//! damage).
 
 mod support;
 
@@ -10,6 +11,7 @@ use std::path::Path;
 
 use longshore_loader::SampleErrorPolicy;
 use longshore_shards::ShardError;
+use longshore_shards::cache::CacheConfig;
 use longshore_shards::dataset::{OnSampleError, ShardedDataset, ShardedDatasetBuilder};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -179,7 +181,10 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
         1usize..4,
         1usize..5,
         any::<bool>(),
+        any::<bool>(),
     );
+    // Range reads seen over the cases with a budget of one shard (some must be).
+    let ranged = std::cell::Cell::new(0u64);
     let mut runner = TestRunner::new(Config {
         cases: 40,
         failure_persistence: None,
@@ -188,7 +193,7 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
     runner
         .run(
             &strategy,
-            |(counts, damages, with_index, world, workers, batch_size, drop_last)| {
+            |(counts, damages, with_index, world, workers, batch_size, drop_last, tight)| {
                 let dir = tempfile::tempdir().unwrap();
                 write_shards(dir.path(), &counts);
                 let mut applied = Vec::new();
@@ -216,8 +221,18 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
                 let mut per_rank = Vec::new();
                 let mut real = Vec::new();
                 let mut gave_up = false;
+                // A budget of one shard: below the working set, reads of shards not on disk
+                // are range reads (of a damaged shard's layout too).
+                let largest = (0..counts.len())
+                    .map(|i| std::fs::metadata(dir.path().join(format!("shard-{i:06}.tar"))).unwrap().len())
+                    .max()
+                    .unwrap();
                 for rank in 0..world {
-                    let ds = builder(dir.path(), counts.len())
+                    let mut b = builder(dir.path(), counts.len());
+                    if tight {
+                        b = b.cache_config(CacheConfig::new(dir.path().join("cache"), largest));
+                    }
+                    let ds = b
                         .rank(rank)
                         .world_size(world)
                         .on_sample_error(OnSampleError::Skip)
@@ -229,6 +244,7 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
                     let planned = planned(&ds, read);
                     let batches = run_rank(&ds, read, None);
                     let stats = ds.stats();
+                    ranged.set(ranged.get() + stats.cache.iter().map(|e| e.range_reads).sum::<u64>());
                     let errors: Vec<&String> =
                         batches.iter().filter_map(|b| b.as_ref().err()).collect();
                     if !errors.is_empty() {
@@ -244,10 +260,11 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
                     prop_assert_eq!(
                         batches.len(),
                         planned,
-                        "rank {} of {}, {} workers, damage {:?}, {:?}",
+                        "rank {} of {}, {} workers, budget of one shard {}, damage {:?}, {:?}",
                         rank,
                         world,
                         workers,
+                        tight,
                         &applied,
                         &stats
                     );
@@ -269,6 +286,7 @@ fn every_rank_yields_its_planned_batches_whatever_is_damaged() {
             },
         )
         .unwrap();
+    assert!(ranged.get() > 0, "no case read by range");
 }
 
 /// The same damage served by a real S3 server (s3s-fs on 127.0.0.1, signatures checked),

@@ -218,20 +218,25 @@ impl Inner {
                 self.schedule.count(|e| e.forced_evictions += 1);
                 let (enough, (ws, shards)) = sufficient();
                 if !enough && self.schedule.first_warning() {
-                    tracing::warn!(
-                        target: TARGET,
-                        budget,
-                        working_set = ws,
-                        working_set_shards = shards,
-                        "the shard cache's budget of {budget} bytes is smaller than the working \
-                         set of the node's readers ({ws} bytes: {shards} shards live at once), \
-                         so shards are downloaded again within the epoch (the fewest Belady's \
-                         rule allows); a budget of {ws} bytes would download each shard once \
-                         per epoch"
-                    );
+                    warn_below_working_set(budget, ws, shards);
                 }
             }
         }
         Ok(true)
     }
+}
+
+/// The warning, once per cache handle, that the budget is below the working set.
+pub(super) fn warn_below_working_set(budget: u64, ws: u64, shards: usize) {
+    tracing::warn!(
+        target: TARGET,
+        budget,
+        working_set = ws,
+        working_set_shards = shards,
+        "the shard cache's budget of {budget} bytes is smaller than the working set of the \
+         node's readers ({ws} bytes: {shards} shards live at once), so shards are downloaded \
+         again within the epoch (the fewest Belady's rule allows) or samples of shards not on \
+         disk read by range GETs; a budget of {ws} bytes would download each shard once per \
+         epoch"
+    );
 }

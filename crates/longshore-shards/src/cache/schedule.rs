@@ -272,6 +272,11 @@ pub struct EpochCacheStats {
     pub evictions: u64,
     /// Evictions of a shard still needed in the epoch (by any reader on the node).
     pub forced_evictions: u64,
+    /// Samples read by a range `GET` instead of from a cached shard: below the working set, a
+    /// read whose shard is not on disk (see [`crate::dataset`], "Range reads").
+    pub range_reads: u64,
+    /// The bytes of those range reads.
+    pub range_bytes: u64,
 }
 
 /// A process's published schedule (`plans/<pid>.json`, its liveness `plans/<pid>.lock`).

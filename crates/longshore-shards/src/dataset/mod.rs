@@ -126,6 +126,23 @@
 //! workers read at once (with shuffle blocks: a block's shards per rank) to avoid
 //! downloading a shard twice.
 //!
+//! # Range reads
+//!
+//! Below the working set ([`ShardCache::below_working_set`]: the budget cannot keep every
+//! shard from its first read in the epoch to its last), a read whose shard is not on disk is
+//! a range `GET` of that sample's bytes, not a download of its shard: the cache's prefetch
+//! (within Belady's rule) alone brings whole shards then. Each worker issues the range reads
+//! of its look-ahead (at least 256 samples, up to 256 reads and 64 MiB in flight), so a wide
+//! shuffle over a small cache reads at close to the unbounded rate (docs/benchmarks.md) where
+//! whole-shard downloads per read made it a few percent of it. A range read needs the
+//! sample's place in the shard: a tar's comes from a scan of the shard downloaded once in
+//! this process (a tar no reader of the process has scanned is downloaded whole), an MDS
+//! shard's from its header, itself read by range. Range reads are counted per epoch
+//! ([`EpochCacheStats::range_reads`](crate::cache::EpochCacheStats::range_reads) and
+//! `range_bytes`; Python `loader.stats["shards"]["range_reads"]`); the first warns, as an
+//! eviction of a shard still needed does, naming the budget that would suffice. A range read
+//! that fails is the sample's error, as a failed download is.
+//!
 //! # Fork and thread safety
 //!
 //! Building does its I/O on a current-thread tokio runtime made for it and dropped before
@@ -149,7 +166,9 @@ use crate::store::ShardStore;
 
 mod decoded;
 mod epochs;
+mod layout;
 mod leases;
+mod ranged;
 mod reader;
 mod sample;
 mod spec;
@@ -412,7 +431,7 @@ impl ShardedDatasetBuilder {
                 columns,
                 store,
                 leases: leases::LeaseBoard::new(cache.clone()),
-                layouts: reader::SharedLayouts::default(),
+                layouts: layout::SharedLayouts::default(),
                 cache,
                 config: self.config,
                 rank,
@@ -439,7 +458,7 @@ struct Inner {
     /// The leases of this process's readers, and their keeper.
     leases: Arc<leases::LeaseBoard>,
     /// The cached shards' sample layouts, shared by the readers.
-    layouts: reader::SharedLayouts,
+    layouts: layout::SharedLayouts,
     config: OrderConfig,
     rank: usize,
     world_size: usize,

@@ -2,19 +2,18 @@
 //! shard cache, with the shards it will read next prefetched.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Seek, SeekFrom};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::Arc;
 
 use longshore_data::DataError;
 
+use super::layout::{Layout, file_id, scan};
 use super::leases::{Held, lock};
+use super::ranged::{Pending, Ranges};
 use super::{Inner, OnSampleError, ShardFormat, ShardSample, TARGET};
 use crate::ShardError;
 use crate::cache::CachedShard;
-use crate::mds::{Columns, MdsSample, header_len, sample_count, sample_range};
 use crate::order::{EpochOrder, EpochPlan, Slot, WorkerStream};
-use crate::webdataset::{Sample, SampleSpan, ShardReader};
+use crate::webdataset::Sample;
 
 /// The most slots a worker looks ahead (to find the next shards to prefetch): 64 Ki slots,
 /// 2.5 MiB.
@@ -33,101 +32,6 @@ const MAX_GOOD: usize = 4096;
 /// The most failed repeats a worker tries (other samples in turn) before it gives up making
 /// up for its failed samples.
 const MAX_PROBES: u64 = 64;
-
-/// The most samples whose layouts [`SharedLayouts`] keeps (~60 MiB of tar spans).
-const MAX_SHARED_SAMPLES: usize = 1 << 20;
-
-/// The layouts of the shards' cached files, shared by the dataset's readers in this process
-/// and across epochs, so that a shard's headers are scanned once while its file stays in the
-/// cache, not once per worker and epoch. A layout is kept with its file's length and
-/// modification time: a file evicted and downloaded again is scanned again. Tar and MDS
-/// layouts only (a Parquet file's layout is its decoded rows); at most
-/// [`MAX_SHARED_SAMPLES`] samples' worth, the oldest dropped first.
-#[derive(Debug, Default)]
-pub(super) struct SharedLayouts {
-    inner: Mutex<LayoutMap>,
-}
-
-#[derive(Debug, Default)]
-struct LayoutMap {
-    by_shard: HashMap<usize, (FileId, Arc<Layout>)>,
-    order: VecDeque<usize>,
-    samples: usize,
-}
-
-/// What identifies one download of a shard on disk.
-type FileId = (u64, Option<SystemTime>);
-
-fn file_id(lease: &CachedShard) -> Option<FileId> {
-    let m = lease.file().metadata().ok()?;
-    Some((m.len(), m.modified().ok()))
-}
-
-impl SharedLayouts {
-    fn get(&self, shard: usize, id: FileId) -> Option<Arc<Layout>> {
-        let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        map.by_shard
-            .get(&shard)
-            .filter(|(have, _)| *have == id)
-            .map(|(_, layout)| Arc::clone(layout))
-    }
-
-    fn insert(&self, shard: usize, id: FileId, layout: &Arc<Layout>) {
-        if matches!(&**layout, Layout::Parquet { .. }) {
-            return;
-        }
-        let samples = layout.samples();
-        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let map = &mut *map;
-        if let Some((_, old)) = map.by_shard.insert(shard, (id, Arc::clone(layout))) {
-            map.samples -= old.samples();
-            map.order.retain(|&s| s != shard);
-        }
-        map.order.push_back(shard);
-        map.samples += samples;
-        while map.samples > MAX_SHARED_SAMPLES
-            && let Some(oldest) = map.order.pop_front()
-        {
-            if let Some((_, old)) = map.by_shard.remove(&oldest) {
-                map.samples -= old.samples();
-            }
-        }
-    }
-}
-
-/// How a shard's samples are found in its cached file.
-#[derive(Debug)]
-enum Layout {
-    /// A tar: each sample's byte span (from a header scan), and the damage that stopped the
-    /// scan, if any.
-    Tar {
-        spans: Vec<SampleSpan>,
-        damage: Option<Damage>,
-    },
-    /// An MDS shard: its count and offsets.
-    Mds { head: Vec<u8> },
-    /// A Parquet file: its rows, decoded once per lease.
-    Parquet { rows: crate::parquet::Rows },
-}
-
-impl Layout {
-    /// The samples it counts for [`SharedLayouts`]' limit.
-    fn samples(&self) -> usize {
-        match self {
-            Layout::Tar { spans, .. } => spans.len(),
-            Layout::Mds { head } => head.len() / 8,
-            Layout::Parquet { .. } => 0,
-        }
-    }
-}
-
-/// Where and why a tar's scan stopped.
-#[derive(Debug)]
-struct Damage {
-    member: Option<String>,
-    offset: u64,
-    reason: String,
-}
 
 /// A worker's iterator over its samples.
 pub(super) struct WorkerReader {
@@ -166,6 +70,10 @@ pub(super) struct WorkerReader {
     plan: Arc<EpochPlan>,
     /// The loader's batch size: the window reads at least a batch ahead.
     batch_size: usize,
+    /// Slots taken from the window so far: the sequence number of its first.
+    popped: u64,
+    /// Range reads issued for the window's slots (below the working set).
+    ranges: Ranges,
 }
 
 impl WorkerReader {
@@ -200,6 +108,8 @@ impl WorkerReader {
             order,
             plan,
             batch_size,
+            popped: 0,
+            ranges: Ranges::default(),
         }
     }
 
@@ -334,17 +244,20 @@ impl WorkerReader {
         }
     }
 
-    /// Leases shard `shard` (asking the cache without waiting first, and letting every lease
-    /// go before a download or a wait, so that no reader waits for room while holding some)
-    /// and finds its samples' layout.
+    /// Leases the shard of `slot` (asking the cache without waiting first, and letting every
+    /// lease go before a download or a wait, so that no reader waits for room while holding
+    /// some) and finds its samples' layout. Below the working set a shard not on disk whose
+    /// layout is known is not leased: the sample is read by range, and the read returned.
     fn open(
         &mut self,
-        shard: usize,
+        slot: &Slot,
         leases: &mut HashMap<usize, CachedShard>,
-    ) -> Result<(), ShardError> {
+    ) -> Result<Option<Pending>, ShardError> {
+        let shard = slot.sample.shard;
         if !leases.contains_key(&shard) {
             let info = &self.ds.spec.shards.shards[shard];
-            if self.ds.cache.below_working_set() {
+            let below = self.ds.cache.below_working_set();
+            if below {
                 // A budget below the working set: a shard this reader holds but does not read
                 // now is one Belady's rule could not evict for another reader's.
                 for (_, held) in leases.drain() {
@@ -357,6 +270,15 @@ impl WorkerReader {
                     // Every leased shard still has slots in the window: not consumed.
                     for (_, held) in leases.drain() {
                         held.release_unread();
+                    }
+                    // Below the working set a shard not on disk is read by range where its
+                    // layout is known: only the cache's prefetch (within Belady's rule)
+                    // brings whole shards then, never a read.
+                    if below
+                        && let Some(p) =
+                            self.ranges.start_now(&self.ds, shard, slot.sample.index)?
+                    {
+                        return Ok(Some(p));
                     }
                     self.ds.cache.get(info)?
                 }
@@ -371,7 +293,7 @@ impl WorkerReader {
             let layout = match shared {
                 Some(layout) => layout,
                 None => {
-                    let layout = Arc::new(self.layout(shard, lease)?);
+                    let layout = Arc::new(scan(&self.ds, shard, lease)?);
                     if let Some(id) = id {
                         self.ds.layouts.insert(shard, id, &layout);
                     }
@@ -380,161 +302,54 @@ impl WorkerReader {
             };
             self.layouts.insert(shard, layout);
         }
-        Ok(())
+        Ok(None)
     }
 
-    fn layout(&self, shard: usize, lease: &CachedShard) -> Result<Layout, ShardError> {
-        let url = &lease.info().url;
-        let mut file = lease.file();
-        let io = |source| ShardError::Io {
-            op: "read",
-            path: lease.path().to_owned(),
-            source,
-        };
-        file.seek(SeekFrom::Start(0)).map_err(io)?;
-        match self.ds.spec.format {
-            ShardFormat::WebDataset => {
-                let (spans, error) = ShardReader::scan_file(url.clone(), file).map_err(io)?;
-                let damage = error.map(|e| match e {
-                    ShardError::Tar {
-                        member,
-                        offset,
-                        reason,
-                        ..
-                    } => Damage {
-                        member,
-                        offset,
-                        reason,
-                    },
-                    ShardError::Sample {
-                        key,
-                        offset,
-                        reason,
-                        ..
-                    } => Damage {
-                        member: Some(key),
-                        offset,
-                        reason,
-                    },
-                    other => Damage {
-                        member: None,
-                        offset: 0,
-                        reason: other.to_string(),
-                    },
-                });
-                Ok(Layout::Tar { spans, damage })
-            }
-            ShardFormat::Parquet => {
-                let rows = crate::parquet::read_rows(url, file.try_clone().map_err(io)?)?;
-                let want = self.ds.spec.counts[shard];
-                if rows.len() as u64 != want {
-                    return Err(ShardError::Parquet {
-                        shard: url.clone(),
-                        row: None,
-                        reason: format!(
-                            "the file holds {} rows, its footer said {want} when the dataset \
-                             was resolved (the file changed?)",
-                            rows.len()
-                        ),
-                    });
-                }
-                Ok(Layout::Parquet {
-                    rows: Arc::new(rows),
-                })
-            }
-            ShardFormat::Mds => {
-                let info = &self.ds.spec.mds[shard];
-                let size = file.metadata().map_err(io)?.len();
-                let mds = |offset, reason| ShardError::Mds {
-                    shard: url.clone(),
-                    sample: None,
-                    offset,
-                    reason,
-                };
-                if size != info.raw_data.bytes {
-                    return Err(mds(
-                        0,
-                        format!(
-                            "the file holds {size} bytes, the index says {}",
-                            info.raw_data.bytes
-                        ),
-                    ));
-                }
-                let mut count = [0u8; 4];
-                file.read_exact(&mut count).map_err(io)?;
-                let samples = sample_count(url, &count)?;
-                if samples != info.samples {
-                    return Err(mds(
-                        0,
-                        format!(
-                            "the file holds {samples} samples, the index says {}",
-                            info.samples
-                        ),
-                    ));
-                }
-                let len = header_len(samples);
-                if len > size {
-                    return Err(mds(
-                        0,
-                        format!("the {len}-byte header is longer than the file ({size} bytes)"),
-                    ));
-                }
-                let mut head = vec![0u8; len as usize];
-                file.seek(SeekFrom::Start(0)).map_err(io)?;
-                file.read_exact(&mut head).map_err(io)?;
-                Ok(Layout::Mds { head })
-            }
-        }
-    }
-
-    /// Reads the sample of `slot`.
+    /// Reads the sample of `slot` (number `seq` of the reader's stream).
     fn read(
         &mut self,
+        seq: u64,
         slot: &Slot,
         leases: &mut HashMap<usize, CachedShard>,
     ) -> Result<ShardSample, ShardError> {
         let shard = slot.sample.shard;
-        self.open(shard, leases)?;
-        let lease = &leases[&shard];
-        let layout = Arc::clone(&self.layouts[&shard]);
-        let url = &lease.info().url;
         let index = slot.sample.index;
-        let (sample, columns) = match &*layout {
-            Layout::Tar { spans, damage } => (
-                read_tar(
-                    lease,
-                    spans,
-                    damage.as_ref(),
-                    index,
-                    self.ds.spec.counts[shard],
-                )?,
-                None,
-            ),
-            Layout::Parquet { rows } => {
-                let fields = usize::try_from(index)
-                    .ok()
-                    .and_then(|i| rows.get(i))
-                    .ok_or_else(|| ShardError::Parquet {
-                        shard: url.clone(),
-                        row: Some(index),
-                        reason: format!("the file holds {} rows", rows.len()),
-                    })?;
-                (
-                    Sample {
-                        key: index.to_string(),
-                        url: url.clone(),
-                        offset: index,
-                        fields: fields.clone(),
-                    },
-                    None,
-                )
-            }
-            Layout::Mds { head } => {
-                let columns = &self.ds.columns[shard];
-                (
-                    read_mds(lease, head, columns, index)?,
-                    Some(Arc::clone(columns)),
-                )
+        let ds = Arc::clone(&self.ds);
+        let url = &ds.spec.shards.shards[shard].url;
+        let columns =
+            (self.ds.spec.format == ShardFormat::Mds).then(|| Arc::clone(&self.ds.columns[shard]));
+        let ranged = match self.ranges.take(seq) {
+            Some(p) => Some(p),
+            None => self.open(slot, leases)?,
+        };
+        let sample = match ranged {
+            Some(p) => p.finish(&self.ds, url, columns.as_deref(), index)?,
+            None => {
+                let lease = &leases[&shard];
+                match &*self.layouts[&shard] {
+                    Layout::Parquet { rows } => {
+                        let fields = usize::try_from(index)
+                            .ok()
+                            .and_then(|i| rows.get(i))
+                            .ok_or_else(|| ShardError::Parquet {
+                                shard: url.clone(),
+                                row: Some(index),
+                                reason: format!("the file holds {} rows", rows.len()),
+                            })?;
+                        Sample {
+                            key: index.to_string(),
+                            url: url.clone(),
+                            offset: index,
+                            fields: fields.clone(),
+                        }
+                    }
+                    layout => layout.read_leased(
+                        lease,
+                        columns.as_deref(),
+                        index,
+                        self.ds.spec.counts[shard],
+                    )?,
+                }
             }
         };
         for name in &self.ds.required {
@@ -591,16 +406,22 @@ impl Iterator for WorkerReader {
                 "on_sample_error=skip pads a rank with samples that read; none did",
             )));
         }
+        // Locked while reading: the lease keeper takes only an idle reader's leases.
+        let held = Arc::clone(&self.leases);
+        let mut leases = lock(&held);
+        self.ranges
+            .read_ahead(&self.ds, &self.window, self.popped, |s| {
+                leases.contains_key(&s)
+            });
         let slot = self.window.pop_front()?;
+        let seq = self.popped;
+        self.popped += 1;
         let shard = slot.sample.shard;
         let left = self.pending.get_mut(&shard).map_or(0, |n| {
             *n -= 1;
             *n
         });
-        // Locked while reading: the lease keeper takes only an idle reader's leases.
-        let held = Arc::clone(&self.leases);
-        let mut leases = lock(&held);
-        let result = self.read(&slot, &mut leases);
+        let result = self.read(seq, &slot, &mut leases);
         if result.is_ok()
             && let Some(m) = self.order.mixture()
         {
@@ -651,126 +472,9 @@ impl Iterator for WorkerReader {
 
 impl Drop for WorkerReader {
     fn drop(&mut self) {
+        self.ranges.abort();
         if !self.prefetching.is_empty() {
             self.ds.publish_prefetch(self.worker, Vec::new());
         }
     }
-}
-
-/// Reads `buf.len()` bytes at `offset` of a leased shard.
-fn read_at(lease: &CachedShard, offset: u64, buf: &mut [u8]) -> Result<(), ShardError> {
-    let mut file = lease.file();
-    file.seek(SeekFrom::Start(offset))
-        .and_then(|_| file.read_exact(buf))
-        .map_err(|source| ShardError::Io {
-            op: "read",
-            path: lease.path().to_owned(),
-            source,
-        })
-}
-
-/// An error of a reader over bytes that start at `base` in the shard, with shard offsets.
-fn shift(e: ShardError, base: u64) -> ShardError {
-    match e {
-        ShardError::Tar {
-            shard,
-            member,
-            offset,
-            reason,
-        } => ShardError::Tar {
-            shard,
-            member,
-            offset: base + offset,
-            reason,
-        },
-        ShardError::Sample {
-            shard,
-            key,
-            offset,
-            reason,
-        } => ShardError::Sample {
-            shard,
-            key,
-            offset: base + offset,
-            reason,
-        },
-        other => other,
-    }
-}
-
-fn read_tar(
-    lease: &CachedShard,
-    spans: &[SampleSpan],
-    damage: Option<&Damage>,
-    index: u64,
-    count: u64,
-) -> Result<Sample, ShardError> {
-    let url = &lease.info().url;
-    let Some(span) = usize::try_from(index).ok().and_then(|i| spans.get(i)) else {
-        return Err(match damage {
-            Some(d) => ShardError::Tar {
-                shard: url.clone(),
-                member: d.member.clone(),
-                offset: d.offset,
-                reason: format!(
-                    "sample {index} lies in or after a damaged part of the shard ({} whole \
-                     samples before it): {}",
-                    spans.len(),
-                    d.reason
-                ),
-            },
-            None => ShardError::Tar {
-                shard: url.clone(),
-                member: None,
-                offset: lease.info().size,
-                reason: format!(
-                    "the shard holds {} samples, the dataset counts {count} (sample {index} \
-                     asked for)",
-                    spans.len()
-                ),
-            },
-        });
-    };
-    let mut bytes = vec![0u8; (span.end - span.offset) as usize];
-    read_at(lease, span.offset, &mut bytes)?;
-    let mut reader = ShardReader::new(url.clone(), bytes.as_slice());
-    let mut samples = reader.samples().map_err(|e| shift(e, span.offset))?;
-    match samples.next() {
-        Some(Ok(mut sample)) => {
-            sample.offset = span.offset;
-            Ok(sample)
-        }
-        Some(Err(e)) => Err(shift(e, span.offset)),
-        None => Err(ShardError::Tar {
-            shard: url.clone(),
-            member: None,
-            offset: span.offset,
-            reason: format!("no sample where the scan found {:?}", span.key),
-        }),
-    }
-}
-
-fn read_mds(
-    lease: &CachedShard,
-    head: &[u8],
-    columns: &Columns,
-    index: u64,
-) -> Result<Sample, ShardError> {
-    let url = &lease.info().url;
-    let range = sample_range(url, head, index)?;
-    let mut bytes = vec![0u8; (range.end - range.start) as usize];
-    read_at(lease, range.start, &mut bytes)?;
-    let parsed = MdsSample::parse(url, columns, index, range.start, &bytes)?;
-    let fields = columns
-        .names()
-        .iter()
-        .zip(parsed.raw_columns())
-        .map(|(name, raw)| (name.clone(), raw.to_vec()))
-        .collect();
-    Ok(Sample {
-        key: index.to_string(),
-        url: url.clone(),
-        offset: range.start,
-        fields,
-    })
 }

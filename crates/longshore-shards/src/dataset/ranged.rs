@@ -1,0 +1,264 @@
+//! Range reads: below the cache's working set, a sample whose shard is not on disk (nor
+//! about to be) is read by one range `GET` of its bytes, issued ahead of the reader, instead
+//! of downloading its whole shard for it.
+//!
+//! A budget below the working set of the shuffle window cannot keep every shard from its
+//! first read to its last, so some reads find their shard evicted. Downloading the shard again
+//! for each of them costs a whole shard per sample (a wide shuffle over a small cache reads
+//! at a few percent of the unbounded rate); a range read costs the sample's bytes. What it
+//! needs is where the sample lies: a tar's layout from an earlier scan of the shard (kept by
+//! [`SharedLayouts`](super::layout::SharedLayouts) while the object's size is unchanged), an
+//! MDS shard's header (one range read of its first bytes). A tar never scanned in this
+//! process is downloaded whole once.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use super::layout::Layout;
+use super::{Inner, ShardFormat};
+use crate::ShardError;
+use crate::mds::{Columns, header_len, sample_count};
+use crate::order::Slot;
+use crate::store::{block_on, runtime};
+use crate::webdataset::Sample;
+
+/// The most range reads a reader keeps in flight: at 20-50 ms a `GET`, enough for a few
+/// thousand samples a second per worker.
+const MAX_RANGES: usize = 256;
+
+/// The most bytes of range reads a reader keeps in flight or fetched and not yet read.
+const MAX_RANGE_BYTES: u64 = 64 << 20;
+
+/// A range read issued for one slot of the reader's window.
+pub(super) struct Pending {
+    layout: Arc<Layout>,
+    start: u64,
+    bytes: u64,
+    handle: JoinHandle<Result<Bytes, ShardError>>,
+}
+
+/// What a reader knows of a shard's layout for range reads.
+enum Known {
+    Layout(Arc<Layout>),
+    /// Its MDS header is being fetched.
+    Waiting,
+    /// No range reads of it (a tar not scanned in this process, a header that failed).
+    No,
+}
+
+/// One reader's range reads: the slots of its window decided (by their sequence number in
+/// the reader's stream), the reads in flight, the MDS headers being fetched.
+#[derive(Default)]
+pub(super) struct Ranges {
+    pending: HashMap<u64, Pending>,
+    bytes: u64,
+    /// The sequence number of the first slot not decided yet.
+    decided: u64,
+    heads: HashMap<usize, JoinHandle<Result<Bytes, ShardError>>>,
+    no_head: HashSet<usize>,
+}
+
+impl Ranges {
+    /// Issues range reads for the window's slots (`window[0]` has sequence number `first`)
+    /// whose shards are not on disk and not `skipped` (leased by the reader),
+    /// within [`MAX_RANGES`] and [`MAX_RANGE_BYTES`]; only below the working set. Each slot
+    /// is decided once.
+    pub(super) fn read_ahead(
+        &mut self,
+        ds: &Inner,
+        window: &VecDeque<Slot>,
+        first: u64,
+        skipped: impl Fn(usize) -> bool,
+    ) {
+        if !ds.cache.below_working_set() {
+            return;
+        }
+        let end = first + window.len() as u64;
+        let mut i = self.decided.max(first);
+        let mut on_disk: HashMap<usize, bool> = HashMap::new();
+        while i < end && self.pending.len() < MAX_RANGES && self.bytes < MAX_RANGE_BYTES {
+            let slot = &window[(i - first) as usize];
+            let s = slot.sample.shard;
+            let cached = || ds.cache.is_complete(&ds.spec.shards.shards[s]);
+            if !skipped(s) && !*on_disk.entry(s).or_insert_with(cached) {
+                match self.known(ds, s) {
+                    Known::Layout(layout) => {
+                        // A sample the layout has no bytes for (a damaged tar) is read by the
+                        // lease path, which names the damage.
+                        if let Ok(Some(p)) = start(ds, s, layout, slot.sample.index) {
+                            self.bytes += p.bytes;
+                            self.pending.insert(i, p);
+                        }
+                    }
+                    Known::Waiting => break,
+                    Known::No => {}
+                }
+            }
+            i += 1;
+        }
+        self.decided = i;
+    }
+
+    /// The range read issued for the slot numbered `seq`, if any.
+    pub(super) fn take(&mut self, seq: u64) -> Option<Pending> {
+        let p = self.pending.remove(&seq)?;
+        self.bytes -= p.bytes;
+        Some(p)
+    }
+
+    /// A range read of sample `index` of shard `shard` issued now, for a reader that found no
+    /// room for the shard: `None` if its layout is not known.
+    ///
+    /// # Errors
+    ///
+    /// The layout's, for a sample it has no bytes for.
+    pub(super) fn start_now(
+        &mut self,
+        ds: &Inner,
+        shard: usize,
+        index: u64,
+    ) -> Result<Option<Pending>, ShardError> {
+        match self.known(ds, shard) {
+            Known::Layout(layout) => start(ds, shard, layout, index),
+            Known::Waiting | Known::No => Ok(None),
+        }
+    }
+
+    /// Stops the reads in flight (the reader is gone).
+    pub(super) fn abort(&mut self) {
+        for (_, p) in self.pending.drain() {
+            p.handle.abort();
+        }
+        for (_, h) in self.heads.drain() {
+            h.abort();
+        }
+        self.bytes = 0;
+    }
+
+    fn known(&mut self, ds: &Inner, shard: usize) -> Known {
+        let info = &ds.spec.shards.shards[shard];
+        if let Some(layout) = ds.layouts.for_object(shard, info.size) {
+            return Known::Layout(layout);
+        }
+        if ds.spec.format != ShardFormat::Mds || self.no_head.contains(&shard) {
+            return Known::No;
+        }
+        let Some(handle) = self.heads.get(&shard) else {
+            let mds = &ds.spec.mds[shard];
+            let len = header_len(mds.samples);
+            // A file whose size disagrees with its index is read (and named) by the lease path.
+            if mds.raw_data.bytes != info.size || len > info.size {
+                self.no_head.insert(shard);
+                return Known::No;
+            }
+            match spawn(ds, &info.url, 0..len) {
+                Ok(h) => {
+                    self.heads.insert(shard, h);
+                    return Known::Waiting;
+                }
+                Err(_) => {
+                    self.no_head.insert(shard);
+                    return Known::No;
+                }
+            }
+        };
+        if !handle.is_finished() {
+            return Known::Waiting;
+        }
+        let handle = self.heads.remove(&shard).expect("looked up above");
+        let head = wait(handle).and_then(|head| {
+            let samples = sample_count(&info.url, &head[..4.min(head.len())])?;
+            if samples == ds.spec.mds[shard].samples {
+                Ok(head)
+            } else {
+                Err(ShardError::Mds {
+                    shard: info.url.clone(),
+                    sample: None,
+                    offset: 0,
+                    reason: format!(
+                        "the file holds {samples} samples, the index says {}",
+                        ds.spec.mds[shard].samples
+                    ),
+                })
+            }
+        });
+        match head {
+            Ok(head) => {
+                let layout = Arc::new(Layout::Mds {
+                    head: head.to_vec(),
+                });
+                ds.layouts.insert(shard, (info.size, None), &layout);
+                Known::Layout(layout)
+            }
+            Err(e) => {
+                tracing::debug!(
+                    target: super::TARGET, url = %info.url, error = %e,
+                    "no range reads of this shard: its header did not read"
+                );
+                self.no_head.insert(shard);
+                Known::No
+            }
+        }
+    }
+}
+
+/// Issues the range read of sample `index` of shard `shard` (`None` for a Parquet layout).
+fn start(
+    ds: &Inner,
+    shard: usize,
+    layout: Arc<Layout>,
+    index: u64,
+) -> Result<Option<Pending>, ShardError> {
+    let info = &ds.spec.shards.shards[shard];
+    let count = ds.spec.counts[shard];
+    let Some(range) = layout.range(&info.url, info.size, index, count)? else {
+        return Ok(None);
+    };
+    let handle = spawn(ds, &info.url, range.clone())?;
+    Ok(Some(Pending {
+        layout,
+        start: range.start,
+        bytes: range.end - range.start,
+        handle,
+    }))
+}
+
+/// Spawns a range `GET` on the store's runtime.
+fn spawn(
+    ds: &Inner,
+    url: &str,
+    range: std::ops::Range<u64>,
+) -> Result<JoinHandle<Result<Bytes, ShardError>>, ShardError> {
+    let store = ds.store.clone();
+    let url = url.to_owned();
+    Ok(runtime()?.spawn(async move { store.get_range_async(&url, range).await }))
+}
+
+/// The result of a spawned read (within the store's timeouts and retries).
+fn wait(handle: JoinHandle<Result<Bytes, ShardError>>) -> Result<Bytes, ShardError> {
+    match block_on(handle)? {
+        Ok(result) => result,
+        Err(e) => Err(ShardError::Runtime {
+            reason: format!("a range read's task failed: {e}"),
+        }),
+    }
+}
+
+impl Pending {
+    /// Waits for the read and parses sample `index` from its bytes (an MDS shard's
+    /// `columns`), counting it into the cache's epoch stats.
+    pub(super) fn finish(
+        self,
+        ds: &Inner,
+        url: &str,
+        columns: Option<&Columns>,
+        index: u64,
+    ) -> Result<Sample, ShardError> {
+        let bytes = wait(self.handle)?;
+        ds.cache.count_range_read(bytes.len() as u64);
+        self.layout.parse(url, columns, index, self.start, &bytes)
+    }
+}
