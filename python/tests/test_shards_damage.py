@@ -186,8 +186,9 @@ def test_an_endpoint_that_never_answers_fails_within_the_timeout(tmp_path):
 def test_a_budget_below_the_working_set_warns_once_and_counts_redownloads(shards, tmp_path,
                                                                           caplog):
     """A cache budget of two shards under a whole-epoch shuffle: every sample still arrives
-    once, the shards downloaded again are counted in `loader.stats["shards"]` (per epoch too)
-    and the budget that would suffice is named once through logging."""
+    once, the shards downloaded again and the samples read by range (shards not on disk) are
+    counted in `loader.stats["shards"]` (per epoch too) and the budget that would suffice is
+    named once through logging."""
     out, names = copy(shards, tmp_path)
     largest = max(os.path.getsize(out / n) for n in names)
     ds = dataset(out, names, tmp_path, shuffle=True, shuffle_block=10**9,
@@ -203,5 +204,10 @@ def test_a_budget_below_the_working_set_warns_once_and_counts_redownloads(shards
     assert [e["epoch"] for e in s["cache_epochs"]] == [0, 1], s
     assert s["downloads"] == sum(e["downloads"] for e in s["cache_epochs"]) > len(names), s
     assert s["redownloads"] > 0 and s["forced_evictions"] > 0, s
+    # Each worker process downloads a shard to learn its layout; after that, reads of shards
+    # not on disk are range reads, one sample's bytes each.
+    assert s["range_reads"] == sum(e["range_reads"] for e in s["cache_epochs"]) > 0, s
+    e1 = s["cache_epochs"][1]
+    assert 0 < e1["range_bytes"] < e1["range_reads"] * largest, s
     warned = [r for r in caplog.records if "would download each shard once" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]

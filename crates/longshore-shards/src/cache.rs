@@ -354,6 +354,22 @@ impl ShardCache {
     /// [`ShardError::CacheFull`] when no room came within the wait limit; the download's
     /// errors ([`ShardError::Fetch`], …); [`ShardError::Io`].
     pub fn get(&self, shard: &ShardInfo) -> Result<CachedShard, ShardError> {
+        self.get_or_room(shard, true)
+            .map(|lease| lease.expect("get waits for room"))
+    }
+
+    /// As [`get`](Self::get), but `None` where `get` would wait for room (it still waits for
+    /// another process's download of the shard): a reader below the working set then reads
+    /// its sample by a range `GET`.
+    pub(crate) fn get_if_room(&self, shard: &ShardInfo) -> Result<Option<CachedShard>, ShardError> {
+        self.get_or_room(shard, false)
+    }
+
+    fn get_or_room(
+        &self,
+        shard: &ShardInfo,
+        wait_for_room: bool,
+    ) -> Result<Option<CachedShard>, ShardError> {
         let inner = &self.inner;
         if shard.size > inner.config.budget_bytes {
             return Err(ShardError::BudgetTooSmall {
@@ -364,7 +380,7 @@ impl ShardCache {
         }
         let key = key_for(&shard.url);
         if let Some(lease) = inner.lease_known(&key, shard) {
-            return Ok(lease);
+            return Ok(Some(lease));
         }
         let start = Instant::now();
         let mut nap = Duration::from_millis(2);
@@ -379,13 +395,16 @@ impl ShardCache {
                     if same {
                         if let Some(lease) = inner.lease(&mut l, &key, shard)? {
                             inner.hits.fetch_add(1, Ordering::Relaxed);
-                            return Ok(lease);
+                            return Ok(Some(lease));
                         }
                         continue; // the file was gone; the entry is dropped
                     }
                     // Another version of the object: replace it once no reader holds it.
                     if !inner.try_evict(&mut l, &key)? {
                         drop(l);
+                        if !wait_for_room {
+                            return Ok(None);
+                        }
                         inner.announce(&mut waiting)?;
                         inner.wait_or_fail(shard, start, &mut nap)?;
                     }
@@ -410,11 +429,12 @@ impl ShardCache {
                 None => {
                     if let Some(reserved) = inner.reserve(&mut l, &key, shard, Need::Now)? {
                         drop(l);
-                        return inner
-                            .download(reserved, shard, true)
-                            .map(|lease| lease.expect("a lease was asked for"));
+                        return inner.download(reserved, shard, true);
                     }
                     drop(l);
+                    if !wait_for_room {
+                        return Ok(None);
+                    }
                     inner.announce(&mut waiting)?;
                     inner.wait_or_fail(shard, start, &mut nap)?;
                 }

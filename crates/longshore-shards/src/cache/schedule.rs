@@ -291,6 +291,9 @@ struct Table {
     next: Vec<(u32, u64)>,
     /// (shard, first tick, last tick) over the whole epoch.
     spans: Vec<(u32, u64, u64)>,
+    /// The process's readers of the epoch (0 in a table written before it was counted: one).
+    #[serde(default)]
+    readers: usize,
 }
 
 /// Another process's table, as read.
@@ -465,6 +468,7 @@ impl Schedules {
             now: if now == u64::MAX { 0 } else { now },
             next: next.into_iter().collect(),
             spans: spans.into_iter().map(|(s, (a, b))| (s, a, b)).collect(),
+            readers: readers.len(),
         })
     }
 
@@ -673,6 +677,16 @@ impl View {
     }
 
     /// The working set: the most bytes of shards live at once on the node this epoch.
+    /// The readers on the node: this process's and those of the other processes' tables.
+    pub(super) fn readers(&self) -> usize {
+        self.own.len()
+            + self
+                .others
+                .iter()
+                .map(|o| o.table.readers.max(1))
+                .sum::<usize>()
+    }
+
     pub(super) fn working_set(&self) -> (u64, usize) {
         let iv = self.intervals();
         let bytes = peak(iv.values().copied(), 0, u64::MAX);
@@ -743,6 +757,12 @@ impl ShardCache {
     pub fn working_set(&self) -> Option<(u64, usize)> {
         let view = self.inner.schedule.view(&self.inner.config.dir);
         view.active().then(|| view.working_set())
+    }
+
+    /// The readers whose schedules the node's cache knows now (this process's registered
+    /// readers of the epoch and the other processes' published ones).
+    pub(crate) fn readers(&self) -> usize {
+        self.inner.schedule.view(&self.inner.config.dir).readers()
     }
 }
 

@@ -10,6 +10,16 @@
 //! [`SharedLayouts`](super::layout::SharedLayouts) while the object's size is unchanged), an
 //! MDS shard's header (one range read of its first bytes). A tar never scanned in this
 //! process is downloaded whole once.
+//!
+//! Which shards: a shard is *sparse* for a reader when caching it could not pay: with `d` its
+//! density in the reader's stream (its reads over the span from its first to its last), the
+//! reader would read `1 / d` shards like it at once, and they do not fit its share of the
+//! budget (`B / R` shards: `B` the budget in shards, `R` the readers on the node): `d B / R <
+//! 1`. Under a wide shuffle every shard is sparse (each is read thinly over the whole epoch:
+//! whatever the cache holds serves its share of reads, and a download would only displace
+//! another); under shuffle blocks whose shards fit the readers' shares the block's shards are
+//! dense and are downloaded (by the prefetch, in Belady's order), a read of one finding no
+//! room being a range read rather than a wait.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -21,7 +31,7 @@ use super::layout::Layout;
 use super::{Inner, ShardFormat};
 use crate::ShardError;
 use crate::mds::{Columns, header_len, sample_count};
-use crate::order::Slot;
+use crate::order::{EpochPlan, Slot};
 use crate::store::{block_on, runtime};
 use crate::webdataset::Sample;
 
@@ -59,21 +69,31 @@ pub(super) struct Ranges {
     decided: u64,
     heads: HashMap<usize, JoinHandle<Result<Bytes, ShardError>>>,
     no_head: HashSet<usize>,
+    /// The reader's sparse shards (computed at the first need, below the working set).
+    sparse: Option<HashSet<usize>>,
 }
 
 impl Ranges {
     /// Issues range reads for the window's slots (`window[0]` has sequence number `first`)
-    /// whose shards are not on disk and not `skipped` (leased by the reader),
+    /// whose shards are sparse for the reader (worker `reader.1` of plan `reader.0`), not on
+    /// disk and not `skipped` (leased by the reader),
     /// within [`MAX_RANGES`] and [`MAX_RANGE_BYTES`]; only below the working set. Each slot
     /// is decided once.
     pub(super) fn read_ahead(
         &mut self,
         ds: &Inner,
+        reader: (&EpochPlan, usize),
         window: &VecDeque<Slot>,
         first: u64,
         skipped: impl Fn(usize) -> bool,
     ) {
         if !ds.cache.below_working_set() {
+            return;
+        }
+        let sparse = self
+            .sparse
+            .get_or_insert_with(|| sparse_shards(ds, reader.0, reader.1));
+        if sparse.is_empty() {
             return;
         }
         let end = first + window.len() as u64;
@@ -83,7 +103,8 @@ impl Ranges {
             let slot = &window[(i - first) as usize];
             let s = slot.sample.shard;
             let cached = || ds.cache.is_complete(&ds.spec.shards.shards[s]);
-            if !skipped(s) && !*on_disk.entry(s).or_insert_with(cached) {
+            let sparse = self.sparse.as_ref().is_some_and(|sp| sp.contains(&s));
+            if sparse && !skipped(s) && !*on_disk.entry(s).or_insert_with(cached) {
                 match self.known(ds, s) {
                     Known::Layout(layout) => {
                         // A sample the layout has no bytes for (a damaged tar) is read by the
@@ -100,6 +121,12 @@ impl Ranges {
             i += 1;
         }
         self.decided = i;
+    }
+
+    /// Whether shard `shard` is sparse for the reader (see the [module docs](self)); `false`
+    /// before [`read_ahead`](Self::read_ahead) found the node below its working set.
+    pub(super) fn is_sparse(&self, shard: usize) -> bool {
+        self.sparse.as_ref().is_some_and(|sp| sp.contains(&shard))
     }
 
     /// The range read issued for the slot numbered `seq`, if any.
@@ -203,6 +230,38 @@ impl Ranges {
             }
         }
     }
+}
+
+/// The shards sparse for worker `worker`'s stream of `plan` (see the [module docs](self)).
+fn sparse_shards(ds: &Inner, plan: &EpochPlan, worker: usize) -> HashSet<usize> {
+    let largest = ds.spec.shards.largest().map_or(1, |s| s.size.max(1));
+    let budget = ds.cache.config().budget_bytes as f64 / largest as f64;
+    let share = budget / ds.cache.readers().max(1) as f64;
+    let Some(stream) = plan.rank(ds.rank).ok().and_then(|r| r.worker(worker).ok()) else {
+        return HashSet::new();
+    };
+    // Per shard: reads, first and last position in the stream.
+    let mut seen: HashMap<usize, (u64, u64, u64)> = HashMap::new();
+    for (i, slot) in stream.enumerate() {
+        let e = seen
+            .entry(slot.sample.shard)
+            .or_insert((0, i as u64, i as u64));
+        e.0 += 1;
+        e.2 = i as u64;
+    }
+    let sparse: HashSet<usize> = seen
+        .iter()
+        .filter(|&(_, &(reads, first, last))| {
+            let density = reads as f64 / (last - first + 1) as f64;
+            density * share < 1.0
+        })
+        .map(|(&shard, _)| shard)
+        .collect();
+    tracing::debug!(
+        target: super::TARGET, worker, share, shards = seen.len(), sparse = sparse.len(),
+        "below the working set: reads of sparse shards not on disk are range reads"
+    );
+    sparse
 }
 
 /// Issues the range read of sample `index` of shard `shard` (`None` for a Parquet layout).

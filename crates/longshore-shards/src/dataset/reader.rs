@@ -246,8 +246,9 @@ impl WorkerReader {
 
     /// Leases the shard of `slot` (asking the cache without waiting first, and letting every
     /// lease go before a download or a wait, so that no reader waits for room while holding
-    /// some) and finds its samples' layout. Below the working set a shard not on disk whose
-    /// layout is known is not leased: the sample is read by range, and the read returned.
+    /// some) and finds its samples' layout. Below the working set, a sparse shard not on
+    /// disk, or a dense one the cache has no room for now, is not leased where its layout is
+    /// known: the sample is read by range, and the read returned (see `ranged`).
     fn open(
         &mut self,
         slot: &Slot,
@@ -271,16 +272,26 @@ impl WorkerReader {
                     for (_, held) in leases.drain() {
                         held.release_unread();
                     }
-                    // Below the working set a shard not on disk is read by range where its
-                    // layout is known: only the cache's prefetch (within Belady's rule)
-                    // brings whole shards then, never a read.
-                    if below
-                        && let Some(p) =
-                            self.ranges.start_now(&self.ds, shard, slot.sample.index)?
-                    {
-                        return Ok(Some(p));
+                    // Below the working set a sparse shard not on disk is read by range
+                    // where its layout is known (a download would only displace another),
+                    // and a dense one is when the cache has no room for it now.
+                    let room = if below && !self.ranges.is_sparse(shard) {
+                        self.ds.cache.get_if_room(info)?
+                    } else {
+                        None
+                    };
+                    match room {
+                        Some(lease) => lease,
+                        None => {
+                            if below
+                                && let Some(p) =
+                                    self.ranges.start_now(&self.ds, shard, slot.sample.index)?
+                            {
+                                return Ok(Some(p));
+                            }
+                            self.ds.cache.get(info)?
+                        }
                     }
-                    self.ds.cache.get(info)?
                 }
             };
             leases.insert(shard, lease);
@@ -409,10 +420,13 @@ impl Iterator for WorkerReader {
         // Locked while reading: the lease keeper takes only an idle reader's leases.
         let held = Arc::clone(&self.leases);
         let mut leases = lock(&held);
-        self.ranges
-            .read_ahead(&self.ds, &self.window, self.popped, |s| {
-                leases.contains_key(&s)
-            });
+        self.ranges.read_ahead(
+            &self.ds,
+            (&self.plan, self.worker),
+            &self.window,
+            self.popped,
+            |s| leases.contains_key(&s),
+        );
         let slot = self.window.pop_front()?;
         let seq = self.popped;
         self.popped += 1;
