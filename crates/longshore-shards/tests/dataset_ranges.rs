@@ -130,9 +130,10 @@ fn dense_shards_below_the_working_set_are_downloaded_whole() {
         // The cold epoch 0 downloads a few shards twice, as Belady's rule does.
         let most = if epoch == 0 { 1.25 } else { 1.1 };
         assert!(st.downloads as f64 <= SHARDS as f64 * most, "{st:?}");
-        // A read that finds no room for its dense shard is a range read: a few of the 2,000
-        // (ranging every read of a shard not on disk made ~1,200 here).
-        assert!(st.range_reads <= 200, "{st:?}");
+        // Range reads: the first reads of a block's shards while their downloads run (at
+        // most an eighth of a dense shard's reads) and the reads that find no room for their
+        // shard; ranging every read of a shard not on disk made ~1,200-1,400 of the 2,000.
+        assert!(st.range_reads <= 500, "{st:?}");
     }
 }
 

@@ -129,17 +129,26 @@
 //! # Range reads
 //!
 //! Below the working set ([`ShardCache::below_working_set`]: the budget cannot keep every
-//! shard from its first read in the epoch to its last), a read whose shard is not on disk is
-//! a range `GET` of that sample's bytes, not a download of its shard: the cache's prefetch
-//! (within Belady's rule) alone brings whole shards then. Each worker issues the range reads
-//! of its look-ahead (at least 256 samples, up to 256 reads and 64 MiB in flight), so a wide
-//! shuffle over a small cache reads at close to the unbounded rate (docs/benchmarks.md) where
-//! whole-shard downloads per read made it a few percent of it. A range read needs the
-//! sample's place in the shard: a tar's comes from a scan of the shard downloaded once in
-//! this process (a tar no reader of the process has scanned is downloaded whole), an MDS
-//! shard's from its header, itself read by range. Range reads are counted per epoch
-//! ([`EpochCacheStats::range_reads`](crate::cache::EpochCacheStats::range_reads) and
-//! `range_bytes`; Python `loader.stats["shards"]["range_reads"]`); the first warns, as an
+//! shard from its first read in the epoch to its last), a read whose shard is not on disk may
+//! be a range `GET` of that sample's bytes instead of a download of its shard. Which reads:
+//!
+//! - every read of a *sparse* shard (one read thinly over a long span of the reader's stream,
+//!   as under a wide shuffle, where the shards the reader reads at once do not fit its share
+//!   of the budget): whatever the cache holds serves its share of reads, and a download would
+//!   only displace another shard;
+//! - of a *dense* shard (a shuffle block's, whose shards fit the readers' shares), which the
+//!   cache's prefetch brings whole as before: the reads that find no room for it (rather than
+//!   waiting), and up to an eighth of its reads issued while it is not on disk yet (a block's
+//!   first samples touch every one of its shards before their downloads are done).
+//!
+//! Each worker issues the range reads of its look-ahead (at least 256 samples; up to 256
+//! reads and 64 MiB in flight), so a wide shuffle over a small cache reads at about the
+//! unbounded rate (docs/benchmarks.md) where whole-shard downloads per read made it a few
+//! percent of it. A range read needs the sample's place in the shard: a tar's comes from a
+//! scan of the shard downloaded once in this process (a tar no reader of the process has
+//! scanned is downloaded whole), an MDS shard's from its header, itself read by range. Range
+//! reads are counted per epoch ([`EpochCacheStats::range_reads`](crate::cache::EpochCacheStats::range_reads)
+//! and `range_bytes`; Python `loader.stats["shards"]["range_reads"]`); the first warns, as an
 //! eviction of a shard still needed does, naming the budget that would suffice. A range read
 //! that fails is the sample's error, as a failed download is.
 //!

@@ -17,9 +17,11 @@
 //! budget (`B / R` shards: `B` the budget in shards, `R` the readers on the node): `d B / R <
 //! 1`. Under a wide shuffle every shard is sparse (each is read thinly over the whole epoch:
 //! whatever the cache holds serves its share of reads, and a download would only displace
-//! another); under shuffle blocks whose shards fit the readers' shares the block's shards are
-//! dense and are downloaded (by the prefetch, in Belady's order), a read of one finding no
-//! room being a range read rather than a wait.
+//! another), and each of its reads not on disk is a range read. Under shuffle blocks whose
+//! shards fit the readers' shares the block's shards are dense: the prefetch downloads them
+//! (in Belady's order), up to one in [`DENSE_AHEAD`] of their reads are range reads issued while
+//! they are not on disk yet, and a read that finds no room for one is a range read rather
+//! than a wait.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -69,9 +71,24 @@ pub(super) struct Ranges {
     decided: u64,
     heads: HashMap<usize, JoinHandle<Result<Bytes, ShardError>>>,
     no_head: HashSet<usize>,
-    /// The reader's sparse shards (computed at the first need, below the working set).
-    sparse: Option<HashSet<usize>>,
+    /// The reader's sparse shards, and the range reads left to each dense one (computed at
+    /// the first need, below the working set).
+    shape: Option<Shape>,
 }
+
+/// Which of a reader's shards are sparse, and how many reads of each dense one may still be
+/// range reads (one in [`DENSE_AHEAD`] of its reads).
+#[derive(Default)]
+struct Shape {
+    sparse: HashSet<usize>,
+    dense_left: HashMap<usize, u64>,
+}
+
+/// One in this many of a dense shard's reads in a stream may be range reads issued ahead while
+/// the shard is not on disk: the first reads of a shuffle block's shards, read before their
+/// downloads are done (a block's samples are mixed, so its first slots touch every shard),
+/// without ranging the reads a whole download serves.
+const DENSE_AHEAD: u64 = 8;
 
 impl Ranges {
     /// Issues range reads for the window's slots (`window[0]` has sequence number `first`)
@@ -90,11 +107,8 @@ impl Ranges {
         if !ds.cache.below_working_set() {
             return;
         }
-        let sparse = self
-            .sparse
-            .get_or_insert_with(|| sparse_shards(ds, reader.0, reader.1));
-        if sparse.is_empty() {
-            return;
+        if self.shape.is_none() {
+            self.shape = Some(shape(ds, reader.0, reader.1));
         }
         let end = first + window.len() as u64;
         let mut i = self.decided.max(first);
@@ -103,8 +117,10 @@ impl Ranges {
             let slot = &window[(i - first) as usize];
             let s = slot.sample.shard;
             let cached = || ds.cache.is_complete(&ds.spec.shards.shards[s]);
-            let sparse = self.sparse.as_ref().is_some_and(|sp| sp.contains(&s));
-            if sparse && !skipped(s) && !*on_disk.entry(s).or_insert_with(cached) {
+            let allowed = self.shape.as_ref().is_some_and(|sh| {
+                sh.sparse.contains(&s) || sh.dense_left.get(&s).is_some_and(|&left| left > 0)
+            });
+            if allowed && !skipped(s) && !*on_disk.entry(s).or_insert_with(cached) {
                 match self.known(ds, s) {
                     Known::Layout(layout) => {
                         // A sample the layout has no bytes for (a damaged tar) is read by the
@@ -112,6 +128,11 @@ impl Ranges {
                         if let Ok(Some(p)) = start(ds, s, layout, slot.sample.index) {
                             self.bytes += p.bytes;
                             self.pending.insert(i, p);
+                            if let Some(left) =
+                                self.shape.as_mut().and_then(|sh| sh.dense_left.get_mut(&s))
+                            {
+                                *left = left.saturating_sub(1);
+                            }
                         }
                     }
                     Known::Waiting => break,
@@ -126,7 +147,9 @@ impl Ranges {
     /// Whether shard `shard` is sparse for the reader (see the [module docs](self)); `false`
     /// before [`read_ahead`](Self::read_ahead) found the node below its working set.
     pub(super) fn is_sparse(&self, shard: usize) -> bool {
-        self.sparse.as_ref().is_some_and(|sp| sp.contains(&shard))
+        self.shape
+            .as_ref()
+            .is_some_and(|sh| sh.sparse.contains(&shard))
     }
 
     /// The range read issued for the slot numbered `seq`, if any.
@@ -232,13 +255,13 @@ impl Ranges {
     }
 }
 
-/// The shards sparse for worker `worker`'s stream of `plan` (see the [module docs](self)).
-fn sparse_shards(ds: &Inner, plan: &EpochPlan, worker: usize) -> HashSet<usize> {
+/// The shape of worker `worker`'s stream of `plan` (see the [module docs](self)).
+fn shape(ds: &Inner, plan: &EpochPlan, worker: usize) -> Shape {
     let largest = ds.spec.shards.largest().map_or(1, |s| s.size.max(1));
     let budget = ds.cache.config().budget_bytes as f64 / largest as f64;
     let share = budget / ds.cache.readers().max(1) as f64;
     let Some(stream) = plan.rank(ds.rank).ok().and_then(|r| r.worker(worker).ok()) else {
-        return HashSet::new();
+        return Shape::default();
     };
     // Per shard: reads, first and last position in the stream.
     let mut seen: HashMap<usize, (u64, u64, u64)> = HashMap::new();
@@ -249,19 +272,21 @@ fn sparse_shards(ds: &Inner, plan: &EpochPlan, worker: usize) -> HashSet<usize> 
         e.0 += 1;
         e.2 = i as u64;
     }
-    let sparse: HashSet<usize> = seen
-        .iter()
-        .filter(|&(_, &(reads, first, last))| {
-            let density = reads as f64 / (last - first + 1) as f64;
-            density * share < 1.0
-        })
-        .map(|(&shard, _)| shard)
-        .collect();
+    let mut shape = Shape::default();
+    for (shard, (reads, first, last)) in seen {
+        let density = reads as f64 / (last - first + 1) as f64;
+        if density * share < 1.0 {
+            shape.sparse.insert(shard);
+        } else {
+            shape.dense_left.insert(shard, reads / DENSE_AHEAD);
+        }
+    }
     tracing::debug!(
-        target: super::TARGET, worker, share, shards = seen.len(), sparse = sparse.len(),
+        target: super::TARGET, worker, share, sparse = shape.sparse.len(),
+        dense = shape.dense_left.len(),
         "below the working set: reads of sparse shards not on disk are range reads"
     );
-    sparse
+    shape
 }
 
 /// Issues the range read of sample `index` of shard `shard` (`None` for a Parquet layout).

@@ -33,6 +33,10 @@ const MAX_GOOD: usize = 4096;
 /// up for its failed samples.
 const MAX_PROBES: u64 = 64;
 
+/// Below the working set, how often (in samples) a reader asks for its next shards again
+/// when no lease of a new shard did.
+const PREFETCH_EVERY: u64 = 32;
+
 /// A worker's iterator over its samples.
 pub(super) struct WorkerReader {
     ds: Arc<Inner>,
@@ -230,7 +234,8 @@ impl WorkerReader {
                 break;
             }
             let s = slot.sample.shard;
-            if leases.contains_key(&s) || seen.contains(&s) {
+            // A sparse shard is read by range below the working set: not one to bring whole.
+            if leases.contains_key(&s) || seen.contains(&s) || self.ranges.is_sparse(s) {
                 continue;
             }
             seen.push(s);
@@ -427,6 +432,10 @@ impl Iterator for WorkerReader {
             self.popped,
             |s| leases.contains_key(&s),
         );
+        if self.popped.is_multiple_of(PREFETCH_EVERY) && self.ds.cache.below_working_set() {
+            // Reads by range lease no shard, and a lease is what asks for the next ones.
+            self.update_prefetch(&leases);
+        }
         let slot = self.window.pop_front()?;
         let seq = self.popped;
         self.popped += 1;
