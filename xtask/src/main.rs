@@ -14,9 +14,9 @@
 //! * `cargo xtask shard --input DIR|--npy NAME=PATH... --out DIR [--format wds|mds]
 //!   [--shard-size 64MiB] [--synthetic N]`: packs an ImageFolder or `.npy` arrays into
 //!   WebDataset or MDS shards with their index (see shard.rs).
-//! * `cargo xtask s3-serve --dir DIR [--port P] [--bucket B]`: serves a directory as an S3
-//!   bucket on 127.0.0.1 until killed, anonymous reads allowed (see s3_serve.rs); also
-//!   `.gpu/bin/xtask s3-serve` from the `gpu-pack` bundle.
+//! * `cargo xtask s3-serve --dir DIR [--port P] [--bucket B] [--latency-ms MS]`: serves a
+//!   directory as an S3 bucket on 127.0.0.1 until killed, anonymous reads allowed (see
+//!   s3_serve.rs); also `.gpu/bin/xtask s3-serve` from the `gpu-pack` bundle.
 //! * On that GPU machine, from the bundle: `.gpu/bin/xtask gpu-verify [--sanitizer-secs S]`
 //!   (the tests with CUDA required, then compute-sanitizer) and `.gpu/bin/xtask gpu-bench
 //!   [--only S,...] [--budget-secs S]` (the full bench, the staging sweep, the criterion

@@ -58,6 +58,10 @@ pub(crate) struct Args {
     /// Refuse unsigned requests (by default anyone may GET, HEAD and list).
     #[arg(long)]
     signed_only: bool,
+    /// Delay every `GET` by this many milliseconds before answering (an object store's
+    /// first-byte latency, for benchmarks).
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
 }
 
 /// Runs the server until the process is killed.
@@ -86,6 +90,7 @@ pub(crate) fn run(args: Args) -> Result<()> {
         let mut b = s3s::service::S3ServiceBuilder::new(Served {
             fs,
             root: root.path().to_owned(),
+            latency: std::time::Duration::from_millis(args.latency_ms),
         });
         b.set_auth(s3s::auth::SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         b.set_access(ReadAccess {
@@ -207,6 +212,8 @@ impl S3Access for ReadAccess {
 struct Served {
     fs: s3s_fs::FileSystem,
     root: PathBuf,
+    /// The delay before each `GET` is answered.
+    latency: std::time::Duration,
 }
 
 impl std::fmt::Debug for Served {
@@ -353,6 +360,9 @@ impl_s3! {
 
 impl Served {
     async fn get(&self, input: GetObjectInput) -> S3Result<S3Response<GetObjectOutput>> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
         let obj = self.object(&input.bucket, &input.key).await?;
         preconditions(
             &obj.etag,
