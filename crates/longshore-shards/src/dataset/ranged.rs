@@ -15,7 +15,8 @@
 //! density in the reader's stream (its reads over the span from its first to its last), the
 //! reader would read `1 / d` shards like it at once, and they do not fit its share of the
 //! budget (`B / R` shards: `B` the budget in shards, `R` the readers on the node): `d B / R <
-//! 1`. Under a wide shuffle every shard is sparse (each is read thinly over the whole epoch:
+//! 1`, or when it reads fewer than one in [`DENSE_AHEAD`] of the shard's samples (the end of a
+//! block another worker reads). Under a wide shuffle every shard is sparse (each is read thinly over the whole epoch:
 //! whatever the cache holds serves its share of reads, and a download would only displace
 //! another), and each of its reads not on disk is a range read. Under shuffle blocks whose
 //! shards fit the readers' shares the block's shards are dense: the prefetch downloads them
@@ -117,6 +118,10 @@ impl Ranges {
             let slot = &window[(i - first) as usize];
             let s = slot.sample.shard;
             let cached = || ds.cache.is_complete(&ds.spec.shards.shards[s]);
+            if self.pending.contains_key(&i) {
+                i += 1;
+                continue;
+            }
             let allowed = self.shape.as_ref().is_some_and(|sh| {
                 sh.sparse.contains(&s) || sh.dense_left.get(&s).is_some_and(|&left| left > 0)
             });
@@ -142,6 +147,17 @@ impl Ranges {
             i += 1;
         }
         self.decided = i;
+    }
+
+    /// Shard `shard` found no room in the cache: its reads not on disk are range reads from
+    /// now on, the window's included (decided again).
+    pub(super) fn demote(&mut self, shard: usize) {
+        if let Some(shape) = &mut self.shape
+            && shape.sparse.insert(shard)
+        {
+            shape.dense_left.remove(&shard);
+            self.decided = 0;
+        }
     }
 
     /// Whether shard `shard` is sparse for the reader (see the [module docs](self)); `false`
@@ -259,7 +275,9 @@ impl Ranges {
 fn shape(ds: &Inner, plan: &EpochPlan, worker: usize) -> Shape {
     let largest = ds.spec.shards.largest().map_or(1, |s| s.size.max(1));
     let budget = ds.cache.config().budget_bytes as f64 / largest as f64;
-    let share = budget / ds.cache.readers().max(1) as f64;
+    // This rank's workers at least: the others may not have registered yet.
+    let readers = ds.cache.readers().max(plan.layout().num_workers()).max(1);
+    let share = budget / readers as f64;
     let Some(stream) = plan.rank(ds.rank).ok().and_then(|r| r.worker(worker).ok()) else {
         return Shape::default();
     };
@@ -275,7 +293,10 @@ fn shape(ds: &Inner, plan: &EpochPlan, worker: usize) -> Shape {
     let mut shape = Shape::default();
     for (shard, (reads, first, last)) in seen {
         let density = reads as f64 / (last - first + 1) as f64;
-        if density * share < 1.0 {
+        // A shard this reader reads only a few samples of (the end of a block another worker
+        // reads) is not worth a download, however close together the reads.
+        let few = reads * DENSE_AHEAD < ds.spec.counts[shard];
+        if few || density * share < 1.0 {
             shape.sparse.insert(shard);
         } else {
             shape.dense_left.insert(shard, reads / DENSE_AHEAD);

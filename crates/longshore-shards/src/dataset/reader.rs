@@ -288,6 +288,10 @@ impl WorkerReader {
                     match room {
                         Some(lease) => lease,
                         None => {
+                            if below {
+                                // No room for it now: so for its next reads too.
+                                self.ranges.demote(shard);
+                            }
                             if below
                                 && let Some(p) =
                                     self.ranges.start_now(&self.ds, shard, slot.sample.index)?
