@@ -101,8 +101,8 @@ def main():
     largest = write_mds(root, a.shards, a.samples, a.sample_bytes)
     print(f"{a.shards} MDS shards of {a.samples} samples, largest {largest} bytes, "
           f"shuffle block {a.block}, batch {a.batch}\n")
-    print("| workers | budget (shards) | Streaming LRU, downloads per epoch | longshore, downloads per epoch | longshore's Belady bound |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| workers | budget (shards) | Streaming LRU, downloads per epoch | longshore, downloads per epoch | longshore, range reads per epoch | longshore's Belady bound |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for workers in [int(w) for w in a.workers.split(",")]:
         for shards in [int(b) for b in a.budgets.split(",")]:
             budget = shards * largest
@@ -113,8 +113,8 @@ def main():
                  "--workers", str(max(workers, 1)), "--batch", str(a.batch)],
                 check=True, capture_output=True, text=True,
             ).stdout.strip().splitlines()[-1]
-            ours, bound = out.split(";")
-            print(f"| {workers} | {shards} | {', '.join(map(str, theirs))} | {ours} | {bound} |")
+            ours, bound, ranged = out.split(";")
+            print(f"| {workers} | {shards} | {', '.join(map(str, theirs))} | {ours} | {ranged} | {bound} |")
             sys.stdout.flush()
 
 

@@ -50,7 +50,8 @@ struct Args {
     #[arg(long, default_value = "downloads,rate")]
     only: String,
     /// The `mds` section: an MDS dataset's root, read with a cache of `--mds-budget` bytes and
-    /// shuffle blocks of `--block` samples; prints `downloads per epoch;Belady per epoch`.
+    /// shuffle blocks of `--block` samples; prints `downloads per epoch;Belady per epoch;range
+    /// reads per epoch`.
     #[arg(long)]
     mds: Option<std::path::PathBuf>,
     #[arg(long, default_value_t = 0)]
@@ -239,16 +240,22 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
             Duration::ZERO,
         )?;
         let sizes: Vec<u64> = ds.spec().shards.shards.iter().map(|s| s.size).collect();
-        let (mut ours, mut bound) = (Vec::new(), Vec::new());
+        let (mut ours, mut bound, mut ranged) = (Vec::new(), Vec::new(), Vec::new());
         for e in 0..=args.epochs {
             run_epoch(&ds, args, e, Duration::ZERO)?;
             let st = ds.cache().epoch_stats();
-            let d = st.iter().find(|s| s.epoch == e).map_or(0, |s| s.downloads);
-            ours.push(d.to_string());
+            let st = st.iter().find(|s| s.epoch == e);
+            ours.push(st.map_or(0, |s| s.downloads).to_string());
+            ranged.push(st.map_or(0, |s| s.range_reads).to_string());
             let r = refs(&ds, e, args.workers, args.batch)?;
             bound.push(belady_downloads(r, &sizes, args.mds_budget).to_string());
         }
-        println!("{};{}", ours.join(", "), bound.join(", "));
+        println!(
+            "{};{};{}",
+            ours.join(", "),
+            bound.join(", "),
+            ranged.join(", ")
+        );
         return Ok(());
     }
     let src = root.join("src");

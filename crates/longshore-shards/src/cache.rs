@@ -71,28 +71,28 @@
 //! such a budget ([`ShardCache::below_working_set`]) a reader keeps a lease only on the shard
 //! it reads, so that no idle lease keeps Belady's choice from being evicted.
 //!
-//! Downloads per epoch as a function of the budget and the shuffle block: 20 shards of 100
-//! samples read by 2 workers (batches of 8), the second epoch (`cache-bench`; docs/benchmarks.md
-//! has every row), against Belady's bound over the loader's delivery order:
+//! A [`ShardedDataset`](crate::dataset::ShardedDataset) below the working set reads the
+//! samples of shards it reads thinly (a wide shuffle's) by range instead of downloading their
+//! shards again ([`crate::dataset`], "Range reads"), counted in
+//! [`EpochCacheStats::range_reads`]. Downloads and range reads per epoch as a function of the
+//! budget and the shuffle block: 20 shards of 100 samples read by 2 workers (batches of 8), the
+//! second epoch (`cache-bench`; docs/benchmarks.md has every row), against Belady's bound for
+//! whole-shard downloads over the loader's delivery order:
 //!
 //! | shuffle block | working set | budget 3 shards | 4 | 8 | 12 | 20 |
 //! | --- | --- | --- | --- | --- | --- | --- |
 //! | 0 (shard order) | 2 shards | 18 | 17 | 13 | 9 | 0 |
-//! | 250 samples (2.5 shards) | 9 shards | 732 (Belady 528) | 375 (311) | 17 (21) | 14 | 0 |
-//! | 1,000 samples (10 shards) | 20 shards | 1,482 (1,293) | 1,249 (1,134) | 715 (675) | 376 (371) | 0 |
-//! | the whole epoch (the default 2^18) | 20 shards | 1,448 (1,303) | 1,203 (1,135) | 679 (676) | 366 (379) | 0 |
+//! | 250 samples (2.5 shards) | 9 shards | 1 + 1,700 ranged (Belady 528) | 2 + 1,424 (311) | 18 + 190 (21) | 13 | 0 |
+//! | 1,000 samples (10 shards) | 20 shards | 0 + 1,700 (1,293) | 0 + 1,600 (1,134) | 0 + 1,200 (675) | 0 + 800 (371) | 0 |
+//! | the whole epoch (the default 2^18) | 20 shards | 0 + 1,700 (1,303) | 0 + 1,600 (1,135) | 0 + 1,200 (676) | 0 + 800 (379) | 0 |
 //!
-//! Least recently used makes 1,689, 1,593, 1,220 and 853 in the last row. A budget that holds
-//! the working set downloads each shard at most once (fewer than 20 where shards stay from the
-//! last epoch). Below it, every read that finds its shard evicted is a download: with a full
-//! permutation, Belady's rule makes about half of LRU's at 8 shards of 20 and a third at 12.
-//! With one
-//! worker per process the cache makes Belady's count exactly (1,310 of 1,310 at 3 shards, the
-//! whole epoch one block). With two workers reading at once it makes 10-17% more than Belady's
-//! bound over their reads as they happened (37-55% with blocks of 2.5 shards at 2-4 shards of
-//! budget), and never more than the bound of the same reads with one shard less of budget:
-//! each worker's lease on the shard it reads and the room of its download in flight hold a
-//! shard that an offline bound does not need.
+//! A budget that holds the working set downloads each shard at most once (fewer than 20 where
+//! shards stay from the last epoch). Below it, each read whose shard is not on disk is one
+//! range `GET` of a sample (about 2 KiB here) where whole-shard caching made Belady's count of
+//! downloads of a shard (205 KiB) each; the shards on disk serve their share of the reads.
+//! Eviction itself is Belady's rule over the readers' schedules: with every read a download
+//! (as through [`ShardCache::get`] alone), one worker per process makes Belady's count exactly
+//! (`tests/cache_schedule.rs`).
 //!
 //! Readers get a path and an open [`File`]; this crate has no `unsafe`, so it hands out no
 //! memory map (map the file yourself if you want one).

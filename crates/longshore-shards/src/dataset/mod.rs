@@ -227,6 +227,7 @@ pub struct ShardedDatasetBuilder {
     cache_config: Option<CacheConfig>,
     job: Option<String>,
     prefetch_shards: usize,
+    range_reads: bool,
     required: Vec<String>,
     on_sample_error: OnSampleError,
 }
@@ -244,6 +245,7 @@ impl ShardedDatasetBuilder {
             cache_config: None,
             job: None,
             prefetch_shards: 2,
+            range_reads: true,
             required: Vec::new(),
             on_sample_error: OnSampleError::Raise,
         }
@@ -338,6 +340,15 @@ impl ShardedDatasetBuilder {
     #[must_use]
     pub fn prefetch_shards(mut self, shards: usize) -> Self {
         self.prefetch_shards = shards;
+        self
+    }
+
+    /// Whether reads below the cache's working set may be range reads of single samples
+    /// (default `true`; see [Range reads](self#range-reads)). With `false` every read of a shard
+    /// not on disk downloads it (where a `GET` costs more than the bytes it saves).
+    #[must_use]
+    pub fn range_reads(mut self, on: bool) -> Self {
+        self.range_reads = on;
         self
     }
 
@@ -446,6 +457,7 @@ impl ShardedDatasetBuilder {
                 rank,
                 world_size,
                 prefetch_shards: self.prefetch_shards,
+                range_reads: self.range_reads,
                 required: self.required,
                 on_sample_error: self.on_sample_error,
                 stats,
@@ -472,6 +484,7 @@ struct Inner {
     rank: usize,
     world_size: usize,
     prefetch_shards: usize,
+    range_reads: bool,
     required: Vec<String>,
     on_sample_error: OnSampleError,
     /// Failed reads, padding made up for them, damaged shards.

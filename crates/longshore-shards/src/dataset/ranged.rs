@@ -105,7 +105,7 @@ impl Ranges {
         first: u64,
         skipped: impl Fn(usize) -> bool,
     ) {
-        if !ds.cache.below_working_set() {
+        if !ds.range_reads || !ds.cache.below_working_set() {
             return;
         }
         if self.shape.is_none() {
@@ -187,6 +187,9 @@ impl Ranges {
         shard: usize,
         index: u64,
     ) -> Result<Option<Pending>, ShardError> {
+        if !ds.range_reads {
+            return Ok(None);
+        }
         match self.known(ds, shard) {
             Known::Layout(layout) => start(ds, shard, layout, index),
             Known::Waiting | Known::No => Ok(None),
