@@ -202,7 +202,7 @@ class _ImageShards:
 
     def _make(self, urls, transform, *, spec, index, image_key, label_key, seed, shuffle,
               shuffle_block, rank, world_size, cache_dir, cache_budget, job, prefetch_shards,
-              max_pixels, storage_options=None, fields=None, map=None):
+              max_pixels, storage_options=None, fields=None, map=None, range_reads=True):
         fields = _fields(fields, transform, type(self).__name__)
         if map is not None and (fields is None or not callable(map)):
             raise ValueError(
@@ -224,7 +224,7 @@ class _ImageShards:
         self._options = dict(shuffle_block=shuffle_block,
                              cache_dir=None if cache_dir is None else str(cache_dir),
                              cache_budget=_budget(cache_budget, "cache_budget"), job=job,
-                             prefetch_shards=prefetch_shards)
+                             prefetch_shards=prefetch_shards, range_reads=bool(range_reads))
         _logs.ensure_started()  # what resolving finds (a damaged shard) reaches logging
         # What makes the native dataset again in a worker process (from the resolved spec).
         self._native_args = (steps, output, dict(
@@ -232,7 +232,8 @@ class _ImageShards:
             shuffle=self.shuffle, shuffle_block=shuffle_block, rank=rank,
             world_size=world_size, cache_dir=None if cache_dir is None else str(cache_dir),
             cache_budget=_budget(cache_budget, "cache_budget"), job=job,
-            prefetch_shards=prefetch_shards, max_pixels=max_pixels or None,
+            prefetch_shards=prefetch_shards, range_reads=bool(range_reads),
+            max_pixels=max_pixels or None,
             no_pixel_limit=max_pixels == 0, storage_options=_storage_options(storage_options),
             fields=fields))
         self._native = _longshore._Shards(self._format, [str(u) for u in urls], steps, output,
@@ -438,7 +439,11 @@ class WebDataset(_ImageShards):
     ``cache_dir`` (default a per-dataset folder under the system temp dir), ``cache_budget``
     (bytes or ``"20gb"``; a budget below the largest shard is refused here),
     ``prefetch_shards`` (shards each worker downloads ahead, default 2), ``job`` (the cache's
-    name, shared by a job's ranks on a node).
+    name, shared by a job's ranks on a node). ``range_reads`` (default True): with a budget
+    below the shuffle window's working set, reads of shards not on disk that the cache could
+    not keep (a wide shuffle's) are range requests of each sample's bytes instead of downloads
+    of its whole shard, counted in ``loader.stats["shards"]["range_reads"]``; False downloads
+    the shard for every such read (see the object-storage guide).
 
     ``spec``: :attr:`spec` of a dataset made on another rank (then ``urls`` may be empty): no
     listing here.
@@ -485,7 +490,8 @@ class WebDataset(_ImageShards):
     def __init__(self, urls, transform=None, *, shuffle=False, seed=0, shuffle_block=None,
                  image_key=None, label_key="cls", index=None, rank=None, world_size=None,
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
-                 max_pixels=None, storage_options=None, fields=None, map=None):
+                 max_pixels=None, storage_options=None, fields=None, map=None,
+                 range_reads=True):
         if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
             urls = [urls]
         self._make(list(urls), transform, spec=spec, index=index, image_key=image_key,
@@ -493,7 +499,8 @@ class WebDataset(_ImageShards):
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels,
-                   storage_options=storage_options, fields=fields, map=map)
+                   storage_options=storage_options, fields=fields, map=map,
+                   range_reads=range_reads)
 
 
 class StreamingDataset(_ImageShards):
@@ -525,7 +532,7 @@ class StreamingDataset(_ImageShards):
                  shuffle_seed=9176, shuffle_block_size=None, cache_limit=None, batch_size=None,
                  image_key=None, label_key="cls", rank=None, world_size=None,
                  prefetch_shards=None, job=None, spec=None, max_pixels=None,
-                 storage_options=None, fields=None, map=None):
+                 storage_options=None, fields=None, map=None, range_reads=True):
         if remote is None and local is None and spec is None:
             raise ValueError("StreamingDataset needs remote= (or local= for a dataset on disk)")
         root = str(remote if remote is not None else local or "")
@@ -540,7 +547,8 @@ class StreamingDataset(_ImageShards):
                    shuffle=shuffle, shuffle_block=shuffle_block_size, rank=rank,
                    world_size=world_size, cache_dir=cache, cache_budget=cache_limit, job=job,
                    prefetch_shards=prefetch_shards, max_pixels=max_pixels,
-                   storage_options=storage_options, fields=fields, map=map)
+                   storage_options=storage_options, fields=fields, map=map,
+                   range_reads=range_reads)
 
 
 class ParquetDataset(_ImageShards):

@@ -39,6 +39,7 @@ struct Options {
     cache_budget: Option<u64>,
     job: Option<String>,
     prefetch_shards: Option<usize>,
+    range_reads: bool,
 }
 
 impl Options {
@@ -65,7 +66,7 @@ impl Options {
         if let Some(n) = self.prefetch_shards {
             b = b.prefetch_shards(n);
         }
-        b
+        b.range_reads(self.range_reads)
     }
 }
 
@@ -163,7 +164,7 @@ impl PyShards {
     #[pyo3(signature = (format, urls, steps, output, *, spec = None, index = None,
         image_key = None, label_key = "cls", seed = 0, shuffle = false, shuffle_block = None,
         rank = None, world_size = None, cache_dir = None, cache_budget = None, job = None,
-        prefetch_shards = None, max_pixels = None, no_pixel_limit = false,
+        prefetch_shards = None, range_reads = true, max_pixels = None, no_pixel_limit = false,
         storage_options = None, fields = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -185,6 +186,7 @@ impl PyShards {
         cache_budget: Option<u64>,
         job: Option<String>,
         prefetch_shards: Option<usize>,
+        range_reads: bool,
         max_pixels: Option<u64>,
         no_pixel_limit: bool,
         storage_options: Option<BTreeMap<String, String>>,
@@ -207,6 +209,7 @@ impl PyShards {
             cache_budget,
             job,
             prefetch_shards,
+            range_reads,
         };
         let builder = match (spec, format) {
             (Some(json), _) => {
@@ -254,7 +257,7 @@ impl PyShards {
     #[staticmethod]
     #[pyo3(signature = (members, weights, stop, *, seed = 0, shuffle = true,
         shuffle_block = None, cache_dir = None, cache_budget = None, job = None,
-        prefetch_shards = None))]
+        prefetch_shards = None, range_reads = true))]
     #[allow(clippy::too_many_arguments)]
     fn mixture(
         py: Python<'_>,
@@ -268,6 +271,7 @@ impl PyShards {
         cache_budget: Option<u64>,
         job: Option<String>,
         prefetch_shards: Option<usize>,
+        range_reads: bool,
     ) -> PyResult<Self> {
         let stop = crate::mixture::stop_of(stop)?;
         let first = members
@@ -296,6 +300,7 @@ impl PyShards {
             cache_budget,
             job,
             prefetch_shards,
+            range_reads,
         };
         let resolved: Vec<&ShardedDataset> = members.iter().map(|m| &m.resolved).collect();
         let builder = ShardedDataset::mixture(&resolved, &weights, stop).map_err(shard_err)?;

@@ -211,3 +211,20 @@ def test_a_budget_below_the_working_set_warns_once_and_counts_redownloads(shards
     assert 0 < e1["range_bytes"] < e1["range_reads"] * largest, s
     warned = [r for r in caplog.records if "would download each shard once" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_range_reads_off_downloads_the_shard_for_every_miss(shards, tmp_path):
+    """`range_reads=False`: the same budget and shuffle, every sample once, no range read, the
+    shards downloaded again instead."""
+    out, names = copy(shards, tmp_path)
+    largest = max(os.path.getsize(out / n) for n in names)
+    ds = dataset(out, names, tmp_path, shuffle=True, shuffle_block=10**9,
+                 cache_budget=2 * largest, range_reads=False)
+    loader = longshore.DataLoader(ds, batch_size=4, num_workers=2)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        labels = sorted(int(x) for _, y in loader for x in y)
+        assert labels == list(range(N)), epoch
+    s = loader.stats["shards"]
+    assert s["range_reads"] == 0, s
+    assert s["cache_epochs"][1]["redownloads"] > 0, s
