@@ -126,14 +126,16 @@ use std::time::{Duration, Instant};
 use crate::ShardError;
 use crate::store::{ShardInfo, ShardList, ShardStore};
 
+mod bounds;
 mod evict;
 mod index;
 mod lease;
 mod schedule;
 
+pub use bounds::{belady_downloads, working_set_bytes};
 pub use lease::CachedShard;
 use lease::{Known, Waiter};
-pub use schedule::{EpochCacheStats, ReaderSchedule, belady_downloads, working_set_bytes};
+pub use schedule::{EpochCacheStats, ReaderSchedule};
 use schedule::{Schedules, View};
 
 use evict::{Need, Reserved};

@@ -21,7 +21,7 @@ use longshore_loader::SampleErrorPolicy;
 use longshore_shards::cache::{CacheConfig, ShardCache};
 use longshore_shards::dataset::ShardedDataset;
 use longshore_shards::store::ShardStore;
-use support::data::{Read, pattern, run_rank, write_shards};
+use support::data::{Read, largest_shard, pattern, run_rank, write_shards};
 use support::{local_list, write_local_shards};
 
 const SHARDS: usize = 20;
@@ -35,14 +35,7 @@ fn dataset(
     budget_shards: f64,
     prefetch: usize,
 ) -> (ShardedDataset, u64) {
-    let largest = (0..SHARDS)
-        .map(|i| {
-            std::fs::metadata(src.join(format!("shard-{i:06}.tar")))
-                .unwrap()
-                .len()
-        })
-        .max()
-        .unwrap();
+    let largest = largest_shard(src, SHARDS);
     let budget = (largest as f64 * budget_shards) as u64;
     let ds = ShardedDataset::webdataset([pattern(&src.display().to_string(), SHARDS)])
         .seed(1)

@@ -12,21 +12,14 @@ use std::time::{Duration, Instant};
 use longshore_data::{IterableDataset, WorkerInfo};
 use longshore_shards::cache::CacheConfig;
 use longshore_shards::dataset::ShardedDataset;
-use support::data::{pattern, write_shards};
+use support::data::{largest_shard, pattern, write_shards};
 
 const COUNTS: [u64; 4] = [6, 6, 6, 6];
 
 /// A 2-worker, unshuffled dataset over the shards in `src`, with a cache budget of its
 /// largest shard and a 5 s wait limit (a starved reader fails instead of hanging).
 fn dataset(src: &Path, cache: &Path) -> ShardedDataset {
-    let largest = (0..COUNTS.len())
-        .map(|i| {
-            std::fs::metadata(src.join(format!("shard-{i:06}.tar")))
-                .unwrap()
-                .len()
-        })
-        .max()
-        .unwrap();
+    let largest = largest_shard(src, COUNTS.len());
     let mut config = CacheConfig::new(cache, largest);
     config.wait_timeout = Duration::from_secs(5);
     ShardedDataset::webdataset([pattern(&src.display().to_string(), COUNTS.len())])

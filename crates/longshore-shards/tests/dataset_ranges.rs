@@ -17,7 +17,7 @@ use longshore_loader::SampleErrorPolicy;
 use longshore_shards::cache::{CacheConfig, EpochCacheStats};
 use longshore_shards::dataset::{OnSampleError, ShardedDataset, ShardedDatasetBuilder};
 use longshore_shards::mds::{MdsWriter, Value};
-use support::data::{Read, pattern, planned, run_rank, write_shards};
+use support::data::{Read, largest_shard, pattern, planned, run_rank, write_shards};
 
 const SHARDS: usize = 20;
 const PER_SHARD: u64 = 100;
@@ -25,14 +25,7 @@ const PER_SHARD: u64 = 100;
 /// A whole-epoch shuffle over `src`'s tar shards with a budget of `budget_shards` times the
 /// largest shard.
 fn tars(src: &Path, cache: &Path, budget_shards: u64) -> ShardedDatasetBuilder {
-    let largest = (0..SHARDS)
-        .map(|i| {
-            std::fs::metadata(src.join(format!("shard-{i:06}.tar")))
-                .unwrap()
-                .len()
-        })
-        .max()
-        .unwrap();
+    let largest = largest_shard(src, SHARDS);
     ShardedDataset::webdataset([pattern(&src.display().to_string(), SHARDS)])
         .seed(4)
         .shuffle_block(u64::MAX)

@@ -62,6 +62,18 @@ pub fn write_shards(dir: &Path, counts: &[u64]) -> ShardIndex {
     index
 }
 
+/// The size of the largest of the `n` shards [`write_shards`] wrote into `dir`.
+pub fn largest_shard(dir: &Path, n: usize) -> u64 {
+    (0..n)
+        .map(|i| {
+            std::fs::metadata(dir.join(format!("shard-{i:06}.tar")))
+                .unwrap()
+                .len()
+        })
+        .max()
+        .unwrap()
+}
+
 /// The pattern naming the `n` shards of [`write_shards`] under `base` (a directory or URL).
 pub fn pattern(base: &str, n: usize) -> String {
     if n == 1 {
