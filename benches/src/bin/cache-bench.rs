@@ -20,7 +20,7 @@ use anyhow::{Result, anyhow};
 use clap::Parser;
 use longshore::data::{IterableExt, StackCollate};
 use longshore::loader::DataLoader;
-use longshore::shards::cache::{CacheConfig, belady_downloads, working_set_bytes};
+use longshore::shards::cache::{CacheConfig, EpochCacheStats, belady_downloads, working_set_bytes};
 use longshore::shards::dataset::{ShardSample, ShardedDataset};
 use longshore::shards::order::{EpochOrder, EpochPlan, Layout};
 use longshore::shards::store::{FaultyStore, ShardStore};
@@ -368,18 +368,13 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                 }
                 if bounded {
                     let st = ds.cache().epoch_stats();
-                    downloads = st
-                        .iter()
-                        .skip(1)
-                        .map(|s| s.downloads.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    ranged = st
-                        .iter()
-                        .skip(1)
-                        .map(|s| s.range_reads.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ");
+                    // The timed epochs' counts (epoch 0 is the warm-up).
+                    let timed = |f: fn(&EpochCacheStats) -> u64| {
+                        let v: Vec<String> = st.iter().skip(1).map(|s| f(s).to_string()).collect();
+                        v.join(", ")
+                    };
+                    downloads = timed(|s| s.downloads);
+                    ranged = timed(|s| s.range_reads);
                 }
                 rates.push(best);
             }
