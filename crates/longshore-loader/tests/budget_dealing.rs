@@ -93,14 +93,49 @@ fn at(place: String) {
     }
 }
 
+/// The loader's debug log of the running case (the consumer's thread): what a wait for a
+/// batch reports every few seconds (the batches in flight, the workers' queues, the next
+/// epoch's batches, the pool).
+static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+#[derive(Clone, Copy)]
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `f` with the loader's debug events written to `LOG` (emptied first).
+fn logged<R>(f: impl FnOnce() -> R) -> R {
+    LOG.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    let sub = tracing_subscriber::fmt()
+        .with_writer(|| LogWriter)
+        .with_ansi(false)
+        .with_env_filter("longshore::loader=debug")
+        .finish();
+    tracing::subscriber::with_default(sub, f)
+}
+
 /// The state of the case that hung.
 fn diagnose() -> String {
+    let log = String::from_utf8_lossy(&LOG.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+    let log: Vec<&str> = tail.into_iter().rev().collect();
     match WATCHED.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
         Some(w) => format!(
-            "\nconsumer: {}\npool: {:?}\nloader: {:?}",
+            "\nconsumer: {}\npool: {:?}\nloader: {:?}\nlog:\n{}",
             w.at,
             w.pool.stats(),
-            (w.loader)()
+            (w.loader)(),
+            log.join("\n")
         ),
         None => String::new(),
     }
@@ -219,7 +254,7 @@ proptest! {
         prefetch in 1usize..=4,
         in_order in any::<bool>(),
     ) {
-        watchdog_with(60, "budget dealing", move || run(blocks, workers, prefetch, in_order), diagnose);
+        watchdog_with(60, "budget dealing", move || logged(|| run(blocks, workers, prefetch, in_order)), diagnose);
     }
 }
 

@@ -1,6 +1,6 @@
 //! `pin_memory` without page-locked memory and more workers than cores are visible where a
 //! user looks: `LoaderConfig`, `DataLoader::warnings()`, and one `tracing::warn!` each
-//! (target `longshore::loader`).
+//! (target `longshore::loader`); a long wait for a batch logs what it waits for.
 
 mod common;
 
@@ -26,13 +26,17 @@ impl Write for Captured {
 }
 
 fn logged<R>(f: impl FnOnce() -> R) -> (R, String) {
+    logged_at(tracing::Level::WARN, f)
+}
+
+fn logged_at<R>(level: tracing::Level, f: impl FnOnce() -> R) -> (R, String) {
     let out = Captured::default();
     let w = out.clone();
     let sub = tracing_subscriber::fmt()
         .with_writer(move || w.clone())
         .with_ansi(false)
         .with_target(true)
-        .with_max_level(tracing::Level::WARN)
+        .with_max_level(level)
         .finish();
     let r = tracing::subscriber::with_default(sub, f);
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
@@ -133,4 +137,35 @@ fn pin_memory_effective_follows_the_driver() {
     let (loader, log) = logged(|| DataLoader::builder(Probe::new(8)).build().unwrap());
     assert!(!loader.config().pin_memory_effective);
     assert!(loader.warnings().is_empty() && log.is_empty(), "{log}");
+}
+
+#[test]
+fn a_long_wait_logs_the_batch_and_worker_it_waits_for() {
+    // Sample 5 takes 5.5 s: the wait for batch 2 (samples 4 and 5) reports, at debug level,
+    // the batch, its worker's queue and the pool, without changing what is delivered.
+    let mut probe = Probe::new(8);
+    probe.sleep_on = [5].into();
+    probe.sleep = std::time::Duration::from_millis(5_500);
+    let (ids, log) = logged_at(tracing::Level::DEBUG, || {
+        let l = DataLoader::builder(probe)
+            .batch_size(2)
+            .num_workers(2)
+            .pin_memory(false)
+            .build()
+            .unwrap();
+        let ids: Vec<u32> = l
+            .iter()
+            .flat_map(|b| b.unwrap().tensor::<u32>(0).unwrap().to_vec())
+            .collect();
+        ids
+    });
+    assert_eq!(ids, (0..8).collect::<Vec<u32>>());
+    let line = log
+        .lines()
+        .find(|l| l.contains("still waiting for batch 2"))
+        .unwrap_or_else(|| panic!("no report of the wait in:\n{log}"));
+    assert!(
+        line.contains("2@0:sent") && line.contains("queued per worker") && line.contains("pool:"),
+        "{line}"
+    );
 }
