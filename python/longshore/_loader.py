@@ -740,8 +740,15 @@ class DataLoader:
         counters under ``"pool"``. Over a :class:`~longshore.data.Mixture`, ``sources``: the
         samples of the delivered batches by member (over an epoch of one rank, the member's
         share of :attr:`~longshore.data.Mixture.draws`; a sample skipped under
-        ``on_sample_error="skip"`` stays counted in its member, and in ``skipped_samples``)."""
-        return self._loader.stats()
+        ``on_sample_error="skip"`` stays counted in its member, and in ``skipped_samples``).
+        Over a sharded dataset, ``"shards"``: its failed and made-up samples and its cache's
+        downloads and range reads, per epoch too (read with ``map=``, its worker processes'
+        counts added up, each as of its latest batch delivered)."""
+        stats = self._loader.stats()
+        shards = None if self._python is None else self._python.shard_stats()
+        if shards is not None:
+            stats["shards"] = shards
+        return stats
 
     def reset_stats(self):
         self._loader.reset_stats()

@@ -68,6 +68,8 @@ class _PythonDataset:
         self.source = None
         self.workers = None
         self.handler = None
+        # (pid, dataset) -> the counts a worker sent with its latest batch (shard_stats).
+        self.counts = {}
         if not iterable:
             self.bind(None, False)
 
@@ -91,16 +93,35 @@ class _PythonDataset:
         return self.workers.describe(worker_id)
 
     def unpack(self, meta):
-        """A batch's ``(tree, objects, dtypes)`` from its meta (see ``Handler.unpack``)."""
+        """A batch's ``(tree, objects, dtypes)`` from its meta (see ``Handler.unpack``); the
+        counts its worker sent with it are kept for ``shard_stats``."""
         if meta[:1] == _workers._KEPT:
+            built = None
             if self.handler is not None:
-                return self.handler.unpack(meta)
-            token = _workers.struct.unpack_from("<Q", meta, 1)[0]
-            for h in self.workers.procs:
-                if token in getattr(h, "kept", ()):
-                    return h.unpack(meta)
-            raise LoaderError(f"a batch's values were not kept (token {token})")
-        return _workers.pickle.loads(meta)
+                built = self.handler.unpack(meta)
+            else:
+                token = _workers.struct.unpack_from("<Q", meta, 1)[0]
+                for h in self.workers.procs:
+                    if token in getattr(h, "kept", ()):
+                        built = h.unpack(meta)
+                        break
+                else:
+                    raise LoaderError(f"a batch's values were not kept (token {token})")
+        else:
+            built = _workers.pickle.loads(meta)
+        tree, objects, dtypes, counts = built
+        if counts is not None:
+            key, value = counts
+            self.counts[key] = value
+        return tree, objects, dtypes
+
+    def shard_stats(self):
+        """A sharded dataset read with ``map=``: its workers' counts (each process's as of
+        its last batch delivered, over every process that read for this loader) added up, in
+        the shape of ``stats["shards"]``; ``None`` before any."""
+        if not self.counts:
+            return None
+        return _merge_shard_stats(list(self.counts.values()))
 
     def end_epoch(self, generation=None):
         """Ends an epoch's workers (without persistent workers, or after a worker died), as
@@ -377,3 +398,38 @@ def _reraise(e):
         return typ(msg)
     except Exception:
         return RuntimeError(msg)
+
+
+_SUMMED = ("failed", "padded", "unpadded", "downloads", "redownloads", "forced_evictions",
+           "range_reads")
+_EPOCH_SUMMED = ("downloads", "redownloads", "downloaded_bytes", "evictions",
+                 "forced_evictions", "range_reads", "range_bytes")
+
+
+def _merge_shard_stats(parts):
+    """The ``stats["shards"]`` of several processes' counts (``_Shards.records_stats``):
+    counts added, reasons and epochs added key by key, a shard damaged in two processes
+    counted once."""
+    out = {k: sum(p.get(k, 0) for p in parts) for k in _SUMMED}
+    reasons = {}
+    damaged = set()
+    epochs = {}
+    members = []
+    for p in parts:
+        for reason, n in p.get("failed_by_reason", {}).items():
+            reasons[reason] = reasons.get(reason, 0) + n
+        damaged.update(p.get("damaged", ()))
+        for e in p.get("cache_epochs", ()):
+            into = epochs.setdefault(e["epoch"], dict.fromkeys(_EPOCH_SUMMED, 0))
+            for k in _EPOCH_SUMMED:
+                into[k] += e.get(k, 0)
+        m = p.get("members", ())
+        members.extend([0] * (len(m) - len(members)))
+        for i, n in enumerate(m):
+            members[i] += n
+    out["failed_by_reason"] = reasons
+    out["damaged_shards"] = len(damaged)
+    out["cache_epochs"] = [dict(epoch=e, **epochs[e]) for e in sorted(epochs)]
+    if members:
+        out["members"] = members
+    return out

@@ -197,8 +197,10 @@ class Handler:
             return samples
         return self._collated(samples)
 
-    def _collated(self, samples):
-        """Stages a batch of ``samples``: its tensors' layout, the meta kept for the write."""
+    def _collated(self, samples, counts=None):
+        """Stages a batch of ``samples``: its tensors' layout, the meta kept for the write.
+        ``counts``: what the dataset reports of this worker's reads (``_shard_stats``), sent
+        with the batch."""
         leaves, objects = [], []
         if not self.batched:
             if self.collate_fn is None:
@@ -209,7 +211,7 @@ class Handler:
             tree = _collate(samples, leaves, objects)
         else:
             tree = _flatten(self.collate_fn(samples), leaves, objects)
-        built = (tree, objects, [leaf.torch_dtype for leaf in leaves])
+        built = (tree, objects, [leaf.torch_dtype for leaf in leaves], counts)
         if self.in_process:
             token = next(_TOKENS)
             self.kept[token] = built
@@ -254,10 +256,11 @@ class Handler:
         if not items or (drop_last and len(items) < batch_size):
             self.stream = None
             return b"X"
-        return self._collated(items)
+        report = getattr(self.dataset, "_shard_stats", None)
+        return self._collated(items, report() if callable(report) else None)
 
     def unpack(self, meta):
-        """The ``(tree, objects, dtypes)`` of a batch's meta: kept here by token (this
+        """The ``(tree, objects, dtypes, counts)`` of a batch's meta: kept here by token (this
         process's batches), or unpickled (a worker process's)."""
         if meta[:1] == _KEPT:
             return self.kept.pop(struct.unpack_from("<Q", meta, 1)[0])

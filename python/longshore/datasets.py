@@ -312,6 +312,17 @@ class _ImageShards:
                     record[name] = _json.loads(v)
             yield self.map_fn(record)
 
+    def _shard_stats(self):
+        """``map=``: this process's counts of what its worker read (``records_stats``), keyed
+        by process and dataset (worker threads share one dataset), or ``None``; a worker sends
+        them with each batch, and the loader adds its workers' up in ``stats["shards"]``."""
+        if self.map_fn is None or self._native is None:
+            return None
+        counts = self._native.records_stats()
+        if counts is None:
+            return None
+        return (_os.getpid(), id(self._native)), counts
+
     def __getstate__(self):
         # A worker process started by spawn or forkserver makes the native dataset again from
         # the resolved spec (no listing).

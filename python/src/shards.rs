@@ -84,6 +84,11 @@ pub(crate) struct PyShards {
     label: String,
     /// The fields a batch holds (`fields=`), or `None`: `(image, label)`.
     fields: Option<Arc<[Field]>>,
+    /// What `records()` reads (`map=`: a loader's worker process), made at its first call
+    /// and kept, with the id of the process that made it: every epoch of a process reads
+    /// through one cache handle and one set of shard layouts, whose counts `records_stats()`
+    /// reports (a process forked after the first call makes its own).
+    records: std::sync::Mutex<Option<(u32, ShardedDataset, FieldShards)>>,
 }
 
 /// What a loader's workers read of the shards: images and labels, or the named fields.
@@ -247,6 +252,7 @@ impl PyShards {
             image: image_key,
             label: label_key.to_owned(),
             fields,
+            records: std::sync::Mutex::new(None),
         })
     }
 
@@ -313,6 +319,7 @@ impl PyShards {
             image: first.image.clone(),
             label: first.label.clone(),
             fields: first.fields.clone(),
+            records: std::sync::Mutex::new(None),
         })
     }
 
@@ -335,12 +342,23 @@ impl PyShards {
                 "records() reads a dataset made with fields=",
             ));
         }
-        let (_, reader) = py
-            .detach(|| self.for_loader(OnSampleError::Raise))
-            .map_err(shard_err)?;
-        let Reader::Fields(records) = reader else {
-            return Err(PyValueError::new_err("not a dataset of fields"));
-        };
+        let records = py.detach(|| -> Result<FieldShards, ShardError> {
+            let mut kept = self.records.lock().unwrap_or_else(|p| p.into_inner());
+            let pid = std::process::id();
+            if let Some((_, _, r)) = kept.as_ref().filter(|k| k.0 == pid) {
+                return Ok(r.clone());
+            }
+            let (shards, reader) = self.for_loader(OnSampleError::Raise)?;
+            let Reader::Fields(records) = reader else {
+                return Err(ShardError::Order {
+                    option: "fields",
+                    reason: "not a dataset of fields".into(),
+                });
+            };
+            *kept = Some((pid, shards, records.clone()));
+            Ok(records)
+        });
+        let records = records.map_err(shard_err)?;
         py.detach(|| {
             crate::fields::PyRecordIter::start(
                 records,
@@ -351,6 +369,23 @@ impl PyShards {
                 drop_last,
             )
         })
+    }
+
+    /// The counts of what `records()` read in this process (its samples failed and made up
+    /// for, its cache's downloads and range reads per epoch: `stats_dict`'s keys, with
+    /// `"damaged"`, the damaged shards' indices, so that a loader can merge the counts of its
+    /// worker processes without counting a shard twice); `None` before the first `records()`.
+    fn records_stats<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        let stats = match &*self.records.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((pid, shards, _)) if *pid == std::process::id() => shards.stats(),
+            _ => return Ok(None),
+        };
+        let d = stats_dict(py, &stats)?;
+        d.set_item("damaged", stats.damaged.clone())?;
+        Ok(Some(d))
     }
 
     /// Writes field `field` of every sample (a 1-D integer array: a Parquet list, an MDS

@@ -213,6 +213,70 @@ def test_a_budget_below_the_working_set_warns_once_and_counts_redownloads(shards
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]
 
 
+def label_of(sample):
+    """A map= function (module level: workers started by spawn unpickle it)."""
+    return sample["cls"]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("workers,context,persistent",
+                         [(0, None, False), (2, "fork", False), (2, "spawn", True),
+                          (3, "forkserver", False)])
+def test_map_workers_counts_reach_the_loader_stats(shards, tmp_path, workers, context,
+                                                   persistent):
+    """`map=`: the shards are read in the loader's worker processes (or its own, with no
+    workers); their cache counts (range reads below the working set, downloads, per epoch)
+    reach `loader.stats["shards"]`, added up over the workers, under every start method and
+    with workers started again each epoch."""
+    out, names = copy(shards, tmp_path)
+    largest = max(os.path.getsize(out / n) for n in names)
+    pattern = str(out) + "/shard-{000000..%06d}.tar" % (len(names) - 1)
+    ds = longshore.datasets.WebDataset(pattern, transform=None, fields={"cls": "int"},
+                                       map=label_of, cache_dir=tmp_path / "c", shuffle=True,
+                                       shuffle_block=10**9, cache_budget=2 * largest)
+    loader = longshore.DataLoader(ds, batch_size=4, num_workers=workers,
+                                  multiprocessing_context=context,
+                                  persistent_workers=persistent)
+    assert "shards" not in loader.stats
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        labels = sorted(int(x) for y in loader for x in y)
+        assert labels == list(range(N)), epoch
+        s = loader.stats["shards"]
+        assert [e["epoch"] for e in s["cache_epochs"]] == list(range(epoch + 1)), s
+    assert s["failed"] == 0 and s["damaged_shards"] == 0 and s["failed_by_reason"] == {}, s
+    # Each reading process downloads shards to learn their layouts; the rest of its reads
+    # of shards not on disk are range reads.
+    assert s["downloads"] == sum(e["downloads"] for e in s["cache_epochs"]) >= len(names), s
+    assert s["range_reads"] == sum(e["range_reads"] for e in s["cache_epochs"]) > 0, s
+    for e in s["cache_epochs"]:
+        assert e["range_reads"] > 0 and 0 < e["range_bytes"] < e["range_reads"] * largest, s
+
+
+def test_workers_counts_add_up_a_shard_damaged_in_two_once():
+    """What the loader does with its `map=` workers' counts: added key by key and epoch by
+    epoch; a shard two workers found damaged counts once."""
+    from longshore._python import _merge_shard_stats
+
+    def part(epoch_reads, damaged, reason):
+        return {"failed": 1, "padded": 1, "unpadded": 0, "downloads": 2, "redownloads": 1,
+                "forced_evictions": 0, "range_reads": sum(epoch_reads),
+                "failed_by_reason": {reason: 1}, "damaged_shards": len(damaged),
+                "damaged": damaged,
+                "cache_epochs": [{"epoch": e, "downloads": 1, "redownloads": 0,
+                                  "downloaded_bytes": 10, "evictions": 0,
+                                  "forced_evictions": 0, "range_reads": r, "range_bytes": 5 * r}
+                                 for e, r in enumerate(epoch_reads)]}
+
+    s = _merge_shard_stats([part([3, 4], [2], "damaged shard"), part([5], [2, 7], "bad sample")])
+    assert s["failed"] == 2 and s["padded"] == 2 and s["downloads"] == 4, s
+    assert s["failed_by_reason"] == {"damaged shard": 1, "bad sample": 1}, s
+    assert s["damaged_shards"] == 2, s
+    assert [(e["epoch"], e["range_reads"], e["downloads"]) for e in s["cache_epochs"]] == \
+        [(0, 8, 2), (1, 4, 1)], s
+    assert s["range_reads"] == 12 and "damaged" not in s and "members" not in s, s
+
+
 def test_range_reads_off_downloads_the_shard_for_every_miss(shards, tmp_path):
     """`range_reads=False`: the same budget and shuffle, every sample once, no range read, the
     shards downloaded again instead."""

@@ -22,6 +22,9 @@ pub struct ShardStats {
     pub unpadded: u64,
     /// Shards found damaged (in the spec, or while reading).
     pub damaged_shards: u64,
+    /// Their indices in the spec's shard list, ascending (what tells two processes' damaged
+    /// shards apart when their counts are added).
+    pub damaged: Vec<usize>,
     /// The shard cache's downloads, re-downloads and evictions per epoch, as this process's
     /// handle counted them ([`ShardCache::epoch_stats`](crate::cache::ShardCache::epoch_stats)):
     /// re-downloads are what a budget below the shuffle window's working set costs.
@@ -56,6 +59,9 @@ impl Counters {
         let (stats, shards) = &mut *g;
         let new = shards.insert(shard);
         stats.damaged_shards = shards.len() as u64;
+        if new {
+            stats.damaged = shards.iter().copied().collect();
+        }
         new
     }
 
