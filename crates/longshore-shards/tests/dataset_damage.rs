@@ -123,6 +123,7 @@ fn a_truncated_shard_without_an_index_is_an_error_or_a_counted_skip() {
     assert_eq!(ds.spec().damaged.len(), 1);
     assert_eq!(ds.spec().damaged[0].shard, 2);
     assert_eq!(ds.stats().damaged_shards, 1);
+    assert_eq!(ds.stats().damaged, vec![2]);
     let read = Read::new(4, 2).policy(SampleErrorPolicy::Skip);
     let planned = planned(&ds, read);
     let batches = run_rank(&ds, read, None);

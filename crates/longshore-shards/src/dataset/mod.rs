@@ -139,7 +139,12 @@
 //! - of a *dense* shard (a shuffle block's, whose shards fit the readers' shares), which the
 //!   cache's prefetch brings whole as before: the reads that find no room for it (rather than
 //!   waiting), and up to an eighth of its reads issued while it is not on disk yet (a block's
-//!   first samples touch every one of its shards before their downloads are done).
+//!   first samples touch every one of its shards before their downloads are done); when those
+//!   are spent and it is still not on disk, the worker starts its download itself, while it
+//!   reads them, rather than when it reaches the shard's next read.
+//!
+//! Below the working set a worker keeps its leases of the shards it reads within its next 64
+//! samples when it opens another one, and lets the others go for the cache to evict.
 //!
 //! Each worker issues the range reads of its look-ahead (at least 256 samples; up to 256
 //! reads and 64 MiB in flight), so a wide shuffle over a small cache reads at about the

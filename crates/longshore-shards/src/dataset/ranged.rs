@@ -22,7 +22,10 @@
 //! shards fit the readers' shares the block's shards are dense: the prefetch downloads them
 //! (in Belady's order), up to one in [`DENSE_AHEAD`] of their reads are range reads issued while
 //! they are not on disk yet, and a read that finds no room for one is a range read rather
-//! than a wait.
+//! than a wait. When those range reads are spent and the shard is still not on disk (below
+//! the working set the prefetch finds room for a block's shards only as the node's reads of
+//! the block before end), the reader starts its download then, as its own read would, so that
+//! it runs while the range reads issued ahead are read rather than when the reader waits.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -75,6 +78,8 @@ pub(super) struct Ranges {
     /// The reader's sparse shards, and the range reads left to each dense one (computed at
     /// the first need, below the working set).
     shape: Option<Shape>,
+    /// Dense shards whose download the reader started ahead (see [`Ranges::read_ahead`]).
+    fetched: HashSet<usize>,
 }
 
 /// Which of a reader's shards are sparse, and how many reads of each dense one may still be
@@ -83,6 +88,9 @@ pub(super) struct Ranges {
 struct Shape {
     sparse: HashSet<usize>,
     dense_left: HashMap<usize, u64>,
+    /// How close (in slots) a dense shard's read must be for the reader to start its
+    /// download (see [`Ranges::read_ahead`]).
+    fetch_within: HashMap<usize, usize>,
 }
 
 /// One in this many of a dense shard's reads in a stream may be range reads issued ahead while
@@ -90,6 +98,12 @@ struct Shape {
 /// downloads are done (a block's samples are mixed, so its first slots touch every shard),
 /// without ranging the reads a whole download serves.
 const DENSE_AHEAD: u64 = 8;
+
+/// A dense shard's download is started by its reader when the reader reads it within this
+/// many slots (or as many as its range reads ahead, if fewer) and it is still not on disk
+/// (see [`Ranges::read_ahead`]), looked for every [`FETCH_EVERY`] slots.
+const FETCH_SOON: usize = 64;
+const FETCH_EVERY: u64 = 8;
 
 impl Ranges {
     /// Issues range reads for the window's slots (`window[0]` has sequence number `first`)
@@ -147,6 +161,61 @@ impl Ranges {
             i += 1;
         }
         self.decided = i;
+        // A dense shard read soon (within as many slots as it has range reads ahead, at most
+        // `FETCH_SOON`), not by a range read issued ahead (those are spent), and still not on
+        // disk: the reader would download it when it gets there and wait for the download
+        // (below the working set the prefetch finds no room for a block's shards until the
+        // node's last reads of the block before). Started now, as the reader's read would
+        // start it (evicting by the schedule), it runs while the reader reads up to it; not
+        // earlier, where it could evict a shard another reader still reads before this one
+        // needs its own.
+        if first.is_multiple_of(FETCH_EVERY) {
+            for (k, slot) in window.iter().take(FETCH_SOON).enumerate() {
+                let s = slot.sample.shard;
+                let dense_spent = self.shape.as_ref().is_some_and(|sh| {
+                    sh.dense_left.get(&s).is_some_and(|&left| left == 0)
+                        && sh.fetch_within.get(&s).is_some_and(|&w| k < w)
+                });
+                if dense_spent
+                    && !self.pending.contains_key(&(first + k as u64))
+                    && !skipped(s)
+                    && !self.fetched.contains(&s)
+                    && !ds.cache.is_complete(&ds.spec.shards.shards[s])
+                {
+                    self.fetch(ds, s);
+                }
+            }
+        }
+    }
+
+    /// Starts downloading dense shard `shard` for the reader, on a thread of its own (a
+    /// `get` that does not wait for room, as the reader's own read would make). The lease
+    /// goes back as soon as the shard is on disk, unread: the reader leases it when it reaches
+    /// it (a lease handed to the reader could be room the reader itself waits for).
+    fn fetch(&mut self, ds: &Inner, shard: usize) {
+        if !self
+            .shape
+            .as_ref()
+            .is_some_and(|sh| sh.dense_left.contains_key(&shard))
+        {
+            return;
+        }
+        let cache = ds.cache.clone();
+        let info = ds.spec.shards.shards[shard].clone();
+        let spawned = std::thread::Builder::new()
+            .name("longshore-shard-ahead".into())
+            .spawn(move || match cache.get_if_room(&info) {
+                Ok(Some(lease)) => lease.release_unread(),
+                Ok(None) => {}
+                // The reader's own read of the shard reports it.
+                Err(e) => tracing::debug!(
+                    target: super::TARGET, url = %info.url, error = %e,
+                    "a download started ahead of the reader failed"
+                ),
+            });
+        if spawned.is_ok() {
+            self.fetched.insert(shard);
+        }
     }
 
     /// Shard `shard` found no room in the cache: its reads not on disk are range reads from
@@ -303,6 +372,8 @@ fn shape(ds: &Inner, plan: &EpochPlan, worker: usize) -> Shape {
             shape.sparse.insert(shard);
         } else {
             shape.dense_left.insert(shard, reads / DENSE_AHEAD);
+            let within = usize::try_from(reads / DENSE_AHEAD).unwrap_or(usize::MAX);
+            shape.fetch_within.insert(shard, within.min(FETCH_SOON));
         }
     }
     tracing::debug!(

@@ -1,7 +1,7 @@
 //! One loader worker's stream: the slots of its [`WorkerStream`], read through the node's
 //! shard cache, with the shards it will read next prefetched.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use longshore_data::DataError;
@@ -36,6 +36,10 @@ const MAX_PROBES: u64 = 64;
 /// Below the working set, how often (in samples) a reader asks for its next shards again
 /// when no lease of a new shard did.
 const PREFETCH_EVERY: u64 = 32;
+
+/// Below the working set, a reader keeps its leases of the shards it reads within this many
+/// of its next slots when it opens another, and lets the others go (see `open`).
+const KEEP_SOON: usize = 64;
 
 /// A worker's iterator over its samples.
 pub(super) struct WorkerReader {
@@ -265,9 +269,25 @@ impl WorkerReader {
             let below = self.ds.cache.below_working_set();
             if below {
                 // A budget below the working set: a shard this reader holds but does not read
-                // now is one Belady's rule could not evict for another reader's.
-                for (_, held) in leases.drain() {
-                    held.release_unread();
+                // soon is one Belady's rule could not evict for another reader's. One it
+                // reads within its next `KEEP_SOON` slots is what the rule keeps anyway (a
+                // shuffle block's shards alternate sample by sample: letting them go at each
+                // change of shard reopens one file per sample).
+                let soon: HashSet<usize> = self
+                    .window
+                    .iter()
+                    .take(KEEP_SOON)
+                    .map(|s| s.sample.shard)
+                    .collect();
+                let far: Vec<usize> = leases
+                    .keys()
+                    .copied()
+                    .filter(|s| !soon.contains(s))
+                    .collect();
+                for s in far {
+                    if let Some(held) = leases.remove(&s) {
+                        held.release_unread();
+                    }
                 }
             }
             let lease = match self.ds.cache.get_cached(info)? {
