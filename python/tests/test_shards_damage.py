@@ -246,11 +246,13 @@ def test_map_workers_counts_reach_the_loader_stats(shards, tmp_path, workers, co
         assert [e["epoch"] for e in s["cache_epochs"]] == list(range(epoch + 1)), s
     assert s["failed"] == 0 and s["damaged_shards"] == 0 and s["failed_by_reason"] == {}, s
     # Each reading process downloads shards to learn their layouts; the rest of its reads
-    # of shards not on disk are range reads.
+    # of shards not on disk are range reads (how many in an epoch depends on the workers'
+    # interleaving: some epochs of some runs have none).
     assert s["downloads"] == sum(e["downloads"] for e in s["cache_epochs"]) >= len(names), s
     assert s["range_reads"] == sum(e["range_reads"] for e in s["cache_epochs"]) > 0, s
     for e in s["cache_epochs"]:
-        assert e["range_reads"] > 0 and 0 < e["range_bytes"] < e["range_reads"] * largest, s
+        assert (e["range_bytes"] > 0) == (e["range_reads"] > 0), s
+        assert e["range_bytes"] < max(e["range_reads"], 1) * largest, s
 
 
 def test_workers_counts_add_up_a_shard_damaged_in_two_once():
