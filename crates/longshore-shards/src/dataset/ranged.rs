@@ -188,10 +188,10 @@ impl Ranges {
         }
     }
 
-    /// Starts downloading dense shard `shard` (its caller checked) for the reader, on a thread of its own (a
-    /// `get` that does not wait for room, as the reader's own read would make). The lease
-    /// goes back as soon as the shard is on disk, unread: the reader leases it when it reaches
-    /// it (a lease handed to the reader could be room the reader itself waits for).
+    /// Starts downloading dense shard `shard` (its caller checked) for the reader, on a
+    /// thread of its own (a `get` that does not wait for room, as the reader's own read would
+    /// make). The lease goes back as soon as the shard is on disk, unread: the reader leases
+    /// it when it reaches it (a lease handed to the reader could be room it waits for).
     fn fetch(&mut self, ds: &Inner, shard: usize) {
         let cache = ds.cache.clone();
         let info = ds.spec.shards.shards[shard].clone();
