@@ -96,7 +96,6 @@ class _PythonDataset:
         """A batch's ``(tree, objects, dtypes)`` from its meta (see ``Handler.unpack``); the
         counts its worker sent with it are kept for ``shard_stats``."""
         if meta[:1] == _workers._KEPT:
-            built = None
             if self.handler is not None:
                 built = self.handler.unpack(meta)
             else:
