@@ -402,7 +402,7 @@ def _reraise(e):
 _SUMMED = ("failed", "padded", "unpadded", "downloads", "redownloads", "forced_evictions",
            "range_reads")
 _EPOCH_SUMMED = ("downloads", "redownloads", "downloaded_bytes", "evictions",
-                 "forced_evictions", "range_reads", "range_bytes")
+                 "forced_evictions", "range_reads", "range_bytes", "misses", "miss_wait_s")
 
 
 def _merge_shard_stats(parts):

@@ -534,7 +534,8 @@ impl PyShards {
 /// `failed_by_reason`, `padded` (repeats that made up for them), `unpadded`, `damaged_shards`,
 /// the cache's `downloads`, `redownloads`, `forced_evictions` and `range_reads` (samples read
 /// by range below the working set) since the loader was built and `cache_epochs` (a dict of
-/// those and `downloaded_bytes`, `evictions`, `range_bytes` per epoch).
+/// those and `downloaded_bytes`, `evictions`, `range_bytes`, `misses` and `miss_wait_s`, the
+/// reads that waited for their shard and the seconds they waited, per epoch).
 pub(crate) fn stats_dict<'py>(
     py: Python<'py>,
     s: &ShardStats,
@@ -562,6 +563,8 @@ pub(crate) fn stats_dict<'py>(
         x.set_item("forced_evictions", e.forced_evictions)?;
         x.set_item("range_reads", e.range_reads)?;
         x.set_item("range_bytes", e.range_bytes)?;
+        x.set_item("misses", e.misses)?;
+        x.set_item("miss_wait_s", e.miss_wait.as_secs_f64())?;
         epochs.append(x)?;
         downloads += e.downloads;
         redownloads += e.redownloads;

@@ -340,13 +340,14 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
             args.latency_ms, args.work_us, args.workers
         );
         println!(
-            "| shuffle block | unbounded | 4 shards per worker | ratio | downloads/epoch (4 per worker) | range reads/epoch |"
+            "| shuffle block | unbounded | 4 shards per worker | ratio | downloads/epoch (4 per worker) | range reads/epoch | misses/epoch (ms waited) |"
         );
-        println!("| --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- |");
         for (block, label) in &blocks {
             let block = *block;
             let mut rates = Vec::new();
-            let (mut downloads, mut ranged) = (String::new(), String::new());
+            let (mut downloads, mut ranged, mut misses) =
+                (String::new(), String::new(), String::new());
             for bounded in [false, true] {
                 let cache = fresh(root, &mut n)?;
                 let total =
@@ -375,11 +376,17 @@ fn bench(args: &Args, root: &Path) -> Result<()> {
                     };
                     downloads = timed(|s| s.downloads);
                     ranged = timed(|s| s.range_reads);
+                    let m: Vec<String> = st
+                        .iter()
+                        .skip(1)
+                        .map(|s| format!("{} ({:.0})", s.misses, s.miss_wait.as_secs_f64() * 1e3))
+                        .collect();
+                    misses = m.join(", ");
                 }
                 rates.push(best);
             }
             println!(
-                "| {label} | {:.0} | {:.0} | {:.2}x | {downloads} | {ranged} |",
+                "| {label} | {:.0} | {:.0} | {:.2}x | {downloads} | {ranged} | {misses} |",
                 rates[0],
                 rates[1],
                 rates[1] / rates[0]

@@ -458,6 +458,14 @@ impl ShardCache {
         }
     }
 
+    /// Counts a reader's wait for a shard not on disk (see [`EpochCacheStats::misses`]).
+    pub(crate) fn count_miss(&self, waited: Duration) {
+        self.inner.schedule.count(|e| {
+            e.misses += 1;
+            e.miss_wait += waited;
+        });
+    }
+
     /// The shard leased if it is complete on disk now, else `None`: never downloads and never
     /// waits (for room or for another's download). A reader holding leases asks this first
     /// and releases them before a blocking [`get`](Self::get), so that readers never wait

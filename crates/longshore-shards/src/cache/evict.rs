@@ -147,9 +147,9 @@ impl Inner {
             let ws = *working_set.get_or_insert_with(|| view.working_set());
             (ws.0 <= budget, ws)
         };
-        // With a shard fetched ahead: the shards read next only after its last read, which
-        // it may displace (see below).
-        let mut after = None;
+        // With a shard fetched ahead: the shards it may displace (see below), those read next
+        // only after its last read.
+        let mut after: Option<(u64, bool)> = None;
         if need == Need::Ahead {
             // Room the schedule keeps live before the shard's read, or that shards fetched
             // ahead hold, is not its to take: taking it would have a shard still needed
@@ -161,15 +161,16 @@ impl Inner {
                 .filter_map(|k| self.schedule.shard_of(k));
             let needed = view.needed_until(at, cached);
             if needed + shard.size > budget {
-                if sufficient().0 {
-                    return Ok(false);
-                }
-                // ...except, below the working set (where shards are downloaded again anyway),
-                // the room of shards not read again until this one is read for the last time:
-                // Belady's rule evicts them for it (the shard straddling two
-                // workers' runs, read by one at the start and by the other at the end, is
-                // the usual one), so that a worker's next shards are on disk when it
-                // starts them rather than missed one by one.
+                // ...except the room of shards not read again until this one is read for the
+                // last time: Belady's rule evicts them for it, so that a worker's next shards
+                // are on disk when it starts them rather than missed one by one as the shards
+                // before are read for the last time. Below the working set (where shards are
+                // downloaded again anyway) any such shard (the one straddling two workers'
+                // runs, read by one at the start and by the other at the end, is the usual
+                // one); when the budget holds the working set, only shards the epoch has not
+                // read yet (the last epoch's, kept): evicting one moves its download of the
+                // epoch later, it does not add a second.
+                let holds = sufficient().0;
                 let last = self
                     .schedule
                     .shard_of(key)
@@ -180,14 +181,18 @@ impl Inner {
                     .entries
                     .iter()
                     .filter(|(k, e)| {
-                        e.downloading.is_none() && next_of(k).is_some_and(|n| n > last)
+                        e.downloading.is_none()
+                            && self.schedule.shard_of(k).is_some_and(|s| {
+                                view.next_use(s).is_some_and(|n| n > last)
+                                    && !(holds && view.started(s))
+                            })
                     })
                     .map(|(_, e)| e.size)
                     .sum();
                 if needed.saturating_sub(spare) + shard.size > budget {
                     return Ok(false);
                 }
-                after = Some(last);
+                after = Some((last, holds));
             }
         }
         if !over {
@@ -202,8 +207,13 @@ impl Inner {
                 let next = next_of(k).unwrap_or(u64::MAX);
                 // A shard fetched ahead displaces only shards no reader needs again, or that
                 // are read next only after its last read.
-                let eligible =
-                    need == Need::Now || next == u64::MAX || after.is_some_and(|last| next > last);
+                let eligible = need == Need::Now
+                    || next == u64::MAX
+                    || after.is_some_and(|(last, holds)| {
+                        next > last
+                            && !(holds
+                                && self.schedule.shard_of(k).is_some_and(|s| view.started(s)))
+                    });
                 eligible.then(|| (next, !e.done, e.last_used, k.clone()))
             })
             .collect();

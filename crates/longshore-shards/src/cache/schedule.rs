@@ -101,6 +101,14 @@ impl ReaderPlan {
         (end >= p).then(|| end - p)
     }
 
+    /// Whether this reader has read `shard` this epoch (its first read is behind it).
+    fn started(&self, shard: usize) -> bool {
+        let Some(runs) = u32::try_from(shard).ok().and_then(|s| self.by_shard.get(&s)) else {
+            return false;
+        };
+        self.runs[runs[0] as usize].start < self.progress()
+    }
+
     /// Each shard's first and last tick in the whole schedule.
     fn spans(&self) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
         self.by_shard.iter().map(|(&s, runs)| {
@@ -170,6 +178,12 @@ pub struct EpochCacheStats {
     pub range_reads: u64,
     /// The bytes of those range reads.
     pub range_bytes: u64,
+    /// Reads that found their shard not on disk and waited for it: for its download (the
+    /// reader's own, or a prefetch's still running) or for room. A prefetch that keeps ahead
+    /// of the readers leaves only each worker's first shards of the epoch here.
+    pub misses: u64,
+    /// How long readers waited on those misses, in all.
+    pub miss_wait: std::time::Duration,
 }
 
 /// A process's published schedule (`plans/<pid>.json`, its liveness `plans/<pid>.lock`).
@@ -550,6 +564,19 @@ impl View {
             (last >= self.now).then(|| last - self.now)
         });
         own.chain(others).max()
+    }
+
+    /// Whether a reader on the node has read `shard` this epoch already (for another
+    /// process, as of its table).
+    pub(super) fn started(&self, shard: usize) -> bool {
+        let s = u32::try_from(shard).ok();
+        self.own.iter().any(|r| r.started(shard))
+            || self.others.iter().any(|o| {
+                o.table
+                    .spans
+                    .iter()
+                    .any(|&(x, first, _)| Some(x) == s && first < o.table.now)
+            })
     }
 
     /// Each shard's first and last tick on the node this epoch, with its bytes.

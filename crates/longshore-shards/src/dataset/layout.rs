@@ -10,6 +10,7 @@ use std::time::SystemTime;
 
 use super::{Inner, ShardFormat};
 use crate::ShardError;
+use crate::store::ShardInfo;
 use crate::cache::CachedShard;
 use crate::mds::{Columns, MdsSample, header_len, sample_count, sample_range};
 use crate::webdataset::{Sample, SampleSpan, ShardReader};
@@ -19,8 +20,9 @@ const MAX_SHARED_SAMPLES: usize = 1 << 20;
 
 /// The layouts of the shards' cached files, shared by the dataset's readers in this process
 /// and across epochs, so that a shard's headers are scanned once while its file stays in the
-/// cache, not once per worker and epoch. A layout is kept with its file's length and
-/// modification time: a file evicted and downloaded again is scanned again. Tar and MDS
+/// cache, not once per worker and epoch. A layout is kept with its shard's version (see
+/// [`Version`]): a file evicted and downloaded again is scanned again only where the shard
+/// list has no ETag for it. Tar and MDS
 /// layouts only (a Parquet file's layout is its decoded rows); at most
 /// [`MAX_SHARED_SAMPLES`] samples' worth, the oldest dropped first.
 #[derive(Debug, Default)]
@@ -35,20 +37,44 @@ struct LayoutMap {
     samples: usize,
 }
 
-/// What identifies one download of a shard on disk.
-pub(super) type FileId = (u64, Option<SystemTime>);
+/// Which version of a shard a layout was found in, with its length.
+pub(super) type FileId = (u64, Version);
 
-pub(super) fn file_id(lease: &CachedShard) -> Option<FileId> {
+/// The version of a shard's bytes: the object's ETag where the shard list has one (the cache
+/// leases only a file of that version, so the same object downloaded again has the same
+/// layout and is not scanned again), else the cached file's modification time (`None`: bytes
+/// read by range).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Version {
+    Etag(String),
+    Modified(Option<SystemTime>),
+}
+
+impl Version {
+    /// The version of `info`'s object as the store listed it, for bytes not on disk.
+    pub(super) fn listed(info: &ShardInfo) -> Version {
+        info.etag
+            .clone()
+            .map_or(Version::Modified(None), Version::Etag)
+    }
+}
+
+/// The version of the shard `info` a lease of it holds.
+pub(super) fn file_id(lease: &CachedShard, info: &ShardInfo) -> Option<FileId> {
     let m = lease.file().metadata().ok()?;
-    Some((m.len(), m.modified().ok()))
+    let version = match &info.etag {
+        Some(etag) => Version::Etag(etag.clone()),
+        None => Version::Modified(m.modified().ok()),
+    };
+    Some((m.len(), version))
 }
 
 impl SharedLayouts {
-    pub(super) fn get(&self, shard: usize, id: FileId) -> Option<Arc<Layout>> {
+    pub(super) fn get(&self, shard: usize, id: &FileId) -> Option<Arc<Layout>> {
         let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         map.by_shard
             .get(&shard)
-            .filter(|(have, _)| *have == id)
+            .filter(|(have, _)| have == id)
             .map(|(_, layout)| Arc::clone(layout))
     }
 

@@ -340,8 +340,9 @@ impl ShardedDatasetBuilder {
         self
     }
 
-    /// Shards each worker prefetches ahead of the one it reads (default 2; 0 turns prefetch
-    /// off).
+    /// Shards each worker prefetches ahead of those it reads (default 2; 0 turns prefetch
+    /// off). Counted past every shard the worker is reading: under a shuffle block, the
+    /// block's shards being read and the next block's first two fetched.
     #[must_use]
     pub fn prefetch_shards(mut self, shards: usize) -> Self {
         self.prefetch_shards = shards;

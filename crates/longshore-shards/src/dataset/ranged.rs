@@ -33,7 +33,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
-use super::layout::Layout;
+use super::layout::{Layout, Version};
 use super::{Inner, ShardFormat};
 use crate::ShardError;
 use crate::mds::{Columns, header_len, sample_count};
@@ -321,7 +321,7 @@ impl Ranges {
                 let layout = Arc::new(Layout::Mds {
                     head: head.to_vec(),
                 });
-                ds.layouts.insert(shard, (info.size, None), &layout);
+                ds.layouts.insert(shard, (info.size, Version::listed(info)), &layout);
                 Known::Layout(layout)
             }
             Err(e) => {

@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use longshore_data::DataError;
 
@@ -52,6 +53,9 @@ pub(super) struct WorkerReader {
     window: VecDeque<Slot>,
     /// Shard -> its slots in `window`.
     pending: HashMap<usize, usize>,
+    /// The shards of `pending` this reader has read from: the others are the ones ahead, to
+    /// prefetch.
+    begun: HashSet<usize>,
     /// Leased shards (released when the window no longer holds them, or by the lease keeper
     /// while this reader is idle and another waits for room); locked while reading.
     leases: Held,
@@ -104,6 +108,7 @@ impl WorkerReader {
             stream_done: false,
             window: VecDeque::new(),
             pending: HashMap::new(),
+            begun: HashSet::new(),
             leases,
             layouts: HashMap::new(),
             prefetching: Vec::new(),
@@ -162,6 +167,7 @@ impl WorkerReader {
         self.owed = 0;
         self.window.clear();
         self.pending.clear();
+        self.begun.clear();
         let last = e.map_or_else(
             || "the epoch's order is empty".to_string(),
             ToString::to_string,
@@ -200,8 +206,9 @@ impl WorkerReader {
         self.owed += 1;
     }
 
-    /// Reads ahead until the window holds a batch and the shards to prefetch (or the end).
-    fn refill(&mut self) {
+    /// Reads ahead until the window holds a batch and the shards to prefetch (or the end);
+    /// `true` if a shard the window did not hold, and not on disk, entered it.
+    fn refill(&mut self) -> bool {
         // The reads left in the stream, for the cache's schedule (a repeat that makes up for a
         // failed read is none of them).
         let left = if self.making_up {
@@ -212,19 +219,31 @@ impl WorkerReader {
         self.ds
             .leases
             .follow(&self.ds, &self.leases, &self.plan, self.worker, left);
-        let want_shards = self.ds.prefetch_shards + 1;
+        // The window holds `prefetch_shards` shards beyond those being read: a shuffle block
+        // alternates between several shards, and the next block's shards should all be
+        // fetched ahead, not only the first one (the others would be missed as they are
+        // first read, once the block before is done).
+        let want_ahead = self.ds.prefetch_shards;
+        let mut grew = false;
         while !self.stream_done
             && (self.window.len() < self.batch_size.max(MIN_WINDOW)
-                || (self.pending.len() < want_shards && self.window.len() < MAX_WINDOW))
+                || (self.pending.len().saturating_sub(self.begun.len()) < want_ahead
+                    && self.window.len() < MAX_WINDOW))
         {
             match self.stream.next() {
                 Some(slot) => {
-                    *self.pending.entry(slot.sample.shard).or_default() += 1;
+                    let s = slot.sample.shard;
+                    let n = self.pending.entry(s).or_default();
+                    if *n == 0 && !grew {
+                        grew = !self.ds.cache.is_complete(&self.ds.spec.shards.shards[s]);
+                    }
+                    *n += 1;
                     self.window.push_back(slot);
                 }
                 None => self.stream_done = true,
             }
         }
+        grew
     }
 
     /// Asks the cache to prefetch the next shards of the window that are neither leased nor
@@ -293,6 +312,7 @@ impl WorkerReader {
             let lease = match self.ds.cache.get_cached(info)? {
                 Some(lease) => lease,
                 None => {
+                    let missed = Instant::now();
                     // Every leased shard still has slots in the window: not consumed.
                     for (_, held) in leases.drain() {
                         held.release_unread();
@@ -305,7 +325,7 @@ impl WorkerReader {
                     } else {
                         None
                     };
-                    match room {
+                    let lease = match room {
                         Some(lease) => lease,
                         None => {
                             if below {
@@ -320,7 +340,9 @@ impl WorkerReader {
                             }
                             self.ds.cache.get(info)?
                         }
-                    }
+                    };
+                    self.ds.cache.count_miss(missed.elapsed());
+                    lease
                 }
             };
             leases.insert(shard, lease);
@@ -328,8 +350,8 @@ impl WorkerReader {
         }
         if !self.layouts.contains_key(&shard) {
             let lease = &leases[&shard];
-            let id = file_id(lease);
-            let shared = id.and_then(|id| self.ds.layouts.get(shard, id));
+            let id = file_id(lease, &self.ds.spec.shards.shards[shard]);
+            let shared = id.as_ref().and_then(|id| self.ds.layouts.get(shard, id));
             let layout = match shared {
                 Some(layout) => layout,
                 None => {
@@ -436,7 +458,7 @@ impl Iterator for WorkerReader {
     type Item = Result<ShardSample, DataError>;
 
     fn next(&mut self) -> Option<Result<ShardSample, DataError>> {
-        self.refill();
+        let grew = self.refill();
         while self.window.is_empty() && self.stream_done && self.owed > 0 {
             self.make_up();
         }
@@ -456,14 +478,19 @@ impl Iterator for WorkerReader {
             self.popped,
             |s| leases.contains_key(&s),
         );
-        if self.popped.is_multiple_of(PREFETCH_EVERY) && self.ds.cache.below_working_set() {
-            // Reads by range lease no shard, and a lease is what asks for the next ones.
+        if grew
+            || (self.popped.is_multiple_of(PREFETCH_EVERY) && self.ds.cache.below_working_set())
+        {
+            // The next shards to fetch are asked for as they enter the window, and as shards
+            // are leased (`open`); below the working set also every few samples: reads by
+            // range lease no shard.
             self.update_prefetch(&leases);
         }
         let slot = self.window.pop_front()?;
         let seq = self.popped;
         self.popped += 1;
         let shard = slot.sample.shard;
+        self.begun.insert(shard);
         let left = self.pending.get_mut(&shard).map_or(0, |n| {
             *n -= 1;
             *n
@@ -489,6 +516,7 @@ impl Iterator for WorkerReader {
         if left == 0 {
             // The window holds no more of this shard: release it (it may be evicted now).
             self.pending.remove(&shard);
+            self.begun.remove(&shard);
             leases.remove(&shard);
             self.layouts.remove(&shard);
         }
