@@ -26,8 +26,12 @@
 //!   rather than missed one by one. With a schedule a prefetch takes only room the schedule
 //!   leaves free until the shard's first read, or that of shards no reader needs before the
 //!   prefetched shard's last read (Belady's rule: what it evicts is needed later than
-//!   everything it brings; the shard two workers' runs share, read by one at the start and by
-//!   the other at the end, is the usual one); without one it evicts only consumed shards.
+//!   everything it brings): below the working set any such shard (the shard two workers' runs
+//!   share, read by one at the start and by the other at the end, is the usual one); when the
+//!   budget holds the working set only shards the epoch has not read yet (the last epoch's,
+//!   kept), so that no shard is downloaded twice in an epoch, and the next shards are on disk
+//!   before they are read even when the last epoch's fill the cache ([`EpochCacheStats::misses`]
+//!   counts the reads that still waited). Without a schedule it evicts only consumed shards.
 //! - **Stats.** [`ShardCache::stats`] counts hits, downloads, re-downloads, evictions, waits and
 //!   bytes; [`ShardCache::epoch_stats`] the downloads, re-downloads, evictions (and those of a
 //!   shard still needed) and bytes of each epoch.
@@ -81,13 +85,14 @@
 //!
 //! | shuffle block | working set | budget 3 shards | 4 | 8 | 12 | 20 |
 //! | --- | --- | --- | --- | --- | --- | --- |
-//! | 0 (shard order) | 2 shards | 18 | 17 | 13 | 9 | 0 |
-//! | 250 samples (2.5 shards) | 9 shards | 1 + 1,700 ranged (Belady 528) | 2 + 1,424 (311) | 18 + 190 (21) | 13 | 0 |
+//! | 0 (shard order) | 2 shards | 20 | 20 | 17 | 12 | 0 |
+//! | 250 samples (2.5 shards) | 9 shards | 0 + 1,700 ranged (Belady 528) | 2 + 1,424 (311) | 18 + 190 (21) | 12 | 0 |
 //! | 1,000 samples (10 shards) | 20 shards | 0 + 1,700 (1,293) | 0 + 1,600 (1,134) | 0 + 1,200 (675) | 0 + 800 (371) | 0 |
 //! | the whole epoch (the default 2^18) | 20 shards | 0 + 1,700 (1,303) | 0 + 1,600 (1,135) | 0 + 1,200 (676) | 0 + 800 (379) | 0 |
 //!
 //! A budget that holds the working set downloads each shard at most once (fewer than 20 where
-//! shards stay from the last epoch). Below it, each read whose shard is not on disk is one
+//! shards stay from the last epoch: those the prefetch did not displace to fetch the next
+//! shards before they are read). Below it, each read whose shard is not on disk is one
 //! range `GET` of a sample (about 2 KiB here) where whole-shard caching made Belady's count of
 //! downloads of a shard (205 KiB) each; the shards on disk serve their share of the reads.
 //! Eviction itself is Belady's rule over the readers' schedules: with every read a download

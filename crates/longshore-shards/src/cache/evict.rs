@@ -147,13 +147,36 @@ impl Inner {
             let ws = *working_set.get_or_insert_with(|| view.working_set());
             (ws.0 <= budget, ws)
         };
-        // With a shard fetched ahead: the shards it may displace (see below), those read next
-        // only after its last read.
+        // A shard fetched ahead may displace the shards not read again until it is read for
+        // the last time (Belady's rule evicts them for it), so that a worker's next shards
+        // are on disk when it starts them rather than missed one by one as the shards before
+        // are read for the last time. Below the working set (where shards are downloaded
+        // again anyway) any such shard: the one straddling two workers' runs, read by one at
+        // the start and by the other at the end, is the usual one. When the budget holds the
+        // working set, only shards the epoch has not read yet (the last epoch's, kept):
+        // evicting one moves its download of the epoch later, it does not add a second.
+        // `(its last read, whether the budget holds the working set)`.
         let mut after: Option<(u64, bool)> = None;
         if need == Need::Ahead {
+            let last = self
+                .schedule
+                .shard_of(key)
+                .and_then(|s| view.last_use(s))
+                .unwrap_or(at);
+            after = Some((last, sufficient().0));
+        }
+        let displaceable = |k: &str| {
+            after.is_some_and(|(last, holds)| {
+                self.schedule.shard_of(k).is_some_and(|s| {
+                    view.next_use(s).is_some_and(|n| n > last) && !(holds && view.started(s))
+                })
+            })
+        };
+        if need == Need::Ahead {
             // Room the schedule keeps live before the shard's read, or that shards fetched
-            // ahead hold, is not its to take: taking it would have a shard still needed
-            // evicted and downloaded again (more downloads than Belady's rule makes)...
+            // ahead hold, is not its to take but where displaceable: taking it would have a
+            // shard still needed evicted and downloaded again (more downloads than Belady's
+            // rule makes).
             let cached = l
                 .index
                 .entries
@@ -161,38 +184,16 @@ impl Inner {
                 .filter_map(|k| self.schedule.shard_of(k));
             let needed = view.needed_until(at, cached);
             if needed + shard.size > budget {
-                // ...except the room of shards not read again until this one is read for the
-                // last time: Belady's rule evicts them for it, so that a worker's next shards
-                // are on disk when it starts them rather than missed one by one as the shards
-                // before are read for the last time. Below the working set (where shards are
-                // downloaded again anyway) any such shard (the one straddling two workers'
-                // runs, read by one at the start and by the other at the end, is the usual
-                // one); when the budget holds the working set, only shards the epoch has not
-                // read yet (the last epoch's, kept): evicting one moves its download of the
-                // epoch later, it does not add a second.
-                let holds = sufficient().0;
-                let last = self
-                    .schedule
-                    .shard_of(key)
-                    .and_then(|s| view.last_use(s))
-                    .unwrap_or(at);
                 let spare: u64 = l
                     .index
                     .entries
                     .iter()
-                    .filter(|(k, e)| {
-                        e.downloading.is_none()
-                            && self.schedule.shard_of(k).is_some_and(|s| {
-                                view.next_use(s).is_some_and(|n| n > last)
-                                    && !(holds && view.started(s))
-                            })
-                    })
+                    .filter(|(k, e)| e.downloading.is_none() && displaceable(k))
                     .map(|(_, e)| e.size)
                     .sum();
                 if needed.saturating_sub(spare) + shard.size > budget {
                     return Ok(false);
                 }
-                after = Some((last, holds));
             }
         }
         if !over {
@@ -205,15 +206,9 @@ impl Inner {
             .filter(|(_, e)| e.downloading.is_none())
             .filter_map(|(k, e)| {
                 let next = next_of(k).unwrap_or(u64::MAX);
-                // A shard fetched ahead displaces only shards no reader needs again, or that
-                // are read next only after its last read.
-                let eligible = need == Need::Now
-                    || next == u64::MAX
-                    || after.is_some_and(|(last, holds)| {
-                        next > last
-                            && !(holds
-                                && self.schedule.shard_of(k).is_some_and(|s| view.started(s)))
-                    });
+                // A shard fetched ahead displaces only shards no reader needs again, or
+                // displaceable ones (see above).
+                let eligible = need == Need::Now || next == u64::MAX || displaceable(k);
                 eligible.then(|| (next, !e.done, e.last_used, k.clone()))
             })
             .collect();

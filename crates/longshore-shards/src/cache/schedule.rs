@@ -103,7 +103,10 @@ impl ReaderPlan {
 
     /// Whether this reader has read `shard` this epoch (its first read is behind it).
     fn started(&self, shard: usize) -> bool {
-        let Some(runs) = u32::try_from(shard).ok().and_then(|s| self.by_shard.get(&s)) else {
+        let Some(runs) = u32::try_from(shard)
+            .ok()
+            .and_then(|s| self.by_shard.get(&s))
+        else {
             return false;
         };
         self.runs[runs[0] as usize].start < self.progress()

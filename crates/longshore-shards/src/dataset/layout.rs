@@ -10,9 +10,9 @@ use std::time::SystemTime;
 
 use super::{Inner, ShardFormat};
 use crate::ShardError;
-use crate::store::ShardInfo;
 use crate::cache::CachedShard;
 use crate::mds::{Columns, MdsSample, header_len, sample_count, sample_range};
+use crate::store::ShardInfo;
 use crate::webdataset::{Sample, SampleSpan, ShardReader};
 
 /// The most samples whose layouts [`SharedLayouts`] keeps (~60 MiB of tar spans).

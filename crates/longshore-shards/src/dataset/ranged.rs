@@ -321,7 +321,8 @@ impl Ranges {
                 let layout = Arc::new(Layout::Mds {
                     head: head.to_vec(),
                 });
-                ds.layouts.insert(shard, (info.size, Version::listed(info)), &layout);
+                ds.layouts
+                    .insert(shard, (info.size, Version::listed(info)), &layout);
                 Known::Layout(layout)
             }
             Err(e) => {

@@ -478,8 +478,7 @@ impl Iterator for WorkerReader {
             self.popped,
             |s| leases.contains_key(&s),
         );
-        if grew
-            || (self.popped.is_multiple_of(PREFETCH_EVERY) && self.ds.cache.below_working_set())
+        if grew || (self.popped.is_multiple_of(PREFETCH_EVERY) && self.ds.cache.below_working_set())
         {
             // The next shards to fetch are asked for as they enter the window, and as shards
             // are leased (`open`); below the working set also every few samples: reads by
