@@ -449,11 +449,11 @@ class WebDataset(_ImageShards):
 
     ``cache_dir`` (default a per-dataset folder under the system temp dir), ``cache_budget``
     (bytes or ``"20gb"``; a budget below the largest shard is refused here),
-    ``prefetch_shards`` (shards each worker downloads ahead, default 2), ``job`` (the cache's
-    name, shared by a job's ranks on a node). ``range_reads`` (default True): with a budget
-    below the shuffle window's working set, reads of shards not on disk that the cache could
-    not keep (a wide shuffle's) are range requests of each sample's bytes instead of downloads
-    of its whole shard, counted in ``loader.stats["shards"]["range_reads"]``; False downloads
+    ``prefetch_shards`` (shards each worker downloads ahead of those it reads, default 2),
+    ``job`` (the cache's name, shared by a job's ranks on a node). ``range_reads`` (default
+    True): with a budget below the shuffle window's working set, reads of shards not on disk
+    that the cache could not keep (a wide shuffle's) are range requests of each sample's bytes
+    instead of downloads of its whole shard, counted in ``loader.stats["shards"]["range_reads"]``; False downloads
     the shard for every such read (see the object-storage guide).
 
     ``spec``: :attr:`spec` of a dataset made on another rank (then ``urls`` may be empty): no

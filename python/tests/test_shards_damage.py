@@ -253,6 +253,8 @@ def test_map_workers_counts_reach_the_loader_stats(shards, tmp_path, workers, co
     for e in s["cache_epochs"]:
         assert (e["range_bytes"] > 0) == (e["range_reads"] > 0), s
         assert e["range_bytes"] < max(e["range_reads"], 1) * largest, s
+        # Reads that waited for their shard: each process's first ones at least.
+        assert e["misses"] > 0 and e["miss_wait_s"] > 0, s
 
 
 def test_workers_counts_add_up_a_shard_damaged_in_two_once():
@@ -267,15 +269,16 @@ def test_workers_counts_add_up_a_shard_damaged_in_two_once():
                 "damaged": damaged,
                 "cache_epochs": [{"epoch": e, "downloads": 1, "redownloads": 0,
                                   "downloaded_bytes": 10, "evictions": 0,
-                                  "forced_evictions": 0, "range_reads": r, "range_bytes": 5 * r}
+                                  "forced_evictions": 0, "range_reads": r, "range_bytes": 5 * r,
+                                  "misses": 1, "miss_wait_s": 0.25}
                                  for e, r in enumerate(epoch_reads)]}
 
     s = _merge_shard_stats([part([3, 4], [2], "damaged shard"), part([5], [2, 7], "bad sample")])
     assert s["failed"] == 2 and s["padded"] == 2 and s["downloads"] == 4, s
     assert s["failed_by_reason"] == {"damaged shard": 1, "bad sample": 1}, s
     assert s["damaged_shards"] == 2, s
-    assert [(e["epoch"], e["range_reads"], e["downloads"]) for e in s["cache_epochs"]] == \
-        [(0, 8, 2), (1, 4, 1)], s
+    assert [(e["epoch"], e["range_reads"], e["downloads"], e["misses"], e["miss_wait_s"])
+            for e in s["cache_epochs"]] == [(0, 8, 2, 2, 0.5), (1, 4, 1, 1, 0.25)], s
     assert s["range_reads"] == 12 and "damaged" not in s and "members" not in s, s
 
 
