@@ -453,8 +453,9 @@ class WebDataset(_ImageShards):
     ``job`` (the cache's name, shared by a job's ranks on a node). ``range_reads`` (default
     True): with a budget below the shuffle window's working set, reads of shards not on disk
     that the cache could not keep (a wide shuffle's) are range requests of each sample's bytes
-    instead of downloads of its whole shard, counted in ``loader.stats["shards"]["range_reads"]``; False downloads
-    the shard for every such read (see the object-storage guide).
+    instead of downloads of its whole shard, counted in
+    ``loader.stats["shards"]["range_reads"]``; False downloads the shard for every such read
+    (see the object-storage guide).
 
     ``spec``: :attr:`spec` of a dataset made on another rank (then ``urls`` may be empty): no
     listing here.
