@@ -108,8 +108,9 @@ def main():
                   f"a step of {args.work_us} us per sample, {args.workers} workers, "
                   f"{len(names)} shards of {min(counts)}-{max(counts)} samples\n")
             print("| shuffle block | unbounded | 4 shards per worker | ratio | "
-                  "downloads/epoch (4 per worker) | range reads/epoch |")
-            print("| --- | --- | --- | --- | --- | --- |")
+                  "downloads/epoch (4 per worker) | range reads/epoch | "
+                  "misses/epoch (ms waited) |")
+            print("| --- | --- | --- | --- | --- | --- | --- |")
             for b in args.blocks.split(","):
                 b = b.strip()
                 block = {"0": 0, "all": 2**62}.get(b)
@@ -125,8 +126,9 @@ def main():
                     b, f"{b} shards")
                 dl = ", ".join(str(e["downloads"]) for e in stats)
                 rr = ", ".join(str(e["range_reads"]) for e in stats)
+                ms = ", ".join(f"{e['misses']} ({e['miss_wait_s'] * 1e3:.0f})" for e in stats)
                 print(f"| {label} | {rates[0]:.0f} | {rates[1]:.0f} | "
-                      f"{rates[1] / rates[0]:.2f}x | {dl} | {rr} |", flush=True)
+                      f"{rates[1] / rates[0]:.2f}x | {dl} | {rr} | {ms} |", flush=True)
         finally:
             server.terminate()
             server.wait()
