@@ -23,7 +23,7 @@ pub trait RawAllocator: Send + Sync + fmt::Debug {
 }
 
 /// The default allocator of each kind, boxed.
-pub fn allocator_for(kind: MemoryKind) -> Box<dyn RawAllocator> {
+pub(crate) fn allocator_for(kind: MemoryKind) -> Box<dyn RawAllocator> {
     match kind {
         MemoryKind::Pageable => Box::new(PageableAllocator::default()),
         MemoryKind::PageLocked => Box::new(PageLockedAllocator::default()),

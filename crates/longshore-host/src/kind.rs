@@ -73,14 +73,14 @@ impl Default for PageLockedFlags {
 
 impl PageLockedFlags {
     /// Flags for `cuMemHostAlloc`.
-    pub const fn alloc_bits(self) -> u32 {
+    pub(crate) const fn alloc_bits(self) -> u32 {
         (self.portable as u32)
             | ((self.device_map as u32) << 1)
             | ((self.write_combined as u32) << 2)
     }
 
     /// Flags for `cuMemHostRegister` (write-combining does not apply).
-    pub const fn register_bits(self) -> u32 {
+    pub(crate) const fn register_bits(self) -> u32 {
         (self.portable as u32) | ((self.device_map as u32) << 1)
     }
 }

@@ -43,7 +43,6 @@ mod cpuset;
 mod cuda;
 mod error;
 mod fence;
-pub mod file;
 mod kind;
 mod memory;
 pub mod numa;
@@ -53,7 +52,7 @@ pub mod thread;
 
 pub use alloc::{
     LockedAllocator, PageLockedAllocator, PageableAllocator, RawAllocator, RegisteredAllocator,
-    SharedAllocator, allocator_for,
+    SharedAllocator,
 };
 pub use buffer::HostBuffer;
 pub use cpuset::{CpuListError, CpuSet};

@@ -49,17 +49,17 @@ pub fn node_count() -> Option<usize> {
 
 /// A thread's memory policy: a mode (`MPOL_*`, with its mode flags) and a node set.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemPolicy {
+pub(crate) struct MemPolicy {
     /// `libc::MPOL_DEFAULT`, `libc::MPOL_PREFERRED`, ... (with `MPOL_F_*` flags as the kernel
     /// reports them).
-    pub mode: i32,
+    pub(crate) mode: i32,
     /// The nodes the mode applies to (empty for `MPOL_DEFAULT`).
-    pub nodes: CpuSet,
+    pub(crate) nodes: CpuSet,
 }
 
 impl MemPolicy {
     /// `MPOL_PREFERRED` on `node`: allocate there while it has free memory, elsewhere after.
-    pub fn preferred(node: usize) -> Self {
+    pub(crate) fn preferred(node: usize) -> Self {
         MemPolicy {
             mode: libc::MPOL_PREFERRED,
             nodes: [node].into_iter().collect(),
@@ -69,7 +69,7 @@ impl MemPolicy {
 
 /// The calling thread's memory-policy calls, behind a trait so that the order of calls can be
 /// checked without a NUMA host. [`SystemMemPolicy`] makes the system calls.
-pub trait MemPolicyOps: Send + Sync + fmt::Debug {
+pub(crate) trait MemPolicyOps: Send + Sync + fmt::Debug {
     /// `get_mempolicy`: the calling thread's policy.
     fn get(&self) -> io::Result<MemPolicy>;
     /// `set_mempolicy`: sets the calling thread's policy.
@@ -78,7 +78,7 @@ pub trait MemPolicyOps: Send + Sync + fmt::Debug {
 
 /// The real `get_mempolicy` / `set_mempolicy` system calls.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SystemMemPolicy;
+pub(crate) struct SystemMemPolicy;
 
 impl MemPolicyOps for SystemMemPolicy {
     fn get(&self) -> io::Result<MemPolicy> {
@@ -140,7 +140,13 @@ impl MemPolicyOps for SystemMemPolicy {
 }
 
 /// Runs `f` with the calling thread's memory policy set to prefer `node`, when the host has
-/// more than one memory node; otherwise just runs `f`. See [`with_preferred_node_using`].
+/// more than one memory node; otherwise just runs `f`.
+///
+/// The current policy is read, `MPOL_PREFERRED` on `node` set, `f` run, and the old policy
+/// set again (also if `f` panics). A thread whose policy is not the default (a binding or
+/// interleaving the user chose) keeps it: `f` just runs. If the policy cannot be read or set,
+/// `f` still runs (logged once per process at `warn`, target `"longshore::host"`): placement
+/// is an optimisation, never a reason to fail.
 pub fn with_preferred_node<R>(node: usize, f: impl FnOnce() -> R) -> R {
     with_preferred_node_using(&SystemMemPolicy, node_count().unwrap_or(1), node, f)
 }
@@ -155,7 +161,7 @@ const MODE_FLAGS: i32 = (1 << 15) | (1 << 14) | (1 << 13);
 /// interleaving the user chose) keeps it: `f` just runs. With `host_nodes <= 1` no call is made. If the policy cannot be
 /// read or set, `f` still runs (logged once per process at `warn`, target
 /// `"longshore::host"`): placement is an optimisation, never a reason to fail.
-pub fn with_preferred_node_using<R>(
+pub(crate) fn with_preferred_node_using<R>(
     ops: &dyn MemPolicyOps,
     host_nodes: usize,
     node: usize,

@@ -122,7 +122,7 @@ pub fn process_affinity() -> Result<CpuSet, ThreadError> {
 
 /// [`process_affinity`]'s cgroup and online-CPU lookup under `root` (`/`, or a fake tree in
 /// tests): `None` when none of the files can be read and parsed.
-pub fn process_cpus_in(root: &Path) -> Option<CpuSet> {
+pub(crate) fn process_cpus_in(root: &Path) -> Option<CpuSet> {
     let read =
         |p: PathBuf| -> Option<CpuSet> { std::fs::read_to_string(&p).ok()?.trim().parse().ok() };
     let cgroups = std::fs::read_to_string(root.join("proc/self/cgroup")).unwrap_or_default();
