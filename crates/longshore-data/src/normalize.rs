@@ -5,7 +5,8 @@
 //! `out = (x / 255 - mean[c]) / std[c]` is computed as one multiply-add,
 //! `x * scale[c] + bias[c]` with `scale = 1 / (255 std)` and `bias = -mean / std`, from CHW
 //! or HWC (interleaved, deinterleaved on the fly) input. [`NormalizeKernel::new`] picks the
-//! widest path the running CPU has ([`KernelPath::detect`]); no `-C target-cpu` is needed.
+//! widest path the running CPU has (the last of [`KernelPath::available`]); no
+//! `-C target-cpu` is needed.
 //!
 //! ```
 //! use longshore_data::ImageLayout;
@@ -34,7 +35,7 @@
 //! | `Avx512` | 16 floats per fused multiply-add | x86-64 with AVX-512F, AVX2 and FMA |
 //!
 //! The fused paths round once per element where `Scalar` rounds twice, so they may differ
-//! from it in the last bit. Large outputs (at least [`STREAM_MIN_BYTES`]) are written with
+//! from it in the last bit. Large outputs (at least 256 KiB) are written with
 //! non-temporal stores: the batch is read next by the copy engine, not by this core, so
 //! filling caches with it (and reading every line before writing it) only costs bandwidth.
 //!
@@ -51,7 +52,7 @@ use crate::tensor::ImageLayout;
 
 /// Outputs of at least this many bytes are written with non-temporal (streaming) stores by
 /// the SIMD paths.
-pub const STREAM_MIN_BYTES: usize = 256 << 10;
+pub(crate) const STREAM_MIN_BYTES: usize = 256 << 10;
 
 /// One implementation of the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,22 +116,22 @@ impl KernelPath {
     }
 
     /// The widest available path (what [`NormalizeKernel::new`] uses).
-    pub fn detect() -> KernelPath {
+    pub(crate) fn detect() -> KernelPath {
         KernelPath::available()
             .pop()
             .unwrap_or(KernelPath::Portable)
     }
 }
 
-/// Per-channel `u8` -> `f32` normalisation into CHW, on the path [`KernelPath::detect`]
-/// picks (or the one [`with_path`](NormalizeKernel::with_path) forces).
+/// Per-channel `u8` -> `f32` normalisation into CHW, on the widest path the running CPU has
+/// (or the one [`with_path`](NormalizeKernel::with_path) forces).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NormalizeKernel {
     layout: ImageLayout,
     scale: Vec<f32>,
     bias: Vec<f32>,
     path: KernelPath,
-    /// Non-temporal stores: `None` decides by size ([`STREAM_MIN_BYTES`]).
+    /// Non-temporal stores: `None` decides by size (`STREAM_MIN_BYTES`).
     streaming: Option<bool>,
 }
 
@@ -177,7 +178,7 @@ impl NormalizeKernel {
     ///
     /// # Errors
     /// [`DataError::InvalidArgument`] when the two differ in length or are empty.
-    pub fn from_scale_bias(
+    pub(crate) fn from_scale_bias(
         scale: Vec<f32>,
         bias: Vec<f32>,
         layout: ImageLayout,
@@ -219,14 +220,14 @@ impl NormalizeKernel {
     /// Forces non-temporal stores on (`Some(true)`: the output is not read again soon by this
     /// core, as a batch bound for the copy engine) or off (`Some(false)`: the output is read
     /// next from cache, as one reused buffer), or lets the size decide (`None`, the default:
-    /// outputs of at least [`STREAM_MIN_BYTES`]). Only the SIMD paths stream.
+    /// outputs of at least 256 KiB). Only the SIMD paths stream.
     pub fn with_streaming(mut self, streaming: Option<bool>) -> Self {
         self.streaming = streaming;
         self
     }
 
     /// The same kernel reading images in `layout` (the output is CHW either way).
-    pub fn with_layout(mut self, layout: ImageLayout) -> Self {
+    pub(crate) fn with_layout(mut self, layout: ImageLayout) -> Self {
         self.layout = layout;
         self
     }

@@ -110,7 +110,7 @@ impl DirectCollate {
     /// [`DataError::Empty`] for a zero batch size, [`DataError::Overflow`],
     /// [`DataError::InvalidArgument`] for a transform of a field the dataset lacks,
     /// and the errors of [`FieldTransform::output`].
-    pub fn layout_for(
+    pub(crate) fn layout_for(
         &self,
         fields: &[FieldSpec],
         batch_size: usize,

@@ -16,9 +16,7 @@ use crate::tensor::Tensor;
 
 mod header;
 
-pub use header::{
-    MAGIC, NpyHeader, encode_header, encode_npy, parse_header, write_npy, write_npy_bytes,
-};
+pub use header::{NpyHeader, encode_header, encode_npy, parse_header, write_npy, write_npy_bytes};
 
 /// A memory-mapped `.npy` array.
 #[derive(Debug)]

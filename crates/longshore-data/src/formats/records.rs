@@ -211,7 +211,7 @@ impl RecordDataset {
     ///
     /// # Errors
     /// [`DataError::IndexOutOfRange`].
-    pub fn record_raw(&self, index: usize) -> Result<&[u8], DataError> {
+    pub(crate) fn record_raw(&self, index: usize) -> Result<&[u8], DataError> {
         match &self.mmap {
             Some(m) if index < self.len => {
                 let start = self.layout.header_bytes + index * self.layout.record_size;

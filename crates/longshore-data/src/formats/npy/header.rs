@@ -13,7 +13,7 @@ use crate::error::{DataError, NpyError};
 use crate::shape::nbytes;
 
 /// The magic string every `.npy` file starts with.
-pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
+pub(crate) const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
 /// A parsed `.npy` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
