@@ -80,5 +80,5 @@ pub use id::DeviceId;
 pub use pending::Pending;
 pub use staging::{Stager, StagingConfig, UploadMode};
 pub use stream::{Stream, StreamPriority};
-pub use topology::{GpuTopology, TopologyError};
+pub use topology::GpuTopology;
 pub use upload::upload_new;

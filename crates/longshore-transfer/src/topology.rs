@@ -34,7 +34,7 @@ impl Device {
     }
 
     /// [`topology`](Device::topology) with the sysfs tree at `sysfs`.
-    pub fn topology_at(&self, sysfs: &Path) -> Option<GpuTopology> {
+    pub(crate) fn topology_at(&self, sysfs: &Path) -> Option<GpuTopology> {
         #[cfg(not(feature = "cuda"))]
         let _ = sysfs;
         match &self.shared.backend {
@@ -101,7 +101,7 @@ impl GpuTopology {
 /// Reading or parsing a sysfs file of a GPU's topology failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum TopologyError {
+pub(crate) enum TopologyError {
     /// The file exists but could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
@@ -125,7 +125,7 @@ pub enum TopologyError {
 /// sysfs's form of a PCI address: lowercase, the domain in hex without leading zeros beyond
 /// four digits (the driver may give `0000:3B:00.0`, NVML `00000000:3B:00.0`; Intel VMD
 /// domains start at `0x10000`, which sysfs names `10000:...`).
-pub fn normalize_bus_id(id: &str) -> String {
+pub(crate) fn normalize_bus_id(id: &str) -> String {
     let id = id.trim().to_ascii_lowercase();
     match id.split_once(':') {
         Some((domain, rest)) if domain.len() > 4 => match u32::from_str_radix(domain, 16) {
@@ -153,7 +153,7 @@ fn read_optional(path: &Path) -> Result<Option<String>, TopologyError> {
 }
 
 /// The NUMA node of PCI device `bus` (sysfs form): `None` if the file is missing or says `-1`.
-pub fn read_numa_node(sysfs: &Path, bus: &str) -> Result<Option<usize>, TopologyError> {
+pub(crate) fn read_numa_node(sysfs: &Path, bus: &str) -> Result<Option<usize>, TopologyError> {
     let path = device_file(sysfs, bus, "numa_node");
     let Some(text) = read_optional(&path)? else {
         return Ok(None);
@@ -170,7 +170,7 @@ pub fn read_numa_node(sysfs: &Path, bus: &str) -> Result<Option<usize>, Topology
 }
 
 /// The CPUs nearest PCI device `bus` (sysfs form): `None` if the file is missing or empty.
-pub fn read_local_cpus(sysfs: &Path, bus: &str) -> Result<Option<CpuSet>, TopologyError> {
+pub(crate) fn read_local_cpus(sysfs: &Path, bus: &str) -> Result<Option<CpuSet>, TopologyError> {
     let path = device_file(sysfs, bus, "local_cpulist");
     let Some(text) = read_optional(&path)? else {
         return Ok(None);
