@@ -62,7 +62,7 @@ mod tensor;
 
 pub use error::DlpackError;
 pub use export::{ExportOptions, PinnedLabel, export_batch, export_device, export_host};
-pub use tensor::{DlpackTensor, dl_dtype, hand_all_to};
+pub use tensor::{DlpackTensor, hand_all_to};
 
 /// Whether a consumer that passed `max_version` to `__dlpack__` takes the versioned
 /// (DLPack 1.x) struct; without it, the legacy struct is expected.

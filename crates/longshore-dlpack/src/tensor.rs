@@ -145,7 +145,7 @@ unsafe extern "C" fn delete_legacy(tensor: *mut DLManagedTensor) {
 }
 
 /// DLPack's type code and width for a dtype.
-pub fn dl_dtype(dtype: DType) -> Option<DLDataType> {
+pub(crate) fn dl_dtype(dtype: DType) -> Option<DLDataType> {
     let (code, bits) = match dtype {
         DType::Bool => (DLDataTypeCode::BOOL, 8),
         DType::U8 => (DLDataTypeCode::UINT, 8),

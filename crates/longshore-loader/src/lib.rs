@@ -130,4 +130,3 @@ pub use stats::LoaderStats;
 #[cfg(feature = "stream")]
 pub use stream::LoaderStream;
 pub use tuner::{Trial, TuneReport, Tuner};
-pub use worker::WorkerInit;

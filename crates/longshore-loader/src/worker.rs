@@ -15,7 +15,7 @@ use crate::placement::{ThreadSetup, WorkerThread};
 
 /// A function run once in each worker thread when it starts (and again after a restart),
 /// like PyTorch's `worker_init_fn`.
-pub type WorkerInit = Arc<dyn Fn(&WorkerInfo) + Send + Sync>;
+pub(crate) type WorkerInit = Arc<dyn Fn(&WorkerInfo) + Send + Sync>;
 
 /// The body of every worker thread of one engine: takes tasks until the engine shuts down,
 /// keeps the per-epoch worker state (an iterable dataset's stream, the generator seeded

@@ -207,7 +207,8 @@ impl WorkerReader {
     }
 
     /// Reads ahead until the window holds a batch and the shards to prefetch (or the end);
-    /// `true` if a shard the window did not hold, and not on disk, entered it.
+    /// `true` if a shard the window did not hold, not on disk and not read by range, entered
+    /// it.
     fn refill(&mut self) -> bool {
         // The reads left in the stream, for the cache's schedule (a repeat that makes up for a
         // failed read is none of them).
@@ -234,7 +235,7 @@ impl WorkerReader {
                 Some(slot) => {
                     let s = slot.sample.shard;
                     let n = self.pending.entry(s).or_default();
-                    if *n == 0 && !grew {
+                    if *n == 0 && !grew && !self.ranges.is_sparse(s) {
                         grew = !self.ds.cache.is_complete(&self.ds.spec.shards.shards[s]);
                     }
                     *n += 1;
@@ -251,17 +252,16 @@ impl WorkerReader {
     /// already cached, and the next block's would otherwise be asked for only as they are read.
     fn update_prefetch(&mut self, leases: &HashMap<usize, CachedShard>) {
         let mut next = Vec::with_capacity(self.ds.prefetch_shards);
-        let mut seen = Vec::new();
+        let mut seen = HashSet::new();
         for slot in &self.window {
             if next.len() >= self.ds.prefetch_shards {
                 break;
             }
             let s = slot.sample.shard;
             // A sparse shard is read by range below the working set: not one to bring whole.
-            if leases.contains_key(&s) || seen.contains(&s) || self.ranges.is_sparse(s) {
+            if leases.contains_key(&s) || self.ranges.is_sparse(s) || !seen.insert(s) {
                 continue;
             }
-            seen.push(s);
             if !self.ds.cache.is_complete(&self.ds.spec.shards.shards[s]) {
                 next.push(s);
             }
