@@ -73,6 +73,7 @@ impl Default for PageLockedFlags {
 
 impl PageLockedFlags {
     /// Flags for `cuMemHostAlloc`.
+    #[cfg(feature = "cuda")]
     pub(crate) const fn alloc_bits(self) -> u32 {
         (self.portable as u32)
             | ((self.device_map as u32) << 1)
@@ -80,6 +81,7 @@ impl PageLockedFlags {
     }
 
     /// Flags for `cuMemHostRegister` (write-combining does not apply).
+    #[cfg(feature = "cuda")]
     pub(crate) const fn register_bits(self) -> u32 {
         (self.portable as u32) | ((self.device_map as u32) << 1)
     }
