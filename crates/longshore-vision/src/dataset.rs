@@ -146,7 +146,7 @@ impl ImageDataset {
     ///
     /// # Errors
     /// [`DataError::Io`] or [`DataError::InvalidFile`] naming the file.
-    pub fn image_into(&self, index: usize, out: &mut [u8]) -> Result<(), DataError> {
+    pub(crate) fn image_into(&self, index: usize, out: &mut [u8]) -> Result<(), DataError> {
         let (path, _) = self
             .folder
             .samples()
