@@ -123,7 +123,7 @@ pub use ffi::NVJPEG;
 #[cfg(feature = "shards")]
 pub use fields::{EncodedFields, EncodedRecord, FieldsCollate};
 pub use header::{JpegHeader, JpegRoute};
-pub use plan::{PLAN_FIELDS, SamplePlan, check_steps, render_reference};
+pub use plan::{SamplePlan, check_steps, render_reference};
 #[cfg(feature = "shards")]
 pub use shards::EncodedShards;
 
@@ -136,6 +136,3 @@ pub const LABEL_NAME: &str = "label";
 pub fn available() -> Result<(), String> {
     ffi::available()
 }
-
-/// The source of the device kernel (CUDA C++, compiled with NVRTC), for reading.
-pub const KERNEL_SOURCE: &str = kernel::SOURCE;

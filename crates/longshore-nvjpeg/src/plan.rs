@@ -58,11 +58,11 @@ pub struct SamplePlan {
 }
 
 /// Number of `i64` a [`SamplePlan`] takes in a batch's metadata.
-pub const PLAN_FIELDS: usize = 13;
+pub(crate) const PLAN_FIELDS: usize = 13;
 
 impl SamplePlan {
     /// The plan as `i64`s (for a batch's metadata tensor).
-    pub fn to_fields(&self) -> [i64; PLAN_FIELDS] {
+    pub(crate) fn to_fields(&self) -> [i64; PLAN_FIELDS] {
         [
             self.box_x,
             self.box_y,
@@ -81,7 +81,7 @@ impl SamplePlan {
     }
 
     /// The inverse of [`SamplePlan::to_fields`].
-    pub fn from_fields(f: &[i64; PLAN_FIELDS]) -> SamplePlan {
+    pub(crate) fn from_fields(f: &[i64; PLAN_FIELDS]) -> SamplePlan {
         SamplePlan {
             box_x: f[0],
             box_y: f[1],
