@@ -62,7 +62,7 @@ pub(crate) const PLAN_FIELDS: usize = 13;
 
 impl SamplePlan {
     /// The plan as `i64`s (for a batch's metadata tensor).
-    pub(crate) fn to_fields(&self) -> [i64; PLAN_FIELDS] {
+    pub(crate) fn to_fields(self) -> [i64; PLAN_FIELDS] {
         [
             self.box_x,
             self.box_y,
