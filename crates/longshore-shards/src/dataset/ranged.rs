@@ -224,6 +224,14 @@ impl Ranges {
 
     /// Whether shard `shard` is sparse for the reader (see the [module docs](self)); `false`
     /// before [`read_ahead`](Self::read_ahead) found the node below its working set.
+    /// Whether the reader reads every shard of its stream by range (a wide shuffle's, below
+    /// the working set).
+    pub(super) fn all_sparse(&self) -> bool {
+        self.shape
+            .as_ref()
+            .is_some_and(|sh| sh.dense_left.is_empty() && !sh.sparse.is_empty())
+    }
+
     pub(super) fn is_sparse(&self, shard: usize) -> bool {
         self.shape
             .as_ref()

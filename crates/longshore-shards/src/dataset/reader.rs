@@ -20,6 +20,10 @@ use crate::webdataset::Sample;
 /// 2.5 MiB.
 const MAX_WINDOW: usize = 1 << 16;
 
+/// The most slots a worker looks ahead for shards past those it reads (see `refill`): at a
+/// few thousand samples a second, a second or more before their first read.
+const AHEAD_WINDOW: usize = 1 << 12;
+
 /// The fewest slots a worker looks ahead (and the batch size, if larger): a shard whose
 /// samples come back within this many stays leased instead of being released and leased
 /// again (a lease costs a few system calls; a process's first of a shard, a write of the
@@ -220,16 +224,19 @@ impl WorkerReader {
         self.ds
             .leases
             .follow(&self.ds, &self.leases, &self.plan, self.worker, left);
-        // The window holds `prefetch_shards` shards beyond those being read: a shuffle block
-        // alternates between several shards, and the next block's shards should all be
-        // fetched ahead, not only the first one (the others would be missed as they are
-        // first read, once the block before is done).
+        // The window holds `prefetch_shards` shards more than it reads now (however long
+        // their shards), and, within `AHEAD_WINDOW`, as many beyond those being read: a
+        // shuffle block alternates between several shards, and the next block's shards should
+        // all be fetched ahead, not only the first one (the others would be missed as they
+        // are first read, once the block before is done). A wide shuffle reads every shard
+        // at once: no shard is ahead, and the window stops at the bound.
         let want_ahead = self.ds.prefetch_shards;
         let mut grew = false;
         while !self.stream_done
             && (self.window.len() < self.batch_size.max(MIN_WINDOW)
+                || (self.pending.len() < want_ahead + 1 && self.window.len() < MAX_WINDOW)
                 || (self.pending.len().saturating_sub(self.begun.len()) < want_ahead
-                    && self.window.len() < MAX_WINDOW))
+                    && self.window.len() < AHEAD_WINDOW))
         {
             match self.stream.next() {
                 Some(slot) => {
@@ -253,7 +260,9 @@ impl WorkerReader {
     fn update_prefetch(&mut self, leases: &HashMap<usize, CachedShard>) {
         let mut next = Vec::with_capacity(self.ds.prefetch_shards);
         let mut seen = HashSet::new();
-        for slot in &self.window {
+        // Below the working set, a reader whose shards are all read by range has none to bring.
+        let none = self.ranges.all_sparse();
+        for slot in self.window.iter().take_while(|_| !none) {
             if next.len() >= self.ds.prefetch_shards {
                 break;
             }
