@@ -153,8 +153,9 @@ impl Inner {
         // are read for the last time. Below the working set (where shards are downloaded
         // again anyway) any such shard: the one straddling two workers' runs, read by one at
         // the start and by the other at the end, is the usual one. When the budget holds the
-        // working set, only shards the epoch has not read yet (the last epoch's, kept):
-        // evicting one moves its download of the epoch later, it does not add a second.
+        // working set, only shards the epoch has not read or downloaded yet (the last
+        // epoch's, kept): evicting one moves its download of the epoch later, it does not add
+        // a second.
         // `(its last read, whether the budget holds the working set)`.
         let mut after: Option<(u64, bool)> = None;
         if need == Need::Ahead {
@@ -168,7 +169,8 @@ impl Inner {
         let displaceable = |k: &str| {
             after.is_some_and(|(last, holds)| {
                 self.schedule.shard_of(k).is_some_and(|s| {
-                    view.next_use(s).is_some_and(|n| n > last) && !(holds && view.started(s))
+                    view.next_use(s).is_some_and(|n| n > last)
+                        && !(holds && (view.started(s) || self.schedule.had(k)))
                 })
             })
         };

@@ -288,6 +288,11 @@ impl Schedules {
         false
     }
 
+    /// Whether `key` was on disk for this handle earlier in the epoch (a lease or a download).
+    pub(super) fn had(&self, key: &str) -> bool {
+        self.state().seen.contains(key)
+    }
+
     /// Counts into the current epoch's stats, if there is one.
     pub(super) fn count(&self, f: impl FnOnce(&mut EpochCacheStats)) {
         let mut st = self.state();
