@@ -142,9 +142,10 @@ impl Inner {
                 None => return Ok(false), // no reader needs it
             },
         };
-        let mut working_set = None;
-        let mut sufficient = || {
-            let ws = *working_set.get_or_insert_with(|| view.working_set());
+        // Computed once, and only where asked (it walks every reader's schedule).
+        let working_set = std::cell::OnceCell::new();
+        let sufficient = || {
+            let ws = *working_set.get_or_init(|| view.working_set());
             (ws.0 <= budget, ws)
         };
         // A shard fetched ahead may displace the shards not read again until it is read for
@@ -156,21 +157,18 @@ impl Inner {
         // working set, only shards the epoch has not read or downloaded yet (the last
         // epoch's, kept): evicting one moves its download of the epoch later, it does not add
         // a second.
-        // `(its last read, whether the budget holds the working set)`.
-        let mut after: Option<(u64, bool)> = None;
-        if need == Need::Ahead {
-            let last = self
-                .schedule
+        // Its last read.
+        let after = (need == Need::Ahead).then(|| {
+            self.schedule
                 .shard_of(key)
                 .and_then(|s| view.last_use(s))
-                .unwrap_or(at);
-            after = Some((last, sufficient().0));
-        }
+                .unwrap_or(at)
+        });
         let displaceable = |k: &str| {
-            after.is_some_and(|(last, holds)| {
+            after.is_some_and(|last| {
                 self.schedule.shard_of(k).is_some_and(|s| {
                     view.next_use(s).is_some_and(|n| n > last)
-                        && !(holds && (view.started(s) || self.schedule.had(k)))
+                        && !((self.schedule.had(k) || view.started(s)) && sufficient().0)
                 })
             })
         };
