@@ -5,8 +5,7 @@
 //! `out = (x / 255 - mean[c]) / std[c]` is computed as one multiply-add,
 //! `x * scale[c] + bias[c]` with `scale = 1 / (255 std)` and `bias = -mean / std`, from CHW
 //! or HWC (interleaved, deinterleaved on the fly) input. [`NormalizeKernel::new`] picks the
-//! widest path the running CPU has (the last of [`KernelPath::available`]); no
-//! `-C target-cpu` is needed.
+//! widest path the running CPU has (the last of [`KernelPath::available`]), no `-C target-cpu`.
 //!
 //! ```
 //! use longshore_data::ImageLayout;
