@@ -5,6 +5,13 @@
 //! Rust call into torch) or `np.from_dlpack` per tensor, and `longshore.data` (samplers and
 //! dataset helpers), over `_EpochOrder`, `_Native` and `_Mixture`.
 
+/// `$d[name] = $s.name` for each field `name` of the record `$s` (counters as a Python dict).
+macro_rules! set_fields {
+    ($d:expr, $s:expr, $($field:ident),* $(,)?) => {
+        $($d.set_item(stringify!($field), $s.$field)?;)*
+    };
+}
+
 mod boxed;
 mod dataset;
 mod epoch;
@@ -39,38 +46,26 @@ fn cuda_status() -> (bool, Option<String>) {
 #[pymodule]
 fn _longshore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
-    m.add_class::<dataset::PyNpyDataset>()?;
-    m.add_class::<dataset::PyRecordDataset>()?;
-    m.add_class::<dataset::PyNative>()?;
-    m.add_class::<mixture::PyMixture>()?;
-    m.add_class::<mixture::PySchedule>()?;
-    m.add_class::<mixture::PyWeights>()?;
-    m.add_class::<sampler::PyEpochOrder>()?;
-    m.add_function(wrap_pyfunction!(sampler::_random_indices, m)?)?;
-    m.add_function(wrap_pyfunction!(sampler::_permutation, m)?)?;
-    m.add_function(wrap_pyfunction!(sampler::_weighted_indices, m)?)?;
-    m.add_function(wrap_pyfunction!(sampler::_distributed_indices, m)?)?;
-    m.add_function(wrap_pyfunction!(sampler::_dist_env, m)?)?;
-    m.add_class::<loader::PyLoader>()?;
-    m.add_class::<epoch::PyEpoch>()?;
-    m.add_class::<loader::PyPinnedPool>()?;
-    m.add_class::<tensor::PyTensor>()?;
-    m.add_class::<torch::PyTorchConverter>()?;
-    m.add_class::<vision::PyImageFolder>()?;
-    m.add_class::<tokens::PyTokenSequences>()?;
-    m.add_class::<shards::PyShards>()?;
-    m.add_class::<shards::PyShardIter>()?;
-    m.add_class::<fields::PyRecordIter>()?;
-    m.add_function(wrap_pyfunction!(shards::write_image_shards, m)?)?;
-    m.add_class::<pydata::PyProcessSource>()?;
-    m.add_function(wrap_pyfunction!(pydata::_at_exit, m)?)?;
-    m.add_function(wrap_pyfunction!(logs::_next_logs, m)?)?;
+    macro_rules! add {
+        (classes: $($class:ty),*; functions: $($function:path),* $(,)?) => {
+            $(m.add_class::<$class>()?;)*
+            $(m.add_function(wrap_pyfunction!($function, m)?)?;)*
+        };
+    }
+    add! {
+        classes: dataset::PyNpyDataset, dataset::PyRecordDataset, dataset::PyNative,
+            mixture::PyMixture, mixture::PySchedule, mixture::PyWeights, sampler::PyEpochOrder,
+            loader::PyLoader, epoch::PyEpoch, loader::PyPinnedPool, tensor::PyTensor,
+            torch::PyTorchConverter, vision::PyImageFolder, tokens::PyTokenSequences,
+            shards::PyShards, shards::PyShardIter, fields::PyRecordIter, pydata::PyProcessSource;
+        functions: sampler::_random_indices, sampler::_permutation, sampler::_weighted_indices,
+            sampler::_distributed_indices, sampler::_dist_env, shards::write_image_shards,
+            pydata::_at_exit, logs::_next_logs, vision::write_synthetic_folder, cuda_status,
+            torch::_cuda_bytes_copied_on,
+    }
     logs::install();
-    m.add_function(wrap_pyfunction!(vision::write_synthetic_folder, m)?)?;
     m.add("LoaderError", py.get_type::<errors::LoaderFailure>())?;
     m.add("SampleError", py.get_type::<errors::SampleError>())?;
     m.add("LoaderTimeout", errors::loader_timeout_type(py)?)?;
-    m.add_function(wrap_pyfunction!(cuda_status, m)?)?;
-    m.add_function(wrap_pyfunction!(torch::_cuda_bytes_copied_on, m)?)?;
     Ok(())
 }

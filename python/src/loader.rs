@@ -133,20 +133,9 @@ fn shared_pool(pinned: bool, config: PoolConfig) -> Result<PinnedPool, longshore
 
 fn pool_dict<'py>(py: Python<'py>, s: &PoolStats) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("bytes_in_use", s.bytes_in_use)?;
-    d.set_item("bytes_cached", s.bytes_cached)?;
-    d.set_item("bytes_pending", s.bytes_pending)?;
-    d.set_item("bytes_held", s.bytes_held)?;
-    d.set_item("peak_bytes_held", s.peak_bytes_held)?;
-    d.set_item("budget", s.budget)?;
-    d.set_item("blocks_in_use", s.blocks_in_use)?;
-    d.set_item("blocks_cached", s.blocks_cached)?;
-    d.set_item("blocks_pending", s.blocks_pending)?;
-    d.set_item("hits", s.hits)?;
-    d.set_item("misses", s.misses)?;
-    d.set_item("allocations", s.allocations)?;
-    d.set_item("fallbacks", s.fallbacks)?;
-    d.set_item("waits", s.waits)?;
+    set_fields! { d, s, bytes_in_use, bytes_cached, bytes_pending, bytes_held, peak_bytes_held,
+    budget, blocks_in_use, blocks_cached, blocks_pending, hits, misses, allocations, fallbacks,
+    waits }
     Ok(d)
 }
 
@@ -573,12 +562,6 @@ impl PyLoader {
         self.inner.loader().set_epoch(epoch)
     }
 
-    /// Whether this loader reads a sharded dataset.
-    #[getter]
-    fn is_sharded(&self) -> bool {
-        self.shards.is_some()
-    }
-
     /// The resumable position, as JSON: while an epoch is under way, the batches Python has
     /// received (not those the epoch thread holds ready).
     fn state_dict_json(&self) -> PyResult<String> {
@@ -606,25 +589,20 @@ impl PyLoader {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.loader().stats();
         let d = PyDict::new(py);
-        d.set_item("batches", s.batches)?;
-        d.set_item("samples", s.samples)?;
-        d.set_item("errors", s.errors)?;
-        d.set_item("epochs", s.epochs)?;
+        set_fields! { d, s, batches, samples, errors, epochs }
         d.set_item("wait_fraction", s.wait_fraction())?;
         d.set_item("samples_per_second", s.samples_per_second())?;
         d.set_item("consumer_wait_s", s.consumer_wait.as_secs_f64())?;
         d.set_item("consumer_time_s", s.consumer_time.as_secs_f64())?;
         d.set_item("worker_busy_s", s.worker_busy.as_secs_f64())?;
-        d.set_item("peak_in_flight", s.peak_in_flight)?;
-        d.set_item("in_flight_limit", s.in_flight_limit)?;
+        set_fields! { d, s, peak_in_flight, in_flight_limit }
         d.set_item("pinned_wait_s", s.pinned_wait.as_secs_f64())?;
         d.set_item(
             "consumer_pinned_wait_s",
             s.consumer_pinned_wait.as_secs_f64(),
         )?;
         d.set_item("pinned_wait_fraction", s.pinned_wait_fraction())?;
-        d.set_item("reloaded", s.reloaded)?;
-        d.set_item("worker_restarts", s.worker_restarts)?;
+        set_fields! { d, s, reloaded, worker_restarts }
         // With nvJPEG, the samples its device stage could not decode and dropped (skip) too,
         // counted as each epoch ends.
         let dropped = match &*self.inner {

@@ -20,14 +20,17 @@ use crate::source::{AnyDataset, Source};
 /// `stop=`: `"first_exhausted"`, `"all_exhausted"` (Hugging Face's `interleave_datasets`
 /// stopping strategies) or a positive number of positions per epoch.
 pub(crate) fn stop_of(stop: &Bound<'_, PyAny>) -> PyResult<Stop> {
+    let unknown = |what: String| {
+        PyValueError::new_err(format!(
+            "stop={what}: must be \"first_exhausted\", \"all_exhausted\" or a number of \
+             positions per epoch"
+        ))
+    };
     if let Ok(s) = stop.cast::<PyString>() {
         return match s.to_str()? {
             "first_exhausted" => Ok(Stop::FirstExhausted),
             "all_exhausted" => Ok(Stop::AllExhausted),
-            other => Err(PyValueError::new_err(format!(
-                "stop={other:?}: must be \"first_exhausted\", \"all_exhausted\" or a number \
-                 of positions per epoch"
-            ))),
+            other => Err(unknown(format!("{other:?}"))),
         };
     }
     if !stop.is_instance_of::<PyBool>()
@@ -40,11 +43,19 @@ pub(crate) fn stop_of(stop: &Bound<'_, PyAny>) -> PyResult<Stop> {
             ))),
         };
     }
-    Err(PyValueError::new_err(format!(
-        "stop={}: must be \"first_exhausted\", \"all_exhausted\" or a number of positions per \
-         epoch",
-        stop.repr()?
-    )))
+    Err(unknown(stop.repr()?.to_string()))
+}
+
+/// A mixture of `members` drawn in proportion to `weights` until `stop`.
+fn mixture_of<D: Dataset>(
+    members: Vec<D>,
+    weights: &[f64],
+    stop: Stop,
+    seed: u64,
+    shuffle: bool,
+) -> PyResult<Mixture<D>> {
+    let mixture = Mixture::new(members, weights, stop).map_err(data_err)?;
+    Ok(mixture.seed(seed).shuffle_members(shuffle))
 }
 
 /// `mixture`'s member and index for `position` in `epoch`, an `IndexError` past its end.
@@ -228,10 +239,7 @@ schedule_methods!(PyMixture, "_Mixture", {
         let collate = first.source.collate.clone();
         let form = first.form.clone();
         let members: Vec<AnyDataset> = parts.into_iter().map(|p| p.source.dataset).collect();
-        let mixture = Mixture::new(members, &weights, stop)
-            .map_err(data_err)?
-            .seed(seed)
-            .shuffle_members(shuffle);
+        let mixture = mixture_of(members, &weights, stop, seed, shuffle)?;
         // Clones share the epoch: `set_epoch` here reaches the loader's copy.
         let dataset: AnyDataset = Arc::new(mixture.clone());
         Ok(Self {
@@ -262,13 +270,10 @@ schedule_methods!(PySchedule, "_MixtureSchedule", {
         seed: u64,
         shuffle: bool,
     ) -> PyResult<Self> {
-        let stop = stop_of(stop)?;
         let members = lengths.into_iter().map(Length).collect();
-        let mixture = Mixture::new(members, &weights, stop)
-            .map_err(data_err)?
-            .seed(seed)
-            .shuffle_members(shuffle);
-        Ok(Self { mixture })
+        Ok(Self {
+            mixture: mixture_of(members, &weights, stop_of(stop)?, seed, shuffle)?,
+        })
     }
 });
 

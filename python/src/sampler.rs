@@ -271,12 +271,15 @@ fn index_of(item: &Bound<'_, PyAny>, len: usize) -> PyResult<usize> {
     let i: i64 = item.extract().map_err(|_| {
         PyTypeError::new_err(format!(
             "a sampler must yield integer indices, got {}",
-            item.get_type()
-                .name()
-                .map_or_else(|_| "?".into(), |n| n.to_string())
+            type_name(item)
         ))
     })?;
     wrap(i, len)
+}
+
+fn type_name(item: &Bound<'_, PyAny>) -> String {
+    let name = item.get_type().name();
+    name.map_or_else(|_| "?".into(), |n| n.to_string())
 }
 
 fn wrap(i: i64, len: usize) -> PyResult<usize> {
@@ -301,9 +304,7 @@ fn batch_of(item: &Bound<'_, PyAny>, len: usize) -> PyResult<Vec<usize>> {
     for i in item.try_iter().map_err(|_| {
         PyTypeError::new_err(format!(
             "a batch_sampler must yield lists of indices, got {}",
-            item.get_type()
-                .name()
-                .map_or_else(|_| "?".into(), |n| n.to_string())
+            type_name(item)
         ))
     })? {
         out.push(index_of(&i?, len)?);
@@ -336,6 +337,17 @@ fn pack<'py>(py: Python<'py>, indices: impl Iterator<Item = usize>) -> Bound<'py
         out.extend_from_slice(&(i as i64).to_ne_bytes());
     }
     PyBytes::new(py, &out)
+}
+
+/// A `ValueError` for a batch size of 0.
+fn no_zero_batch(batch_size: usize) -> PyResult<()> {
+    if batch_size == 0 {
+        return Err(data_err(DataError::InvalidArgument {
+            name: "batch_size",
+            reason: "must be a positive integer, got 0".into(),
+        }));
+    }
+    Ok(())
 }
 
 /// The order of each epoch of a `longshore.DataLoader` whose sampler is a Python object (one
@@ -398,12 +410,7 @@ impl PyEpochOrder {
         drop_last: bool,
         len: usize,
     ) -> PyResult<()> {
-        if batch_size == 0 {
-            return Err(data_err(DataError::InvalidArgument {
-                name: "batch_size",
-                reason: "must be a positive integer, got 0".into(),
-            }));
-        }
+        no_zero_batch(batch_size)?;
         let dataset_len = self.order.lock().dataset_len;
         let indices = unpack(indices.as_bytes(), dataset_len)?;
         self.set(
@@ -428,12 +435,7 @@ impl PyEpochOrder {
         drop_last: bool,
         len: usize,
     ) -> PyResult<()> {
-        if batch_size == Some(0) {
-            return Err(data_err(DataError::InvalidArgument {
-                name: "batch_size",
-                reason: "must be a positive integer, got 0".into(),
-            }));
-        }
+        no_zero_batch(batch_size.unwrap_or(1))?;
         let iter = iter.try_iter()?.unbind();
         self.set(
             Order::Lazy {

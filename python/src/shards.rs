@@ -543,9 +543,7 @@ pub(crate) fn stats_dict<'py>(
     let d = pyo3::types::PyDict::new(py);
     d.set_item("failed", s.failed())?;
     d.set_item("failed_by_reason", s.failed_by_reason.clone())?;
-    d.set_item("padded", s.padded)?;
-    d.set_item("unpadded", s.unpadded)?;
-    d.set_item("damaged_shards", s.damaged_shards)?;
+    set_fields! { d, s, padded, unpadded, damaged_shards }
     if !s.members.is_empty() {
         d.set_item("members", s.members.clone())?;
     }
@@ -555,15 +553,8 @@ pub(crate) fn stats_dict<'py>(
     let (mut downloads, mut redownloads, mut forced, mut ranges) = (0u64, 0u64, 0u64, 0u64);
     for e in &s.cache {
         let x = pyo3::types::PyDict::new(py);
-        x.set_item("epoch", e.epoch)?;
-        x.set_item("downloads", e.downloads)?;
-        x.set_item("redownloads", e.redownloads)?;
-        x.set_item("downloaded_bytes", e.downloaded_bytes)?;
-        x.set_item("evictions", e.evictions)?;
-        x.set_item("forced_evictions", e.forced_evictions)?;
-        x.set_item("range_reads", e.range_reads)?;
-        x.set_item("range_bytes", e.range_bytes)?;
-        x.set_item("misses", e.misses)?;
+        set_fields! { x, e, epoch, downloads, redownloads, downloaded_bytes, evictions,
+        forced_evictions, range_reads, range_bytes, misses }
         x.set_item("miss_wait_s", e.miss_wait.as_secs_f64())?;
         epochs.append(x)?;
         downloads += e.downloads;
