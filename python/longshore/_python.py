@@ -9,15 +9,7 @@ import sys as _sys
 from . import _longshore, _workers
 from . import data as _data
 from ._longshore import LoaderError, LoaderTimeout, SampleError
-
-
-def _import_torch():
-    try:
-        import torch  # noqa: F401
-
-        return torch
-    except ImportError:
-        return None
+from ._samplers import _torch as _import_torch
 
 
 def _is_datapipe(dataset):

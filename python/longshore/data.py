@@ -26,6 +26,7 @@ PyTorch's own sampler objects (and any iterable of indices, or of lists of indic
 import bisect
 import itertools
 import math
+from operator import attrgetter as _attrgetter
 import sys
 import warnings
 
@@ -575,26 +576,15 @@ class Mixture:
         ``epoch`` (default: the current one, see :meth:`set_epoch`)."""
         return self._schedule.source(position, self._current_epoch() if epoch is None else epoch)
 
-    @property
-    def draws(self):
-        """Each member's draws in an epoch (the same every epoch)."""
-        return self._schedule.draws
-
-    @property
-    def unused(self):
-        """Each member's samples not drawn in an epoch."""
-        return self._schedule.unused
-
-    @property
-    def repeated(self):
-        """Each member's draws past its size in an epoch (samples drawn again)."""
-        return self._schedule.repeated
-
-    @property
-    def block(self):
-        """The schedule's block: every block of this many positions holds each member's
-        share."""
-        return self._schedule.block
+    draws = property(_attrgetter("_schedule.draws"),
+                     doc="Each member's draws in an epoch (the same every epoch).")
+    unused = property(_attrgetter("_schedule.unused"),
+                      doc="Each member's samples not drawn in an epoch.")
+    repeated = property(_attrgetter("_schedule.repeated"),
+                        doc="Each member's draws past its size in an epoch (samples drawn again).")
+    block = property(_attrgetter("_schedule.block"),
+                     doc="The schedule's block: every block of this many positions holds each "
+                         "member's share.")
 
     def __len__(self):
         return len(self._schedule)

@@ -21,6 +21,7 @@ without class folders or a class folder without images is an error unless
 (``ValueError`` from ``dataset[i]``).
 """
 import glob as _glob
+from operator import attrgetter as _attrgetter
 import os as _os
 import sys as _sys
 
@@ -203,6 +204,9 @@ class _ImageShards:
     def _make(self, urls, transform, *, spec, index, image_key, label_key, seed, shuffle,
               shuffle_block, rank, world_size, cache_dir, cache_budget, job, prefetch_shards,
               max_pixels, storage_options=None, fields=None, map=None, range_reads=True):
+        if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
+            urls = [urls]
+        urls = [str(u) for u in urls]
         fields = _fields(fields, transform, type(self).__name__)
         if map is not None and (fields is None or not callable(map)):
             raise ValueError(
@@ -229,30 +233,22 @@ class _ImageShards:
         # What makes the native dataset again in a worker process (from the resolved spec).
         self._native_args = (steps, output, dict(
             index=index, image_key=image_key, label_key=label_key, seed=self.seed,
-            shuffle=self.shuffle, shuffle_block=shuffle_block, rank=rank,
-            world_size=world_size, cache_dir=None if cache_dir is None else str(cache_dir),
-            cache_budget=_budget(cache_budget, "cache_budget"), job=job,
-            prefetch_shards=prefetch_shards, range_reads=bool(range_reads),
-            max_pixels=max_pixels or None,
-            no_pixel_limit=max_pixels == 0, storage_options=_storage_options(storage_options),
-            fields=fields))
-        self._native = _longshore._Shards(self._format, [str(u) for u in urls], steps, output,
-                                          spec=spec, **self._native_args[2])
+            shuffle=self.shuffle, rank=rank, world_size=world_size, **self._options,
+            max_pixels=max_pixels or None, no_pixel_limit=max_pixels == 0,
+            storage_options=_storage_options(storage_options), fields=fields))
+        self._native = _longshore._Shards(self._format, urls, steps, output, spec=spec,
+                                          **self._native_args[2])
         self.rank, self.world_size = self._native.rank
         self._epoch = 0
         self.map_fn = map
         self._layout = (1, False)  # the loader's batch size and drop_last (map=)
 
-    @property
-    def urls(self):
-        """The shards' URLs, in the dataset's canonical order."""
-        return self._native.urls
-
-    @property
-    def spec(self):
-        """The resolved shard list and sample counts (JSON text). Pass it as ``spec=`` to the
-        other ranks' datasets: the job then lists the bucket and reads the index once."""
-        return self._native.spec_json
+    urls = property(_attrgetter("_native.urls"),
+                    doc="The shards' URLs, in the dataset's canonical order.")
+    spec = property(_attrgetter("_native.spec_json"),
+                    doc="The resolved shard list and sample counts (JSON text). Pass it as "
+                        "``spec=`` to the other ranks' datasets: the job then lists the bucket "
+                        "and reads the index once.")
 
     def __len__(self):
         """Samples in one epoch of the whole dataset, all ranks together (a rank's loader
@@ -388,10 +384,8 @@ class _ShardMixture(_ImageShards):
         self.rank, self.world_size = self._native.rank
         self._epoch = 0
 
-    @property
-    def draws(self):
-        """Each member's draws in an epoch (all ranks together)."""
-        return self._native.member_draws
+    draws = property(_attrgetter("_native.member_draws"),
+                     doc="Each member's draws in an epoch (all ranks together).")
 
     def __repr__(self):
         return (f"Mixture({len(self.datasets)} {type(self.datasets[0]).__name__} members, "
@@ -504,9 +498,7 @@ class WebDataset(_ImageShards):
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
                  max_pixels=None, storage_options=None, fields=None, map=None,
                  range_reads=True):
-        if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
-            urls = [urls]
-        self._make(list(urls), transform, spec=spec, index=index, image_key=image_key,
+        self._make(urls, transform, spec=spec, index=index, image_key=image_key,
                    label_key=label_key, seed=seed, shuffle=shuffle,
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
@@ -585,9 +577,7 @@ class ParquetDataset(_ImageShards):
                  image_key="image", label_key="label", rank=None, world_size=None,
                  cache_dir=None, cache_budget=None, prefetch_shards=None, job=None, spec=None,
                  max_pixels=None, storage_options=None, fields=None, map=None):
-        if isinstance(urls, (str, bytes)) or hasattr(urls, "__fspath__"):
-            urls = [urls]
-        self._make(list(urls), transform, spec=spec, index=None, image_key=image_key,
+        self._make(urls, transform, spec=spec, index=None, image_key=image_key,
                    label_key=label_key, seed=seed, shuffle=shuffle,
                    shuffle_block=shuffle_block, rank=rank, world_size=world_size,
                    cache_dir=cache_dir, cache_budget=cache_budget, job=job,
@@ -733,20 +723,11 @@ class TokenDataset:
         ``position_ids`` and ``document_ids`` (those that are on)."""
         return list(self._native.field_names)
 
-    @property
-    def total_tokens(self):
-        """Tokens in all files."""
-        return self._native.total_tokens
-
-    @property
-    def dropped_tokens(self):
-        """Tokens after the last whole sequence, never read."""
-        return self._native.dropped_tokens
-
-    @property
-    def documents(self):
-        """Documents in the stream (with a ``separator``), else ``None``."""
-        return self._native.documents
+    total_tokens = property(_attrgetter("_native.total_tokens"), doc="Tokens in all files.")
+    dropped_tokens = property(_attrgetter("_native.dropped_tokens"),
+                              doc="Tokens after the last whole sequence, never read.")
+    documents = property(_attrgetter("_native.documents"),
+                         doc="Documents in the stream (with a ``separator``), else ``None``.")
 
     @property
     def output_dtype(self):
