@@ -48,7 +48,7 @@ use crate::ShardError;
 use crate::store::{ShardInfo, ShardStore};
 
 /// One row's fields by column name.
-pub type Row = BTreeMap<String, Vec<u8>>;
+pub(crate) type Row = BTreeMap<String, Vec<u8>>;
 
 fn error(url: &str, row: Option<u64>, reason: String) -> ShardError {
     ShardError::Parquet {
@@ -111,7 +111,7 @@ pub(crate) async fn row_count(store: &ShardStore, shard: &ShardInfo) -> Result<u
 /// # Errors
 /// [`ShardError::Parquet`] naming the file (and the row where a batch failed) for a file
 /// that is not Parquet, a codec this build lacks, or damaged pages.
-pub fn read_rows(url: &str, file: File) -> Result<Vec<Row>, ShardError> {
+pub(crate) fn read_rows(url: &str, file: File) -> Result<Vec<Row>, ShardError> {
     let builder = ParquetRecordBatchReaderBuilder::try_new(file)
         .map_err(|e| error(url, None, format!("not a readable Parquet file: {e}")))?;
     let expected = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);

@@ -61,7 +61,7 @@ pub use writer::{SampleWriter, ShardWriter, pack_image_folder, pack_npy};
 /// Splits a member name into (key, extension) by webdataset's rule
 /// (`^((?:.*/|)[^.]+)[.]([^/]*)$`); the extension is not yet lowercased. `None` when the name
 /// does not split.
-pub fn split_name(name: &str) -> Option<(&str, &str)> {
+pub(crate) fn split_name(name: &str) -> Option<(&str, &str)> {
     let base = name.rfind('/').map_or(0, |i| i + 1);
     let dot = base + name[base..].find('.')?;
     if dot == base {
