@@ -43,12 +43,12 @@
 //! - [`dataset`]: [`ShardedDataset`](dataset::ShardedDataset), the loader's iterable dataset
 //!   over shards in object storage: resolved once per job, read through the cache, exactly
 //!   resumable.
-//! - [`error`]: the crate's errors.
+//! - [`ShardError`]: the crate's errors.
 #![forbid(unsafe_code)]
 
 pub mod cache;
 pub mod dataset;
-pub mod error;
+mod error;
 pub mod mds;
 pub mod order;
 pub mod parquet;
