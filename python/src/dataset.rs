@@ -16,9 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::errors::data_err;
-use crate::mixture::PyMixture;
-use crate::source::{AnyDataset, BatchForm, Fields, Source};
-use crate::tokens::PyTokenSequences;
+use crate::source::{AnyDataset, BatchForm, Fields, Native, Source};
 use crate::vision::PyImageFolder;
 
 fn paths_of(paths: &Bound<'_, PyAny>) -> PyResult<Vec<PathBuf>> {
@@ -204,21 +202,11 @@ fn check_images(dataset: &NpyDataset, channels: usize) -> Result<(), DataError> 
     Ok(())
 }
 
-/// What the loader reads for a Python dataset object: its [`Source`], and how its batches look.
-#[derive(Clone)]
-pub(crate) struct Native {
-    pub(crate) source: Source,
-    /// How a batch reaches Python: a list of fields, one tensor (a one-file `NpyDataset`), or
-    /// a dict by field name (token sequences).
-    pub(crate) form: BatchForm,
-    /// The collate transforms a field (`NpyDataset(normalize=)`): see [`PyNpyDataset`].
-    pub(crate) transformed: bool,
-}
-
-/// The native form of `dataset`: a built-in dataset, a [`PyNative`], a [`PyMixture`], or a
-/// Python object whose `_native` attribute is one (`datasets.ImageFolder`,
-/// `datasets.TokenDataset`, `longshore.data`'s classes); `None`
-/// for anything else (a Python dataset, which longshore's Rust workers cannot read).
+/// The native form of `dataset`: a built-in dataset, a [`PyNative`], or a Python object whose
+/// `_native` attribute is one (`datasets.ImageFolder`, `datasets.TokenDataset`,
+/// `longshore.data`'s classes, and `_TokenSequences` and `_Mixture` themselves, whose
+/// `_native` is a [`PyNative`]: this module knows no class above it); `None` for anything else
+/// (a Python dataset, which longshore's Rust workers cannot read).
 pub(crate) fn native_of(dataset: &Bound<'_, PyAny>) -> PyResult<Option<Native>> {
     if let Ok(d) = dataset.cast::<PyNpyDataset>() {
         let d = d.get();
@@ -252,14 +240,8 @@ pub(crate) fn native_of(dataset: &Bound<'_, PyAny>) -> PyResult<Option<Native>> 
             transformed: false,
         }));
     }
-    if let Ok(d) = dataset.cast::<PyTokenSequences>() {
-        return Ok(Some(d.get().native()));
-    }
     if let Ok(d) = dataset.cast::<PyNative>() {
         return Ok(Some(d.get().native.clone()));
-    }
-    if let Ok(d) = dataset.cast::<PyMixture>() {
-        return Ok(Some(d.get().native()));
     }
     // A Python wrapper (not a string, whose attributes are no dataset).
     if !dataset.is_instance_of::<pyo3::types::PyString>()
@@ -360,6 +342,14 @@ impl DirectDataset for Arrays {
 pub(crate) struct PyNative {
     native: Native,
     what: &'static str,
+}
+
+impl PyNative {
+    /// `native` as a `_Native` (what another native class's `_native` attribute returns,
+    /// so that [`native_of`] reads it without knowing that class).
+    pub(crate) fn wrap(native: Native, what: &'static str) -> PyNative {
+        PyNative { native, what }
+    }
 }
 
 #[pymethods]

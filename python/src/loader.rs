@@ -19,13 +19,13 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::boxed::{Handoff, Loader, Options, configure};
-use crate::dataset::{Native, native_of};
+use crate::dataset::native_of;
 use crate::epoch::{Convert, Feeding, Position, PyEpoch};
 use crate::errors::{LoaderFailure, loader_err, transfer_err};
 use crate::pydata::{Parts, PyProcessSource};
 use crate::sampler::PyEpochOrder;
 use crate::shards::{PyShards, Reader};
-use crate::source::{BatchForm, Source};
+use crate::source::{BatchForm, Native, Source};
 use crate::torch::PyTorchConverter;
 use crate::vision::PyImageFolder;
 

@@ -13,9 +13,9 @@ use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyString};
 
-use crate::dataset::{Native, native_part};
+use crate::dataset::{PyNative, native_part};
 use crate::errors::data_err;
-use crate::source::{AnyDataset, Source};
+use crate::source::{AnyDataset, Native, Source};
 
 /// `stop=`: `"first_exhausted"`, `"all_exhausted"` (Hugging Face's `interleave_datasets`
 /// stopping strategies) or a positive number of positions per epoch.
@@ -194,14 +194,13 @@ pub(crate) struct PyMixture {
     native: Native,
 }
 
-impl PyMixture {
-    /// What the loader reads: the mixture, batched as its members are.
-    pub(crate) fn native(&self) -> Native {
-        self.native.clone()
-    }
-}
-
 schedule_methods!(PyMixture, "_Mixture", {
+    /// What the loader reads, as a `_Native`.
+    #[getter]
+    fn _native(&self) -> PyNative {
+        PyNative::wrap(self.native.clone(), "Mixture")
+    }
+
     #[new]
     #[pyo3(signature = (datasets, weights, stop, *, seed = 0, shuffle = true))]
     fn new(

@@ -1,13 +1,24 @@
 //! What the binding's datasets stand for behind the loader: [`Source`], a dataset whose fields
 //! are written straight into the batch, [`Fields`], the adapter that gives every built-in
-//! dataset (files, records, image folders, token files) the same item type, and
-//! [`BatchForm`], how its batches reach Python. Below the dataset modules (`dataset`,
-//! `vision`, `tokens`), which build sources.
+//! dataset (files, records, image folders, token files) the same item type, [`BatchForm`],
+//! how its batches reach Python, and [`Native`], the two with how the collate treats them.
+//! Below the dataset modules (`dataset`, `vision`, `tokens`, `mixture`), which build sources.
 
 use std::sync::Arc;
 
 use crate::fields::Field;
 use longshore::data::{DataError, Dataset, DirectCollate, DirectDataset, FieldSpec, Tensor};
+
+/// What the loader reads for a Python dataset object: its [`Source`], and how its batches look.
+#[derive(Clone)]
+pub(crate) struct Native {
+    pub(crate) source: Source,
+    /// How a batch reaches Python: a list of fields, one tensor (a one-file `NpyDataset`), or
+    /// a dict by field name (token sequences).
+    pub(crate) form: BatchForm,
+    /// The collate transforms a field (`NpyDataset(normalize=)`): see `PyNpyDataset`.
+    pub(crate) transformed: bool,
+}
 
 /// What one sample of any built-in dataset turns into when read by index: its fields.
 pub(crate) trait IntoFields {

@@ -11,9 +11,9 @@ use longshore::data::{DType, DataError, Dataset, DirectCollate};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::dataset::Native;
+use crate::dataset::PyNative;
 use crate::errors::data_err;
-use crate::source::{BatchForm, Fields, Source};
+use crate::source::{BatchForm, Fields, Native, Source};
 
 /// Token files (one stream, in the order given) cut into sequences of `seq_len` tokens:
 /// `input_ids`, `targets` (shifted by one; `targets=False` leaves them out) and, with a
@@ -55,6 +55,12 @@ fn dtype_arg(
 
 #[pymethods]
 impl PyTokenSequences {
+    /// What the loader reads, as a `_Native`.
+    #[getter]
+    fn _native(&self) -> PyNative {
+        PyNative::wrap(self.native(), "TokenDataset")
+    }
+
     #[new]
     #[pyo3(signature = (paths, seq_len = 1024, *, dtype = "uint16", output_dtype = "int64",
         targets = true, separator = None))]

@@ -12,11 +12,11 @@ use longshore_host::{MemoryKind, PinnedPool, PoolConfig};
 use longshore_transfer::GpuTopology;
 
 use crate::collate::{IntoCollate, IterableSource};
-use crate::config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
+use crate::config::{LoaderConfig, LoaderWarning};
 use crate::error::LoaderError;
 use crate::fetch::{ItemFetch, IterableFetch, MapFetch};
 use crate::loader::{BoxedLoader, DataLoader};
-use crate::options::LoaderOptions;
+use crate::options::{LoaderOptions, SampleErrorPolicy, WorkerPanicPolicy};
 use crate::placement::{Placement, WorkerPriority};
 use crate::shared::{Parts, SamplerSource};
 use crate::stats::SourceCounter;
@@ -388,9 +388,11 @@ impl<D, C> DataLoaderBuilder<D, C> {
         }
     }
 
-    /// The plain options, for [`options`](Self::options).
-    pub(crate) fn options_mut(&mut self) -> &mut LoaderOptions {
-        &mut self.opts.options
+    /// Replaces every plain option with `options` (the sampler, `worker_init`, the pool and
+    /// the topology stay as set).
+    pub fn options(mut self, options: LoaderOptions) -> Self {
+        self.opts.options = options;
+        self
     }
 
     /// Every rule of PyTorch's on the options (and on the sampler's presence) for a build of

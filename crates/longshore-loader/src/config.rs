@@ -1,32 +1,7 @@
-//! Loader options that are plain values.
+//! [`LoaderConfig`]: a built loader's options as given and what they became, and the
+//! [`LoaderWarning`]s about them.
 
 use crate::options::LoaderOptions;
-
-/// What a batch does when one of its samples fails to load.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum SampleErrorPolicy {
-    /// The batch is yielded as an error naming the sample index and the dataset's error
-    /// (the default; PyTorch re-raises the worker's exception). Later batches still load.
-    #[default]
-    FailBatch,
-    /// The sample is dropped from its batch (logged, counted in
-    /// [`LoaderStats::skipped_samples`](crate::LoaderStats::skipped_samples)); a batch whose
-    /// every sample fails is skipped.
-    Skip,
-}
-
-/// What the loader does when a worker panics inside dataset or collate code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum WorkerPanicPolicy {
-    /// Yield the panic as [`LoaderError::WorkerPanicked`](crate::LoaderError::WorkerPanicked),
-    /// then end the epoch cleanly (the default, like PyTorch).
-    #[default]
-    Fail,
-    /// Yield the error for that batch, reset the worker (`worker_init` runs again) and go on.
-    Restart,
-}
 
 /// Something about a loader's options that works but is probably not what the user wants.
 ///

@@ -12,9 +12,9 @@ use longshore_data::{
 };
 use longshore_host::{PinnedPool, PoolBuffer};
 
-use crate::config::SampleErrorPolicy;
 use crate::engine::{Outcome, Task};
 use crate::error::LoaderError;
+use crate::options::SampleErrorPolicy;
 
 pub(crate) mod sealed {
     use super::*;

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 use crossbeam::channel::RecvTimeoutError;
 use longshore_data::WorkerInfo;
 
-use crate::config::{LoaderConfig, WorkerPanicPolicy};
+use crate::config::LoaderConfig;
 use crate::engine::{Engine, Outcome, Reply, Task, guarded, rank};
 use crate::error::LoaderError;
 use crate::fetch::Fetch;
 use crate::next_epoch::{Ahead, AheadKey, Batches, ReplyCounts, Slot, SlotState, settle};
+use crate::options::WorkerPanicPolicy;
 use crate::prepare::Prepared;
 use crate::shared::{Inner, Parked};
 use crate::state::Progress;

@@ -73,11 +73,12 @@
 // Module layers: imports point down this list, never up (no cycles).
 //   error, sync, state, prepare
 //   engine, placement
+//   options (LoaderOptions and the policies: plain values)
 //   config, stats, next_epoch
 //   fetch, boxed, worker
 //   shared (what a loader's clones and iterators share)
 //   iter (an epoch), collate
-//   loader (DataLoader), builder, options
+//   loader (DataLoader), builder
 //   device (DeviceStage, DeviceLoader), stream, tuner, dist
 
 #[allow(private_interfaces)]
@@ -111,7 +112,7 @@ mod worker;
 pub use boxed::BoxedFetch;
 pub use builder::DataLoaderBuilder;
 pub use collate::{ByDataset, ByItems, ByStream, IntoCollate, IterableSource};
-pub use config::{LoaderConfig, LoaderWarning, SampleErrorPolicy, WorkerPanicPolicy};
+pub use config::{LoaderConfig, LoaderWarning};
 pub use device::{
     DeviceBatch, DeviceIter, DeviceLoader, DevicePart, DeviceStage, DeviceStats, DeviceWindow,
     StageContext, Upload,
@@ -123,7 +124,7 @@ pub use loader::{
     BoxedLoader, DataLoader, DirectLoader, IterableLoader, MapLoader, StackLoader, UnbatchedLoader,
 };
 pub use longshore_data::seed::worker_seed;
-pub use options::LoaderOptions;
+pub use options::{LoaderOptions, SampleErrorPolicy, WorkerPanicPolicy};
 pub use placement::{BACKGROUND_NICE, Placement, WorkerPlacement, WorkerPriority};
 pub use state::{LoaderState, StreamState};
 pub use stats::LoaderStats;

@@ -1,11 +1,10 @@
 //! [`LoaderOptions`]: every plain option of a loader, PyTorch's `DataLoader` arguments and
 //! longshore's own, as one value. The builder's setters write it; a language binding or a
-//! configuration file fills it whole and hands it to [`DataLoaderBuilder::options`].
+//! configuration file fills it whole and hands it to
+//! [`DataLoaderBuilder::options`](crate::DataLoaderBuilder::options).
 
 use std::time::Duration;
 
-use crate::builder::DataLoaderBuilder;
-use crate::config::{SampleErrorPolicy, WorkerPanicPolicy};
 use crate::placement::{Placement, WorkerPriority};
 
 /// Every plain option of a loader, with PyTorch's names and defaults. The builder holds one
@@ -91,13 +90,30 @@ impl Default for LoaderOptions {
     }
 }
 
-impl<D, C> DataLoaderBuilder<D, C> {
-    /// Replaces every plain option with `options` (the sampler, `worker_init`, the pool and
-    /// the topology stay as set).
-    pub fn options(mut self, options: LoaderOptions) -> Self {
-        *self.options_mut() = options;
-        self
-    }
+/// What a batch does when one of its samples fails to load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SampleErrorPolicy {
+    /// The batch is yielded as an error naming the sample index and the dataset's error
+    /// (the default; PyTorch re-raises the worker's exception). Later batches still load.
+    #[default]
+    FailBatch,
+    /// The sample is dropped from its batch (logged, counted in
+    /// [`LoaderStats::skipped_samples`](crate::LoaderStats::skipped_samples)); a batch whose
+    /// every sample fails is skipped.
+    Skip,
+}
+
+/// What the loader does when a worker panics inside dataset or collate code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WorkerPanicPolicy {
+    /// Yield the panic as [`LoaderError::WorkerPanicked`](crate::LoaderError::WorkerPanicked),
+    /// then end the epoch cleanly (the default, like PyTorch).
+    #[default]
+    Fail,
+    /// Yield the error for that batch, reset the worker (`worker_init` runs again) and go on.
+    Restart,
 }
 
 #[cfg(test)]

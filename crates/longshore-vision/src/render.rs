@@ -8,7 +8,7 @@ use std::cell::RefCell;
 use fast_image_resize::Resizer;
 use longshore_data::{DataError, ImageLayout};
 
-use crate::plan::{Geometry, PlannedStep, SourceRegion};
+use crate::plan::{Geometry, PlannedStep, SourceRegion, fused_sub_box};
 use crate::resize::{Rect, SubBox, resize_box};
 use crate::transforms::{CropBox, Interpolation, Normalize};
 
@@ -156,39 +156,6 @@ impl<'a> Source<'a> {
             origin: None,
         }
     }
-}
-
-/// The source box of a `Resize` to `w x h` of a `view_w x view_h` view followed by the crop `b`
-/// of its result, in the view's coordinates, when the two are computed as one resize of that
-/// box: `b` inside the resize, shrinking (the ImageNet case), not nearest neighbour (upscaling a
-/// fractional box and nearest neighbour's pick of a source pixel are not shift-invariant in
-/// fast_image_resize: a proptest found 2 levels off when upscaling 50x75 to 60x90).
-pub(crate) fn fused_sub_box(
-    view_w: usize,
-    view_h: usize,
-    w: usize,
-    h: usize,
-    interpolation: Interpolation,
-    b: CropBox,
-) -> Option<SubBox> {
-    let fusable = interpolation != Interpolation::Nearest && w <= view_w && h <= view_h;
-    let inside = b.top >= 0
-        && b.left >= 0
-        && b.top as usize + b.height <= h
-        && b.left as usize + b.width <= w;
-    if !(fusable && inside) {
-        return None;
-    }
-    let (sx, sy) = (view_w as f64 / w as f64, view_h as f64 / h as f64);
-    let (left, top) = (b.left as f64 * sx, b.top as f64 * sy);
-    // Clamped to the view: `b.width * sx` can exceed it by a rounding error when the crop
-    // reaches the edge (55x54 -> 21x21, crop 21).
-    Some(SubBox {
-        left,
-        top,
-        width: (b.width as f64 * sx).min(view_w as f64 - left),
-        height: (b.height as f64 * sy).min(view_h as f64 - top),
-    })
 }
 
 /// Buffers a worker thread reuses for every image.

@@ -350,3 +350,51 @@ impl CenterCrop {
         }
     }
 }
+
+/// One step of a [`Compose`]. A [`RandomHorizontalFlip`] step mirrors the decoded image,
+/// whatever the layout it was built with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Step {
+    /// [`RandomResizedCrop`].
+    RandomResizedCrop(RandomResizedCrop),
+    /// [`Resize`].
+    Resize(Resize),
+    /// [`CenterCrop`].
+    CenterCrop(CenterCrop),
+    /// [`RandomHorizontalFlip`].
+    RandomHorizontalFlip(RandomHorizontalFlip),
+    /// A fixed box resized to `height x width` (torchvision's `F.resized_crop`); the box
+    /// must lie inside the image (it is clamped to it).
+    ResizedCrop {
+        /// The box, in the image's coordinates.
+        crop: CropBox,
+        /// Output height.
+        height: usize,
+        /// Output width.
+        width: usize,
+        /// The interpolation.
+        interpolation: Interpolation,
+    },
+}
+
+impl From<RandomResizedCrop> for Step {
+    fn from(t: RandomResizedCrop) -> Step {
+        Step::RandomResizedCrop(t)
+    }
+}
+impl From<Resize> for Step {
+    fn from(t: Resize) -> Step {
+        Step::Resize(t)
+    }
+}
+impl From<CenterCrop> for Step {
+    fn from(t: CenterCrop) -> Step {
+        Step::CenterCrop(t)
+    }
+}
+impl From<RandomHorizontalFlip> for Step {
+    fn from(t: RandomHorizontalFlip) -> Step {
+        Step::RandomHorizontalFlip(t)
+    }
+}

@@ -5,9 +5,9 @@ use longshore_data::Batch;
 use longshore_host::PoolBuffer;
 use longshore_transfer::{Device, Stream, upload_new};
 
-use crate::config::SampleErrorPolicy;
 use crate::device::DeviceBatch;
 use crate::error::LoaderError;
+use crate::options::SampleErrorPolicy;
 
 /// What a stage is told when an epoch starts on one of its lanes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
