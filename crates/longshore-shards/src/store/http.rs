@@ -13,7 +13,6 @@ use object_store::client::{
 };
 
 use super::TARGET;
-use super::retry::retryable_status;
 
 /// The most bytes of an error answer's body kept in its [`ServerError`].
 const BODY_KEPT: usize = 512;
@@ -155,6 +154,11 @@ fn parse_http_date(value: &str) -> Option<SystemTime> {
     let days = era * 146_097 + doe - 719_468;
     let secs = u64::try_from(days).ok()? * 86_400 + h * 3600 + m * 60 + s;
     Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
+/// Whether an HTTP status is worth another request: 408, 429 and 5xx.
+pub(super) fn retryable_status(status: u16) -> bool {
+    status == 408 || status == 429 || (500..600).contains(&status)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "testing")]
 use super::fault::InjectedFault;
-use super::http::ServerError;
+use super::http::{ServerError, retryable_status};
 
 /// How operations are retried (see the [module docs](crate::store#retries)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,11 +129,6 @@ pub(super) fn verdict(e: &object_store::Error) -> Verdict {
     } else {
         Verdict::Permanent
     }
-}
-
-/// Whether an HTTP status is worth another request: 408, 429 and 5xx.
-pub(super) fn retryable_status(status: u16) -> bool {
-    status == 408 || status == 429 || (500..600).contains(&status)
 }
 
 /// A response body that stopped before its end: cut, stalled or short. Always transient.
