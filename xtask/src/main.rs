@@ -6,6 +6,8 @@
 //! * `cargo xtask bench --criterion [--quick] [--only FILTER]`: the criterion benches
 //!   (`cargo bench -p longshore-benches`).
 //! * `cargo xtask report --results FILE --out DIR`: only renders (after a run elsewhere).
+//! * `cargo xtask modules [DIR...]`: every crate's module graph (and the Python binding's)
+//!   checked for cycles (see modules.rs; its test runs the check in `cargo test`).
 //! * `cargo xtask gpu-pack [CARGO TEST ARGS]`: release test binaries, examples, benches and
 //!   xtask, stripped, into `.gpu/` with `.gpu/run.sh`, compressed into `gpu-pack/gpu.tar.xz`
 //!   for a GPU machine without a Rust toolchain (see gpu.rs).
@@ -30,6 +32,7 @@ mod gpu;
 mod gpu_python;
 mod gpu_run;
 mod jpeg;
+mod modules;
 mod python;
 mod report;
 mod s3_serve;
@@ -75,6 +78,12 @@ enum Cmd {
         /// Run the criterion benches instead (`cargo bench -p longshore-benches`).
         #[arg(long)]
         criterion: bool,
+    },
+    /// Check every crate's module graph (and the Python binding's) for cycles: imports point
+    /// down, never around a loop (see modules.rs).
+    Modules {
+        /// Source folders to check (default: `crates/*/src` and `python/src`).
+        dirs: Vec<PathBuf>,
     },
     /// Render a results.json into report.md and SVG plots.
     Report {
@@ -196,6 +205,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Modules { dirs } => modules::run(&root(), &dirs),
         Cmd::Shard(args) => shard::run(args),
         Cmd::S3Serve(args) => s3_serve::run(args),
         Cmd::GpuPack { cargo_args } => gpu::pack(&root(), &cargo_args),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 #[cfg(feature = "testing")]
 use super::fault::InjectedFault;
-use super::http::{ServerError, retryable_status};
+use super::http::ServerError;
 
 /// How operations are retried (see the [module docs](crate::store#retries)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,7 +99,7 @@ pub(super) fn verdict(e: &object_store::Error) -> Verdict {
         #[cfg(feature = "testing")]
         if let Some(f) = err.downcast_ref::<InjectedFault>() {
             return match f.status {
-                Some(s) if !retryable_status(s) => Verdict::Permanent,
+                Some(s) if !super::http::retryable_status(s) => Verdict::Permanent,
                 _ => transient,
             };
         }
