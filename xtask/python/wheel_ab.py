@@ -123,10 +123,14 @@ def run(args, name, site, workload):
     p = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)],
                        env=env_for(site), capture_output=True, text=True, timeout=args.timeout)
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
-    if p.returncode != 0 or not lines:
-        sys.stderr.write(f"{name} {workload} failed (exit {p.returncode}):\n{p.stderr[-3000:]}\n")
+    if p.returncode != 0:
+        # Said either way; a run that measured before it failed (a crash at exit) still counts.
+        sys.stderr.write(f"{name} {workload}: exit {p.returncode} "
+                         f"({'after' if lines else 'before'} its result)\n{p.stderr[-3000:]}\n")
+    if not lines:
         return None
     r = json.loads(lines[-1])
+    r["exit"] = p.returncode
     print(f"  {workload:14s} {name:5s} python {r['python']:12,.0f}/s  rust {r['rust']:12,.0f}/s",
           flush=True)
     return r
