@@ -351,8 +351,8 @@ impl CenterCrop {
     }
 }
 
-/// One step of a [`Compose`]. A [`RandomHorizontalFlip`] step mirrors the decoded image,
-/// whatever the layout it was built with.
+/// One step of a [`Compose`](crate::Compose). A [`RandomHorizontalFlip`] step mirrors the
+/// decoded image, whatever the layout it was built with.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum Step {
