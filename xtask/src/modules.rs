@@ -83,8 +83,8 @@ fn is_ident(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
-/// `a::b::c` at the start of `s` (after spaces), as names.
-fn path_at(s: &str) -> Vec<String> {
+/// `a::b::c` at the start of `s` (after spaces), as names, and the text after it.
+fn path_at(s: &str) -> (Vec<String>, &str) {
     let mut names = Vec::new();
     let mut rest = s.trim_start();
     loop {
@@ -93,12 +93,13 @@ fn path_at(s: &str) -> Vec<String> {
             break;
         }
         names.push(rest[..end].to_string());
-        match rest[end..].strip_prefix("::") {
+        rest = &rest[end..];
+        match rest.strip_prefix("::") {
             Some(r) if r.starts_with(is_ident) => rest = r,
             _ => break,
         }
     }
-    names
+    (names, rest)
 }
 
 /// The top-level items of a brace group starting right after its `{` in `s`.
@@ -146,31 +147,19 @@ fn paths(code: &str) -> Vec<Vec<String>> {
                 head.push("super".into());
                 rest = &rest["super::".len()..];
             }
+            let (tail, after) = path_at(rest);
+            let bare = tail.is_empty();
             let mut base = head;
-            let tail = path_at(rest);
-            let after = {
-                let mut r = rest.trim_start();
-                for (i, n) in tail.iter().enumerate() {
-                    r = &r[n.len()..];
-                    if i + 1 < tail.len() {
-                        r = &r[2..];
-                    }
-                }
-                r
-            };
             base.extend(tail);
-            match after.strip_prefix("::{") {
+            // `crate::a::{b, c}` (a group after the path) or `crate::{a, b}` (right after it).
+            let group = after
+                .strip_prefix("::{")
+                .or_else(|| if bare { after.strip_prefix('{') } else { None });
+            match group {
                 Some(group) => {
                     for item in group_items(group) {
                         let mut p = base.clone();
-                        p.extend(path_at(&item));
-                        out.push(p);
-                    }
-                }
-                None if rest.starts_with('{') => {
-                    for item in group_items(&rest[1..]) {
-                        let mut p = base.clone();
-                        p.extend(path_at(&item));
+                        p.extend(path_at(&item).0);
                         out.push(p);
                     }
                 }
